@@ -1,0 +1,131 @@
+"""Attention over a paged KV cache: the backend interface, the per-step metadata and the torch reference.
+
+KV cache layout, per layer: ``k_cache, v_cache: [num_blocks, block_size, num_kv_heads, head_dim]``.
+Token ``i`` of a sequence lives in slot ``block_table[i // block_size] * block_size + i % block_size``;
+``slot_mapping`` holds that slot for every token computed in a step (-1 = padding, not written).
+
+A step's tokens are laid out prefill-first: ``num_prefill_tokens`` tokens of ``num_prefills`` sequences
+(each a chunk continuing from a cached prefix, possibly empty), then one token per decode sequence.
+New K/V are written to the cache before attention, so both paths read keys from the cache only.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(slots=True)
+class AttentionMetadata:
+    """Everything attention needs for one step; built by the worker's runner, read by the layers."""
+
+    slot_mapping: torch.Tensor  # [num_tokens] int64, -1 = skip
+    num_prefill_tokens: int
+    num_prefills: int
+    num_decodes: int
+    # prefill part (sequences 0 .. num_prefills-1)
+    cu_seqlens_q: torch.Tensor | None = None  # [num_prefills + 1] int32, offsets into the prefill tokens
+    prefill_seq_lens: torch.Tensor | None = None  # [num_prefills] int32, context length incl. new tokens
+    prefill_block_tables: torch.Tensor | None = None  # [num_prefills, max_blocks] int32
+    max_seqlen_q: int = 0
+    max_seqlen_k: int = 0
+    # decode part (one query token per sequence)
+    decode_seq_lens: torch.Tensor | None = None  # [num_decodes] int32
+    decode_block_tables: torch.Tensor | None = None  # [num_decodes, max_blocks] int32
+    max_decode_seq_len: int = 0
+
+
+class AttentionBackend:
+    """Interface: a backend writes K/V into the pool and computes paged attention for both phases."""
+
+    name = "abstract"
+
+    def store_kvcache(
+        self, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor
+    ) -> None:
+        raise NotImplementedError
+
+    def prefill(
+        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata, scale: float
+    ) -> torch.Tensor:
+        """q: [num_prefill_tokens, num_heads, head_dim] -> same shape. Causal over cached prefix + chunk."""
+        raise NotImplementedError
+
+    def decode(
+        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata, scale: float
+    ) -> torch.Tensor:
+        """q: [num_decodes, num_heads, head_dim] -> same shape. One query at position seq_len - 1."""
+        raise NotImplementedError
+
+
+def gather_paged(cache: torch.Tensor, block_table: torch.Tensor, length: int) -> torch.Tensor:
+    """The first ``length`` tokens of one sequence from the pool: [length, num_kv_heads, head_dim]."""
+    block_size = cache.shape[1]
+    num_blocks = (length + block_size - 1) // block_size
+    return cache[block_table[:num_blocks].long()].flatten(0, 1)[:length]
+
+
+class TorchAttentionBackend(AttentionBackend):
+    """Pure-torch reference: runs anywhere, favours clarity; the oracle for the Triton kernels."""
+
+    name = "torch"
+
+    def store_kvcache(self, k, v, k_cache, v_cache, slot_mapping):
+        keep = slot_mapping >= 0
+        slots = slot_mapping[keep].long()
+        k_cache.view(-1, *k_cache.shape[2:])[slots] = k[keep].to(k_cache.dtype)
+        v_cache.view(-1, *v_cache.shape[2:])[slots] = v[keep].to(v_cache.dtype)
+
+    def prefill(self, q, k_cache, v_cache, meta, scale):
+        out = torch.empty_like(q)
+        cu = meta.cu_seqlens_q.tolist()
+        seq_lens = meta.prefill_seq_lens.tolist()
+        num_heads, num_kv_heads = q.shape[1], k_cache.shape[2]
+        for i in range(meta.num_prefills):
+            qs = q[cu[i] : cu[i + 1]]
+            q_len, kv_len = qs.shape[0], seq_lens[i]
+            k = gather_paged(k_cache, meta.prefill_block_tables[i], kv_len)
+            v = gather_paged(v_cache, meta.prefill_block_tables[i], kv_len)
+            k = k.repeat_interleave(num_heads // num_kv_heads, dim=1)
+            v = v.repeat_interleave(num_heads // num_kv_heads, dim=1)
+            # query j sits at position kv_len - q_len + j and sees keys 0..that position
+            q_pos = torch.arange(kv_len - q_len, kv_len, device=q.device)
+            mask = torch.arange(kv_len, device=q.device)[None, :] <= q_pos[:, None]
+            scores = torch.einsum("qhd,khd->hqk", qs.float(), k.float()) * scale
+            scores = scores.masked_fill(~mask[None], -math.inf)
+            out[cu[i] : cu[i + 1]] = torch.einsum("hqk,khd->qhd", scores.softmax(-1), v.float()).to(q.dtype)
+        return out
+
+    def decode(self, q, k_cache, v_cache, meta, scale):
+        # Vectorized over the batch: gather every sequence's blocks, mask past its length.
+        num_decodes, num_heads, head_dim = q.shape
+        num_kv_heads = k_cache.shape[2]
+        tables = meta.decode_block_tables.long()
+        k = k_cache[tables].flatten(1, 2)  # [B, max_blocks*block_size, kvh, d]
+        v = v_cache[tables].flatten(1, 2)
+        group = num_heads // num_kv_heads
+        qg = q.float().view(num_decodes, num_kv_heads, group, head_dim)
+        scores = torch.einsum("bhgd,bkhd->bhgk", qg, k.float()) * scale
+        key_pos = torch.arange(k.shape[1], device=q.device)
+        valid = key_pos[None, :] < meta.decode_seq_lens.long()[:, None]
+        scores = scores.masked_fill(~valid[:, None, None, :], -math.inf)
+        out = torch.einsum("bhgk,bkhd->bhgd", scores.softmax(-1), v.float())
+        return out.reshape(num_decodes, num_heads, head_dim).to(q.dtype)
+
+
+_BACKENDS: dict[str, type[AttentionBackend]] = {"torch": TorchAttentionBackend}
+
+
+def get_backend(name: str, device: torch.device) -> AttentionBackend:
+    """``auto`` picks Triton on CUDA (flash-attn where importable) and torch on the CPU."""
+    if name == "auto":
+        name = "torch" if device.type != "cuda" else "triton"
+    if name == "triton":
+        from kernels.triton_attention import TritonAttentionBackend
+
+        return TritonAttentionBackend()
+    if name not in _BACKENDS:
+        raise ValueError(f"unknown attention backend {name!r}; choose one of auto, torch, triton")
+    return _BACKENDS[name]()

@@ -1,0 +1,1 @@
+"""The model: a pure forward of (input_ids, positions); paging and batching live outside it."""

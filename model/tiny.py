@@ -1,0 +1,135 @@
+"""Writes a tiny random-weight Qwen3 checkpoint and an offline-trained byte-level BPE tokenizer.
+
+Used by the tests (HF transformers on the same files is the oracle) and as the embedded default model.
+Random weights use std 0.2 and random norm weights: with HF's 0.02 a tied random model just repeats its
+last input token, and norm weights of exactly 1.0 hide norm bugs.
+"""
+
+from __future__ import annotations
+
+import os
+import sysconfig
+from dataclasses import dataclass, field
+from pathlib import Path
+
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+
+
+@dataclass(slots=True)
+class TinySpec:
+    vocab_size: int = 512
+    hidden_size: int = 64
+    intermediate_size: int = 128
+    num_hidden_layers: int = 2
+    num_attention_heads: int = 4
+    num_key_value_heads: int = 2
+    head_dim: int = 16
+    tie_word_embeddings: bool = True
+    max_position_embeddings: int = 2048
+    dtype: str = "float32"
+    seed: int = 0
+    std: float = 0.2
+    extra: dict = field(default_factory=dict)
+
+
+def _corpus(limit_bytes: int = 3_000_000) -> list[str]:
+    """Local text to train on: the Python standard library's own sources (always present, offline)."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    texts, total = [], 0
+    for path in sorted(root.glob("*.py")):
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (UnicodeDecodeError, OSError):
+            continue
+        texts.append(text)
+        total += len(text)
+        if total > limit_bytes:
+            break
+    texts.append("Hello world! The quick brown fox jumps over the lazy dog. 你好，世界。 Ünïcödé ✓ 🙂")
+    return texts
+
+
+def build_tokenizer(vocab_size: int):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(_corpus(), trainer=trainer)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, eos_token="<|endoftext|>", pad_token="<|endoftext|>", chat_template=CHAT_TEMPLATE
+    )
+
+
+def write_tiny_checkpoint(out_dir: str | Path, spec: TinySpec | None = None) -> Path:
+    """Write config.json, model.safetensors and tokenizer files into ``out_dir``; returns the path."""
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    spec = spec or TinySpec()
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tokenizer = build_tokenizer(spec.vocab_size)
+    eos = tokenizer.convert_tokens_to_ids("<|endoftext|>")
+    cfg = Qwen3Config(
+        vocab_size=spec.vocab_size,
+        hidden_size=spec.hidden_size,
+        intermediate_size=spec.intermediate_size,
+        num_hidden_layers=spec.num_hidden_layers,
+        num_attention_heads=spec.num_attention_heads,
+        num_key_value_heads=spec.num_key_value_heads,
+        head_dim=spec.head_dim,
+        tie_word_embeddings=spec.tie_word_embeddings,
+        max_position_embeddings=spec.max_position_embeddings,
+        rms_norm_eps=1e-6,
+        rope_theta=1_000_000.0,
+        rope_parameters={"rope_theta": 1_000_000.0, "rope_type": "default"},
+        attention_bias=False,
+        use_sliding_window=False,
+        bos_token_id=eos,
+        eos_token_id=eos,
+        pad_token_id=eos,
+        initializer_range=spec.std,
+        **spec.extra,
+    )
+    torch.manual_seed(spec.seed)
+    model = Qwen3ForCausalLM(cfg)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.uniform_(0.5, 1.5)
+            else:
+                p.normal_(0.0, spec.std)
+    model = model.to(getattr(torch, spec.dtype))
+    model.config.dtype = spec.dtype
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+def default_model_dir() -> Path:
+    """The embedded default model, written once into the user's cache (a few seconds, offline)."""
+    base = Path(os.environ.get("NANOSERVE_CACHE", Path.home() / ".cache" / "nanoserve"))
+    path = base / "tiny-qwen3"
+    if not (path / "model.safetensors").is_file():
+        tmp = base / f"tiny-qwen3.tmp{os.getpid()}"
+        write_tiny_checkpoint(tmp)
+        tmp.replace(path) if not path.exists() else None
+    return path
+
+
+if __name__ == "__main__":
+    import sys
+
+    print(write_tiny_checkpoint(sys.argv[1] if len(sys.argv) > 1 else "tiny-qwen3"))

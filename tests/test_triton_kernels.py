@@ -1,0 +1,326 @@
+"""Triton attention kernels vs the torch reference backend.
+
+On CUDA the cases run at realistic sizes (``gpu`` marker) and tiny ones; on the CPU only the tiny cases run,
+through the Triton interpreter, which must be switched on before any ``@triton.jit`` is evaluated.
+"""
+
+import os
+
+import torch
+
+ON_GPU = torch.cuda.is_available()
+if not ON_GPU:
+    # Must precede the first import of triton/kernels.triton_attention: jit picks interpreter mode at decoration.
+    os.environ["TRITON_INTERPRET"] = "1"
+
+import importlib  # noqa: E402
+import math  # noqa: E402
+import sys  # noqa: E402
+
+import pytest  # noqa: E402
+
+if not ON_GPU and "kernels.triton_attention" in sys.modules:
+    # Another module imported the kernels before interpretation was on: re-decorate them.
+    importlib.reload(sys.modules["kernels.triton_attention"])
+
+from kernels.attention import AttentionMetadata, TorchAttentionBackend  # noqa: E402
+from kernels.triton_attention import TritonAttentionBackend  # noqa: E402
+
+DEVICE = torch.device("cuda" if ON_GPU else "cpu")
+gpu = pytest.mark.gpu
+needs_cuda = pytest.mark.skipif(not ON_GPU, reason="needs CUDA")
+
+# The interpreter computes in numpy (fp32 exact-ish); on GPU fp32 dots run in tf32.
+TOL = {torch.float32: 3e-3 if ON_GPU else 1e-4, torch.float16: 1e-2, torch.bfloat16: 2e-2}
+CPU_DTYPES = [torch.float32, torch.float16]
+GPU_DTYPES = [torch.bfloat16, torch.float16, torch.float32]
+DTYPES = GPU_DTYPES if ON_GPU else CPU_DTYPES
+
+REF = TorchAttentionBackend()
+TRI = TritonAttentionBackend()
+
+
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    return ((out.double() - ref.double()).norm() / ref.double().norm().clamp_min(1e-30)).item()
+
+
+class PagedCache:
+    """A NaN-poisoned pool with sequences scattered over shuffled blocks; extra NaN blocks serve as table padding."""
+
+    def __init__(
+        self,
+        lengths: list[int],
+        num_kv_heads: int,
+        head_dim: int,
+        block_size: int,
+        dtype: torch.dtype,
+        gen: torch.Generator,
+        extra_cols: int = 3,
+    ) -> None:
+        need = [math.ceil(n / block_size) for n in lengths]
+        num_poison = 2
+        num_blocks = sum(need) + num_poison + 1  # +1: block 0 stays unused (finite after nan_to_num)
+        shape = (num_blocks, block_size, num_kv_heads, head_dim)
+        self.k = torch.full(shape, float("nan"), dtype=dtype, device=DEVICE)
+        self.v = torch.full(shape, float("nan"), dtype=dtype, device=DEVICE)
+        ids = (torch.randperm(num_blocks - 1, generator=gen) + 1).tolist()
+        poison, ids = ids[:num_poison], ids[num_poison:]
+        width = max(need, default=0) + extra_cols
+        self.table = torch.empty(len(lengths), max(width, 1), dtype=torch.int32)
+        self.ref_table = torch.zeros_like(self.table)  # reference reads every column: pad with block 0
+        for i, (n, nb) in enumerate(zip(lengths, need)):
+            own, ids = ids[:nb], ids[nb:]
+            pad = [poison[j % num_poison] for j in range(self.table.shape[1] - nb)]
+            self.table[i] = torch.tensor(own + pad, dtype=torch.int32)
+            self.ref_table[i, :nb] = torch.tensor(own, dtype=torch.int32)
+            if n:
+                slots = self.slots(own, n)
+                kv = torch.randn(2, n, num_kv_heads, head_dim, generator=gen).to(dtype).to(DEVICE)
+                self.k.view(-1, num_kv_heads, head_dim)[slots] = kv[0]
+                self.v.view(-1, num_kv_heads, head_dim)[slots] = kv[1]
+        self.table = self.table.to(DEVICE)
+        self.ref_table = self.ref_table.to(DEVICE)
+
+    def slots(self, blocks: list[int], n: int) -> torch.Tensor:
+        bs = self.k.shape[1]
+        pos = torch.arange(n)
+        return (torch.tensor(blocks, dtype=torch.long)[pos // bs] * bs + pos % bs).to(DEVICE)
+
+    def clean(self) -> tuple[torch.Tensor, torch.Tensor]:
+        # The vectorised torch decode multiplies masked probabilities (0) by every gathered V: NaN would leak.
+        return torch.nan_to_num(self.k), torch.nan_to_num(self.v)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# store_kvcache
+# ----------------------------------------------------------------------------------------------------------------------
+
+
+def check_store(num_tokens: int, num_kv_heads: int, head_dim: int, block_size: int, dtype, slot_dtype) -> None:
+    gen = torch.Generator().manual_seed(0)
+    num_blocks = math.ceil(num_tokens / block_size) + 2
+    total = num_blocks * block_size
+    slots = torch.randperm(total, generator=gen)[:num_tokens]
+    slots[torch.rand(num_tokens, generator=gen) < 0.25] = -1  # padding tokens
+    slots = slots.to(slot_dtype).to(DEVICE)
+    # k/v as strided views of a fused qkv projection, like the model produces them.
+    qkv = torch.randn(num_tokens, 3 * num_kv_heads, head_dim, generator=gen).to(dtype).to(DEVICE)
+    k, v = qkv[:, num_kv_heads : 2 * num_kv_heads], qkv[:, 2 * num_kv_heads :]
+    shape = (num_blocks, block_size, num_kv_heads, head_dim)
+    kc, vc = (torch.full(shape, float("nan"), dtype=dtype, device=DEVICE) for _ in range(2))
+    kr, vr = kc.clone(), vc.clone()
+    TRI.store_kvcache(k, v, kc, vc, slots)
+    REF.store_kvcache(k, v, kr, vr, slots)
+    # Exact: written slots match, skipped ones are still NaN.
+    torch.testing.assert_close(kc, kr, rtol=0, atol=0, equal_nan=True)
+    torch.testing.assert_close(vc, vr, rtol=0, atol=0, equal_nan=True)
+    assert (~torch.isnan(kc)).sum().item() == (slots >= 0).sum().item() * num_kv_heads * head_dim
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("slot_dtype", [torch.int32, torch.int64])
+@pytest.mark.parametrize("block_size", [16, 256])
+def test_store_kvcache_small(dtype, slot_dtype, block_size):
+    check_store(37, 2, 16, block_size, dtype, slot_dtype)
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("dtype", GPU_DTYPES)
+@pytest.mark.parametrize("block_size", [16, 256])
+def test_store_kvcache_gpu(dtype, block_size):
+    check_store(8192, 8, 128, block_size, dtype, torch.int64)
+    check_store(1000, 2, 64, block_size, dtype, torch.int32)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# prefill
+# ----------------------------------------------------------------------------------------------------------------------
+
+
+def check_prefill(
+    chunks: list[tuple[int, int]], num_heads: int, num_kv_heads: int, head_dim: int, block_size: int, dtype
+) -> None:
+    """chunks: (cached prefix length, new tokens) per sequence."""
+    gen = torch.Generator().manual_seed(len(chunks) * 1000 + num_heads + head_dim + block_size)
+    kv_lens = [p + n for p, n in chunks]
+    q_lens = [n for _, n in chunks]
+    cache = PagedCache(kv_lens, num_kv_heads, head_dim, block_size, dtype, gen)
+    cu = torch.tensor([0] + q_lens).cumsum(0).to(torch.int32)
+    num_tokens = int(cu[-1])
+    # q as a strided view of a fused qkv projection.
+    qkv = torch.randn(num_tokens, num_heads + 2 * num_kv_heads, head_dim, generator=gen).to(dtype).to(DEVICE)
+    q = qkv[:, :num_heads]
+    meta = AttentionMetadata(
+        slot_mapping=torch.zeros(num_tokens, dtype=torch.int64, device=DEVICE),
+        num_prefill_tokens=num_tokens,
+        num_prefills=len(chunks),
+        num_decodes=0,
+        cu_seqlens_q=cu.to(DEVICE),
+        prefill_seq_lens=torch.tensor(kv_lens, dtype=torch.int32, device=DEVICE),
+        prefill_block_tables=cache.table,
+        max_seqlen_q=max(q_lens),
+        max_seqlen_k=max(kv_lens),
+    )
+    scale = head_dim**-0.5
+    out = torch.full((num_tokens, num_heads, head_dim), float("nan"), dtype=dtype, device=DEVICE)
+    TRI.prefill(q, cache.k, cache.v, meta, scale, out=out)
+    ref = REF.prefill(q, cache.k, cache.v, meta, scale)
+    assert torch.isfinite(out).all(), "unwritten or NaN-contaminated outputs"
+    err = rel_err(out, ref)
+    assert err < TOL[dtype], f"rel err {err:.2e}"
+    # The default path (backend allocates the output) agrees too.
+    torch.testing.assert_close(TRI.prefill(q, cache.k, cache.v, meta, scale), out, rtol=0, atol=0)
+
+
+GQA_SMALL = [(2, 2), (4, 2), (8, 1)]  # (q heads, kv heads): ratios 1, 2, 8
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("heads", GQA_SMALL)
+@pytest.mark.parametrize("block_size", [16, 256])
+def test_prefill_small(dtype, heads, block_size):
+    # Fresh prompts, a 1-token chunk, chunks continuing from cached prefixes (aligned or not to blocks/tiles).
+    chunks = [(0, 1), (0, 21), (5, 3), (16, 1), (19, 30)]
+    check_prefill(chunks, *heads, 16, block_size, dtype)
+
+
+@pytest.mark.parametrize("block_size", [16, 256])
+def test_prefill_small_head32(block_size):
+    check_prefill([(0, 18), (34, 1), (3, 17)], 4, 1, 32, block_size, torch.float32)
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("dtype", GPU_DTYPES)
+@pytest.mark.parametrize("block_size", [16, 256])
+@pytest.mark.parametrize("heads,head_dim", [((32, 8), 128), ((16, 16), 64), ((16, 2), 128)])
+def test_prefill_gpu(dtype, block_size, heads, head_dim):
+    chunks = [(0, 1024), (0, 1), (700, 324), (2048, 77), (513, 1), (0, 333), (1000, 1500)]
+    check_prefill(chunks, *heads, head_dim, block_size, dtype)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# decode
+# ----------------------------------------------------------------------------------------------------------------------
+
+
+def check_decode(
+    seq_lens: list[int],
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    block_size: int,
+    dtype,
+    num_splits: int | None,
+    garbage_table: bool = False,
+) -> None:
+    gen = torch.Generator().manual_seed(sum(seq_lens) + num_heads + block_size)
+    cache = PagedCache(seq_lens, num_kv_heads, head_dim, block_size, dtype, gen, extra_cols=5)
+    table = cache.table
+    if garbage_table:
+        # Entries past seq_len are never read, so even out-of-range ids must be harmless.
+        need = torch.tensor([math.ceil(n / block_size) for n in seq_lens], device=DEVICE)
+        cols = torch.arange(table.shape[1], device=DEVICE)
+        table = torch.where(cols[None, :] < need[:, None], table, torch.full_like(table, 2**30))
+    batch = len(seq_lens)
+    q = torch.randn(batch, num_heads, head_dim, generator=gen).to(dtype).to(DEVICE)
+    lens = torch.tensor(seq_lens, dtype=torch.int32, device=DEVICE)
+    meta = AttentionMetadata(
+        slot_mapping=torch.zeros(batch, dtype=torch.int64, device=DEVICE),
+        num_prefill_tokens=0,
+        num_prefills=0,
+        num_decodes=batch,
+        decode_seq_lens=lens,
+        decode_block_tables=table,
+        max_decode_seq_len=max(seq_lens),
+    )
+    scale = head_dim**-0.5
+    out = torch.full_like(q, float("nan"))
+    TRI.decode(q, cache.k, cache.v, meta, scale, out=out, num_splits=num_splits)
+    assert torch.isfinite(out).all(), "unwritten or NaN-contaminated outputs"
+    live = lens > 0
+    assert (out[~live] == 0).all(), "padding rows (seq_len 0) must be zeros"
+    ref_meta = AttentionMetadata(**{**{f: getattr(meta, f) for f in meta.__slots__}, "decode_block_tables": cache.ref_table})
+    ref = REF.decode(q, *cache.clean(), ref_meta, scale)
+    err = rel_err(out[live], ref[live])
+    assert err < TOL[dtype], f"rel err {err:.2e}"
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("heads", GQA_SMALL)
+@pytest.mark.parametrize("block_size", [16, 256])
+@pytest.mark.parametrize("num_splits", [None, 1, 3])
+def test_decode_small(dtype, heads, block_size, num_splits):
+    # 0 = padded batch row; 1, block multiples and ragged lengths.
+    check_decode([1, 17, 0, 40, 16, 5], *heads, 16, block_size, dtype, num_splits)
+
+
+def test_decode_small_many_splits_head32():
+    # More splits than tiles: most splits are empty and must drop out of the merge.
+    check_decode([3, 50, 0, 33], 8, 2, 32, 16, torch.float32, num_splits=8)
+
+
+def test_decode_small_garbage_table():
+    check_decode([7, 0, 30, 16], 4, 2, 16, 16, torch.float32, num_splits=2, garbage_table=True)
+
+
+def test_decode_split_policy():
+    # Host-only: depends on batch, kv heads and the host max length, and honours the cap.
+    be = TritonAttentionBackend(max_splits=8, min_split_tokens=256)
+    dev = torch.device("cuda") if ON_GPU else torch.device("cpu")
+    assert be.num_decode_splits(1, 1, 100_000, dev) <= 8
+    assert be.num_decode_splits(1, 1, 10, dev) == 1
+    assert be.num_decode_splits(4096, 8, 100_000, dev) == 1
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("dtype", GPU_DTYPES)
+@pytest.mark.parametrize("block_size", [16, 256])
+@pytest.mark.parametrize("heads,head_dim", [((32, 8), 128), ((16, 16), 64), ((16, 2), 128)])
+@pytest.mark.parametrize("num_splits", [None, 1, 16])
+def test_decode_gpu(dtype, block_size, heads, head_dim, num_splits):
+    gen = torch.Generator().manual_seed(1)
+    lens = torch.randint(1, 2049, (61,), generator=gen).tolist() + [0, 0, 1]
+    check_decode(lens, *heads, head_dim, block_size, dtype, num_splits)
+
+
+@gpu
+@needs_cuda
+def test_decode_gpu_garbage_table_and_small_batch():
+    check_decode([4000, 1, 0, 257], 32, 8, 128, 16, torch.bfloat16, num_splits=None, garbage_table=True)
+
+
+@gpu
+@needs_cuda
+def test_decode_cuda_graph():
+    """Captured once, replayed with other lengths: the launch must not depend on device data."""
+    batch, hq, hkv, d, bs = 8, 32, 8, 128, 16
+    gen = torch.Generator().manual_seed(2)
+    cache = PagedCache([2048] * batch, hkv, d, bs, torch.bfloat16, gen)
+    k, v = cache.clean()
+    q = torch.randn(batch, hq, d, generator=gen).to(torch.bfloat16).to(DEVICE)
+    lens = torch.full((batch,), 2048, dtype=torch.int32, device=DEVICE)
+    meta = AttentionMetadata(
+        slot_mapping=torch.zeros(batch, dtype=torch.int64, device=DEVICE),
+        num_prefill_tokens=0,
+        num_prefills=0,
+        num_decodes=batch,
+        decode_seq_lens=lens,
+        decode_block_tables=cache.ref_table,
+        max_decode_seq_len=2048,
+    )
+    out = torch.empty_like(q)
+    TRI.decode(q, k, v, meta, 0.1, out=out)  # warm-up compiles outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        TRI.decode(q, k, v, meta, 0.1, out=out)
+    lens.copy_(torch.tensor([1, 0, 100, 2048, 17, 512, 1000, 3], dtype=torch.int32))
+    graph.replay()
+    torch.cuda.synchronize()
+    ref = REF.decode(q, k, v, meta, 0.1)
+    live = lens > 0
+    assert rel_err(out[live], ref[live]) < TOL[torch.bfloat16]
+    assert (out[~live] == 0).all()

@@ -1,0 +1,213 @@
+"""Turns a step (which sequences, which tokens, where their KV lives) into flat tensors, runs the model and
+samples. Per-sequence state lives in slot-indexed numpy arrays so every step is a handful of vectorized ops."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from kernels.attention import AttentionMetadata, get_backend
+from model.config import ModelConfig, parse_dtype
+from model.context import forward_context
+from model.layers import PagedAttention
+from model.loader import load_model
+from model.parallel import tp_rank
+from protocol.messages import StepCommand, WorkerConfig
+from worker.sampler import SamplingTensors, sample
+
+
+class ModelRunner:
+    def __init__(self, cfg: WorkerConfig, device: torch.device) -> None:
+        self.cfg = cfg
+        self.device = device
+        self.model_config = ModelConfig.from_pretrained(cfg.model)
+        self.dtype = parse_dtype(cfg.dtype, self.model_config.dtype)
+        self.block_size = cfg.block_size
+        torch.manual_seed(cfg.seed)
+        self.model = load_model(cfg.model, device, self.dtype, cfg.load_format, cfg.seed)
+        self.backend = get_backend(cfg.attention_backend, device)
+        self.attn_layers = [m for m in self.model.modules() if isinstance(m, PagedAttention)]
+        self.generator = torch.Generator(device=device).manual_seed(cfg.seed)
+        self.num_blocks = 0
+
+        # slot-indexed sequence state
+        n, width = cfg.max_num_seqs, -(-cfg.max_model_len // cfg.block_size)
+        self.block_tables = np.zeros((n, width), dtype=np.int32)
+        self.num_seq_blocks = np.zeros(n, dtype=np.int64)
+        self.num_computed = np.zeros(n, dtype=np.int64)
+        self.temperature = np.zeros(n, dtype=np.float32)
+        self.top_p = np.ones(n, dtype=np.float32)
+        self.top_k = np.zeros(n, dtype=np.int64)
+        self.min_p = np.zeros(n, dtype=np.float32)
+        self.seed = np.full(n, -1, dtype=np.int64)
+
+    # ---- KV pool ---------------------------------------------------------------------------------------
+
+    @property
+    def kv_block_bytes(self) -> int:
+        layer = self.attn_layers[0]
+        per_token = 2 * layer.num_kv_heads * layer.head_dim * self.dtype.itemsize
+        return per_token * self.block_size * len(self.attn_layers)
+
+    def allocate_kv(self, num_blocks: int) -> None:
+        layer = self.attn_layers[0]
+        shape = (len(self.attn_layers), 2, num_blocks, self.block_size, layer.num_kv_heads, layer.head_dim)
+        self.kv_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        for i, attn in enumerate(self.attn_layers):
+            attn.k_cache, attn.v_cache = self.kv_cache[i, 0], self.kv_cache[i, 1]
+        self.num_blocks = num_blocks
+
+    def available_kv_blocks(self) -> int:
+        """How many blocks fit on this rank: explicit count, CPU budget, or measured CUDA headroom."""
+        cfg = self.cfg
+        useful = cfg.max_num_seqs * self.block_tables.shape[1] + 1
+        if cfg.num_kv_blocks > 0:
+            return cfg.num_kv_blocks
+        if self.device.type != "cuda":
+            return max(1, min(useful, cfg.kv_cache_memory_bytes // self.kv_block_bytes))
+        return self._profile_cuda_blocks()
+
+    def _profile_cuda_blocks(self) -> int:
+        # Peak activation memory of a forward at the largest batch, then the seed's formula.
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(self.device)
+        tokens = min(self.cfg.max_num_batched_tokens, self.cfg.max_model_len * self.cfg.max_num_seqs)
+        seq_len = min(self.cfg.max_model_len, tokens)
+        num_seqs = max(1, tokens // seq_len)
+        blocks_per_seq = -(-seq_len // self.block_size)
+        self.allocate_kv(num_seqs * blocks_per_seq)
+        self._warmup_prefill(num_seqs, seq_len, blocks_per_seq)
+        torch.cuda.synchronize(self.device)
+        free, total = torch.cuda.mem_get_info(self.device)
+        peak = torch.cuda.max_memory_allocated(self.device)
+        current = torch.cuda.memory_allocated(self.device)
+        kv_now = self.kv_cache.numel() * self.kv_cache.element_size()
+        budget = total * self.cfg.gpu_memory_utilization - (total - free) - (peak - current) + kv_now
+        del self.kv_cache
+        torch.cuda.empty_cache()
+        return max(0, int(budget) // self.kv_block_bytes)
+
+    def _warmup_prefill(self, num_seqs: int, seq_len: int, blocks_per_seq: int) -> None:
+        tables = np.arange(num_seqs * blocks_per_seq, dtype=np.int32).reshape(num_seqs, blocks_per_seq)
+        tokens = np.zeros(num_seqs * seq_len, dtype=np.int32)
+        positions = np.tile(np.arange(seq_len), num_seqs)
+        rows = np.repeat(np.arange(num_seqs), seq_len)
+        slots = tables[rows, positions // self.block_size] * self.block_size + positions % self.block_size
+        meta = AttentionMetadata(self._to_dev(slots), len(tokens), num_seqs, 0)
+        self._set_prefill_meta(meta, np.full(num_seqs, seq_len), np.full(num_seqs, seq_len), tables)
+        with torch.inference_mode(), forward_context(meta, self.backend):
+            hidden = self.model(self._to_dev(tokens), self._to_dev(positions))
+            self.model.compute_logits(hidden[-num_seqs:])
+
+    # ---- one step --------------------------------------------------------------------------------------
+
+    def _to_dev(self, arr: np.ndarray, dtype=torch.int64) -> torch.Tensor:
+        return torch.from_numpy(np.ascontiguousarray(arr)).to(device=self.device, dtype=dtype, non_blocking=True)
+
+    def _set_prefill_meta(self, meta: AttentionMetadata, q_lens, seq_lens, tables) -> None:
+        cu = np.zeros(len(q_lens) + 1, dtype=np.int32)
+        np.cumsum(q_lens, out=cu[1:])
+        meta.cu_seqlens_q = self._to_dev(cu, torch.int32)
+        meta.prefill_seq_lens = self._to_dev(seq_lens, torch.int32)
+        meta.prefill_block_tables = self._to_dev(tables, torch.int32)
+        meta.max_seqlen_q, meta.max_seqlen_k = int(q_lens.max()), int(seq_lens.max())
+
+    def apply_slot_updates(self, step: StepCommand) -> None:
+        """Start new sequences in their slots and append newly allocated blocks."""
+        if len(step.freed_slots):
+            self.num_seq_blocks[step.freed_slots] = 0
+        new = step.new_slots
+        if len(new):
+            self.num_seq_blocks[new] = 0
+            self.num_computed[new] = step.new_start_pos
+            self.temperature[new] = step.new_temperature
+            self.top_p[new] = step.new_top_p
+            self.top_k[new] = step.new_top_k
+            self.min_p[new] = step.new_min_p
+            self.seed[new] = step.new_seed
+        counts = step.new_block_counts
+        total = int(counts.sum()) if len(counts) else 0
+        if total:
+            rows = np.repeat(step.slots, counts)
+            group_start = np.repeat(np.cumsum(counts) - counts, counts)
+            cols = np.repeat(self.num_seq_blocks[step.slots], counts) + (np.arange(total) - group_start)
+            self.block_tables[rows, cols] = step.new_block_ids
+            self.num_seq_blocks[step.slots] += counts
+
+    def prepare(self, step: StepCommand):
+        """Flat input tensors and attention metadata for one step (all host work vectorized)."""
+        slots, q_lens = step.slots.astype(np.int64), step.num_tokens.astype(np.int64)
+        num_tokens = int(q_lens.sum())
+        start = self.num_computed[slots]
+        seq_lens = start + q_lens
+        cu = np.zeros(len(slots) + 1, dtype=np.int64)
+        np.cumsum(q_lens, out=cu[1:])
+        positions = np.repeat(start - cu[:-1], q_lens) + np.arange(num_tokens)
+        token_rows = np.repeat(slots, q_lens)
+        slot_mapping = self.block_tables[token_rows, positions // self.block_size].astype(np.int64)
+        slot_mapping = slot_mapping * self.block_size + positions % self.block_size
+        self.num_computed[slots] = seq_lens
+
+        num_prefills = int(np.count_nonzero(q_lens > 1))
+        width = -(-int(seq_lens.max()) // self.block_size)
+        n_pre_tok = int(cu[num_prefills])
+        meta = AttentionMetadata(
+            slot_mapping=self._to_dev(slot_mapping),
+            num_prefill_tokens=n_pre_tok,
+            num_prefills=num_prefills,
+            num_decodes=len(slots) - num_prefills,
+        )
+        if num_prefills:
+            tables = self.block_tables[slots[:num_prefills], :width]
+            self._set_prefill_meta(meta, q_lens[:num_prefills], seq_lens[:num_prefills], tables)
+        if meta.num_decodes:
+            dec = slots[num_prefills:]
+            meta.decode_seq_lens = self._to_dev(seq_lens[num_prefills:], torch.int32)
+            meta.decode_block_tables = self._to_dev(self.block_tables[dec, :width], torch.int32)
+            meta.max_decode_seq_len = int(seq_lens[num_prefills:].max())
+        input_ids = self._to_dev(step.token_ids)
+        sample_idx = cu[1:][step.sample_rows] - 1
+        sample_slots = slots[step.sample_rows]
+        return input_ids, self._to_dev(positions), meta, sample_idx, sample_slots, seq_lens[step.sample_rows]
+
+    def sampling_tensors(self, sample_slots: np.ndarray, sample_positions: np.ndarray) -> SamplingTensors:
+        t, k, p = self.temperature[sample_slots], self.top_k[sample_slots], self.top_p[sample_slots]
+        mp, sd = self.min_p[sample_slots], self.seed[sample_slots]
+        return SamplingTensors(
+            temperature=self._to_dev(t, torch.float32),
+            top_k=self._to_dev(k),
+            top_p=self._to_dev(p, torch.float32),
+            min_p=self._to_dev(mp, torch.float32),
+            seed=self._to_dev(sd),
+            position=self._to_dev(sample_positions),
+            all_greedy=bool((t == 0).all()),
+            any_top_k=bool((k > 0).any()),
+            any_top_p=bool((p < 1).any()),
+            any_min_p=bool((mp > 0).any()),
+            any_seed=bool((sd >= 0).any()),
+        )
+
+    @torch.inference_mode()
+    def execute(self, step: StepCommand) -> np.ndarray:
+        """Run one step; returns sampled token ids on rank 0 (empty elsewhere)."""
+        self.apply_slot_updates(step)
+        if len(step.slots) == 0:
+            return np.zeros(0, dtype=np.int32)
+        input_ids, positions, meta, sample_idx, sample_slots, sample_pos = self.prepare(step)
+        with forward_context(meta, self.backend):
+            hidden = self.model(input_ids, positions)
+        if len(sample_idx) == 0:
+            return np.zeros(0, dtype=np.int32)
+        logits = self.model.compute_logits(hidden[self._to_dev(sample_idx)])
+        if tp_rank() != 0:
+            return np.zeros(0, dtype=np.int32)
+        tokens = sample(logits, self.sampling_tensors(sample_slots, sample_pos), self.generator)
+        return tokens.to(torch.int32).cpu().numpy()
+
+    def forward_logits(self, step: StepCommand) -> torch.Tensor:
+        """Teacher-forced logits of every computed token (tests and parity checks)."""
+        self.apply_slot_updates(step)
+        input_ids, positions, meta, *_ = self.prepare(step)
+        with torch.inference_mode(), forward_context(meta, self.backend):
+            hidden = self.model(input_ids, positions)
+            return self.model.compute_logits(hidden)

@@ -1,0 +1,84 @@
+"""Vectorized sampling over a batch of logit rows, each with its own controls.
+
+Sampling is an exponential race: ``argmax(probs / E)`` with ``E ~ Exp(1)`` draws from ``probs`` exactly, and
+excluded tokens (probability 0) can never win. Rows with a seed draw their noise from a counter-based hash of
+(seed, position, token id), so a seeded request gets the same tokens whatever else shares its batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+_MASK32 = 0xFFFFFFFF
+
+
+@dataclass(slots=True)
+class SamplingTensors:
+    """Per-row controls on the device; ``all_greedy``/``any_*`` are host-side facts that let us skip work."""
+
+    temperature: torch.Tensor  # [n] float32, 0 = greedy
+    top_k: torch.Tensor  # [n] int64, <= 0 disables
+    top_p: torch.Tensor  # [n] float32
+    min_p: torch.Tensor  # [n] float32
+    seed: torch.Tensor  # [n] int64, -1 = unseeded
+    position: torch.Tensor  # [n] int64, the sampled token's position (the seeded noise counter)
+    all_greedy: bool
+    any_top_k: bool
+    any_top_p: bool
+    any_min_p: bool
+    any_seed: bool
+
+
+def _hash32(x: torch.Tensor) -> torch.Tensor:
+    """A 32-bit integer mix (lowbias32) carried in int64 lanes; masking keeps it exact despite wraparound."""
+    x = x & _MASK32
+    x = ((x ^ (x >> 16)) * 0x7FEB352D) & _MASK32
+    x = ((x ^ (x >> 15)) * 0x846CA68B) & _MASK32
+    return x ^ (x >> 16)
+
+
+def seeded_uniform(seed: torch.Tensor, position: torch.Tensor, vocab: int) -> torch.Tensor:
+    """Uniform (0, 1) noise [n, vocab], a pure function of (seed, position, token id)."""
+    token = torch.arange(vocab, device=seed.device, dtype=torch.int64)
+    row = _hash32(_hash32(seed) ^ _hash32(position * 0x9E3779B1 + 0x632BE5AB))
+    bits = _hash32(row[:, None] ^ (token[None, :] * 0x85EBCA77 + 0x27D4EB2F))
+    return (bits.to(torch.float64) + 0.5).div_(2.0**32).to(torch.float32)
+
+
+def apply_filters(logits: torch.Tensor, st: SamplingTensors) -> torch.Tensor:
+    """Temperature, then top-k / top-p / min-p as -inf masks. ``logits`` is float32 [n, vocab]."""
+    logits = logits / st.temperature.clamp(min=1e-6).unsqueeze(1)
+    if st.any_top_k or st.any_top_p:
+        sorted_logits, order = logits.sort(dim=-1, descending=True)
+        rank = torch.arange(logits.shape[1], device=logits.device)
+        drop = torch.zeros_like(sorted_logits, dtype=torch.bool)
+        if st.any_top_k:
+            k = torch.where(st.top_k > 0, st.top_k, logits.shape[1])
+            drop |= rank[None, :] >= k[:, None]
+        if st.any_top_p:
+            probs = sorted_logits.masked_fill(drop, -torch.inf).softmax(-1)
+            mass_before = probs.cumsum(-1) - probs  # the top token always survives
+            drop |= mass_before >= st.top_p[:, None]
+        logits = logits.masked_fill(torch.zeros_like(drop).scatter_(1, order, drop), -torch.inf)
+    if st.any_min_p:
+        probs = logits.softmax(-1)
+        threshold = st.min_p[:, None] * probs.max(-1, keepdim=True).values
+        logits = logits.masked_fill(probs < threshold, -torch.inf)
+    return logits
+
+
+def sample(logits: torch.Tensor, st: SamplingTensors, generator: torch.Generator | None = None) -> torch.Tensor:
+    """One token id per row (int64 [n])."""
+    logits = logits.float()
+    greedy = logits.argmax(-1)
+    if st.all_greedy:
+        return greedy
+    probs = apply_filters(logits, st).softmax(-1)
+    noise = torch.rand(probs.shape, device=probs.device, generator=generator)
+    if st.any_seed:
+        seeded = st.seed >= 0
+        noise = torch.where(seeded[:, None], seeded_uniform(st.seed, st.position, probs.shape[1]), noise)
+    sampled = (probs / -noise.clamp_(min=1e-20).log()).argmax(-1)
+    return torch.where(st.temperature == 0, greedy, sampled)
