@@ -49,8 +49,10 @@ def _store_kvcache_kernel(
     slot = tl.load(slot_ptr + t).to(tl.int64)
     offs_h = tl.arange(0, BLOCK_H)
     offs_d = tl.arange(0, BLOCK_D)
-    # slot -1 marks padding tokens: the mask turns the whole program into a no-op.
-    mask = (offs_h[:, None] < NUM_KV_HEADS) & (offs_d[None, :] < HEAD_DIM) & (slot >= 0)
+    # slot -1 marks padding tokens: the mask turns the whole program into a no-op. Compared as a tensor
+    # because the interpreter mis-types a scalar bool broadcast into a mask.
+    valid = (slot + 0 * offs_h) >= 0
+    mask = (offs_h[:, None] < NUM_KV_HEADS) & (offs_d[None, :] < HEAD_DIM) & valid[:, None]
     k = tl.load(k_ptr + t * stride_kt + offs_h[:, None] * stride_kh + offs_d[None, :], mask=mask)
     v = tl.load(v_ptr + t * stride_vt + offs_h[:, None] * stride_vh + offs_d[None, :], mask=mask)
     kc = k_cache_ptr + slot * stride_kc_slot + offs_h[:, None] * stride_kc_h + offs_d[None, :]

@@ -36,7 +36,9 @@ class ModelConfig:
         archs = raw.get("architectures") or [raw.get("model_type", "?")]
         arch = archs[0]
         if arch not in SUPPORTED_ARCHITECTURES:
-            raise ValueError(f"{source}: unsupported architecture {arch!r}; nanoserve supports {SUPPORTED_ARCHITECTURES}")
+            raise ValueError(
+                f"{source}: unsupported architecture {arch!r}; nanoserve supports {SUPPORTED_ARCHITECTURES}"
+            )
         # transformers 5.x writes rope_parameters/dtype; 4.x checkpoints carry rope_theta/torch_dtype.
         rope = raw.get("rope_parameters") or {}
         rope_theta = rope.get("rope_theta", raw.get("rope_theta", 10000.0))

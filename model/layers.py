@@ -13,7 +13,9 @@ from model.parallel import all_reduce, gather_to_rank0, tp_rank, tp_size
 
 def _check_shape(param: torch.Tensor, loaded: torch.Tensor, what: str = "") -> None:
     if param.shape != loaded.shape:
-        raise ValueError(f"shape mismatch{what}: checkpoint has {tuple(loaded.shape)}, model expects {tuple(param.shape)}")
+        raise ValueError(
+            f"shape mismatch{what}: checkpoint has {tuple(loaded.shape)}, model expects {tuple(param.shape)}"
+        )
 
 
 def default_weight_loader(param: nn.Parameter, loaded: torch.Tensor) -> None:

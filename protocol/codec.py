@@ -9,6 +9,7 @@ malformed frame raises ``ProtocolError`` instead of reaching the engine.
 from __future__ import annotations
 
 import dataclasses
+
 import msgpack
 import numpy as np
 
@@ -119,7 +120,9 @@ def _from_wire(raw, expect: type | None = None):
             values.append(np.frombuffer(v, dtype=spec.dtype))
         elif spec.kind == "scalar":
             if not isinstance(v, spec.types) or (isinstance(v, bool) and bool not in spec.types):
-                raise ProtocolError(f"{cls.__name__}.{spec.name}: expected {spec.types[0].__name__}, got {type(v).__name__}")
+                raise ProtocolError(
+                    f"{cls.__name__}.{spec.name}: expected {spec.types[0].__name__}, got {type(v).__name__}"
+                )
             if spec.is_list and not all(isinstance(x, _SCALARS[spec.record]) for x in v):
                 raise ProtocolError(f"{cls.__name__}.{spec.name}: expected a list of {spec.record}")
             values.append(float(v) if float in spec.types and not isinstance(v, bool) else v)

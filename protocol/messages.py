@@ -31,6 +31,7 @@ class WorkerConfig:
     """Coordinator -> worker: what to load and how to size the KV pool."""
 
     model: str
+    device: str  # "cpu" or "cuda" (each rank uses cuda:LOCAL_RANK)
     dtype: str
     load_format: str
     block_size: int

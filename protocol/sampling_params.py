@@ -45,15 +45,33 @@ class SamplingParams:
         need(is_int(self.top_k) and self.top_k >= -1, "top_k", "must be an int >= -1 (0 or -1 disables)")
         need(is_num(self.min_p) and 0 <= self.min_p <= 1, "min_p", "must be in [0, 1]")
         need(is_int(self.max_tokens) and self.max_tokens >= 1, "max_tokens", "must be an int >= 1")
-        need(is_int(self.min_tokens) and 0 <= self.min_tokens <= self.max_tokens, "min_tokens", "must be in [0, max_tokens]")
+        need(
+            is_int(self.min_tokens) and 0 <= self.min_tokens <= self.max_tokens,
+            "min_tokens",
+            "must be in [0, max_tokens]",
+        )
         need(all(isinstance(s, str) and s for s in self.stop), "stop", "must be non-empty strings")
         need(all(is_int(t) and t >= 0 for t in self.stop_token_ids), "stop_token_ids", "must be token ids >= 0")
         need(isinstance(self.ignore_eos, bool), "ignore_eos", "must be a bool")
         need(self.seed is None or (is_int(self.seed) and 0 <= self.seed < 2**63), "seed", "must be None or an int >= 0")
-        need(self.logprobs is None or (is_int(self.logprobs) and 0 <= self.logprobs <= 20), "logprobs", "must be in [0, 20]")
-        need(is_num(self.presence_penalty) and -2 <= self.presence_penalty <= 2, "presence_penalty", "must be in [-2, 2]")
-        need(is_num(self.frequency_penalty) and -2 <= self.frequency_penalty <= 2, "frequency_penalty", "must be in [-2, 2]")
-        need(is_num(self.repetition_penalty) and 0 < self.repetition_penalty <= 10, "repetition_penalty", "must be in (0, 10]")
+        need(
+            self.logprobs is None or (is_int(self.logprobs) and 0 <= self.logprobs <= 20),
+            "logprobs",
+            "must be in [0, 20]",
+        )
+        need(
+            is_num(self.presence_penalty) and -2 <= self.presence_penalty <= 2, "presence_penalty", "must be in [-2, 2]"
+        )
+        need(
+            is_num(self.frequency_penalty) and -2 <= self.frequency_penalty <= 2,
+            "frequency_penalty",
+            "must be in [-2, 2]",
+        )
+        need(
+            is_num(self.repetition_penalty) and 0 < self.repetition_penalty <= 10,
+            "repetition_penalty",
+            "must be in (0, 10]",
+        )
 
     @property
     def greedy(self) -> bool:

@@ -42,6 +42,7 @@ def worker_config(model_dir, **kw):
 
     base = dict(
         model=str(model_dir),
+        device="cpu",
         dtype="float32",
         load_format="auto",
         block_size=16,

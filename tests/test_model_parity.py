@@ -3,9 +3,9 @@
 import numpy as np
 import pytest
 import torch
+from helpers import make_step, worker_config
 from transformers import AutoModelForCausalLM
 
-from helpers import make_step, worker_config
 from worker.model_runner import ModelRunner
 
 
@@ -48,7 +48,11 @@ def test_prefill_decode_and_continuation(fixture, block_size, request):
     assert close(out[32:], refs[2][:67]) < 1e-4
 
     # 2. a chunk that continues seq 0 from its cached prefix (start position 30), mixed with decodes
-    mixed = [dict(slot=0, tokens=prompts[0][30:]), dict(slot=1, tokens=[prompts[1][-3]]), dict(slot=2, tokens=[prompts[2][-3]])]
+    mixed = [
+        dict(slot=0, tokens=prompts[0][30:]),
+        dict(slot=1, tokens=[prompts[1][-3]]),
+        dict(slot=2, tokens=[prompts[2][-3]]),
+    ]
     out = r.forward_logits(make_step(mixed))
     assert close(out[:7], refs[0][30:]) < 1e-4
     assert close(out[7], refs[1][-3]) < 1e-4

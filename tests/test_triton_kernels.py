@@ -13,18 +13,19 @@ if not ON_GPU:
     # Must precede the first import of triton/kernels.triton_attention: jit picks interpreter mode at decoration.
     os.environ["TRITON_INTERPRET"] = "1"
 
-import importlib  # noqa: E402
-import math  # noqa: E402
-import sys  # noqa: E402
+import dataclasses
+import importlib
+import math
+import sys
 
-import pytest  # noqa: E402
+import pytest
 
 if not ON_GPU and "kernels.triton_attention" in sys.modules:
     # Another module imported the kernels before interpretation was on: re-decorate them.
     importlib.reload(sys.modules["kernels.triton_attention"])
 
-from kernels.attention import AttentionMetadata, TorchAttentionBackend  # noqa: E402
-from kernels.triton_attention import TritonAttentionBackend  # noqa: E402
+from kernels.attention import AttentionMetadata, TorchAttentionBackend
+from kernels.triton_attention import TritonAttentionBackend
 
 DEVICE = torch.device("cuda" if ON_GPU else "cpu")
 gpu = pytest.mark.gpu
@@ -241,7 +242,7 @@ def check_decode(
     assert torch.isfinite(out).all(), "unwritten or NaN-contaminated outputs"
     live = lens > 0
     assert (out[~live] == 0).all(), "padding rows (seq_len 0) must be zeros"
-    ref_meta = AttentionMetadata(**{**{f: getattr(meta, f) for f in meta.__slots__}, "decode_block_tables": cache.ref_table})
+    ref_meta = dataclasses.replace(meta, decode_block_tables=cache.ref_table)
     ref = REF.decode(q, *cache.clean(), ref_meta, scale)
     err = rel_err(out[live], ref[live])
     assert err < TOL[dtype], f"rel err {err:.2e}"

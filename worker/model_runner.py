@@ -102,7 +102,10 @@ class ModelRunner:
     # ---- one step --------------------------------------------------------------------------------------
 
     def _to_dev(self, arr: np.ndarray, dtype=torch.int64) -> torch.Tensor:
-        return torch.from_numpy(np.ascontiguousarray(arr)).to(device=self.device, dtype=dtype, non_blocking=True)
+        arr = np.ascontiguousarray(arr)
+        if not arr.flags.writeable:  # decoded from a message buffer; torch wants writable memory
+            arr = arr.copy()
+        return torch.from_numpy(arr).to(device=self.device, dtype=dtype, non_blocking=True)
 
     def _set_prefill_meta(self, meta: AttentionMetadata, q_lens, seq_lens, tables) -> None:
         cu = np.zeros(len(q_lens) + 1, dtype=np.int32)

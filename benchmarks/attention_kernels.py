@@ -1,0 +1,189 @@
+"""Check and time the Triton attention kernels against the torch reference at Qwen3-8B-like sizes (GPU only).
+
+    python benchmarks/attention_kernels.py [--block-sizes 16 256] [--dtype bf16] [--seed 0]
+
+Each case is first checked (relative error ||out - ref|| / ||ref|| against ``TorchAttentionBackend``), then timed
+with ``triton.testing.do_bench`` (median). Decode reports GB/s of K+V read; prefill reports causal TFLOP/s
+(2 matmuls x 2 flop/MAC x head_dim x visible (query, key) pairs x q heads); store reports GB/s moved.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+
+import torch
+import triton
+import triton.testing
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from kernels.attention import AttentionMetadata, TorchAttentionBackend
+from kernels.triton_attention import TritonAttentionBackend
+
+NUM_HEADS, NUM_KV_HEADS, HEAD_DIM = 32, 8, 128  # Qwen3-8B
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+TOL = {torch.bfloat16: 2e-2, torch.float16: 1e-2, torch.float32: 3e-3}
+
+REF = TorchAttentionBackend()
+TRI = TritonAttentionBackend()
+
+
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    return ((out.double() - ref.double()).norm() / ref.double().norm()).item()
+
+
+def median_ms(fn) -> float:
+    # quantiles (not return_mode) works on every Triton 3.x
+    return triton.testing.do_bench(fn, warmup=25, rep=200, quantiles=[0.5, 0.2, 0.8])[0]
+
+
+def make_pool(
+    lengths: list[int], block_size: int, dtype: torch.dtype, gen: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A random pool with each sequence on shuffled blocks; returns (k_cache, v_cache, block_table int32)."""
+    need = [math.ceil(n / block_size) for n in lengths]
+    num_blocks = sum(need) + 1
+    shape = (num_blocks, block_size, NUM_KV_HEADS, HEAD_DIM)
+    k_cache = torch.randn(shape, dtype=dtype, device="cuda", generator=gen)
+    v_cache = torch.randn(shape, dtype=dtype, device="cuda", generator=gen)
+    perm = torch.randperm(num_blocks, device="cuda", generator=gen).to(torch.int32)
+    table = torch.zeros(len(lengths), max(need), dtype=torch.int32, device="cuda")
+    off = 0
+    for i, nb in enumerate(need):
+        table[i, :nb] = perm[off : off + nb]
+        off += nb
+    return k_cache, v_cache, table
+
+
+def bench_decode(batch: int, lo: int, hi: int, block_size: int, dtype: torch.dtype, gen: torch.Generator) -> dict:
+    lens = torch.randint(lo, hi + 1, (batch,), generator=gen, device="cuda")
+    lengths = lens.tolist()
+    k_cache, v_cache, table = make_pool(lengths, block_size, dtype, gen)
+    q = torch.randn(batch, NUM_HEADS, HEAD_DIM, dtype=dtype, device="cuda", generator=gen)
+    meta = AttentionMetadata(
+        slot_mapping=torch.zeros(batch, dtype=torch.int64, device="cuda"),
+        num_prefill_tokens=0,
+        num_prefills=0,
+        num_decodes=batch,
+        decode_seq_lens=lens.to(torch.int32),
+        decode_block_tables=table,
+        max_decode_seq_len=max(lengths),
+    )
+    scale = HEAD_DIM**-0.5
+    out = TRI.decode(q, k_cache, v_cache, meta, scale)
+    err = rel_err(out, REF.decode(q, k_cache, v_cache, meta, scale))
+    ms = median_ms(lambda: TRI.decode(q, k_cache, v_cache, meta, scale))
+    kv_bytes = 2 * sum(lengths) * NUM_KV_HEADS * HEAD_DIM * k_cache.element_size()
+    splits = TRI.num_decode_splits(batch, NUM_KV_HEADS, max(lengths), q.device)
+    return {
+        "case": f"decode B={batch} ctx {lo}..{hi} ({splits} split{'s' * (splits > 1)})",
+        "err": err,
+        "ms": ms,
+        "rate": f"{kv_bytes / ms / 1e6:8.0f} GB/s",
+        "ok": err < TOL[dtype],
+    }
+
+
+def bench_prefill(
+    chunks: list[tuple[int, int]], block_size: int, dtype: torch.dtype, gen: torch.Generator, label: str
+) -> dict:
+    """chunks: (cached prefix, new tokens) per sequence."""
+    kv_lens = [p + n for p, n in chunks]
+    q_lens = [n for _, n in chunks]
+    k_cache, v_cache, table = make_pool(kv_lens, block_size, dtype, gen)
+    cu = torch.tensor([0] + q_lens, device="cuda").cumsum(0).to(torch.int32)
+    num_tokens = sum(q_lens)
+    q = torch.randn(num_tokens, NUM_HEADS, HEAD_DIM, dtype=dtype, device="cuda", generator=gen)
+    meta = AttentionMetadata(
+        slot_mapping=torch.zeros(num_tokens, dtype=torch.int64, device="cuda"),
+        num_prefill_tokens=num_tokens,
+        num_prefills=len(chunks),
+        num_decodes=0,
+        cu_seqlens_q=cu,
+        prefill_seq_lens=torch.tensor(kv_lens, dtype=torch.int32, device="cuda"),
+        prefill_block_tables=table,
+        max_seqlen_q=max(q_lens),
+        max_seqlen_k=max(kv_lens),
+    )
+    scale = HEAD_DIM**-0.5
+    out = TRI.prefill(q, k_cache, v_cache, meta, scale)
+    err = rel_err(out, REF.prefill(q, k_cache, v_cache, meta, scale))
+    ms = median_ms(lambda: TRI.prefill(q, k_cache, v_cache, meta, scale))
+    pairs = sum(n * p + n * (n + 1) // 2 for p, n in chunks)  # query j of a chunk sees p + j + 1 keys
+    flops = 4 * HEAD_DIM * pairs * NUM_HEADS
+    return {"case": label, "err": err, "ms": ms, "rate": f"{flops / ms / 1e9:8.1f} TFLOP/s", "ok": err < TOL[dtype]}
+
+
+def bench_sdpa_baseline(seqs: int, seq_len: int, dtype: torch.dtype, gen: torch.Generator) -> dict:
+    """Dense causal SDPA on contiguous K/V (no paging): a yardstick for the prefill TFLOP/s."""
+    q = torch.randn(seqs, NUM_HEADS, seq_len, HEAD_DIM, dtype=dtype, device="cuda", generator=gen)
+    k = torch.randn(seqs, NUM_HEADS, seq_len, HEAD_DIM, dtype=dtype, device="cuda", generator=gen)
+    v = torch.randn_like(k)
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    ms = median_ms(lambda: sdpa(q, k, v, is_causal=True))
+    flops = 4 * HEAD_DIM * seqs * seq_len * (seq_len + 1) // 2 * NUM_HEADS
+    return {
+        "case": f"torch sdpa dense causal {seqs}x{seq_len} (yardstick)",
+        "err": float("nan"),
+        "ms": ms,
+        "rate": f"{flops / ms / 1e9:8.1f} TFLOP/s",
+        "ok": True,
+    }
+
+
+def bench_store(num_tokens: int, block_size: int, dtype: torch.dtype, gen: torch.Generator) -> dict:
+    k_cache, v_cache, _ = make_pool([num_tokens], block_size, dtype, gen)
+    slots = torch.randperm(k_cache.shape[0] * block_size, device="cuda", generator=gen)[:num_tokens]
+    k = torch.randn(num_tokens, NUM_KV_HEADS, HEAD_DIM, dtype=dtype, device="cuda", generator=gen)
+    v = torch.randn_like(k)
+    kr, vr = k_cache.clone(), v_cache.clone()
+    TRI.store_kvcache(k, v, k_cache, v_cache, slots)
+    REF.store_kvcache(k, v, kr, vr, slots)
+    exact = torch.equal(k_cache, kr) and torch.equal(v_cache, vr)
+    ms = median_ms(lambda: TRI.store_kvcache(k, v, k_cache, v_cache, slots))
+    moved = 2 * 2 * k.numel() * k.element_size()  # read k, v and write them
+    return {
+        "case": f"store_kvcache T={num_tokens}",
+        "err": 0.0 if exact else float("inf"),
+        "ms": ms,
+        "rate": f"{moved / ms / 1e6:8.0f} GB/s",
+        "ok": exact,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--block-sizes", type=int, nargs="+", default=[16, 256])
+    parser.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("needs a CUDA GPU")
+    dtype = DTYPES[args.dtype]
+    print(f"{torch.cuda.get_device_name()}  triton {triton.__version__}  torch {torch.__version__}  {args.dtype}")
+    print(f"q heads {NUM_HEADS}, kv heads {NUM_KV_HEADS}, head_dim {HEAD_DIM}")
+
+    rows: list[tuple[int, dict]] = []
+    for bs in args.block_sizes:
+        gen = torch.Generator(device="cuda").manual_seed(args.seed)
+        rows.append((bs, bench_store(8192, bs, dtype, gen)))
+        rows.append((bs, bench_decode(256, 512, 2048, bs, dtype, gen)))
+        rows.append((bs, bench_decode(8, 8192, 8192, bs, dtype, gen)))  # small batch, long context: split-K
+        rows.append((bs, bench_prefill([(0, 1024)] * 8, bs, dtype, gen, "prefill 8 x 1024 (fresh)")))
+        rows.append((bs, bench_prefill([(3072, 1024)] * 8, bs, dtype, gen, "prefill 8 x 1024 after 3072 cached")))
+        torch.cuda.empty_cache()
+    rows.append((0, bench_sdpa_baseline(8, 1024, dtype, torch.Generator(device="cuda").manual_seed(args.seed))))
+
+    print(f"\n{'page':>4}  {'case':<48} {'rel err':>9} {'median ms':>10}  {'throughput':>16}")
+    for bs, r in rows:
+        flag = "" if r["ok"] else "  <-- MISMATCH"
+        print(f"{bs or '-':>4}  {r['case']:<48} {r['err']:9.2e} {r['ms']:10.4f}  {r['rate']:>16}{flag}")
+    if not all(r["ok"] for _, r in rows):
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

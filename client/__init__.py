@@ -1,0 +1,16 @@
+"""nanoserve's client side: the offline ``LLM`` API (and, over ZMQ, ``Client``/``AsyncClient``)."""
+
+from protocol.errors import EngineDeadError, OverloadedError, RequestError
+from protocol.outputs import Completion
+from protocol.sampling_params import SamplingParams
+
+__all__ = ["LLM", "SamplingParams", "Completion", "RequestError", "EngineDeadError", "OverloadedError"]
+
+
+def __getattr__(name):
+    # LLM pulls in torch and transformers; a remote client should not have to
+    if name == "LLM":
+        from client.llm import LLM
+
+        return LLM
+    raise AttributeError(name)

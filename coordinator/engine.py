@@ -1,0 +1,230 @@
+"""The coordinator's engine: tokenizer, scheduler, block manager and the step loop that drives the workers."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from dataclasses import dataclass
+
+from coordinator.block_manager import BlockManager
+from coordinator.config import EngineConfig
+from coordinator.detokenizer import decode_delta
+from coordinator.scheduler import Scheduler
+from coordinator.sequence import SeqStatus, Sequence
+from coordinator.worker_group import WorkerGroup
+from model.config import ModelConfig
+from protocol.errors import RequestError
+from protocol.messages import WorkerConfig
+from protocol.outputs import Completion
+from protocol.sampling_params import SamplingParams
+
+log = logging.getLogger("nanoserve.engine")
+
+
+@dataclass(slots=True)
+class StepOutput:
+    """What one step changed, for streaming: a sequence and the tokens and text it gained."""
+
+    seq: Sequence
+    new_token_ids: list[int]
+    new_text: str
+    finished: bool
+
+
+class Engine:
+    def __init__(self, cfg: EngineConfig) -> None:
+        from transformers import AutoTokenizer
+
+        if not cfg.model:
+            from model.tiny import default_model_dir
+
+            cfg.model = str(default_model_dir())
+        self.config = cfg
+        self.model_config = ModelConfig.from_pretrained(cfg.model)  # fails fast, before any process starts
+        self.tokenizer = AutoTokenizer.from_pretrained(cfg.model)
+        mc = self.model_config
+        self.max_model_len = min(cfg.max_model_len or mc.max_position_embeddings, mc.max_position_embeddings)
+        self.vocab_size = mc.vocab_size
+        self.eos_token_ids = set(mc.eos_token_id)
+        if self.tokenizer.eos_token_id is not None:
+            self.eos_token_ids.add(self.tokenizer.eos_token_id)
+        worker_config = WorkerConfig(
+            model=cfg.model,
+            device=cfg.device,
+            dtype=cfg.dtype,
+            load_format=cfg.load_format,
+            block_size=cfg.block_size,
+            max_num_seqs=cfg.max_num_seqs,
+            max_num_batched_tokens=cfg.max_num_batched_tokens,
+            max_model_len=self.max_model_len,
+            num_kv_blocks=cfg.num_kv_blocks or -1,
+            gpu_memory_utilization=cfg.gpu_memory_utilization,
+            kv_cache_memory_bytes=cfg.kv_cache_memory_bytes,
+            enforce_eager=cfg.enforce_eager,
+            seed=cfg.seed,
+            attention_backend=cfg.attention_backend,
+            dist_init_method="",
+        )
+        self.workers = WorkerGroup(
+            worker_config,
+            cfg.tensor_parallel_size,
+            external=cfg.external_workers,
+            address=cfg.worker_address,
+            start_timeout_s=cfg.worker_timeout_s,
+        )
+        self.block_manager = BlockManager(self.workers.num_kv_blocks, cfg.block_size, cfg.enable_prefix_caching)
+        self.scheduler = Scheduler(self.block_manager, cfg.max_num_seqs, cfg.max_num_batched_tokens)
+        self.requests: dict[str, Sequence] = {}
+        self._ids = itertools.count()
+        self.num_prompt_tokens_computed = 0
+        self.num_output_tokens = 0
+        self.closed = False
+
+    # ---- requests ----------------------------------------------------------------------------------------
+
+    def tokenize(self, prompt: str | list[int]) -> list[int]:
+        if isinstance(prompt, str):
+            return self.tokenizer.encode(prompt, add_special_tokens=False)
+        if isinstance(prompt, (list, tuple)) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+            bad = [t for t in prompt if not 0 <= t < self.vocab_size]
+            if bad:
+                raise RequestError(f"prompt token ids out of vocabulary [0, {self.vocab_size}): {bad[:5]}")
+            return list(prompt)
+        raise RequestError("prompt must be a string or a list of token ids")
+
+    def add_request(
+        self, prompt: str | list[int], params: SamplingParams | None = None, request_id: str | None = None
+    ) -> Sequence:
+        """Validate and queue a request. Raises RequestError naming the problem; nothing is queued then."""
+        params = params or SamplingParams()
+        if not isinstance(params, SamplingParams):
+            raise RequestError("sampling_params must be a SamplingParams")
+        ids = self.tokenize(prompt)
+        if not ids:
+            raise RequestError("prompt is empty")
+        total = len(ids) + params.max_tokens
+        if total > self.max_model_len:
+            raise RequestError(
+                f"prompt ({len(ids)} tokens) + max_tokens ({params.max_tokens}) = {total} exceeds "
+                f"max_model_len ({self.max_model_len})"
+            )
+        if self.block_manager.blocks_needed(total) > self.block_manager.num_blocks:
+            raise RequestError(
+                f"prompt + max_tokens = {total} tokens needs more KV blocks than the pool has "
+                f"({self.block_manager.num_blocks} x {self.block_manager.block_size} tokens)"
+            )
+        if params.stop_token_ids and max(params.stop_token_ids) >= self.vocab_size:
+            raise RequestError(f"stop_token_ids must be below the vocabulary size {self.vocab_size}")
+        request_id = request_id if request_id is not None else str(next(self._ids))
+        if request_id in self.requests:
+            raise RequestError(f"request_id {request_id!r} is already in flight")
+        seq = Sequence(request_id, ids, len(ids), params, time.monotonic())
+        self.requests[request_id] = seq
+        self.scheduler.add(seq)
+        return seq
+
+    def abort(self, request_id: str) -> Sequence | None:
+        seq = self.requests.pop(request_id, None)
+        if seq is not None and not seq.is_finished:
+            self.scheduler.finish(seq, "abort")
+        return seq
+
+    @property
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_work
+
+    # ---- the step ----------------------------------------------------------------------------------------
+
+    def step(self) -> list[StepOutput]:
+        """Schedule, run one step on the workers, apply the sampled tokens and stop conditions."""
+        batch = self.scheduler.schedule()
+        if batch is None:
+            return []
+        tokens = self.workers.run_step(batch.step).tolist()
+        self.scheduler.after_step(batch)
+        self.num_prompt_tokens_computed += sum(n for s, n in zip(batch.seqs, batch.num_tokens) if n > 1)
+        self.num_output_tokens += len(tokens)
+        outputs = []
+        for seq, token in zip(batch.sampled, tokens):
+            if seq.status is not SeqStatus.RUNNING:
+                continue
+            seq.token_ids.append(token)
+            reason = self._check_stop(seq, token)
+            new_text = self._update_text(seq) if self._wants_text(seq) else ""
+            if reason is None and seq.params.stop:
+                reason = self._check_stop_strings(seq)
+            if reason is not None:
+                self.scheduler.finish(seq, reason)
+                self.requests.pop(seq.request_id, None)
+            outputs.append(StepOutput(seq, [token], new_text, reason is not None))
+        return outputs
+
+    def _check_stop(self, seq: Sequence, token: int) -> str | None:
+        p = seq.params
+        if seq.num_output_tokens >= p.min_tokens:
+            if token in p.stop_token_ids:
+                seq.stop_reason = token
+                return "stop"
+            if not p.ignore_eos and token in self.eos_token_ids:
+                return "stop"
+        if seq.num_output_tokens >= p.max_tokens or seq.num_tokens >= self.max_model_len:
+            return "length"
+        return None
+
+    def _wants_text(self, seq: Sequence) -> bool:
+        return seq.stream or bool(seq.params.stop)
+
+    def _update_text(self, seq: Sequence) -> str:
+        out = seq.output_token_ids
+        delta, seq.text_prefix_offset, seq.text_read_offset = decode_delta(
+            self.tokenizer, out, seq.text_prefix_offset, seq.text_read_offset
+        )
+        seq.text += delta
+        return delta
+
+    def _check_stop_strings(self, seq: Sequence) -> str | None:
+        if seq.num_output_tokens < seq.params.min_tokens:
+            return None
+        for stop in seq.params.stop:
+            idx = seq.text.find(stop)
+            if idx >= 0:
+                seq.text = seq.text[:idx]
+                seq.stop_reason = stop
+                return "stop"
+        return None
+
+    def completion(self, seq: Sequence) -> Completion:
+        # a stop string cut .text short; otherwise decode once, at the end (most requests never need .text earlier)
+        text = seq.text if isinstance(seq.stop_reason, str) else self.decode(seq.output_token_ids)
+        return Completion(
+            request_id=seq.request_id,
+            prompt_token_ids=seq.token_ids[: seq.num_prompt_tokens],
+            token_ids=seq.output_token_ids,
+            text=text,
+            finish_reason=seq.finish_reason,
+            stop_reason=seq.stop_reason,
+        )
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def stats(self) -> dict:
+        s = self.scheduler.stats
+        return {
+            "steps": s.steps,
+            "preemptions": s.preemptions,
+            "prefix_cache_hit_tokens": s.prefix_cache_hit_tokens,
+            "chunked_prefill_steps": s.chunked_prefill_steps,
+            "kv_blocks_total": self.block_manager.num_blocks,
+            "kv_blocks_free": self.block_manager.num_free_blocks,
+            "running": len(self.scheduler.running),
+            "waiting": len(self.scheduler.waiting),
+            "prompt_tokens": self.num_prompt_tokens_computed,
+            "output_tokens": self.num_output_tokens,
+        }
+
+    def shutdown(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self.workers.shutdown()

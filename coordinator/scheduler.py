@@ -1,0 +1,183 @@
+"""What to compute each step: continuous batching under a token budget, chunked prefill, and preemption by
+recompute (newest first) when the KV pool runs out. Running sequences go first, so decodes are never starved by
+new prompts; waiting ones are admitted in arrival order while budget, slots and blocks last."""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from coordinator.block_manager import BlockManager
+from coordinator.sequence import SeqStatus, Sequence
+from protocol.messages import StepCommand
+
+
+@dataclass(slots=True)
+class SchedulerStats:
+    steps: int = 0
+    preemptions: int = 0
+    prefix_cache_hit_tokens: int = 0
+    prompt_tokens_scheduled: int = 0
+    chunked_prefill_steps: int = 0
+
+
+@dataclass(slots=True)
+class ScheduledBatch:
+    seqs: list[Sequence]  # prefill-first, as in the step command
+    num_tokens: list[int]
+    sampled: list[Sequence]  # sequences whose next token this step produces
+    step: StepCommand
+
+
+@dataclass(slots=True)
+class Scheduler:
+    block_manager: BlockManager
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    waiting: deque[Sequence] = field(default_factory=deque)
+    running: list[Sequence] = field(default_factory=list)
+    stats: SchedulerStats = field(default_factory=SchedulerStats)
+    free_slots: list[int] = field(default_factory=list)
+    freed_slots: list[int] = field(default_factory=list)  # to tell the workers in the next step
+    step_id: int = 0
+
+    def __post_init__(self) -> None:
+        self.free_slots = list(range(self.max_num_seqs - 1, -1, -1))
+
+    def add(self, seq: Sequence) -> None:
+        self.waiting.append(seq)
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    # ---- leaving the running set ---------------------------------------------------------------------------
+
+    def _release(self, seq: Sequence) -> None:
+        self.block_manager.free_blocks(seq.block_table)
+        seq.num_blocks_sent = seq.num_keyed_blocks = 0
+        seq.last_block_key = -1
+        if seq.slot >= 0:
+            self.free_slots.append(seq.slot)
+            self.freed_slots.append(seq.slot)
+            seq.slot = -1
+
+    def preempt(self, seq: Sequence) -> None:
+        """Back to the front of the queue; its KV is recomputed (cheaply, through the prefix cache) later."""
+        self._release(seq)
+        seq.status = SeqStatus.WAITING
+        seq.num_computed_tokens = 0
+        self.waiting.appendleft(seq)
+        self.stats.preemptions += 1
+
+    def finish(self, seq: Sequence, reason: str) -> None:
+        if seq.status is SeqStatus.RUNNING:
+            self.running.remove(seq)
+        elif seq.status is SeqStatus.WAITING:
+            self.waiting.remove(seq)
+        self._release(seq)
+        seq.status, seq.finish_reason = SeqStatus.FINISHED, reason
+
+    # ---- one step ------------------------------------------------------------------------------------------
+
+    def schedule(self) -> ScheduledBatch | None:
+        budget = self.max_num_batched_tokens
+        chosen: list[tuple[Sequence, int]] = []
+        preempted = False
+        bm = self.block_manager
+
+        i = 0
+        while i < len(self.running) and budget > 0:
+            seq = self.running[i]
+            n = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            while not bm.allocate(seq.block_table, [], seq.num_computed_tokens + n):
+                victim = self.running.pop()  # newest
+                self.preempt(victim)
+                preempted = True
+                if victim is seq:
+                    break
+            else:
+                chosen.append((seq, n))
+                budget -= n
+                i += 1
+
+        # Admit waiting sequences (not in a step that had to preempt: the pool is full).
+        while self.waiting and budget > 0 and not preempted and self.free_slots:
+            seq = self.waiting[0]
+            hits = bm.match_prefix(seq.token_ids)
+            cached = len(hits) * bm.block_size
+            n = min(seq.num_tokens - cached, budget)
+            table: list[int] = []
+            if not bm.allocate(table, hits, cached + n):
+                break
+            self.waiting.popleft()
+            seq.block_table = table
+            seq.num_computed_tokens = seq.num_cached_tokens = cached
+            seq.num_keyed_blocks, seq.last_block_key = len(hits), bm.blocks[hits[-1]].key if hits else -1
+            seq.status = SeqStatus.RUNNING
+            seq.slot, seq.new_in_slot = self.free_slots.pop(), True
+            self.running.append(seq)
+            self.stats.prefix_cache_hit_tokens += cached
+            chosen.append((seq, n))
+            budget -= n
+
+        if not chosen:
+            return None
+        return self._build(chosen)
+
+    def _build(self, chosen: list[tuple[Sequence, int]]) -> ScheduledBatch:
+        chosen.sort(key=lambda c: c[1] == 1)  # prefill chunks first (stable), then single tokens
+        seqs = [s for s, _ in chosen]
+        num_tokens = [n for _, n in chosen]
+        tokens: list[int] = []
+        block_counts, block_ids, sample_rows, sampled = [], [], [], []
+        new = [s for s in seqs if s.new_in_slot]
+        partial_prefill = False
+        for row, (seq, n) in enumerate(chosen):
+            start = seq.num_computed_tokens
+            tokens.extend(seq.token_ids[start : start + n])
+            fresh = seq.block_table[seq.num_blocks_sent :]
+            block_counts.append(len(fresh))
+            block_ids.extend(fresh)
+            seq.num_blocks_sent = len(seq.block_table)
+            if start + n == seq.num_tokens:
+                sample_rows.append(row)
+                sampled.append(seq)
+            elif start + n < seq.num_prompt_tokens:
+                partial_prefill = True
+        self.stats.steps += 1
+        self.stats.chunked_prefill_steps += partial_prefill
+        step = StepCommand(
+            step_id=self.step_id,
+            slots=np.array([s.slot for s in seqs], np.int32),
+            num_tokens=np.array(num_tokens, np.int32),
+            token_ids=np.array(tokens, np.int32),
+            new_block_counts=np.array(block_counts, np.int32),
+            new_block_ids=np.array(block_ids, np.int32),
+            sample_rows=np.array(sample_rows, np.int32),
+            new_slots=np.array([s.slot for s in new], np.int32),
+            new_start_pos=np.array([s.num_computed_tokens for s in new], np.int32),
+            new_temperature=np.array([s.params.temperature for s in new], np.float32),
+            new_top_p=np.array([s.params.top_p for s in new], np.float32),
+            new_top_k=np.array([s.params.top_k for s in new], np.int32),
+            new_min_p=np.array([s.params.min_p for s in new], np.float32),
+            new_seed=np.array([-1 if s.params.seed is None else s.params.seed for s in new], np.int64),
+            freed_slots=np.array(self.freed_slots, np.int32),
+        )
+        self.step_id += 1
+        self.freed_slots.clear()
+        for seq, n in chosen:
+            seq.new_in_slot = False
+            seq.num_computed_tokens += n
+        return ScheduledBatch(seqs, num_tokens, sampled, step)
+
+    def after_step(self, batch: ScheduledBatch) -> None:
+        """Key the blocks this step filled, so later requests can share them."""
+        bm = self.block_manager
+        for seq in batch.seqs:
+            if seq.status is SeqStatus.RUNNING:
+                seq.num_keyed_blocks, seq.last_block_key = bm.register_full_blocks(
+                    seq.block_table, seq.token_ids, seq.num_computed_tokens, seq.num_keyed_blocks, seq.last_block_key
+                )

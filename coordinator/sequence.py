@@ -1,0 +1,55 @@
+"""A request's state, in one place: its tokens, how many are in the KV cache, its blocks and its slot."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from protocol.sampling_params import SamplingParams
+
+
+class SeqStatus(enum.Enum):
+    WAITING = 0
+    RUNNING = 1
+    FINISHED = 2
+
+
+@dataclass(slots=True, eq=False)
+class Sequence:
+    request_id: str
+    token_ids: list[int]
+    num_prompt_tokens: int
+    params: SamplingParams
+    arrival: float
+    status: SeqStatus = SeqStatus.WAITING
+    num_computed_tokens: int = 0  # tokens whose K/V are in the cache (or being computed this step)
+    num_cached_tokens: int = 0  # prefix-cache hits on the last admission
+    block_table: list[int] = field(default_factory=list)
+    num_blocks_sent: int = 0  # blocks the workers already know about
+    num_keyed_blocks: int = 0  # full blocks registered in the prefix cache
+    last_block_key: int = -1
+    slot: int = -1  # worker state slot while running
+    new_in_slot: bool = False  # workers must (re)start this sequence in its slot
+    finish_reason: str | None = None
+    stop_reason: str | int | None = None
+    stream: bool = False  # the caller wants text deltas as tokens arrive
+    text: str = ""  # decoded output so far (kept only for streaming and stop strings)
+    text_prefix_offset: int = 0  # incremental detokenizer state, over the output tokens
+    text_read_offset: int = 0
+    error: str | None = None
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens :]
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is SeqStatus.FINISHED

@@ -1,0 +1,196 @@
+"""The coordinator's side of the worker processes: spawn (or accept) them, handshake, broadcast each step
+over ZMQ and collect the sampled tokens, and notice when any of them dies or hangs."""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import zmq
+
+from protocol.codec import ProtocolError, decode, encode
+from protocol.errors import EngineDeadError
+from protocol.messages import (
+    PROTOCOL_VERSION,
+    AllocateKV,
+    Shutdown,
+    StepCommand,
+    StepResult,
+    WorkerAck,
+    WorkerConfig,
+    WorkerError,
+    WorkerHello,
+    WorkerReady,
+)
+
+log = logging.getLogger("nanoserve.workers")
+ROOT = Path(__file__).resolve().parent.parent
+POLL_MS = 200
+
+
+class WorkerGroup:
+    def __init__(
+        self,
+        worker_config: WorkerConfig,
+        world_size: int,
+        external: bool = False,
+        address: str = "",
+        start_timeout_s: float = 120.0,
+        step_timeout_s: float = 600.0,
+    ) -> None:
+        self.world_size = world_size
+        self.step_timeout_s = step_timeout_s
+        self.procs: list[subprocess.Popen] = []
+        self.tmpdir = tempfile.mkdtemp(prefix="nanoserve-")
+        self.ctx = zmq.Context()
+        self.sock = self.ctx.socket(zmq.ROUTER)
+        self.sock.setsockopt(zmq.ROUTER_MANDATORY, 1)  # a send to a vanished worker raises, not vanishes
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.identities = [f"rank{r}".encode() for r in range(world_size)]
+        self.dead = False
+        try:
+            if external:
+                if not address:
+                    raise ValueError("external workers need worker_address, e.g. tcp://0.0.0.0:29600")
+                self._bind(address)
+                self.address = address
+            else:
+                self.address = f"ipc://{self.tmpdir}/workers"
+                self._bind(self.address)
+                worker_config.dist_init_method = f"file://{self.tmpdir}/dist-store"
+                self._spawn()
+            self._handshake(worker_config, start_timeout_s)
+        except BaseException:
+            self.shutdown()
+            raise
+
+    def _bind(self, address: str) -> None:
+        try:
+            self.sock.bind(address)
+        except zmq.ZMQError as e:
+            raise OSError(f"cannot bind worker endpoint {address}: {e}") from None
+
+    def _spawn(self) -> None:
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH", "")]))
+        for rank in range(self.world_size):
+            cmd = [sys.executable, "-m", "worker", "--coordinator", self.address, "--rank", str(rank)]
+            cmd += ["--world-size", str(self.world_size), "--local-rank", str(rank), "--parent-pid", str(os.getpid())]
+            self.procs.append(subprocess.Popen(cmd, env=env, cwd=str(ROOT), stdin=subprocess.DEVNULL))
+
+    # ---- receiving ---------------------------------------------------------------------------------------
+
+    def check_alive(self) -> None:
+        for rank, proc in enumerate(self.procs):
+            code = proc.poll()
+            if code is not None:
+                self.dead = True
+                raise EngineDeadError(f"worker rank {rank} (pid {proc.pid}) exited with code {code}")
+
+    def _recv(self, deadline: float, what: str, pending: set[int]):
+        """One message from any worker; raises with the ranks still missing when ``deadline`` passes."""
+        while True:
+            if self.sock.poll(POLL_MS):
+                identity, data = self.sock.recv_multipart()
+                try:
+                    msg = decode(data)
+                except ProtocolError as e:
+                    log.warning("dropping undecodable frame from %r: %s", identity, e)
+                    continue
+                if isinstance(msg, WorkerError):
+                    self.dead = True
+                    raise EngineDeadError(f"worker rank {msg.rank} failed: {msg.message}")
+                return identity, msg
+            self.check_alive()
+            if time.monotonic() > deadline:
+                self.dead = True
+                raise TimeoutError(f"timed out waiting for {what} from worker rank(s) {sorted(pending)}")
+
+    def _gather(self, kind: type, timeout_s: float, what: str) -> dict[int, object]:
+        pending, got = set(range(self.world_size)), {}
+        deadline = time.monotonic() + timeout_s
+        while pending:
+            _, msg = self._recv(deadline, what, pending)
+            if not isinstance(msg, kind):
+                raise EngineDeadError(f"protocol error: expected {kind.__name__}, got {type(msg).__name__}")
+            got[msg.rank] = msg
+            pending.discard(msg.rank)
+        return got
+
+    # ---- start-up ----------------------------------------------------------------------------------------
+
+    def _handshake(self, worker_config: WorkerConfig, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        pending = set(range(self.world_size))
+        while pending:
+            identity, msg = self._recv(deadline, "hello", pending)
+            if not isinstance(msg, WorkerHello):
+                continue
+            if msg.protocol_version != PROTOCOL_VERSION:
+                self.sock.send_multipart([identity, encode(Shutdown("protocol version mismatch"))])
+                raise RuntimeError(
+                    f"protocol version mismatch: worker rank {msg.rank} speaks {msg.protocol_version}, "
+                    f"coordinator speaks {PROTOCOL_VERSION}"
+                )
+            if msg.world_size != self.world_size or not 0 <= msg.rank < self.world_size:
+                self.sock.send_multipart([identity, encode(Shutdown("world size mismatch"))])
+                raise RuntimeError(
+                    f"worker rank {msg.rank} joined a world of size {msg.world_size}; this coordinator expects "
+                    f"tensor_parallel_size={self.world_size}"
+                )
+            pending.discard(msg.rank)
+        self._broadcast(encode(worker_config))
+        ready = self._gather(WorkerReady, timeout_s, "weights loaded (WorkerReady)")
+        self.num_kv_blocks = min(r.num_kv_blocks for r in ready.values())
+        self.kv_block_bytes = ready[0].kv_block_bytes
+        self.device_name = ready[0].device_name
+        if self.num_kv_blocks <= 0:
+            raise RuntimeError("no memory left for the KV cache: lower the model size or raise gpu_memory_utilization")
+        self._broadcast(encode(AllocateKV(self.num_kv_blocks)))
+        self._gather(WorkerAck, timeout_s, "KV allocation")
+        log.info(
+            "%d worker(s) ready: %d KV blocks of %d bytes", self.world_size, self.num_kv_blocks, self.kv_block_bytes
+        )
+
+    # ---- steps -------------------------------------------------------------------------------------------
+
+    def _broadcast(self, data: bytes) -> None:
+        for identity in self.identities:
+            try:
+                self.sock.send_multipart([identity, data])
+            except zmq.ZMQError as e:
+                self.dead = True
+                raise EngineDeadError(f"worker {identity.decode()} is unreachable: {e}") from None
+
+    def run_step(self, step: StepCommand) -> np.ndarray:
+        """Broadcast one step; return rank 0's sampled token ids once every rank has finished it."""
+        if self.dead:
+            raise EngineDeadError("the worker group is dead")
+        self._broadcast(encode(step))
+        results = self._gather(StepResult, self.step_timeout_s, f"step {step.step_id}")
+        return results[0].token_ids
+
+    def shutdown(self) -> None:
+        if not self.sock.closed:
+            for identity in self.identities:
+                try:
+                    self.sock.send_multipart([identity, encode(Shutdown("coordinator shutting down"))], zmq.NOBLOCK)
+                except zmq.ZMQError:
+                    pass
+        deadline = time.monotonic() + 5
+        for proc in self.procs:
+            try:
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        self.sock.close(linger=0)
+        self.ctx.term()
+        shutil.rmtree(self.tmpdir, ignore_errors=True)

@@ -1,0 +1,62 @@
+"""End to end through real worker processes: greedy tokens equal HF transformers' on float32 checkpoints,
+with a roomy engine and with one so tight that chunked prefill, preemption and prefix-cache hits all happen."""
+
+import numpy as np
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from client import LLM, SamplingParams
+
+MAX_TOKENS = 24
+
+
+def prompts_with_shared_prefixes() -> list[list[int]]:
+    rng = np.random.default_rng(7)
+    prefix = rng.integers(0, 500, 40).tolist()
+    prompts = [rng.integers(0, 500, n).tolist() for n in (3, 17, 33, 60, 90, 1, 8)]
+    prompts += [prefix + rng.integers(0, 500, n).tolist() for n in (1, 5, 20, 37)]
+    prompts.append(prefix[:32])  # exactly two full blocks: a fully cached prompt still computes its last token
+    return prompts
+
+
+def hf_greedy(model_dir, prompts, max_new_tokens) -> list[list[int]]:
+    hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    hf.generation_config.eos_token_id = None  # run to max_new_tokens without changing the distribution
+    outs = []
+    with torch.no_grad():
+        for p in prompts:
+            ids = torch.tensor([p])
+            out = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens, do_sample=False)
+            outs.append(out[0, len(p) :].tolist())
+    return outs
+
+
+@pytest.mark.parametrize("fixture", ["tiny_tied", "tiny_untied"])
+def test_greedy_parity_roomy_and_tight(fixture, request):
+    model_dir = request.getfixturevalue(fixture)
+    prompts = prompts_with_shared_prefixes()
+    expected = hf_greedy(model_dir, prompts, MAX_TOKENS)
+    params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True)
+
+    with LLM(str(model_dir), max_model_len=256, num_kv_blocks=256, block_size=16) as llm:
+        got = llm.generate(prompts, params, use_tqdm=False)
+        assert [c.token_ids for c in got] == expected
+        assert [c.prompt_token_ids for c in got] == prompts
+        assert all(c.finish_reason == "length" for c in got)
+        # a second round hits the prefix cache for every prompt longer than a block
+        again = llm.generate(prompts, params, use_tqdm=False)
+        assert [c.token_ids for c in again] == expected
+        stats = llm.stats()
+        assert stats["prefix_cache_hit_tokens"] > 0
+        assert stats["kv_blocks_free"] == stats["kv_blocks_total"]
+
+    # 14 blocks of 8 tokens = 112 token slots for 12 requests of up to 130 tokens; 32-token step budget
+    with LLM(str(model_dir), max_model_len=160, num_kv_blocks=18, block_size=8, max_num_batched_tokens=32) as llm:
+        got = llm.generate(prompts, params, use_tqdm=False)
+        assert [c.token_ids for c in got] == expected
+        stats = llm.stats()
+        assert stats["preemptions"] > 0
+        assert stats["chunked_prefill_steps"] > 0
+        assert stats["prefix_cache_hit_tokens"] > 0
+        assert stats["kv_blocks_free"] == stats["kv_blocks_total"]

@@ -1,0 +1,166 @@
+"""The worker process: one per device. Connects to the coordinator over ZMQ, loads its weight shard, sizes
+and allocates its KV pool, then executes step commands until told to stop or until its coordinator is gone."""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import os
+import signal
+import socket
+import sys
+import traceback
+
+import numpy as np
+import zmq
+
+from protocol.codec import ProtocolError, decode, encode
+from protocol.messages import (
+    PROTOCOL_VERSION,
+    AllocateKV,
+    Shutdown,
+    StepCommand,
+    StepResult,
+    WorkerAck,
+    WorkerConfig,
+    WorkerError,
+    WorkerHello,
+    WorkerReady,
+)
+
+POLL_MS = 1000
+
+
+def _die_with_parent() -> None:
+    """Linux: have the kernel kill us when the process that spawned us exits (no orphan holds a GPU)."""
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+class CoordinatorGone(Exception):
+    pass
+
+
+class Worker:
+    def __init__(self, address: str, rank: int, world_size: int, local_rank: int, parent_pid: int) -> None:
+        self.rank, self.world_size, self.local_rank, self.parent_pid = rank, world_size, local_rank, parent_pid
+        self.ctx = zmq.Context()
+        self.sock = self.ctx.socket(zmq.DEALER)
+        self.sock.setsockopt(zmq.IDENTITY, f"rank{rank}".encode())
+        self.sock.setsockopt(zmq.LINGER, 1000)
+        self.sock.connect(address)
+        self.runner = None
+
+    def send(self, msg) -> None:
+        self.sock.send(encode(msg))
+
+    def recv(self):
+        """Next message; while waiting, notice a dead parent (spawned workers) or coordinator."""
+        while not self.sock.poll(POLL_MS):
+            if self.parent_pid and os.getppid() != self.parent_pid:
+                raise CoordinatorGone("parent process exited")
+        return decode(self.sock.recv())
+
+    def run(self) -> int:
+        import torch
+
+        self.send(WorkerHello(PROTOCOL_VERSION, self.rank, self.world_size, "", os.getpid(), socket.gethostname()))
+        cfg = self.recv()
+        if isinstance(cfg, Shutdown):
+            return 1
+        if not isinstance(cfg, WorkerConfig):
+            raise ProtocolError(f"expected WorkerConfig, got {type(cfg).__name__}")
+        device = self._init_device_and_group(cfg)
+        from model.parallel import set_tp
+        from worker.model_runner import ModelRunner
+
+        set_tp(self.rank, self.world_size)
+        self.runner = ModelRunner(cfg, device)
+        blocks = self.runner.available_kv_blocks()
+        name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+        self.send(WorkerReady(self.rank, blocks, self.runner.kv_block_bytes, name))
+        alloc = self.recv()
+        if isinstance(alloc, Shutdown):
+            return 0
+        if not isinstance(alloc, AllocateKV):
+            raise ProtocolError(f"expected AllocateKV, got {type(alloc).__name__}")
+        self.runner.allocate_kv(alloc.num_blocks)
+        self.send(WorkerAck(self.rank, "kv_allocated"))
+        empty = np.zeros(0, dtype=np.int32)
+        while True:
+            msg = self.recv()
+            if isinstance(msg, StepCommand):
+                tokens = self.runner.execute(msg)
+                self.send(StepResult(msg.step_id, self.rank, tokens if self.rank == 0 else empty))
+            elif isinstance(msg, Shutdown):
+                return 0
+            else:
+                raise ProtocolError(f"unexpected message {type(msg).__name__}")
+
+    def _init_device_and_group(self, cfg: WorkerConfig):
+        import torch
+        import torch.distributed as dist
+
+        if cfg.device == "cuda":
+            device = torch.device("cuda", self.local_rank)
+            torch.cuda.set_device(device)
+            backend = "nccl"
+        else:
+            device = torch.device("cpu")
+            backend = "gloo"
+        init = cfg.dist_init_method or "env://"
+        kwargs = {"device_id": device} if backend == "nccl" else {}
+        dist.init_process_group(backend, init_method=init, rank=self.rank, world_size=self.world_size, **kwargs)
+        return device
+
+    def close(self) -> None:
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        self.sock.close(linger=500)
+        self.ctx.term()
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m worker", description="nanoserve worker process")
+    p.add_argument("--coordinator", required=True, help="ZMQ address of the coordinator, e.g. tcp://host:port")
+    p.add_argument("--rank", type=int, default=None, help="default: $RANK (torchrun)")
+    p.add_argument("--world-size", type=int, default=None, help="default: $WORLD_SIZE (torchrun)")
+    p.add_argument("--local-rank", type=int, default=None, help="default: $LOCAL_RANK (torchrun)")
+    p.add_argument("--parent-pid", type=int, default=0, help="exit when this process is no longer our parent")
+    args = p.parse_args(argv)
+    rank = args.rank if args.rank is not None else int(os.environ.get("RANK", 0))
+    world = args.world_size if args.world_size is not None else int(os.environ.get("WORLD_SIZE", 1))
+    local = args.local_rank if args.local_rank is not None else int(os.environ.get("LOCAL_RANK", rank))
+    if args.parent_pid:
+        _die_with_parent()
+        if os.getppid() != args.parent_pid:
+            return 1
+    worker = Worker(args.coordinator, rank, world, local, args.parent_pid)
+    code = 1
+    try:
+        code = worker.run()
+    except CoordinatorGone:
+        code = 1
+    except KeyboardInterrupt:
+        code = 130
+    except BaseException as e:  # report any failure (load error, OOM, bad step) to the coordinator
+        traceback.print_exc()
+        try:
+            worker.send(WorkerError(rank, f"{type(e).__name__}: {e}"))
+        except Exception:
+            pass
+    finally:
+        try:
+            worker.close()
+        except Exception:
+            pass
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
