@@ -94,15 +94,16 @@ def _prefill_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
-    pid_m = tl.program_id(0)
     head = tl.program_id(1)
     seq = tl.program_id(2)
     kv_head = head // GROUP
 
     q_start = tl.load(cu_seqlens_q_ptr + seq)
     q_len = tl.load(cu_seqlens_q_ptr + seq + 1) - q_start
-    # The grid is sized by max_seqlen_q; shorter sequences leave trailing programs idle.
-    if pid_m * BLOCK_M < q_len:
+    # Query blocks are visited last-first: under the causal mask they are the longest, so they start early
+    # and the short ones fill the tail. The grid is sized by max_seqlen_q; extra programs exit at once.
+    pid_m = tl.cdiv(q_len, BLOCK_M) - 1 - tl.program_id(0)
+    if pid_m >= 0:
         kv_len = tl.load(seq_lens_ptr + seq)
         prefix = kv_len - q_len  # position of query 0 (cached prefix length)
 
@@ -407,6 +408,8 @@ class TritonAttentionBackend(AttentionBackend):
             out = torch.empty((num_tokens, num_heads, head_dim), dtype=q.dtype, device=q.device)
         if num_tokens == 0 or meta.num_prefills == 0:
             return out
+        if meta.max_seqlen_q <= 0:
+            raise ValueError("meta.max_seqlen_q must be set (host int) for the Triton prefill grid")
         _check_cache(k_cache, v_cache)
         assert num_heads % num_kv_heads == 0 and q.stride(-1) == 1 and out.stride(-1) == 1
         bt = meta.prefill_block_tables

@@ -13,19 +13,19 @@ if not ON_GPU:
     # Must precede the first import of triton/kernels.triton_attention: jit picks interpreter mode at decoration.
     os.environ["TRITON_INTERPRET"] = "1"
 
-import dataclasses
-import importlib
-import math
-import sys
+import dataclasses  # noqa: E402
+import importlib  # noqa: E402
+import math  # noqa: E402
+import sys  # noqa: E402
 
-import pytest
+import pytest  # noqa: E402
 
 if not ON_GPU and "kernels.triton_attention" in sys.modules:
     # Another module imported the kernels before interpretation was on: re-decorate them.
     importlib.reload(sys.modules["kernels.triton_attention"])
 
-from kernels.attention import AttentionMetadata, TorchAttentionBackend
-from kernels.triton_attention import TritonAttentionBackend
+from kernels.attention import AttentionMetadata, TorchAttentionBackend  # noqa: E402
+from kernels.triton_attention import TritonAttentionBackend  # noqa: E402
 
 DEVICE = torch.device("cuda" if ON_GPU else "cpu")
 gpu = pytest.mark.gpu
@@ -191,6 +191,11 @@ def test_prefill_small_head32(block_size):
     check_prefill([(0, 18), (34, 1), (3, 17)], 4, 1, 32, block_size, torch.float32)
 
 
+def test_prefill_small_odd_head_dim():
+    # head_dim not a power of two: padded tile with masked lanes.
+    check_prefill([(0, 18), (20, 5)], 4, 2, 24, 16, torch.float32)
+
+
 @gpu
 @needs_cuda
 @pytest.mark.parametrize("dtype", GPU_DTYPES)
@@ -260,6 +265,14 @@ def test_decode_small(dtype, heads, block_size, num_splits):
 def test_decode_small_many_splits_head32():
     # More splits than tiles: most splits are empty and must drop out of the merge.
     check_decode([3, 50, 0, 33], 8, 2, 32, 16, torch.float32, num_splits=8)
+
+
+def test_decode_small_odd_head_dim():
+    check_decode([9, 0, 40], 4, 2, 24, 16, torch.float32, num_splits=2)
+
+
+def test_store_kvcache_odd_shapes():
+    check_store(11, 3, 24, 16, torch.float32, torch.int64)
 
 
 def test_decode_small_garbage_table():

@@ -111,6 +111,9 @@ class Worker:
         else:
             device = torch.device("cpu")
             backend = "gloo"
+            # ranks on one host share its cores; oversubscribed intra-op threads make gloo collectives crawl
+            local_world = int(os.environ.get("LOCAL_WORLD_SIZE", self.world_size))
+            torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))
         init = cfg.dist_init_method or "env://"
         kwargs = {"device_id": device} if backend == "nccl" else {}
         dist.init_process_group(backend, init_method=init, rank=self.rank, world_size=self.world_size, **kwargs)
