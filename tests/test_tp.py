@@ -6,10 +6,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from test_e2e_parity import hf_greedy, prompts_with_shared_prefixes
 
 from client import LLM, SamplingParams
 from model.tiny import TinySpec, write_tiny_checkpoint
-from test_e2e_parity import hf_greedy, prompts_with_shared_prefixes
 
 ROOT = Path(__file__).resolve().parent.parent
 

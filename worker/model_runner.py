@@ -3,6 +3,8 @@ samples. Per-sequence state lives in slot-indexed numpy arrays so every step is 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import torch
 
@@ -13,7 +15,25 @@ from model.layers import PagedAttention
 from model.loader import load_model
 from model.parallel import tp_rank
 from protocol.messages import StepCommand, WorkerConfig
+from worker.cuda_graphs import DecodeGraphs
 from worker.sampler import SamplingTensors, sample
+
+
+@dataclass(slots=True)
+class HostBatch:
+    """One step's flat inputs on the host, prefill sequences first."""
+
+    slots: np.ndarray
+    q_lens: np.ndarray
+    seq_lens: np.ndarray  # context length after this step
+    cu: np.ndarray  # [n + 1] token offsets
+    positions: np.ndarray
+    slot_mapping: np.ndarray
+    num_prefills: int
+    width: int  # block-table columns needed this step
+    sample_idx: np.ndarray  # token rows whose logits are sampled
+    sample_slots: np.ndarray
+    sample_positions: np.ndarray
 
 
 class ModelRunner:
@@ -29,6 +49,7 @@ class ModelRunner:
         self.attn_layers = [m for m in self.model.modules() if isinstance(m, PagedAttention)]
         self.generator = torch.Generator(device=device).manual_seed(cfg.seed)
         self.num_blocks = 0
+        self.graphs: DecodeGraphs | None = None
 
         # slot-indexed sequence state
         n, width = cfg.max_num_seqs, -(-cfg.max_model_len // cfg.block_size)
@@ -137,8 +158,8 @@ class ModelRunner:
             self.block_tables[rows, cols] = step.new_block_ids
             self.num_seq_blocks[step.slots] += counts
 
-    def prepare(self, step: StepCommand):
-        """Flat input tensors and attention metadata for one step (all host work vectorized)."""
+    def prepare_host(self, step: StepCommand) -> HostBatch:
+        """Positions, slot mapping and lengths for one step, on the host (all vectorized)."""
         slots, q_lens = step.slots.astype(np.int64), step.num_tokens.astype(np.int64)
         num_tokens = int(q_lens.sum())
         start = self.num_computed[slots]
@@ -150,28 +171,43 @@ class ModelRunner:
         slot_mapping = self.block_tables[token_rows, positions // self.block_size].astype(np.int64)
         slot_mapping = slot_mapping * self.block_size + positions % self.block_size
         self.num_computed[slots] = seq_lens
-
-        num_prefills = int(np.count_nonzero(q_lens > 1))
-        width = -(-int(seq_lens.max()) // self.block_size)
-        n_pre_tok = int(cu[num_prefills])
-        meta = AttentionMetadata(
-            slot_mapping=self._to_dev(slot_mapping),
-            num_prefill_tokens=n_pre_tok,
-            num_prefills=num_prefills,
-            num_decodes=len(slots) - num_prefills,
+        return HostBatch(
+            slots=slots,
+            q_lens=q_lens,
+            seq_lens=seq_lens,
+            cu=cu,
+            positions=positions,
+            slot_mapping=slot_mapping,
+            num_prefills=int(np.count_nonzero(q_lens > 1)),
+            width=-(-int(seq_lens.max()) // self.block_size),
+            sample_idx=cu[1:][step.sample_rows] - 1,
+            sample_slots=slots[step.sample_rows],
+            sample_positions=seq_lens[step.sample_rows],
         )
-        if num_prefills:
-            tables = self.block_tables[slots[:num_prefills], :width]
-            self._set_prefill_meta(meta, q_lens[:num_prefills], seq_lens[:num_prefills], tables)
+
+    def device_meta(self, hb: HostBatch) -> AttentionMetadata:
+        n_pre = hb.num_prefills
+        meta = AttentionMetadata(
+            slot_mapping=self._to_dev(hb.slot_mapping),
+            num_prefill_tokens=int(hb.cu[n_pre]),
+            num_prefills=n_pre,
+            num_decodes=len(hb.slots) - n_pre,
+        )
+        if n_pre:
+            tables = self.block_tables[hb.slots[:n_pre], : hb.width]
+            self._set_prefill_meta(meta, hb.q_lens[:n_pre], hb.seq_lens[:n_pre], tables)
         if meta.num_decodes:
-            dec = slots[num_prefills:]
-            meta.decode_seq_lens = self._to_dev(seq_lens[num_prefills:], torch.int32)
-            meta.decode_block_tables = self._to_dev(self.block_tables[dec, :width], torch.int32)
-            meta.max_decode_seq_len = int(seq_lens[num_prefills:].max())
-        input_ids = self._to_dev(step.token_ids)
-        sample_idx = cu[1:][step.sample_rows] - 1
-        sample_slots = slots[step.sample_rows]
-        return input_ids, self._to_dev(positions), meta, sample_idx, sample_slots, seq_lens[step.sample_rows]
+            meta.decode_seq_lens = self._to_dev(hb.seq_lens[n_pre:], torch.int32)
+            meta.decode_block_tables = self._to_dev(self.block_tables[hb.slots[n_pre:], : hb.width], torch.int32)
+            meta.max_decode_seq_len = int(hb.seq_lens[n_pre:].max())
+        return meta
+
+    def _forward(self, step: StepCommand, hb: HostBatch) -> torch.Tensor:
+        if self.graphs is not None and hb.num_prefills == 0 and len(hb.slots) <= self.graphs.max_batch:
+            tables = self.block_tables[hb.slots, : hb.width]
+            return self.graphs.run(step.token_ids, hb.positions, hb.slot_mapping, hb.seq_lens, tables)
+        with forward_context(self.device_meta(hb), self.backend):
+            return self.model(self._to_dev(step.token_ids), self._to_dev(hb.positions))
 
     def sampling_tensors(self, sample_slots: np.ndarray, sample_positions: np.ndarray) -> SamplingTensors:
         t, k, p = self.temperature[sample_slots], self.top_k[sample_slots], self.top_p[sample_slots]
@@ -196,21 +232,34 @@ class ModelRunner:
         self.apply_slot_updates(step)
         if len(step.slots) == 0:
             return np.zeros(0, dtype=np.int32)
-        input_ids, positions, meta, sample_idx, sample_slots, sample_pos = self.prepare(step)
-        with forward_context(meta, self.backend):
-            hidden = self.model(input_ids, positions)
-        if len(sample_idx) == 0:
+        hb = self.prepare_host(step)
+        hidden = self._forward(step, hb)
+        if len(hb.sample_idx) == 0:
             return np.zeros(0, dtype=np.int32)
-        logits = self.model.compute_logits(hidden[self._to_dev(sample_idx)])
+        logits = self.model.compute_logits(hidden[self._to_dev(hb.sample_idx)])
         if tp_rank() != 0:
             return np.zeros(0, dtype=np.int32)
-        tokens = sample(logits, self.sampling_tensors(sample_slots, sample_pos), self.generator)
+        tokens = sample(logits, self.sampling_tensors(hb.sample_slots, hb.sample_positions), self.generator)
         return tokens.to(torch.int32).cpu().numpy()
 
+    @torch.inference_mode()
     def forward_logits(self, step: StepCommand) -> torch.Tensor:
         """Teacher-forced logits of every computed token (tests and parity checks)."""
         self.apply_slot_updates(step)
-        input_ids, positions, meta, *_ = self.prepare(step)
-        with torch.inference_mode(), forward_context(meta, self.backend):
-            hidden = self.model(input_ids, positions)
-            return self.model.compute_logits(hidden)
+        hb = self.prepare_host(step)
+        return self.model.compute_logits(self._forward(step, hb))
+
+    def capture_graphs(self) -> None:
+        """CUDA graphs for decode-only steps (after the KV pool exists); no-op on CPU or with enforce_eager."""
+        if self.device.type != "cuda" or self.cfg.enforce_eager:
+            return
+        self.graphs = DecodeGraphs(
+            self.model,
+            self.backend,
+            max_batch=self.cfg.max_num_seqs,
+            max_blocks=self.block_tables.shape[1],
+            max_seq_len=self.cfg.max_model_len,
+            hidden_size=self.model_config.hidden_size,
+            dtype=self.dtype,
+            device=self.device,
+        )

@@ -88,6 +88,7 @@ class Worker:
         if not isinstance(alloc, AllocateKV):
             raise ProtocolError(f"expected AllocateKV, got {type(alloc).__name__}")
         self.runner.allocate_kv(alloc.num_blocks)
+        self.runner.capture_graphs()
         self.send(WorkerAck(self.rank, "kv_allocated"))
         empty = np.zeros(0, dtype=np.int32)
         while True:

@@ -1,0 +1,83 @@
+"""CUDA graphs for decode-only steps: one graph per batch-size bucket, captured largest first into one shared
+memory pool. Captured tensors keep their addresses, so each step copies its inputs into static buffers, pads
+the batch up to the bucket (slot -1: nothing written; length 0: nothing read) and keeps the block-table
+width fixed at its maximum."""
+
+from __future__ import annotations
+
+import bisect
+
+import numpy as np
+import torch
+from torch import nn
+
+from kernels.attention import AttentionBackend, AttentionMetadata
+from model.context import forward_context
+
+
+def batch_buckets(max_batch: int) -> list[int]:
+    sizes = [b for b in (1, 2, 4, 8) if b < max_batch] + list(range(16, max_batch, 16)) + [max_batch]
+    return sorted(set(sizes))
+
+
+class DecodeGraphs:
+    def __init__(
+        self,
+        model: nn.Module,
+        backend: AttentionBackend,
+        max_batch: int,
+        max_blocks: int,
+        max_seq_len: int,
+        hidden_size: int,
+        dtype: torch.dtype,
+        device: torch.device,
+    ) -> None:
+        self.buckets = batch_buckets(max_batch)
+        self.max_batch = max_batch
+        self.input_ids = torch.zeros(max_batch, dtype=torch.int64, device=device)
+        self.positions = torch.zeros(max_batch, dtype=torch.int64, device=device)
+        self.slot_mapping = torch.full((max_batch,), -1, dtype=torch.int64, device=device)
+        self.seq_lens = torch.zeros(max_batch, dtype=torch.int32, device=device)
+        self.block_tables = torch.zeros(max_batch, max_blocks, dtype=torch.int32, device=device)
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.outputs: dict[int, torch.Tensor] = {}
+        pool = None
+        for bs in reversed(self.buckets):
+            meta = AttentionMetadata(
+                slot_mapping=self.slot_mapping[:bs],
+                num_prefill_tokens=0,
+                num_prefills=0,
+                num_decodes=bs,
+                decode_seq_lens=self.seq_lens[:bs],
+                decode_block_tables=self.block_tables[:bs],
+                max_decode_seq_len=max_seq_len,  # fixes the split-K count for the longest context
+            )
+            with forward_context(meta, backend):
+                model(self.input_ids[:bs], self.positions[:bs])  # compile kernels outside the capture
+                torch.cuda.synchronize(device)
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=pool):
+                    self.outputs[bs] = model(self.input_ids[:bs], self.positions[:bs])
+            pool = graph.pool()
+            self.graphs[bs] = graph
+        torch.cuda.synchronize(device)
+
+    def run(
+        self,
+        input_ids: np.ndarray,
+        positions: np.ndarray,
+        slot_mapping: np.ndarray,
+        seq_lens: np.ndarray,
+        block_tables: np.ndarray,
+    ) -> torch.Tensor:
+        n = len(input_ids)
+        bs = self.buckets[bisect.bisect_left(self.buckets, n)]
+        self.input_ids[:n].copy_(torch.from_numpy(input_ids.astype(np.int64)), non_blocking=True)
+        self.positions[:n].copy_(torch.from_numpy(positions), non_blocking=True)
+        self.slot_mapping[:n].copy_(torch.from_numpy(slot_mapping), non_blocking=True)
+        self.slot_mapping[n:bs].fill_(-1)
+        self.seq_lens[:n].copy_(torch.from_numpy(seq_lens.astype(np.int32)), non_blocking=True)
+        self.seq_lens[n:bs].fill_(0)
+        self.block_tables[:n, : block_tables.shape[1]].copy_(torch.from_numpy(block_tables), non_blocking=True)
+        self.graphs[bs].replay()
+        return self.outputs[bs][:n]
