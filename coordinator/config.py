@@ -30,6 +30,7 @@ class EngineConfig:
     load_format: str = "auto"
     seed: int = 0
     attention_backend: str = "auto"
+    async_scheduling: bool = True  # schedule step N+1 while the workers run step N
     external_workers: bool = False  # workers join by themselves (torchrun) instead of being spawned
     worker_address: str = ""  # where workers connect; "" = a private ipc socket
     worker_timeout_s: float = 120.0  # start-up: how long to wait for every rank

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from coordinator.block_manager import BlockManager
 from coordinator.config import EngineConfig
 from coordinator.detokenizer import decode_delta
-from coordinator.scheduler import Scheduler
+from coordinator.scheduler import ScheduledBatch, Scheduler
 from coordinator.sequence import SeqStatus, Sequence
 from coordinator.worker_group import WorkerGroup
 from model.config import ModelConfig
@@ -74,7 +74,14 @@ class Engine:
             start_timeout_s=cfg.worker_timeout_s,
         )
         self.block_manager = BlockManager(self.workers.num_kv_blocks, cfg.block_size, cfg.enable_prefix_caching)
-        self.scheduler = Scheduler(self.block_manager, cfg.max_num_seqs, cfg.max_num_batched_tokens)
+        self.scheduler = Scheduler(
+            self.block_manager,
+            cfg.max_num_seqs,
+            cfg.max_num_batched_tokens,
+            max_model_len=self.max_model_len,
+            async_scheduling=cfg.async_scheduling,
+        )
+        self._in_flight: ScheduledBatch | None = None
         self.requests: dict[str, Sequence] = {}
         self._ids = itertools.count()
         self.num_prompt_tokens_computed = 0
@@ -100,6 +107,10 @@ class Engine:
         params = params or SamplingParams()
         if not isinstance(params, SamplingParams):
             raise RequestError("sampling_params must be a SamplingParams")
+        try:
+            params.validate()  # again: the dataclass is mutable after construction
+        except ValueError as e:
+            raise RequestError(str(e)) from None
         ids = self.tokenize(prompt)
         if not ids:
             raise RequestError("prompt is empty")
@@ -132,24 +143,42 @@ class Engine:
 
     @property
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_work
+        return self.scheduler.has_work or self._in_flight is not None
 
     # ---- the step ----------------------------------------------------------------------------------------
 
     def step(self) -> list[StepOutput]:
-        """Schedule, run one step on the workers, apply the sampled tokens and stop conditions."""
+        """Advance the engine by one step and return what it changed.
+
+        With async scheduling, step N+1 is scheduled and sent before step N's tokens are read back, so the
+        workers go straight from one step to the next while this process applies results, checks stop
+        conditions and detokenizes. A sequence that stops at step N may already be in step N+1: that extra
+        token is dropped."""
         batch = self.scheduler.schedule()
-        if batch is None:
-            return []
-        tokens = self.workers.run_step(batch.step).tolist()
-        self.scheduler.after_step(batch)
-        self.num_prompt_tokens_computed += sum(n for s, n in zip(batch.seqs, batch.num_tokens) if n > 1)
+        if not self.config.async_scheduling:
+            if batch is None:
+                return []
+            return self._apply(batch, self.workers.run_step(batch.step))
+        if batch is not None:
+            self.workers.send_step(batch.step)
+        outputs = []
+        if self._in_flight is not None:
+            outputs = self._apply(self._in_flight, self.workers.recv_result(self._in_flight.step.step_id))
+        self._in_flight = batch
+        return outputs
+
+    def _apply(self, batch: ScheduledBatch, token_array) -> list[StepOutput]:
+        tokens = token_array.tolist()
+        self.num_prompt_tokens_computed += sum(n for n in batch.num_tokens if n > 1)
         self.num_output_tokens += len(tokens)
         outputs = []
         for seq, token in zip(batch.sampled, tokens):
-            if seq.status is not SeqStatus.RUNNING:
-                continue
-            seq.token_ids.append(token)
+            if seq.status is SeqStatus.FINISHED:
+                continue  # aborted, or stopped one step earlier
+            if seq.num_pending:
+                seq.resolve_pending(token)
+            else:
+                seq.token_ids.append(token)
             reason = self._check_stop(seq, token)
             new_text = self._update_text(seq) if self._wants_text(seq) else ""
             if reason is None and seq.params.stop:
@@ -158,17 +187,19 @@ class Engine:
                 self.scheduler.finish(seq, reason)
                 self.requests.pop(seq.request_id, None)
             outputs.append(StepOutput(seq, [token], new_text, reason is not None))
+        self.scheduler.after_step(batch)
         return outputs
 
     def _check_stop(self, seq: Sequence, token: int) -> str | None:
         p = seq.params
-        if seq.num_output_tokens >= p.min_tokens:
+        num_output = seq.num_output_tokens - seq.num_pending
+        if num_output >= p.min_tokens:
             if token in p.stop_token_ids:
                 seq.stop_reason = token
                 return "stop"
             if not p.ignore_eos and token in self.eos_token_ids:
                 return "stop"
-        if seq.num_output_tokens >= p.max_tokens or seq.num_tokens >= self.max_model_len:
+        if num_output >= p.max_tokens or seq.num_tokens - seq.num_pending >= self.max_model_len:
             return "length"
         return None
 
@@ -184,7 +215,7 @@ class Engine:
         return delta
 
     def _check_stop_strings(self, seq: Sequence) -> str | None:
-        if seq.num_output_tokens < seq.params.min_tokens:
+        if seq.num_output_tokens - seq.num_pending < seq.params.min_tokens:
             return None
         for stop in seq.params.stop:
             idx = seq.text.find(stop)

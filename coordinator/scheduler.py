@@ -36,6 +36,8 @@ class Scheduler:
     block_manager: BlockManager
     max_num_seqs: int
     max_num_batched_tokens: int
+    max_model_len: int = 1 << 30
+    async_scheduling: bool = False  # sampled tokens become placeholders until their step's result arrives
     waiting: deque[Sequence] = field(default_factory=deque)
     running: list[Sequence] = field(default_factory=list)
     stats: SchedulerStats = field(default_factory=SchedulerStats)
@@ -78,6 +80,7 @@ class Scheduler:
         elif seq.status is SeqStatus.WAITING:
             self.waiting.remove(seq)
         self._release(seq)
+        seq.drop_pending()  # tokens of steps still in flight are not part of the result
         seq.status, seq.finish_reason = SeqStatus.FINISHED, reason
 
     # ---- one step ------------------------------------------------------------------------------------------
@@ -91,6 +94,9 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
+            if seq.num_pending and self._done_when_resolved(seq):
+                i += 1  # its in-flight token is its last: nothing more to compute
+                continue
             n = min(seq.num_tokens - seq.num_computed_tokens, budget)
             while not bm.allocate(seq.block_table, [], seq.num_computed_tokens + n):
                 victim = self.running.pop()  # newest
@@ -126,6 +132,9 @@ class Scheduler:
         if not chosen:
             return None
         return self._build(chosen)
+
+    def _done_when_resolved(self, seq: Sequence) -> bool:
+        return seq.num_output_tokens >= seq.params.max_tokens or seq.num_tokens >= self.max_model_len
 
     def _build(self, chosen: list[tuple[Sequence, int]]) -> ScheduledBatch:
         chosen.sort(key=lambda c: c[1] == 1)  # prefill chunks first (stable), then single tokens
@@ -171,6 +180,10 @@ class Scheduler:
         for seq, n in chosen:
             seq.new_in_slot = False
             seq.num_computed_tokens += n
+        if self.async_scheduling:
+            for seq in sampled:
+                seq.token_ids.append(-1)  # workers feed the real token into the next step themselves
+                seq.num_pending += 1
         return ScheduledBatch(seqs, num_tokens, sampled, step)
 
     def after_step(self, batch: ScheduledBatch) -> None:

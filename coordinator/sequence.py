@@ -22,6 +22,7 @@ class Sequence:
     params: SamplingParams
     arrival: float
     status: SeqStatus = SeqStatus.WAITING
+    num_pending: int = 0  # trailing placeholder tokens (-1) sampled in steps still in flight
     num_computed_tokens: int = 0  # tokens whose K/V are in the cache (or being computed this step)
     num_cached_tokens: int = 0  # prefix-cache hits on the last admission
     block_table: list[int] = field(default_factory=list)
@@ -44,11 +45,23 @@ class Sequence:
 
     @property
     def num_output_tokens(self) -> int:
+        """Output tokens, counting those still in flight."""
         return len(self.token_ids) - self.num_prompt_tokens
 
     @property
     def output_token_ids(self) -> list[int]:
-        return self.token_ids[self.num_prompt_tokens :]
+        """Output tokens known so far (placeholders of in-flight steps excluded)."""
+        return self.token_ids[self.num_prompt_tokens : len(self.token_ids) - self.num_pending]
+
+    def resolve_pending(self, token: int) -> None:
+        """The oldest in-flight step's token arrived: it replaces the first placeholder."""
+        self.token_ids[len(self.token_ids) - self.num_pending] = token
+        self.num_pending -= 1
+
+    def drop_pending(self) -> None:
+        if self.num_pending:
+            del self.token_ids[-self.num_pending :]
+            self.num_pending = 0
 
     @property
     def is_finished(self) -> bool:

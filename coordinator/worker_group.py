@@ -55,6 +55,7 @@ class WorkerGroup:
         self.sock.setsockopt(zmq.LINGER, 0)
         self.identities = [f"rank{r}".encode() for r in range(world_size)]
         self.dead = False
+        self._results: dict[int, dict[int, StepResult]] = {}  # step id -> rank -> result
         try:
             if external:
                 if not address:
@@ -169,13 +170,27 @@ class WorkerGroup:
                 self.dead = True
                 raise EngineDeadError(f"worker {identity.decode()} is unreachable: {e}") from None
 
-    def run_step(self, step: StepCommand) -> np.ndarray:
-        """Broadcast one step; return rank 0's sampled token ids once every rank has finished it."""
+    def send_step(self, step: StepCommand) -> None:
         if self.dead:
             raise EngineDeadError("the worker group is dead")
         self._broadcast(encode(step))
-        results = self._gather(StepResult, self.step_timeout_s, f"step {step.step_id}")
-        return results[0].token_ids
+
+    def recv_result(self, step_id: int) -> np.ndarray:
+        """Rank 0's sampled token ids for ``step_id``, once every rank has finished that step."""
+        # with steps pipelined, a fast rank may answer step N+1 before a slow one answers step N
+        deadline = time.monotonic() + self.step_timeout_s
+        got = self._results.setdefault(step_id, {})
+        while len(got) < self.world_size:
+            _, msg = self._recv(deadline, f"step {step_id}", set(range(self.world_size)) - set(got))
+            if not isinstance(msg, StepResult):
+                raise EngineDeadError(f"protocol error: expected StepResult, got {type(msg).__name__}")
+            self._results.setdefault(msg.step_id, {})[msg.rank] = msg
+        return self._results.pop(step_id)[0].token_ids
+
+    def run_step(self, step: StepCommand) -> np.ndarray:
+        """Broadcast one step and wait for its tokens."""
+        self.send_step(step)
+        return self.recv_result(step.step_id)
 
     def shutdown(self) -> None:
         if not self.sock.closed:

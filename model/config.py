@@ -42,7 +42,8 @@ class ModelConfig:
         # transformers 5.x writes rope_parameters/dtype; 4.x checkpoints carry rope_theta/torch_dtype.
         rope = raw.get("rope_parameters") or {}
         rope_theta = rope.get("rope_theta", raw.get("rope_theta", 10000.0))
-        rope_type = rope.get("rope_type", (raw.get("rope_scaling") or {}).get("rope_type", "default"))
+        scaling = raw.get("rope_scaling") or {}  # older 4.x configs spell its key "type"
+        rope_type = rope.get("rope_type", scaling.get("rope_type", scaling.get("type", "default")))
         if rope_type not in ("default", None):
             raise ValueError(f"{source}: rope_type {rope_type!r} is not supported (only default RoPE)")
         dtype_name = raw.get("dtype") or raw.get("torch_dtype") or "bfloat16"

@@ -66,9 +66,8 @@ def load_weights(model: nn.Module, model_dir: str | Path) -> None:
                     tensor = f.get_tensor(ckpt_name)
                     if loader is None:
                         if param.shape != tensor.shape:
-                            raise ValueError(
-                                f"shape mismatch: checkpoint has {tuple(tensor.shape)}, model expects {tuple(param.shape)}"
-                            )
+                            have, want = tuple(tensor.shape), tuple(param.shape)
+                            raise ValueError(f"shape mismatch: checkpoint has {have}, model expects {want}")
                         param.data.copy_(tensor)
                     elif shard is None:
                         loader(param, tensor)

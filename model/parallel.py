@@ -36,6 +36,12 @@ def all_reduce(x: torch.Tensor) -> torch.Tensor:
     return x
 
 
+def broadcast_from_rank0(x: torch.Tensor) -> torch.Tensor:
+    if _TP.size > 1:
+        dist.broadcast(x, src=0, group=_TP.group)
+    return x
+
+
 def gather_to_rank0(x: torch.Tensor) -> torch.Tensor | None:
     """Concatenate each rank's last-dim shard on rank 0; other ranks get None (they never hold full logits)."""
     if _TP.size == 1:

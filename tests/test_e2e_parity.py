@@ -32,14 +32,15 @@ def hf_greedy(model_dir, prompts, max_new_tokens) -> list[list[int]]:
     return outs
 
 
-@pytest.mark.parametrize("fixture", ["tiny_tied", "tiny_untied"])
-def test_greedy_parity_roomy_and_tight(fixture, request):
+@pytest.mark.parametrize("fixture,async_scheduling", [("tiny_tied", True), ("tiny_untied", True), ("tiny_tied", False)])
+def test_greedy_parity_roomy_and_tight(fixture, async_scheduling, request):
     model_dir = request.getfixturevalue(fixture)
     prompts = prompts_with_shared_prefixes()
     expected = hf_greedy(model_dir, prompts, MAX_TOKENS)
     params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True)
 
-    with LLM(str(model_dir), max_model_len=256, num_kv_blocks=256, block_size=16) as llm:
+    engine = dict(async_scheduling=async_scheduling)
+    with LLM(str(model_dir), max_model_len=256, num_kv_blocks=256, block_size=16, **engine) as llm:
         got = llm.generate(prompts, params, use_tqdm=False)
         assert [c.token_ids for c in got] == expected
         assert [c.prompt_token_ids for c in got] == prompts
@@ -52,7 +53,8 @@ def test_greedy_parity_roomy_and_tight(fixture, request):
         assert stats["kv_blocks_free"] == stats["kv_blocks_total"]
 
     # 14 blocks of 8 tokens = 112 token slots for 12 requests of up to 130 tokens; 32-token step budget
-    with LLM(str(model_dir), max_model_len=160, num_kv_blocks=18, block_size=8, max_num_batched_tokens=32) as llm:
+    tight = dict(max_model_len=160, num_kv_blocks=18, block_size=8, max_num_batched_tokens=32, **engine)
+    with LLM(str(model_dir), **tight) as llm:
         got = llm.generate(prompts, params, use_tqdm=False)
         assert [c.token_ids for c in got] == expected
         stats = llm.stats()

@@ -64,7 +64,7 @@ class DecodeGraphs:
 
     def run(
         self,
-        input_ids: np.ndarray,
+        input_ids: torch.Tensor,
         positions: np.ndarray,
         slot_mapping: np.ndarray,
         seq_lens: np.ndarray,
@@ -72,7 +72,7 @@ class DecodeGraphs:
     ) -> torch.Tensor:
         n = len(input_ids)
         bs = self.buckets[bisect.bisect_left(self.buckets, n)]
-        self.input_ids[:n].copy_(torch.from_numpy(input_ids.astype(np.int64)), non_blocking=True)
+        self.input_ids[:n].copy_(input_ids)
         self.positions[:n].copy_(torch.from_numpy(positions), non_blocking=True)
         self.slot_mapping[:n].copy_(torch.from_numpy(slot_mapping), non_blocking=True)
         self.slot_mapping[n:bs].fill_(-1)

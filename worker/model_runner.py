@@ -13,10 +13,27 @@ from model.config import ModelConfig, parse_dtype
 from model.context import forward_context
 from model.layers import PagedAttention
 from model.loader import load_model
-from model.parallel import tp_rank
+from model.parallel import broadcast_from_rank0, tp_rank
 from protocol.messages import StepCommand, WorkerConfig
 from worker.cuda_graphs import DecodeGraphs
 from worker.sampler import SamplingTensors, sample
+
+
+@dataclass(slots=True)
+class PendingTokens:
+    """A launched step's sampled ids: valid in ``host`` once ``event`` (None = already done) has completed."""
+
+    step_id: int
+    event: torch.cuda.Event | None
+    host: np.ndarray
+
+    def ready(self) -> bool:
+        return self.event is None or self.event.query()
+
+    def wait(self) -> np.ndarray:
+        if self.event is not None:
+            self.event.synchronize()
+        return self.host
 
 
 @dataclass(slots=True)
@@ -50,6 +67,10 @@ class ModelRunner:
         self.generator = torch.Generator(device=device).manual_seed(cfg.seed)
         self.num_blocks = 0
         self.graphs: DecodeGraphs | None = None
+        self.last_tokens = torch.zeros(cfg.max_num_seqs, dtype=torch.int64, device=device)
+        pin = device.type == "cuda"
+        self._pinned = [torch.empty(cfg.max_num_seqs, dtype=torch.int32, pin_memory=pin) for _ in range(4)]
+        self._ring = 0
 
         # slot-indexed sequence state
         n, width = cfg.max_num_seqs, -(-cfg.max_model_len // cfg.block_size)
@@ -202,12 +223,22 @@ class ModelRunner:
             meta.max_decode_seq_len = int(hb.seq_lens[n_pre:].max())
         return meta
 
+    def _input_ids(self, step: StepCommand, hb: HostBatch) -> torch.Tensor:
+        """Token ids on the device; -1 stands for the token this worker sampled last for that slot (async
+        scheduling sends the step before the coordinator knows that token)."""
+        ids = self._to_dev(step.token_ids)
+        if (step.token_ids < 0).any():
+            token_slots = self._to_dev(np.repeat(hb.slots, hb.q_lens))
+            ids = torch.where(ids < 0, self.last_tokens[token_slots], ids)
+        return ids
+
     def _forward(self, step: StepCommand, hb: HostBatch) -> torch.Tensor:
+        input_ids = self._input_ids(step, hb)
         if self.graphs is not None and hb.num_prefills == 0 and len(hb.slots) <= self.graphs.max_batch:
             tables = self.block_tables[hb.slots, : hb.width]
-            return self.graphs.run(step.token_ids, hb.positions, hb.slot_mapping, hb.seq_lens, tables)
+            return self.graphs.run(input_ids, hb.positions, hb.slot_mapping, hb.seq_lens, tables)
         with forward_context(self.device_meta(hb), self.backend):
-            return self.model(self._to_dev(step.token_ids), self._to_dev(hb.positions))
+            return self.model(input_ids, self._to_dev(hb.positions))
 
     def sampling_tensors(self, sample_slots: np.ndarray, sample_positions: np.ndarray) -> SamplingTensors:
         t, k, p = self.temperature[sample_slots], self.top_k[sample_slots], self.top_p[sample_slots]
@@ -227,20 +258,37 @@ class ModelRunner:
         )
 
     @torch.inference_mode()
-    def execute(self, step: StepCommand) -> np.ndarray:
-        """Run one step; returns sampled token ids on rank 0 (empty elsewhere)."""
+    def launch(self, step: StepCommand) -> PendingTokens:
+        """Enqueue one step on the device without waiting for it; the sampled ids arrive in a host buffer."""
         self.apply_slot_updates(step)
-        if len(step.slots) == 0:
-            return np.zeros(0, dtype=np.int32)
-        hb = self.prepare_host(step)
+        hb = self.prepare_host(step) if len(step.slots) else None
+        if hb is None or len(hb.sample_idx) == 0:
+            if hb is not None:
+                self._forward(step, hb)
+            return PendingTokens(step.step_id, None, np.zeros(0, dtype=np.int32))
         hidden = self._forward(step, hb)
-        if len(hb.sample_idx) == 0:
-            return np.zeros(0, dtype=np.int32)
         logits = self.model.compute_logits(hidden[self._to_dev(hb.sample_idx)])
+        if tp_rank() == 0:
+            tokens = sample(logits, self.sampling_tensors(hb.sample_slots, hb.sample_positions), self.generator)
+        else:
+            tokens = torch.empty(len(hb.sample_idx), dtype=torch.int64, device=self.device)
+        tokens = broadcast_from_rank0(tokens)  # every rank feeds the same tokens into the next step
+        self.last_tokens[self._to_dev(hb.sample_slots)] = tokens
         if tp_rank() != 0:
-            return np.zeros(0, dtype=np.int32)
-        tokens = sample(logits, self.sampling_tensors(hb.sample_slots, hb.sample_positions), self.generator)
-        return tokens.to(torch.int32).cpu().numpy()
+            return PendingTokens(step.step_id, None, np.zeros(0, dtype=np.int32))
+        if self.device.type != "cuda":
+            return PendingTokens(step.step_id, None, tokens.to(torch.int32).numpy())
+        # pinned buffers in a ring (allocating pinned memory per step is slow); at most two steps are in flight
+        self._ring = (self._ring + 1) % len(self._pinned)
+        host = self._pinned[self._ring][: len(tokens)]
+        host.copy_(tokens, non_blocking=True)
+        event = torch.cuda.Event()
+        event.record()
+        return PendingTokens(step.step_id, event, host.numpy())
+
+    def execute(self, step: StepCommand) -> np.ndarray:
+        """Run one step and wait; returns sampled token ids on rank 0 (empty elsewhere)."""
+        return self.launch(step).wait()
 
     @torch.inference_mode()
     def forward_logits(self, step: StepCommand) -> torch.Tensor:

@@ -42,9 +42,12 @@ def _hash32(x: torch.Tensor) -> torch.Tensor:
 def seeded_uniform(seed: torch.Tensor, position: torch.Tensor, vocab: int) -> torch.Tensor:
     """Uniform (0, 1) noise [n, vocab], a pure function of (seed, position, token id)."""
     token = torch.arange(vocab, device=seed.device, dtype=torch.int64)
-    row = _hash32(_hash32(seed) ^ _hash32(position * 0x9E3779B1 + 0x632BE5AB))
+    # fold the seed's high 32 bits in (a no-op for seeds < 2**32), so seeds equal in their low bits differ
+    row = _hash32(_hash32(seed ^ _hash32(seed >> 32)) ^ _hash32(position * 0x9E3779B1 + 0x632BE5AB))
     bits = _hash32(row[:, None] ^ (token[None, :] * 0x85EBCA77 + 0x27D4EB2F))
-    return (bits.to(torch.float64) + 0.5).div_(2.0**32).to(torch.float32)
+    # the top 128 of 2**32 values round to 1.0 in float32; noise 1.0 gives an excluded token 0/-0 = NaN,
+    # which wins argmax, so keep it strictly below 1
+    return (bits.to(torch.float64) + 0.5).div_(2.0**32).to(torch.float32).clamp_(max=1.0 - 2.0**-24)
 
 
 def apply_filters(logits: torch.Tensor, st: SamplingTensors) -> torch.Tensor:

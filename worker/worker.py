@@ -10,8 +10,8 @@ import signal
 import socket
 import sys
 import traceback
+from collections import deque
 
-import numpy as np
 import zmq
 
 from protocol.codec import ProtocolError, decode, encode
@@ -90,12 +90,21 @@ class Worker:
         self.runner.allocate_kv(alloc.num_blocks)
         self.runner.capture_graphs()
         self.send(WorkerAck(self.rank, "kv_allocated"))
-        empty = np.zeros(0, dtype=np.int32)
+        return self.step_loop()
+
+    def step_loop(self) -> int:
+        """Launch each step as soon as it arrives; report a step's tokens once its device work is done or the
+        next step has been launched behind it, whichever comes first (the device never waits on this loop)."""
+        in_flight: deque = deque()
         while True:
+            if in_flight and not self.sock.poll(0):
+                if in_flight[0].ready():
+                    done = in_flight.popleft()
+                    self.send(StepResult(done.step_id, self.rank, done.wait()))
+                continue  # spin: a CUDA step takes milliseconds and we want to report it at once
             msg = self.recv()
             if isinstance(msg, StepCommand):
-                tokens = self.runner.execute(msg)
-                self.send(StepResult(msg.step_id, self.rank, tokens if self.rank == 0 else empty))
+                in_flight.append(self.runner.launch(msg))
             elif isinstance(msg, Shutdown):
                 return 0
             else:
