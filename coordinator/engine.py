@@ -22,6 +22,16 @@ from protocol.sampling_params import SamplingParams
 log = logging.getLogger("nanoserve.engine")
 
 
+def _setup_logging() -> None:
+    """nanoserve's own INFO lines go to stderr unless the application configured logging itself."""
+    root = logging.getLogger("nanoserve")
+    if not root.handlers and not logging.getLogger().handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(asctime)s %(name)s: %(message)s", "%H:%M:%S"))
+        root.addHandler(handler)
+        root.setLevel(logging.INFO)
+
+
 @dataclass(slots=True)
 class StepOutput:
     """What one step changed, for streaming: a sequence and the tokens and text it gained."""
@@ -40,6 +50,7 @@ class Engine:
             from model.tiny import default_model_dir
 
             cfg.model = str(default_model_dir())
+        _setup_logging()
         self.config = cfg
         self.model_config = ModelConfig.from_pretrained(cfg.model)  # fails fast, before any process starts
         self.tokenizer = AutoTokenizer.from_pretrained(cfg.model)
@@ -73,7 +84,16 @@ class Engine:
             address=cfg.worker_address,
             start_timeout_s=cfg.worker_timeout_s,
         )
-        self.block_manager = BlockManager(self.workers.num_kv_blocks, cfg.block_size, cfg.enable_prefix_caching)
+        w = self.workers
+        log.info(
+            "KV cache on %s: %d blocks x %d tokens = %.2f GiB per rank, %d tokens at once",
+            w.device_name,
+            w.num_kv_blocks,
+            cfg.block_size,
+            w.num_kv_blocks * w.kv_block_bytes / 2**30,
+            w.num_kv_blocks * cfg.block_size,
+        )
+        self.block_manager = BlockManager(w.num_kv_blocks, cfg.block_size, cfg.enable_prefix_caching)
         self.scheduler = Scheduler(
             self.block_manager,
             cfg.max_num_seqs,
@@ -181,13 +201,12 @@ class Engine:
                 seq.token_ids.append(token)
             reason = self._check_stop(seq, token)
             new_text = self._update_text(seq) if self._wants_text(seq) else ""
-            if reason is None and seq.params.stop:
-                reason = self._check_stop_strings(seq)
+            if reason in (None, "length") and seq.params.stop:  # a stop string on the last token still counts
+                reason = self._check_stop_strings(seq) or reason
             if reason is not None:
                 self.scheduler.finish(seq, reason)
                 self.requests.pop(seq.request_id, None)
             outputs.append(StepOutput(seq, [token], new_text, reason is not None))
-        self.scheduler.after_step(batch)
         return outputs
 
     def _check_stop(self, seq: Sequence, token: int) -> str | None:

@@ -109,6 +109,12 @@ class Scheduler:
                 budget -= n
                 i += 1
 
+        # No preemption happens past this point, so every block keyed from here on is computed by this step.
+        # Keying at schedule time lets a request admitted below (or in the next step) share a prefix that is
+        # being computed now: each layer stores the whole step's K/V before any attention reads it.
+        for seq, n in chosen:
+            self._key_full_blocks(seq, seq.num_computed_tokens + n)
+
         # Admit waiting sequences (not in a step that had to preempt: the pool is full).
         while self.waiting and budget > 0 and not preempted and self.free_slots:
             seq = self.waiting[0]
@@ -126,6 +132,7 @@ class Scheduler:
             seq.slot, seq.new_in_slot = self.free_slots.pop(), True
             self.running.append(seq)
             self.stats.prefix_cache_hit_tokens += cached
+            self._key_full_blocks(seq, cached + n)
             chosen.append((seq, n))
             budget -= n
 
@@ -170,7 +177,7 @@ class Scheduler:
             new_start_pos=np.array([s.num_computed_tokens for s in new], np.int32),
             new_temperature=np.array([s.params.temperature for s in new], np.float32),
             new_top_p=np.array([s.params.top_p for s in new], np.float32),
-            new_top_k=np.array([s.params.top_k for s in new], np.int32),
+            new_top_k=np.array([min(s.params.top_k, 2**31 - 1) for s in new], np.int32),  # any k >= vocab: all
             new_min_p=np.array([s.params.min_p for s in new], np.float32),
             new_seed=np.array([-1 if s.params.seed is None else s.params.seed for s in new], np.int64),
             freed_slots=np.array(self.freed_slots, np.int32),
@@ -186,11 +193,10 @@ class Scheduler:
                 seq.num_pending += 1
         return ScheduledBatch(seqs, num_tokens, sampled, step)
 
-    def after_step(self, batch: ScheduledBatch) -> None:
-        """Key the blocks this step filled, so later requests can share them."""
-        bm = self.block_manager
-        for seq in batch.seqs:
-            if seq.status is SeqStatus.RUNNING:
-                seq.num_keyed_blocks, seq.last_block_key = bm.register_full_blocks(
-                    seq.block_table, seq.token_ids, seq.num_computed_tokens, seq.num_keyed_blocks, seq.last_block_key
-                )
+    def _key_full_blocks(self, seq: Sequence, num_computed: int) -> None:
+        """Register the blocks that are full once ``num_computed`` tokens are in cache, counting only known
+        tokens (a placeholder of an in-flight step gets keyed in a later step)."""
+        known = min(num_computed, seq.num_tokens - seq.num_pending)
+        seq.num_keyed_blocks, seq.last_block_key = self.block_manager.register_full_blocks(
+            seq.block_table, seq.token_ids, known, seq.num_keyed_blocks, seq.last_block_key
+        )

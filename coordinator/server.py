@@ -208,7 +208,10 @@ class Server:
         while not self._stopping:
             busy = self.healthy and engine.has_unfinished
             if not busy:
-                self.sock.poll(IDLE_POLL_MS)
+                try:
+                    self.sock.poll(IDLE_POLL_MS)
+                except zmq.ZMQError:  # interrupted by a signal: look at the stop flag
+                    continue
             self._drain()
             if self._stopping:
                 break
@@ -338,6 +341,10 @@ class Server:
         self.frames_dropped += 1
         self._warn("dropping a frame from client %s: %s", identity.hex()[:16], why)
 
+    def _unauthorized(self, identity: bytes, rid: str) -> None:
+        self._warn("rejecting a request from client %s: missing or wrong token", identity.hex()[:16])
+        self._error(identity, rid[:MAX_REQUEST_ID_LEN], PROTOCOL, "unauthorized: missing or wrong token")
+
     def _token_ok(self, token) -> bool:
         if self.token is None:
             return True
@@ -356,10 +363,10 @@ class Server:
         if not isinstance(msg, CLIENT_REQUESTS):
             self._drop(identity, f"not a client request: {type(msg).__name__}")
             return
-        if not self._token_ok(msg.token):
-            self._drop(identity, "missing or wrong token")
-            return
         rid = msg.request_id
+        if not self._token_ok(msg.token):
+            self._unauthorized(identity, rid)
+            return
         if msg.protocol_version != CLIENT_PROTOCOL_VERSION:
             self._error(
                 identity,
@@ -401,7 +408,7 @@ class Server:
             and 0 < len(raw[2]) <= MAX_REQUEST_ID_LEN
         ):
             if not self._token_ok(raw[3]):
-                self._drop(identity, "missing or wrong token")
+                self._unauthorized(identity, raw[2])
                 return
             if raw[1] != CLIENT_PROTOCOL_VERSION:
                 why = f"protocol_version {raw[1]!r} is not supported; the server speaks {CLIENT_PROTOCOL_VERSION}"
