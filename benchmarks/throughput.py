@@ -248,6 +248,7 @@ def engine_args(args, device: str, load_format: str) -> dict:
         "load_format": load_format,
         "max_model_len": MAX_MODEL_LEN,
         "enforce_eager": args.enforce_eager,
+        "async_scheduling": not args.no_async_scheduling,
     }
     optional = {
         "max_num_seqs": args.max_num_seqs,
@@ -415,6 +416,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--load-format", choices=["auto", "dummy"], help="default: dummy for --shape, auto for --model")
     p.add_argument("--tp", type=int, default=1)
     p.add_argument("--enforce-eager", action="store_true")
+    p.add_argument("--no-async-scheduling", action="store_true", help="wait for each step before the next")
     p.add_argument("--compare", choices=["hf"])
     p.add_argument("--num-prompts", type=int, help="W1/W3: keep the first N requests (smoke runs)")
     p.add_argument("--hf-num-prompts", type=int, default=64, help="W1/W3: requests given to the HF peer (first N)")
