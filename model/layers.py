@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from kernels import fused
 from model.context import get_context
 from model.parallel import all_reduce, gather_to_rank0, tp_rank, tp_size
 
@@ -172,6 +173,8 @@ class RMSNorm(nn.Module):
         return self.weight * xf.to(x.dtype)
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+        if x.is_cuda and x.dim() == 2:
+            return fused.rmsnorm(x, self.weight, self.eps, residual)
         if residual is None:
             return self._norm(x)
         x = x + residual
@@ -192,6 +195,17 @@ class RotaryEmbedding(nn.Module):
         return _rotate(q, cos, sin), _rotate(k, cos, sin)
 
 
+def qk_norm_rope(
+    positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, q_norm: RMSNorm, k_norm: RMSNorm, rope: RotaryEmbedding
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-head RMSNorm of q and k, then RoPE; one fused kernel each on CUDA."""
+    if q.is_cuda:
+        q = fused.qk_norm_rope(q, q_norm.weight, q_norm.eps, rope.cos_sin, positions)
+        k = fused.qk_norm_rope(k, k_norm.weight, k_norm.eps, rope.cos_sin, positions)
+        return q, k
+    return rope(positions, q_norm(q), k_norm(k))
+
+
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     x1, x2 = x.chunk(2, dim=-1)
     cos, sin = cos.to(x.dtype), sin.to(x.dtype)
@@ -200,6 +214,8 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
 
 class SiluAndMul(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.is_cuda:
+            return fused.silu_and_mul(x)
         gate, up = x.chunk(2, dim=-1)
         return F.silu(gate) * up
 

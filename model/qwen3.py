@@ -16,6 +16,7 @@ from model.layers import (
     RowParallelLinear,
     SiluAndMul,
     VocabParallelEmbedding,
+    qk_norm_rope,
 )
 
 
@@ -37,9 +38,9 @@ class Qwen3Attention(nn.Module):
         qkv = self.qkv_proj(hidden)
         q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
-        q = self.q_norm(q.view(-1, self.num_heads, self.head_dim))
-        k = self.k_norm(k.view(-1, self.num_kv_heads, self.head_dim))
-        q, k = self.rotary_emb(positions, q, k)
+        q = q.view(-1, self.num_heads, self.head_dim)
+        k = k.view(-1, self.num_kv_heads, self.head_dim)
+        q, k = qk_norm_rope(positions, q, k, self.q_norm, self.k_norm, self.rotary_emb)
         out = self.attn(q, k, v.view(-1, self.num_kv_heads, self.head_dim))
         return self.o_proj(out.flatten(1))
 

@@ -1,0 +1,119 @@
+"""Where a decode step's time goes inside one worker (no coordinator, no ZMQ): times ModelRunner.execute for
+single-sequence and batched decode, then prints the profiler's top CPU and CUDA ops.
+
+    python benchmarks/profile_step.py --shape qwen3-0.6b [--batch 1 256] [--enforce-eager]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+from protocol.messages import StepCommand, WorkerConfig  # noqa: E402
+
+
+def i32(x):
+    return np.asarray(x, dtype=np.int32)
+
+
+def step(step_id, slots, tokens_per_seq, tokens, new_blocks, new=None):
+    new = new or {}
+    n = len(slots)
+    return StepCommand(
+        step_id=step_id,
+        slots=i32(slots),
+        num_tokens=i32(tokens_per_seq),
+        token_ids=i32(tokens),
+        new_block_counts=i32([len(b) for b in new_blocks]),
+        new_block_ids=i32([x for b in new_blocks for x in b]),
+        sample_rows=i32(range(n)),
+        new_slots=i32(new.get("slots", [])),
+        new_start_pos=i32([0] * len(new.get("slots", []))),
+        new_temperature=np.asarray([new.get("temperature", 0.0)] * len(new.get("slots", [])), np.float32),
+        new_top_p=np.ones(len(new.get("slots", [])), np.float32),
+        new_top_k=i32([0] * len(new.get("slots", []))),
+        new_min_p=np.zeros(len(new.get("slots", [])), np.float32),
+        new_seed=np.full(len(new.get("slots", [])), -1, np.int64),
+        freed_slots=i32([]),
+    )
+
+
+def main() -> None:
+    from shapes import write_shape
+
+    p = argparse.ArgumentParser()
+    p.add_argument("--shape", default="qwen3-0.6b")
+    p.add_argument("--batch", type=int, nargs="+", default=[1, 256])
+    p.add_argument("--enforce-eager", action="store_true")
+    p.add_argument("--temperature", type=float, default=0.0)
+    a = p.parse_args()
+    model_dir = write_shape(a.shape)
+    from model.parallel import set_tp
+    import torch.distributed as dist
+
+    dist.init_process_group("nccl", init_method="tcp://127.0.0.1:29555", rank=0, world_size=1)
+    set_tp(0, 1)
+    from worker.model_runner import ModelRunner
+
+    max_bs = max(a.batch)
+    cfg = WorkerConfig(
+        str(model_dir), "cuda", "auto", "dummy", 16, max_bs, 8192, 4096, 20000, 0.9, 0, a.enforce_eager, 0, "auto", ""
+    )
+    runner = ModelRunner(cfg, torch.device("cuda"))
+    runner.allocate_kv(20000)
+    runner.capture_graphs()
+    rows = []
+    for bs in a.batch:
+        slots = list(range(bs))
+        blocks = [[s * 40 + j for j in range(40)] for s in slots]  # 640 tokens of room each
+        prompt = 128
+        runner.execute(
+            step(0, slots, [prompt] * bs, [1] * (prompt * bs), blocks, {"slots": slots, "temperature": a.temperature})
+        )
+        times, sid = [], 1
+        for _ in range(300):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            runner.execute(step(sid, slots, [1] * bs, [-1] * bs, [[] for _ in slots]))
+            times.append(time.perf_counter() - t0)
+            sid += 1
+        # pipelined like the worker loop: launch N+1 before waiting on N
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        prev = None
+        for _ in range(100):
+            cur = runner.launch(step(sid, slots, [1] * bs, [-1] * bs, [[] for _ in slots]))
+            sid += 1
+            if prev is not None:
+                prev.wait()
+            prev = cur
+        prev.wait()
+        pipelined = (time.perf_counter() - t0) / 100
+        with torch.profiler.profile(
+            activities=[torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+        ) as prof:
+            for _ in range(20):
+                runner.execute(step(sid, slots, [1] * bs, [-1] * bs, [[] for _ in slots]))
+                sid += 1
+        print(f"\n--- batch {bs}: top ops by self CPU time (20 steps)")
+        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=12, max_name_column_width=50))
+        print(prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=8, max_name_column_width=50))
+        rows.append((bs, statistics.median(times) * 1e3, pipelined * 1e3))
+        runner.num_computed[:] = 0
+    print(f"{'batch':>6s} {'execute ms (median)':>20s} {'pipelined ms/step':>18s}")
+    for bs, ms, pl in rows:
+        print(f"{bs:6d} {ms:20.3f} {pl:18.3f}")
+
+
+if __name__ == "__main__":
+    main()

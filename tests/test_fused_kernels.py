@@ -1,0 +1,76 @@
+"""Fused Triton kernels (kernels/fused.py) against the torch layer code they replace: on CUDA at real sizes, on the
+CPU under TRITON_INTERPRET=1 at tiny sizes."""
+
+import importlib
+import os
+import sys
+
+import torch
+
+ON_GPU = torch.cuda.is_available()
+if not ON_GPU:
+    os.environ["TRITON_INTERPRET"] = "1"
+    if "kernels.fused" in sys.modules:  # imported un-interpreted by an earlier test module
+        importlib.reload(sys.modules["kernels.fused"])
+
+import pytest  # noqa: E402
+
+from kernels import fused  # noqa: E402
+from model.layers import RMSNorm, RotaryEmbedding  # noqa: E402
+
+DEVICE = "cuda" if ON_GPU else "cpu"
+DTYPES = [torch.float32, torch.bfloat16, torch.float16] if ON_GPU else [torch.float32]
+TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2, torch.float16: 2e-3}
+
+
+def rel(a, b):
+    return ((a.float() - b.float()).norm() / b.float().norm()).item()
+
+
+def torch_norm(x, weight, eps, residual=None):
+    layer = RMSNorm(x.shape[-1], eps).to(device=x.device, dtype=x.dtype)
+    layer.weight.data.copy_(weight)
+    if residual is None:
+        return layer._norm(x)
+    s = x + residual
+    return layer._norm(s), s
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("width", [64, 1000] if not ON_GPU else [1024, 4096, 1000])
+def test_rmsnorm_with_and_without_residual(dtype, width):
+    g = torch.Generator(device=DEVICE).manual_seed(width)
+    x = torch.randn(7, width, device=DEVICE, generator=g).to(dtype)
+    r = torch.randn(7, width, device=DEVICE, generator=g).to(dtype)
+    w = (torch.rand(width, device=DEVICE, generator=g) + 0.5).to(dtype)
+    assert rel(fused.rmsnorm(x, w, 1e-6), torch_norm(x, w, 1e-6)) < TOL[dtype]
+    out, res = fused.rmsnorm(x, w, 1e-6, r)
+    ref_out, ref_res = torch_norm(x, w, 1e-6, r)
+    assert torch.equal(res, ref_res)  # the residual sum is rounded exactly as torch rounds it
+    assert rel(out, ref_out) < TOL[dtype]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("heads,head_dim", [(4, 16), (3, 32)] if not ON_GPU else [(16, 128), (8, 128), (5, 64)])
+def test_qk_norm_rope_on_a_strided_view(dtype, heads, head_dim):
+    g = torch.Generator(device=DEVICE).manual_seed(heads)
+    tokens = 9
+    packed = torch.randn(tokens, (heads + 2) * head_dim, device=DEVICE, generator=g).to(dtype)
+    x = packed[:, head_dim : (heads + 1) * head_dim].view(tokens, heads, head_dim)  # like q inside qkv
+    w = (torch.rand(head_dim, device=DEVICE, generator=g) + 0.5).to(dtype)
+    rope = RotaryEmbedding(head_dim, 4096, 1e6).to(DEVICE)
+    positions = torch.randint(0, 4096, (tokens,), device=DEVICE, generator=g)
+    got = fused.qk_norm_rope(x, w, 1e-6, rope.cos_sin, positions)
+    normed = torch_norm(x, w, 1e-6)
+    ref, _ = rope(positions, normed, normed)
+    assert rel(got, ref) < TOL[dtype] * 2
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_silu_and_mul(dtype):
+    g = torch.Generator(device=DEVICE).manual_seed(0)
+    n = 3072 if ON_GPU else 96
+    x = torch.randn(5, 2 * n, device=DEVICE, generator=g).to(dtype)
+    gate, up = x.chunk(2, dim=-1)
+    assert rel(fused.silu_and_mul(x), torch.nn.functional.silu(gate) * up) < TOL[dtype]
+    assert fused.silu_and_mul(x[:0]).shape == (0, n)
