@@ -58,8 +58,9 @@ def main() -> None:
     p.add_argument("--temperature", type=float, default=0.0)
     a = p.parse_args()
     model_dir = write_shape(a.shape)
-    from model.parallel import set_tp
     import torch.distributed as dist
+
+    from model.parallel import set_tp
 
     dist.init_process_group("nccl", init_method="tcp://127.0.0.1:29555", rank=0, world_size=1)
     set_tp(0, 1)

@@ -48,3 +48,14 @@ def test_torchrun_worker_group(tiny_untied):
     out = subprocess.run(cmd, env=env, cwd=str(ROOT), capture_output=True, text=True, timeout=180)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
     assert '"match": true' in out.stdout
+
+
+def test_tp2_teacher_forced_logits_under_torchrun(tiny_untied):
+    from tp_smoke import torchrun_cmd
+
+    cmd = torchrun_cmd(2, "unused")
+    cmd = cmd[: cmd.index("-m")] + [str(ROOT / "tests" / "tp_logits.py"), "--model", str(tiny_untied)]
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    out = subprocess.run(cmd, env=env, cwd=str(ROOT), capture_output=True, text=True, timeout=180)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
+    assert '"ok": true' in out.stdout
