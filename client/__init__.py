@@ -4,7 +4,16 @@ from protocol.errors import EngineDeadError, OverloadedError, RequestError
 from protocol.outputs import Completion
 from protocol.sampling_params import SamplingParams
 
-__all__ = ["LLM", "SamplingParams", "Completion", "RequestError", "EngineDeadError", "OverloadedError"]
+__all__ = [
+    "LLM",
+    "Client",
+    "AsyncClient",
+    "SamplingParams",
+    "Completion",
+    "RequestError",
+    "EngineDeadError",
+    "OverloadedError",
+]
 
 
 def __getattr__(name):
@@ -13,4 +22,8 @@ def __getattr__(name):
         from client.llm import LLM
 
         return LLM
+    if name in ("Client", "AsyncClient"):  # zmq only; loaded on first use
+        from client import client as _client
+
+        return getattr(_client, name)
     raise AttributeError(name)

@@ -180,6 +180,7 @@ class Server:
         self._rate: collections.deque[tuple[float, int]] = collections.deque()  # (time, tokens) per step
         self._started = time.monotonic()
         self.requests_finished = 0
+        self.requests_aborted = 0
         self.requests_rejected = 0
         self.frames_dropped = 0
         self.replies_dropped = 0
@@ -280,7 +281,8 @@ class Server:
     def _stream_delta(self, req: _Request, new_token_ids: list[int]) -> None:
         seq = req.seq
         text = ""
-        if not (seq.params.stop and seq.num_output_tokens < seq.params.min_tokens):
+        # before min_tokens a stop string is not matched yet, but would be later, at its earlier position
+        if not (seq.params.stop and len(seq.output_token_ids) < seq.params.min_tokens):
             ready = len(seq.text) - req.holdback
             if ready > req.sent_chars:
                 text = seq.text[req.sent_chars : ready]
@@ -302,6 +304,7 @@ class Server:
             token_ids, text = completion.token_ids, completion.text
         reason = completion.finish_reason or "abort"
         self.requests_finished += 1
+        self.requests_aborted += reason == "abort"
         self._send(
             req.identity,
             Delta(req.request_id, token_ids, text, reason, completion.stop_reason, completion.prompt_token_ids),
@@ -529,6 +532,8 @@ class Server:
             steps=s["steps"],
             preemptions=s["preemptions"],
             requests_finished=self.requests_finished,
+            requests_aborted=self.requests_aborted,
             requests_rejected=self.requests_rejected,
             frames_dropped=self.frames_dropped,
+            replies_dropped=self.replies_dropped,
         )

@@ -98,7 +98,7 @@ def _to_wire(obj):
 
 
 def _from_wire(raw, expect: type | None = None):
-    if not isinstance(raw, list) or not raw or not isinstance(raw[0], int):
+    if not isinstance(raw, list) or not raw or not isinstance(raw[0], int) or isinstance(raw[0], bool):
         raise ProtocolError("frame is not a tagged message")
     cls = _BY_TAG.get(raw[0])
     if cls is None:
@@ -123,7 +123,9 @@ def _from_wire(raw, expect: type | None = None):
                 raise ProtocolError(
                     f"{cls.__name__}.{spec.name}: expected {spec.types[0].__name__}, got {type(v).__name__}"
                 )
-            if spec.is_list and not all(isinstance(x, _SCALARS[spec.record]) for x in v):
+            if spec.is_list and not all(
+                isinstance(x, _SCALARS[spec.record]) and (spec.record == "bool" or not isinstance(x, bool)) for x in v
+            ):
                 raise ProtocolError(f"{cls.__name__}.{spec.name}: expected a list of {spec.record}")
             values.append(float(v) if float in spec.types and not isinstance(v, bool) else v)
         elif spec.kind == "record":

@@ -61,7 +61,8 @@ def main() -> int:
             offset += len(t)
             errs.append(((mine - ref).norm() / ref.norm()).item())
             agree.append((mine.argmax(-1) == ref.argmax(-1)).float().mean().item())
-        tol = 1e-4 if a.dtype == "float32" else 2e-2
+        # float32 on CUDA: the Triton attention's dots run in tf32 (~1e-3), as do HF's cuBLAS defaults on some builds
+        tol = {"float32": 1e-4 if a.device == "cpu" else 3e-3}.get(a.dtype, 2e-2)
         ok = max(errs) < tol
         print(json.dumps({"tp": world, "dtype": a.dtype, "device": a.device, "rel_err": errs, "top1": agree, "ok": ok}))
         code = 0 if ok else 1

@@ -1,0 +1,65 @@
+"""``python -m client [--address tcp://127.0.0.1:8765] "prompt"``: stream a completion to the terminal."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from client.client import DEFAULT_ADDRESS, Client  # noqa: E402
+from protocol.codec import ProtocolError  # noqa: E402
+from protocol.errors import EngineDeadError, OverloadedError, RequestError  # noqa: E402
+from protocol.sampling_params import SamplingParams  # noqa: E402
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m client", description="Stream a completion from a nanoserve server.")
+    p.add_argument("prompt", nargs="+", help="the prompt (several words are joined with spaces)")
+    p.add_argument("--address", default=os.environ.get("NANOSERVE_ADDRESS", DEFAULT_ADDRESS))
+    p.add_argument("--token", default=os.environ.get("NANOSERVE_TOKEN"), help="the server's shared secret")
+    p.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for each reply (default 60)")
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--min-p", type=float, default=0.0)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--stop", action="append", default=[], help="a stop string (repeatable)")
+    p.add_argument("--ignore-eos", action="store_true")
+    args = p.parse_args(argv)
+    try:
+        params = SamplingParams(
+            temperature=args.temperature,
+            top_p=args.top_p,
+            top_k=args.top_k,
+            min_p=args.min_p,
+            max_tokens=args.max_tokens,
+            stop=args.stop,
+            seed=args.seed,
+            ignore_eos=args.ignore_eos,
+        )
+    except ValueError as e:
+        p.error(str(e))
+    out = sys.stdout
+    try:
+        with Client(args.address, timeout=args.timeout, token=args.token) as client:
+            with client.stream(" ".join(args.prompt), params) as stream:
+                for delta in stream:
+                    out.write(delta.text)
+                    out.flush()
+                    if delta.finish_reason is not None:
+                        out.write("\n")
+                        print(f"[finish_reason={delta.finish_reason}]", file=sys.stderr)
+    except KeyboardInterrupt:
+        out.write("\n")
+        return 130
+    except (RequestError, EngineDeadError, OverloadedError, ProtocolError, TimeoutError) as e:
+        print(f"\nerror: {type(e).__name__}: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

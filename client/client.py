@@ -1,0 +1,568 @@
+"""Clients for a running nanoserve server (``python launch.py``): ``Client`` (blocking) and ``AsyncClient``
+(asyncio). Both talk msgpack records (protocol/client_messages.py) over one ZMQ DEALER socket and keep any
+number of requests in flight at once; replies are matched to requests by request id.
+
+    with Client("tcp://127.0.0.1:8765") as c:
+        print(c.generate("Hello", SamplingParams(max_tokens=32)).text)
+        for delta in c.stream("Hello"):
+            print(delta.text, end="", flush=True)
+
+Leaving a stream early (``break``, ``close()``, garbage collection) or cancelling the asyncio task that waits on
+a request aborts the request on the server, which frees its KV blocks. Errors come back as exceptions:
+``RequestError`` (the message names the field), ``EngineDeadError``, ``OverloadedError``, ``ProtocolError``,
+and the built-in ``TimeoutError`` for a client-side timeout. Neither client is thread-safe: use one per thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import dataclasses
+import itertools
+import logging
+import time
+import uuid
+from collections.abc import Sequence as _Seq
+
+import zmq
+import zmq.asyncio
+
+from protocol.client_messages import (
+    CLIENT_PROTOCOL_VERSION,
+    ENGINE_DEAD,
+    OVERLOADED,
+    PROTOCOL,
+    REQUEST_ERROR,
+    Abort,
+    Delta,
+    Error,
+    Generate,
+    Health,
+    Info,
+    Stats,
+)
+from protocol.codec import ProtocolError, decode, encode
+from protocol.errors import EngineDeadError, OverloadedError, RequestError
+from protocol.outputs import Completion
+from protocol.sampling_params import SamplingParams
+
+__all__ = ["Client", "AsyncClient", "Stream", "AsyncStream", "Delta", "DEFAULT_ADDRESS"]
+
+log = logging.getLogger("nanoserve.client")
+DEFAULT_ADDRESS = "tcp://127.0.0.1:8765"
+_EXCEPTIONS = {
+    REQUEST_ERROR: RequestError,
+    ENGINE_DEAD: EngineDeadError,
+    OVERLOADED: OverloadedError,
+    PROTOCOL: ProtocolError,
+}
+_POLL_MS = 200
+_CLOSE_LINGER_MS = 500  # time for queued aborts to reach the server when a client closes
+
+
+def _raise(err: Error):
+    raise _EXCEPTIONS.get(err.kind, RuntimeError)(err.message)
+
+
+def _prompt(prompt) -> str | list[int]:
+    if isinstance(prompt, str):
+        return prompt
+    if isinstance(prompt, _Seq) or hasattr(prompt, "tolist"):  # list, tuple, numpy array
+        ids = prompt.tolist() if hasattr(prompt, "tolist") else list(prompt)
+        if all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+            return ids
+    raise RequestError(f"prompt must be a string or a list of token ids, got {type(prompt).__name__}")
+
+
+def _generate_msg(request_id: str, token: str | None, prompt, params: SamplingParams | None, stream: bool):
+    p = params or SamplingParams()
+    if not isinstance(p, SamplingParams):
+        raise RequestError(f"params must be a SamplingParams, got {type(p).__name__}")
+    return Generate(
+        protocol_version=CLIENT_PROTOCOL_VERSION,
+        request_id=request_id,
+        token=token,
+        prompt=_prompt(prompt),
+        stream=stream,
+        temperature=float(p.temperature),
+        top_p=float(p.top_p),
+        top_k=p.top_k,
+        min_p=float(p.min_p),
+        max_tokens=p.max_tokens,
+        min_tokens=p.min_tokens,
+        stop=list(p.stop),
+        stop_token_ids=list(p.stop_token_ids),
+        ignore_eos=p.ignore_eos,
+        seed=p.seed,
+        logprobs=p.logprobs,
+        presence_penalty=float(p.presence_penalty),
+        frequency_penalty=float(p.frequency_penalty),
+        repetition_penalty=float(p.repetition_penalty),
+    )
+
+
+def _prompts_list(prompts) -> list:
+    if isinstance(prompts, str) or (isinstance(prompts, (list, tuple)) and prompts and isinstance(prompts[0], int)):
+        return [prompts]  # one prompt, as LLM.generate takes it
+    return list(prompts)
+
+
+def _params_list(prompts: list, params) -> list:
+    if params is None or isinstance(params, SamplingParams):
+        return [params] * len(prompts)
+    params = list(params)
+    if len(params) != len(prompts):
+        raise ValueError(f"got {len(params)} sampling params for {len(prompts)} prompts")
+    return params
+
+
+def _as_dict(reply) -> dict:
+    d = dataclasses.asdict(reply)
+    d.pop("request_id", None)
+    return d
+
+
+class _Accumulator:
+    """Builds a Completion from a request's deltas."""
+
+    __slots__ = ("request_id", "token_ids", "text")
+
+    def __init__(self, request_id: str) -> None:
+        self.request_id, self.token_ids, self.text = request_id, [], []
+
+    def add(self, d: Delta) -> Completion | None:
+        self.token_ids.extend(d.token_ids)
+        self.text.append(d.text)
+        if d.finish_reason is None:
+            return None
+        return Completion(
+            request_id=self.request_id,
+            prompt_token_ids=list(d.prompt_token_ids or []),
+            token_ids=self.token_ids,
+            text="".join(self.text),
+            finish_reason=d.finish_reason,
+            stop_reason=d.stop_reason,
+        )
+
+
+class _Base:
+    def __init__(self, token: str | None) -> None:
+        self.token = token
+        self._prefix = uuid.uuid4().hex[:8]
+        self._counter = itertools.count()
+
+    def _new_id(self) -> str:
+        return f"{self._prefix}-{next(self._counter)}"
+
+    def _control(self, cls, rid: str):
+        return cls(CLIENT_PROTOCOL_VERSION, rid, self.token)
+
+    @staticmethod
+    def _socket(ctx, address: str):
+        sock = ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, _CLOSE_LINGER_MS)
+        sock.setsockopt(zmq.RCVHWM, 0)  # never drop the server's replies on our side
+        sock.setsockopt(zmq.SNDHWM, 0)
+        if address.startswith("tcp://["):
+            sock.setsockopt(zmq.IPV6, 1)
+        sock.connect(address)
+        return sock
+
+
+# ---- blocking client ---------------------------------------------------------------------------------------
+
+
+class Client(_Base):
+    """Blocking client. ``timeout`` (seconds, None = forever) bounds every wait for the server's next reply;
+    when it passes, the request is aborted and ``TimeoutError`` raised."""
+
+    def __init__(self, address: str = DEFAULT_ADDRESS, timeout: float | None = None, token: str | None = None):
+        super().__init__(token)
+        self.address, self.timeout = address, timeout
+        self._ctx = zmq.Context()
+        self._sock = self._socket(self._ctx, address)
+        self._inbox: dict[str, collections.deque] = {}  # replies of the requests in flight
+
+    # ---- plumbing --------------------------------------------------------------------------------------------
+
+    def _send(self, msg) -> None:
+        self._sock.send(encode(msg))
+
+    def _open(self, msg) -> str:
+        self._inbox[msg.request_id] = collections.deque()
+        try:
+            self._send(msg)
+        except BaseException:
+            self._inbox.pop(msg.request_id, None)
+            raise
+        return msg.request_id
+
+    def _next(self, rid: str, deadline: float | None = None):
+        """The next reply for ``rid``; replies for other requests in flight are queued for them."""
+        q = self._inbox[rid]
+        if deadline is None and self.timeout is not None:
+            deadline = time.monotonic() + self.timeout
+        while not q:
+            wait = _POLL_MS if deadline is None else min(_POLL_MS, max(0, int((deadline - time.monotonic()) * 1000)))
+            if self._sock.poll(wait):
+                self._dispatch(self._sock.recv())
+            elif deadline is not None and time.monotonic() >= deadline:
+                raise TimeoutError(f"no reply from {self.address} within {self.timeout} s (request {rid})")
+        return q.popleft()
+
+    def _dispatch(self, data: bytes) -> None:
+        try:
+            msg = decode(data)
+        except ProtocolError as e:
+            log.warning("dropping a malformed reply: %s", e)
+            return
+        q = self._inbox.get(getattr(msg, "request_id", None))
+        if q is not None:
+            q.append(msg)  # else: a late reply to a request we gave up on
+
+    def _abort_quietly(self, rid: str) -> None:
+        if self._inbox.pop(rid, None) is not None and not self._sock.closed:
+            try:
+                self._sock.send(encode(self._control(Abort, rid)), zmq.NOBLOCK)
+            except zmq.ZMQError:
+                pass
+
+    def _call(self, cls) -> dict:
+        rid = self._open(self._control(cls, self._new_id()))
+        try:
+            reply = self._next(rid)
+        finally:
+            self._inbox.pop(rid, None)
+        if isinstance(reply, Error):
+            _raise(reply)
+        return _as_dict(reply)
+
+    # ---- API -------------------------------------------------------------------------------------------------
+
+    def generate(self, prompt, params: SamplingParams | None = None) -> Completion:
+        """One completion (the server sends it whole when it is finished)."""
+        rid = self._open(_generate_msg(self._new_id(), self.token, prompt, params, stream=False))
+        try:
+            reply = self._next(rid)
+        except BaseException:
+            self._abort_quietly(rid)
+            raise
+        self._inbox.pop(rid, None)
+        if isinstance(reply, Error):
+            _raise(reply)
+        return _Accumulator(rid).add(reply)
+
+    def generate_many(self, prompts: list, params=None) -> list[Completion]:
+        """Completions in input order; every request is sent before the first reply is awaited."""
+        prompts = _prompts_list(prompts)
+        params = _params_list(prompts, params)
+        msgs = [_generate_msg(self._new_id(), self.token, p, sp, stream=False) for p, sp in zip(prompts, params)]
+        rids = [self._open(m) for m in msgs]
+        out = []
+        try:
+            for rid in rids:
+                reply = self._next(rid)
+                self._inbox.pop(rid, None)
+                if isinstance(reply, Error):
+                    _raise(reply)
+                out.append(_Accumulator(rid).add(reply))
+        except BaseException:
+            for rid in rids:
+                self._abort_quietly(rid)
+            raise
+        return out
+
+    def stream(self, prompt, params: SamplingParams | None = None) -> Stream:
+        """Send the request now; iterate the result for its deltas (the last has ``finish_reason`` set)."""
+        rid = self._open(_generate_msg(self._new_id(), self.token, prompt, params, stream=True))
+        return Stream(self, rid)
+
+    def abort(self, request_id: str) -> None:
+        """Abort a request (no error if it already finished); the server frees its KV blocks. A stream of that
+        request then ends with a delta whose finish_reason is "abort"."""
+        self._send(self._control(Abort, request_id))
+
+    def health(self) -> dict:
+        """{"healthy": bool, "message": str}"""
+        return self._call(Health)
+
+    def info(self) -> dict:
+        return self._call(Info)
+
+    def stats(self) -> dict:
+        return self._call(Stats)
+
+    def close(self) -> None:
+        if not self._sock.closed:
+            self._sock.close()
+            self._ctx.term()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class Stream:
+    """The deltas of one streaming request. Closing it (or dropping it, or leaving a ``for``/``with`` early)
+    before the last delta aborts the request on the server. ``completion`` holds the whole result once done."""
+
+    def __init__(self, client: Client, request_id: str) -> None:
+        self.client, self.request_id = client, request_id
+        self.completion: Completion | None = None
+        self._acc = _Accumulator(request_id)
+        self._done = False
+
+    def __iter__(self) -> Stream:
+        return self
+
+    def __next__(self) -> Delta:
+        if self._done:
+            raise StopIteration
+        try:
+            msg = self.client._next(self.request_id)
+        except BaseException:
+            self.close()
+            raise
+        if isinstance(msg, Error):
+            self._done = True
+            self.client._inbox.pop(self.request_id, None)
+            _raise(msg)
+        self.completion = self._acc.add(msg)
+        if self.completion is not None:
+            self._done = True
+            self.client._inbox.pop(self.request_id, None)
+        return msg
+
+    def close(self) -> None:
+        if not self._done:
+            self._done = True
+            self.client._abort_quietly(self.request_id)
+
+    def __enter__(self) -> Stream:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+# ---- asyncio client ----------------------------------------------------------------------------------------
+
+
+class AsyncClient(_Base):
+    """asyncio client: one receiver task dispatches replies to per-request queues, so any number of
+    requests (from any number of tasks) can be in flight. Cancelling a task that awaits a request aborts it.
+    ``timeout`` works as in ``Client``."""
+
+    def __init__(self, address: str = DEFAULT_ADDRESS, token: str | None = None, timeout: float | None = None):
+        super().__init__(token)
+        self.address, self.timeout = address, timeout
+        self._ctx = zmq.asyncio.Context()
+        self._sock = self._socket(self._ctx, address)
+        self._queues: dict[str, asyncio.Queue] = {}
+        self._receiver: asyncio.Task | None = None
+
+    # ---- plumbing --------------------------------------------------------------------------------------------
+
+    def _ensure_receiver(self) -> None:
+        if self._receiver is None or self._receiver.done():
+            self._receiver = asyncio.get_running_loop().create_task(self._receive_loop())
+
+    async def _receive_loop(self) -> None:
+        try:
+            while True:
+                data = await self._sock.recv()
+                try:
+                    msg = decode(data)
+                except ProtocolError as e:
+                    log.warning("dropping a malformed reply: %s", e)
+                    continue
+                q = self._queues.get(getattr(msg, "request_id", None))
+                if q is not None:
+                    q.put_nowait(msg)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # the socket broke: fail every waiter rather than leave it hanging
+            for q in self._queues.values():
+                q.put_nowait(e)
+
+    def _send_now(self, msg) -> None:
+        """Send without awaiting (ordered with other sends; usable from sync code running in the loop)."""
+        fut = self._sock.send(encode(msg))
+        fut.add_done_callback(lambda f: f.cancelled() or f.exception())
+
+    def _open(self, msg) -> tuple[str, asyncio.Queue]:
+        self._ensure_receiver()
+        q = self._queues[msg.request_id] = asyncio.Queue()
+        self._send_now(msg)
+        return msg.request_id, q
+
+    async def _next(self, rid: str, q: asyncio.Queue):
+        try:
+            if self.timeout is None:
+                msg = await q.get()
+            else:
+                msg = await asyncio.wait_for(q.get(), self.timeout)
+        except asyncio.TimeoutError:
+            raise TimeoutError(f"no reply from {self.address} within {self.timeout} s (request {rid})") from None
+        if isinstance(msg, BaseException):
+            raise msg
+        return msg
+
+    def _abort_quietly(self, rid: str) -> None:
+        if self._queues.pop(rid, None) is not None and not self._sock.closed:
+            try:
+                self._send_now(self._control(Abort, rid))
+            except Exception:
+                pass
+
+    async def _call(self, cls) -> dict:
+        rid, q = self._open(self._control(cls, self._new_id()))
+        try:
+            reply = await self._next(rid, q)
+        finally:
+            self._queues.pop(rid, None)
+        if isinstance(reply, Error):
+            _raise(reply)
+        return _as_dict(reply)
+
+    # ---- API -------------------------------------------------------------------------------------------------
+
+    async def generate(self, prompt, params: SamplingParams | None = None) -> Completion:
+        rid, q = self._open(_generate_msg(self._new_id(), self.token, prompt, params, stream=False))
+        try:
+            reply = await self._next(rid, q)
+        except BaseException:  # CancelledError included: the request must not run on without a reader
+            self._abort_quietly(rid)
+            raise
+        self._queues.pop(rid, None)
+        if isinstance(reply, Error):
+            _raise(reply)
+        return _Accumulator(rid).add(reply)
+
+    async def generate_many(self, prompts: list, params=None) -> list[Completion]:
+        """Completions in input order; every request is sent at once."""
+        prompts = _prompts_list(prompts)
+        params = _params_list(prompts, params)
+        opened = [
+            self._open(_generate_msg(self._new_id(), self.token, p, sp, stream=False)) for p, sp in zip(prompts, params)
+        ]
+        out = []
+        try:
+            for rid, q in opened:
+                reply = await self._next(rid, q)
+                self._queues.pop(rid, None)
+                if isinstance(reply, Error):
+                    _raise(reply)
+                out.append(_Accumulator(rid).add(reply))
+        except BaseException:
+            for rid, _ in opened:
+                self._abort_quietly(rid)
+            raise
+        return out
+
+    def stream(self, prompt, params: SamplingParams | None = None) -> AsyncStream:
+        """Send the request now (call from a running event loop); ``async for`` over the result."""
+        rid, q = self._open(_generate_msg(self._new_id(), self.token, prompt, params, stream=True))
+        return AsyncStream(self, rid, q)
+
+    async def abort(self, request_id: str) -> None:
+        """As ``Client.abort``."""
+        self._ensure_receiver()
+        await self._sock.send(encode(self._control(Abort, request_id)))
+
+    async def health(self) -> dict:
+        return await self._call(Health)
+
+    async def info(self) -> dict:
+        return await self._call(Info)
+
+    async def stats(self) -> dict:
+        return await self._call(Stats)
+
+    def close(self) -> None:
+        if self._receiver is not None and not self._receiver.done():
+            self._receiver.cancel()
+        if not self._sock.closed:
+            self._sock.close()
+            self._ctx.term()
+
+    async def aclose(self) -> None:
+        if self._receiver is not None and not self._receiver.done():
+            self._receiver.cancel()
+            try:
+                await self._receiver
+            except (asyncio.CancelledError, Exception):
+                pass
+        self.close()
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.aclose()
+
+    def __enter__(self) -> AsyncClient:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class AsyncStream:
+    """Async iterator over one streaming request's deltas; leaving early (``aclose()``, ``async with``,
+    cancellation, garbage collection) aborts the request."""
+
+    def __init__(self, client: AsyncClient, request_id: str, queue: asyncio.Queue) -> None:
+        self.client, self.request_id, self._queue = client, request_id, queue
+        self.completion: Completion | None = None
+        self._acc = _Accumulator(request_id)
+        self._done = False
+
+    def __aiter__(self) -> AsyncStream:
+        return self
+
+    async def __anext__(self) -> Delta:
+        if self._done:
+            raise StopAsyncIteration
+        try:
+            msg = await self.client._next(self.request_id, self._queue)
+        except BaseException:
+            self._close()
+            raise
+        if isinstance(msg, Error):
+            self._done = True
+            self.client._queues.pop(self.request_id, None)
+            _raise(msg)
+        self.completion = self._acc.add(msg)
+        if self.completion is not None:
+            self._done = True
+            self.client._queues.pop(self.request_id, None)
+        return msg
+
+    def _close(self) -> None:
+        if not self._done:
+            self._done = True
+            self.client._abort_quietly(self.request_id)
+
+    async def aclose(self) -> None:
+        self._close()
+
+    async def __aenter__(self) -> AsyncStream:
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        self._close()
+
+    def __del__(self) -> None:
+        try:
+            self._close()
+        except Exception:
+            pass

@@ -1,0 +1,168 @@
+"""Messages between clients and the coordinator's client endpoint (tags 20+). Wire format: protocol/codec.py.
+
+Every request carries ``protocol_version`` as its first field (so a mismatch is recognised even when the field
+count differs), a client-chosen ``request_id`` (scoped to the client's connection; replies carry it back) and
+``token`` (the server's shared secret, or None when it has none). Fields annotated ``object`` are untyped on the
+wire (``prompt`` is a string or a list of token ids): the server validates them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from protocol.codec import record
+
+CLIENT_PROTOCOL_VERSION = 1
+
+# Error.kind values
+REQUEST_ERROR = "RequestError"  # a bad request; the message names the field
+ENGINE_DEAD = "EngineDeadError"  # the workers are gone; the server stays up but unhealthy
+OVERLOADED = "Overloaded"  # too many requests pending; retry later
+PROTOCOL = "Protocol"  # malformed frame, protocol version mismatch, bad token
+ERROR_KINDS = (REQUEST_ERROR, ENGINE_DEAD, OVERLOADED, PROTOCOL)
+
+
+# ---- client -> server ----------------------------------------------------------------------------------
+
+
+@record(20)
+@dataclass(slots=True)
+class Generate:
+    protocol_version: int
+    request_id: str
+    token: str | None
+    prompt: object  # str | list[int]
+    stream: bool  # True: a Delta per step; False: one Delta when finished
+    temperature: float
+    top_p: float
+    top_k: int
+    min_p: float
+    max_tokens: int
+    min_tokens: int
+    stop: list[str]
+    stop_token_ids: list[int]
+    ignore_eos: bool
+    seed: int | None
+    logprobs: int | None
+    presence_penalty: float
+    frequency_penalty: float
+    repetition_penalty: float
+
+
+@record(21)
+@dataclass(slots=True)
+class Abort:
+    """Stop a request and free its KV blocks; it ends with a Delta whose finish_reason is "abort"."""
+
+    protocol_version: int
+    request_id: str
+    token: str | None
+
+
+@record(22)
+@dataclass(slots=True)
+class Health:
+    protocol_version: int
+    request_id: str
+    token: str | None
+
+
+@record(23)
+@dataclass(slots=True)
+class Info:
+    protocol_version: int
+    request_id: str
+    token: str | None
+
+
+@record(24)
+@dataclass(slots=True)
+class Stats:
+    protocol_version: int
+    request_id: str
+    token: str | None
+
+
+CLIENT_REQUESTS = (Generate, Abort, Health, Info, Stats)
+CLIENT_REQUEST_TAGS = frozenset(range(20, 25))  # the tags above
+
+
+# ---- server -> client ----------------------------------------------------------------------------------
+
+
+@record(30)
+@dataclass(slots=True)
+class Delta:
+    """New tokens of a request. Streaming: one per step, ``text`` holds only the new complete characters (text
+    that might still turn out to be part of a stop string is held back). Non-streaming: a single Delta with
+    everything. The last Delta of a request has ``finish_reason`` ("stop", "length", "abort") and
+    ``prompt_token_ids``."""
+
+    request_id: str
+    token_ids: list[int]
+    text: str
+    finish_reason: str | None
+    stop_reason: object | None = None  # the stop string or token id that ended it
+    prompt_token_ids: list[int] | None = None  # on the last Delta only
+    logprobs: object | None = None  # reserved: logprobs are not supported yet
+
+
+@record(31)
+@dataclass(slots=True)
+class Error:
+    """A request failed (or a frame was rejected); ``kind`` is one of ERROR_KINDS."""
+
+    request_id: str
+    kind: str
+    message: str
+
+
+@record(32)
+@dataclass(slots=True)
+class HealthReply:
+    request_id: str
+    healthy: bool
+    message: str
+
+
+@record(33)
+@dataclass(slots=True)
+class InfoReply:
+    request_id: str
+    protocol_version: int
+    model: str
+    max_model_len: int
+    tensor_parallel_size: int
+    device: str
+    vocab_size: int
+    block_size: int
+    kv_blocks_total: int
+    kv_capacity_tokens: int
+    max_num_seqs: int
+    worker_pids: list[int]  # spawned workers only (empty with external workers)
+    coordinator_pid: int
+
+
+@record(34)
+@dataclass(slots=True)
+class StatsReply:
+    request_id: str
+    healthy: bool
+    running: int
+    waiting: int
+    pending: int  # requests the server holds (running + waiting + not yet scheduled)
+    kv_blocks_total: int
+    kv_blocks_free: int
+    kv_usage: float  # fraction of KV blocks held by requests
+    prefix_cache_hit_tokens: int
+    prefix_cache_hit_rate: float  # cached prompt tokens / (cached + computed prompt tokens)
+    prompt_tokens: int
+    output_tokens: int
+    tokens_per_s: float  # generated tokens per second over the last few seconds
+    steps: int
+    preemptions: int
+    requests_finished: int  # every reason, aborts included
+    requests_aborted: int
+    requests_rejected: int
+    frames_dropped: int  # client frames logged and dropped
+    replies_dropped: int  # replies dropped: client gone or past its high-water mark

@@ -1,0 +1,176 @@
+"""Faults, with real processes: a worker killed mid-stream, the coordinator killed, SIGTERM/SIGINT, a port in
+use, a missing token."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from client import Client, EngineDeadError, SamplingParams
+from protocol.codec import ProtocolError
+from tests.test_serving import ROOT, ServerProcess, children_of, pid_alive, wait_gone
+
+LONG_CONTEXT = ["--max-model-len", "2048", "--num-kv-blocks", "1024"]
+LONG = SamplingParams(temperature=0, max_tokens=1900, ignore_eos=True)  # seconds of work: still running when hit
+
+
+def _ipc_dir(worker_pid: int) -> Path | None:
+    """The private directory of the coordinator's worker socket, from the worker's command line."""
+    args = Path(f"/proc/{worker_pid}/cmdline").read_bytes().split(b"\0")
+    address = args[args.index(b"--coordinator") + 1].decode()
+    return Path(address.removeprefix("ipc://")).parent if address.startswith("ipc://") else None
+
+
+def test_worker_killed_mid_stream(tiny_tied, tmp_path):
+    srv = ServerProcess(tiny_tied, tmp_path / "server.log", *LONG_CONTEXT)
+    try:
+        with Client(srv.address, timeout=30) as c:
+            pids = c.info()["worker_pids"]
+            assert pids and sorted(pids) == sorted(srv.workers)
+            streams = [c.stream(list(range(10 + i, 40 + i)), LONG) for i in range(3)]
+            outcome = {}
+
+            def non_streaming():
+                with Client(srv.address, timeout=30) as c2:
+                    try:
+                        c2.generate(list(range(50, 80)), LONG)
+                    except BaseException as e:
+                        outcome["error"] = e
+
+            t = threading.Thread(target=non_streaming)
+            t.start()
+            assert next(streams[0]).finish_reason is None  # mid-stream
+            t0 = time.monotonic()
+            os.kill(pids[0], signal.SIGKILL)
+            for s in streams:
+                with pytest.raises(EngineDeadError, match="worker"):
+                    for _ in s:
+                        pass
+            t.join(10)
+            assert isinstance(outcome.get("error"), EngineDeadError)
+            assert time.monotonic() - t0 < 10
+            # the server stays up, unhealthy, and refuses new work with EngineDeadError
+            health = c.health()
+            assert not health["healthy"] and "exited" in health["message"]
+            with pytest.raises(EngineDeadError):
+                c.generate("hello")
+            with pytest.raises(EngineDeadError):
+                list(c.stream("hello"))
+            assert c.stats()["healthy"] is False
+            assert srv.proc.poll() is None
+        srv.proc.send_signal(signal.SIGTERM)
+        assert srv.proc.wait(10) == 0, srv.stderr()
+    finally:
+        srv.stop()
+
+
+def test_worker_death_while_idle_shows_in_health(tiny_tied, tmp_path):
+    srv = ServerProcess(tiny_tied, tmp_path / "server.log", *LONG_CONTEXT, "--token", "s3cret")
+    try:
+        # a token-protected server refuses requests without the right token
+        for token in (None, "wrong"):
+            with Client(srv.address, timeout=10, token=token) as c:
+                with pytest.raises(ProtocolError, match="unauthorized"):
+                    c.health()
+                with pytest.raises(ProtocolError, match="unauthorized"):
+                    c.generate("hello")
+        with Client(srv.address, timeout=30, token="s3cret") as c:
+            assert c.health()["healthy"]
+            (pid,) = c.info()["worker_pids"]
+            os.kill(pid, signal.SIGKILL)
+            deadline = time.monotonic() + 10
+            while c.health()["healthy"] and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert not c.health()["healthy"]
+    finally:
+        srv.stop()
+
+
+def test_coordinator_killed_workers_exit(tiny_tied, tmp_path):
+    srv = ServerProcess(tiny_tied, tmp_path / "server.log", *LONG_CONTEXT)
+    ipc = None
+    try:
+        workers = children_of(srv.proc.pid)
+        assert workers and sorted(workers) == sorted(srv.workers)
+        ipc = _ipc_dir(workers[0])
+        with Client(srv.address, timeout=30) as c:
+            stream = c.stream(list(range(10, 40)), LONG)
+            next(stream)  # a step in flight
+            srv.proc.kill()
+            srv.proc.wait(10)
+            t0 = time.monotonic()
+            assert wait_gone(workers, 10), [p for p in workers if pid_alive(p)]
+            assert time.monotonic() - t0 < 10
+            stream.close()
+    finally:
+        srv.stop()
+        if ipc is not None:
+            shutil.rmtree(ipc, ignore_errors=True)  # a killed coordinator cannot clean up after itself
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_signal_graceful_shutdown(tiny_tied, tmp_path, sig):
+    srv = ServerProcess(tiny_tied, tmp_path / "server.log", *LONG_CONTEXT)
+    try:
+        workers = list(srv.workers)
+        ipc = _ipc_dir(workers[0])
+        assert ipc is not None and ipc.exists()
+        with Client(srv.address, timeout=30) as c:
+            streams = [c.stream(list(range(10 + i, 40 + i)), LONG) for i in range(4)]
+            done = {}
+
+            def non_streaming():
+                with Client(srv.address, timeout=30) as c2:
+                    done["completion"] = c2.generate(list(range(50, 80)), LONG)
+
+            t = threading.Thread(target=non_streaming)
+            t.start()
+            next(streams[0])
+            deadline = time.monotonic() + 10
+            while c.stats()["pending"] < 5 and time.monotonic() < deadline:
+                time.sleep(0.02)
+            t0 = time.monotonic()
+            srv.proc.send_signal(sig)
+            for s in streams:
+                deltas = list(s)
+                assert deltas[-1].finish_reason == "abort"
+                assert s.completion.finish_reason == "abort"
+            t.join(10)
+            assert done["completion"].finish_reason == "abort"
+            assert len(done["completion"].token_ids) < 1900
+            assert srv.proc.wait(10) == 0, srv.stderr()
+            assert time.monotonic() - t0 < 10
+        assert wait_gone(workers, 5)
+        assert not ipc.exists()
+        assert "Traceback" not in srv.stderr()
+    finally:
+        srv.stop()
+
+
+def test_port_in_use_fails_fast(tiny_tied):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        t0 = time.monotonic()
+        out = subprocess.run(
+            [sys.executable, str(ROOT / "launch.py"), "--port", str(port), "--model", str(tiny_tied)],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        elapsed = time.monotonic() - t0
+    assert out.returncode == 1
+    assert f"port {port}" in out.stderr and "in use" in out.stderr
+    assert "listening" not in out.stdout
+    assert elapsed < 10

@@ -1,0 +1,63 @@
+"""``python launch.py``: offline --prompt mode, flags generated from EngineConfig, argument errors."""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+import sys
+
+from coordinator.config import EngineConfig
+from tests.test_serving import ROOT
+
+LAUNCH = [sys.executable, str(ROOT / "launch.py")]
+
+
+def run(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([*LAUNCH, *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+
+
+def test_prompt_prints_completions_and_exits(tiny_tied):
+    from client import LLM, SamplingParams
+
+    out = run(
+        "--prompt", "hello", "def foo(", "--model", str(tiny_tied), "--device", "cpu", "--dtype", "float32",
+        "--max-model-len", "128", "--num-kv-blocks", "32", "--max-tokens", "12",
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert len(lines) == 2
+    with LLM(str(tiny_tied), device="cpu", dtype="float32", max_model_len=128, num_kv_blocks=32) as llm:
+        expected = llm.generate(["hello", "def foo("], SamplingParams(temperature=0, max_tokens=12), use_tqdm=False)
+    for line, prompt, c in zip(lines, ["hello", "def foo("], expected):
+        assert line == f"Prompt: {prompt!r}, Generated text: {c.text!r}"
+
+
+def test_unknown_flag_errors():
+    out = run("--no-such-flag", timeout=60)
+    assert out.returncode == 2
+    assert "unrecognized arguments: --no-such-flag" in out.stderr
+
+
+def test_bad_engine_value_errors():
+    out = run("--block-size", "3", "--port", "0", timeout=60)
+    assert out.returncode == 2
+    assert "block_size" in out.stderr
+
+
+def test_every_engine_field_is_a_flag():
+    out = run("--help", timeout=60)
+    assert out.returncode == 0
+    help_text = " ".join(out.stdout.split())
+    for f in dataclasses.fields(EngineConfig):
+        flag = "--" + f.name.replace("_", "-")
+        assert flag in help_text, flag
+        if f.type == "bool":
+            assert f"--no-{f.name.replace('_', '-')}" in help_text
+    for flag in ("--tp", "--host", "--port", "--token", "--prompt", "--external-workers", "--worker-address"):
+        assert flag in help_text
+
+
+def test_non_loopback_host_needs_a_token():
+    out = run("--host", "0.0.0.0", "--port", "0", timeout=60)
+    assert out.returncode == 1
+    assert "--token" in out.stderr

@@ -1,0 +1,347 @@
+"""protocol/codec.py + protocol/messages.py: every registered message round-trips, arrays travel as packed
+little-endian bytes, malformed frames raise ProtocolError and nothing else; the decode step stays small; and
+the worker handshake over a real ZMQ socket with a real worker process."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import os
+import pkgutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import msgpack
+import numpy as np
+import pytest
+import zmq
+from helpers import make_step, worker_config
+
+import protocol
+import protocol.messages
+from protocol import codec
+from protocol.codec import ProtocolError, decode, encode
+from protocol.messages import PROTOCOL_VERSION, Shutdown, StepCommand, StepResult, WorkerHello
+
+ROOT = Path(__file__).resolve().parent.parent
+ARRAY_DTYPES = {"I32": "<i4", "I64": "<i8", "F32": "<f4"}
+SCALAR_TYPES = {"int": int, "float": float, "str": str, "bool": bool, "bytes": bytes}
+
+# every module of the protocol package, so that every registered message type is covered below
+PROTOCOL_MODULES = [importlib.import_module(f"protocol.{m.name}") for m in pkgutil.iter_modules(protocol.__path__)]
+REGISTRY = sorted(codec._BY_TAG.items())
+
+
+def test_registry_covers_every_message_class():
+    """Every dataclass of a module that defines messages is registered (else it could never be sent)."""
+    registered = {cls for _, cls in REGISTRY}
+    assert protocol.messages.StepCommand in registered and protocol.messages.WorkerHello in registered
+    for mod in PROTOCOL_MODULES:
+        classes = {
+            v
+            for v in vars(mod).values()
+            if isinstance(v, type) and dataclasses.is_dataclass(v) and v.__module__ == mod.__name__
+        }
+        if classes & registered:
+            assert classes <= registered, (
+                f"{mod.__name__}: unregistered {sorted(c.__name__ for c in classes - registered)}"
+            )
+    assert codec._TAG_OF == {cls: tag for tag, cls in REGISTRY}
+
+
+# ---- random instances from annotations -----------------------------------------------------------------
+
+
+def random_value(ann: str, rng: np.random.Generator, depth: int = 0):
+    ann = ann.replace(" ", "")
+    if ann.endswith("|None"):
+        return None if rng.random() < 0.3 else random_value(ann.removesuffix("|None"), rng, depth)
+    if ann in ARRAY_DTYPES:
+        n = int(rng.integers(0, 20))
+        if ann == "F32":
+            return rng.standard_normal(n).astype(np.float32)
+        info = np.iinfo(np.dtype(ARRAY_DTYPES[ann]))
+        return rng.integers(info.min, info.max, n, dtype=np.dtype(ARRAY_DTYPES[ann]), endpoint=True)
+    if ann == "int":
+        return int(rng.integers(-(2**62), 2**62))
+    if ann == "float":
+        return float(rng.standard_normal() * 1e6)
+    if ann == "bool":
+        return bool(rng.integers(0, 2))
+    if ann == "str":
+        return "".join(rng.choice(list("abcxyz é✓🙂/:_"), int(rng.integers(0, 30))))
+    if ann == "bytes":
+        return rng.bytes(int(rng.integers(0, 30)))
+    if ann.startswith("list["):
+        inner = ann[5:-1]
+        return [random_value(inner, rng, depth + 1) for _ in range(int(rng.integers(0, 4)))]
+    if ann in ("object", "Any"):  # untyped on the wire: whatever msgpack carries
+        kind = int(rng.integers(0, 3))
+        return [random_value("str", rng), random_value("int", rng), random_value("list[int]", rng)][kind]
+    if ann in codec._RECORD_NAMES:
+        return random_message(codec._RECORD_NAMES[ann], rng, depth + 1)
+    raise AssertionError(f"test cannot build a value for annotation {ann!r}: extend random_value")
+
+
+def random_message(cls: type, rng: np.random.Generator, depth: int = 0):
+    assert depth < 5
+    return cls(**{f.name: random_value(f.type, rng, depth) for f in dataclasses.fields(cls)})
+
+
+def assert_same(a, b, where: str = "") -> None:
+    assert type(a) is type(b), f"{where}: {type(a).__name__} vs {type(b).__name__}"
+    if dataclasses.is_dataclass(a):
+        for f in dataclasses.fields(a):
+            assert_same(getattr(a, f.name), getattr(b, f.name), f"{where}.{f.name}")
+    elif isinstance(a, np.ndarray):
+        assert a.dtype == b.dtype and a.shape == b.shape, where
+        assert np.array_equal(a, b), where
+    elif isinstance(a, list):
+        assert len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b)):
+            assert_same(x, y, f"{where}[{i}]")
+    else:
+        assert a == b, where
+
+
+@pytest.mark.parametrize("tag, cls", REGISTRY, ids=[cls.__name__ for _, cls in REGISTRY])
+def test_round_trip_every_message(tag, cls):
+    rng = np.random.default_rng(tag)
+    for _ in range(25):
+        msg = random_message(cls, rng)
+        back = decode(encode(msg))
+        assert_same(msg, back, cls.__name__)
+        assert_same(msg, decode(encode(msg), expect=cls), cls.__name__)  # expect= accepts the right type
+        # the raw frame is [tag, field values...]
+        raw = msgpack.unpackb(encode(msg), raw=False)
+        assert raw[0] == tag and len(raw) == len(dataclasses.fields(cls)) + 1
+
+
+@pytest.mark.parametrize("tag, cls", REGISTRY, ids=[cls.__name__ for _, cls in REGISTRY])
+def test_arrays_travel_as_packed_little_endian_bytes(tag, cls):
+    rng = np.random.default_rng(100 + tag)
+    msg = random_message(cls, rng)
+    raw = msgpack.unpackb(encode(msg), raw=False)
+    for i, f in enumerate(dataclasses.fields(cls), start=1):
+        kind = f.type.replace(" ", "").removesuffix("|None")
+        v = getattr(msg, f.name)
+        if kind in ARRAY_DTYPES and v is not None:
+            assert isinstance(raw[i], bytes), f.name
+            assert raw[i] == np.asarray(v).astype(ARRAY_DTYPES[kind]).tobytes(), f.name
+            assert len(raw[i]) == len(v) * np.dtype(ARRAY_DTYPES[kind]).itemsize
+
+
+def test_array_byte_order_and_dtype_conversion():
+    """Explicit bytes: int32 1 is 01 00 00 00 whatever the host or the input array's byte order/dtype."""
+    msg = StepResult(step_id=3, rank=0, token_ids=np.array([1, 256, -2], dtype=">i8"))  # big-endian int64 in
+    raw = msgpack.unpackb(encode(msg), raw=False)
+    assert raw == [8, 3, 0, b"\x01\x00\x00\x00" + b"\x00\x01\x00\x00" + b"\xfe\xff\xff\xff"]
+    back = decode(encode(msg))
+    assert back.token_ids.dtype == np.dtype("<i4") and back.token_ids.tolist() == [1, 256, -2]
+    step = make_step([dict(slot=2, tokens=[7], start=5, temperature=0.5, seed=2**40 + 1)])
+    raw = msgpack.unpackb(encode(step), raw=False)
+    fields = [f.name for f in dataclasses.fields(StepCommand)]
+    assert raw[1 + fields.index("new_seed")] == (2**40 + 1).to_bytes(8, "little")
+    assert raw[1 + fields.index("new_temperature")] == np.float32(0.5).tobytes() == b"\x00\x00\x00\x3f"
+    assert raw[1 + fields.index("new_start_pos")] == b"\x05\x00\x00\x00"
+
+
+# ---- malformed frames ----------------------------------------------------------------------------------
+
+
+def valid_hello_raw() -> list:
+    return msgpack.unpackb(encode(WorkerHello(PROTOCOL_VERSION, 0, 1, "cpu", 123, "host")), raw=False)
+
+
+def pack(raw) -> bytes:
+    return msgpack.packb(raw, use_bin_type=True)
+
+
+def step_raw() -> list:
+    return msgpack.unpackb(encode(make_step([dict(slot=0, tokens=[1, 2, 3], start=0, new_blocks=[4])])), raw=False)
+
+
+def with_field(raw: list, index: int, value) -> list:
+    raw = list(raw)
+    raw[index] = value
+    return raw
+
+
+MALFORMED = {
+    "empty": b"",
+    "garbage": b"\xc1\xc1\xc1",
+    "truncated": encode(WorkerHello(1, 0, 1, "cpu", 1, "h"))[:-3],
+    "trailing bytes": encode(Shutdown("x")) + b"\x00",
+    "not a list": pack({"tag": 1}),
+    "bare int": pack(7),
+    "empty list": pack([]),
+    "unknown tag": pack([999, "x"]),
+    "negative tag": pack([-1, "x"]),
+    "string tag": pack(["WorkerHello", 1, 0, 1, "cpu", 1, "h"]),
+    "bool tag": pack([True, 1, 0, 1, "cpu", 1, "h"]),
+    "too few fields": pack(valid_hello_raw()[:-1]),
+    "too many fields": pack(valid_hello_raw() + ["extra"]),
+    "str for int": pack(with_field(valid_hello_raw(), 1, "1")),
+    "float for int": pack(with_field(valid_hello_raw(), 2, 0.5)),
+    "bool for int": pack(with_field(valid_hello_raw(), 2, True)),
+    "bytes for str": pack(with_field(valid_hello_raw(), 4, b"cpu")),
+    "None for required": pack(with_field(valid_hello_raw(), 6, None)),
+    "list for str": pack(with_field(valid_hello_raw(), 6, ["h"])),
+    "int for array": pack(with_field(step_raw(), 2, 5)),
+    "list for array": pack(with_field(step_raw(), 2, [0])),
+    "str for array": pack(with_field(step_raw(), 2, "\x00\x00\x00\x00")),
+    "int32 array of 5 bytes": pack(with_field(step_raw(), 3, b"\x01\x00\x00\x00\x02")),
+    "int64 array of 12 bytes": pack(with_field(step_raw(), 14, b"\x00" * 12)),
+    "float32 array of 3 bytes": pack(with_field(step_raw(), 10, b"\x00" * 3)),
+    "map with int keys": pack([1, {1: 2}, 0, 1, "cpu", 1, "h"]),
+    "ext type": msgpack.packb([9, msgpack.ExtType(5, b"xx")]),
+}
+if "Generate" in codec._RECORD_NAMES:  # list fields: elements are checked too (a bool is not an int)
+    _gen = codec._RECORD_NAMES["Generate"]
+    _names = [f.name for f in dataclasses.fields(_gen)]
+    _raw = msgpack.unpackb(encode(random_message(_gen, np.random.default_rng(0))), raw=False)
+    MALFORMED["bool in list[int]"] = pack(with_field(_raw, 1 + _names.index("stop_token_ids"), [1, True]))
+    MALFORMED["int in list[str]"] = pack(with_field(_raw, 1 + _names.index("stop"), ["a", 3]))
+    MALFORMED["str for list"] = pack(with_field(_raw, 1 + _names.index("stop"), "a"))
+
+
+@pytest.mark.parametrize("name", list(MALFORMED))
+def test_malformed_frames_raise_protocol_error(name):
+    with pytest.raises(ProtocolError):
+        decode(MALFORMED[name])
+
+
+def test_wrong_expected_type_is_a_protocol_error():
+    with pytest.raises(ProtocolError, match="expected StepCommand, got Shutdown"):
+        decode(encode(Shutdown("bye")), expect=StepCommand)
+
+
+def test_fuzzed_frames_raise_only_protocol_error():
+    """Random corruptions of valid frames either decode or raise ProtocolError, never anything else."""
+    rng = np.random.default_rng(0)
+    frames = [encode(random_message(cls, rng)) for _, cls in REGISTRY for _ in range(3)]
+    frames += [rng.bytes(int(n)) for n in rng.integers(1, 64, 300)]
+    outcomes = {"ok": 0, "error": 0}
+    for i in range(6000):
+        data = bytearray(frames[i % len(frames)])
+        op = i % 3
+        if op == 0 and data:
+            for _ in range(int(rng.integers(1, 4))):
+                data[int(rng.integers(0, len(data)))] = int(rng.integers(0, 256))
+        elif op == 1:
+            data = data[: int(rng.integers(0, len(data) + 1))]
+        else:
+            pos = int(rng.integers(0, len(data) + 1))
+            data[pos:pos] = rng.bytes(int(rng.integers(1, 8)))
+        try:
+            decode(bytes(data))
+            outcomes["ok"] += 1
+        except ProtocolError:
+            outcomes["error"] += 1
+    assert outcomes["error"] > 1000 and outcomes["ok"] > 0
+
+
+# ---- size of a decode step -----------------------------------------------------------------------------
+
+
+def decode_step(num_seqs: int, seed: int = 0) -> StepCommand:
+    """A steady-state decode step: every sequence computes 1 token; one in 16 crosses into a new block."""
+    rng = np.random.default_rng(seed)
+    seqs = []
+    for i in range(num_seqs):
+        blocks = [int(rng.integers(0, 200_000))] if rng.random() < 1 / 16 else []
+        seqs.append(dict(slot=i, tokens=[int(rng.integers(0, 151_936))], new_blocks=blocks))
+    return make_step(seqs, step_id=1_000_000)
+
+
+def test_decode_step_size_reported():
+    """Per-sequence cost of a decode step; prints the size at 256 sequences."""
+    size = len(encode(decode_step(256)))
+    per_seq = (size - len(encode(decode_step(0)))) / 256
+    print(f"\nStepCommand, decode step at 256 sequences: {size} bytes ({per_seq:.1f} bytes/sequence)")
+    assert decode(encode(decode_step(256))).slots.shape == (256,)
+    assert per_seq <= 21  # five int32 per sequence + the odd block id; nothing per-sequence beyond that
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="StepCommand carries 5 int32 arrays per scheduled sequence (slots, num_tokens, token_ids, "
+    "new_block_counts, sample_rows): ~5.2 KB at 256 decodes. Needs a protocol change (e.g. num_tokens and "
+    "sample_rows only for prefill rows, sparse new_block_counts).",
+)
+def test_decode_step_at_256_sequences_is_under_4_kib():
+    size = len(encode(decode_step(256)))
+    assert size < 4096, f"decode StepCommand at 256 sequences is {size} bytes"
+
+
+# ---- handshake with a real worker process --------------------------------------------------------------
+
+
+def _env() -> dict:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH", "")]))
+    return env
+
+
+@pytest.fixture
+def ipc_address():
+    d = tempfile.mkdtemp(prefix="nanoserve-test-")
+    yield f"ipc://{d}/sock"
+    for f in Path(d).iterdir():
+        f.unlink()
+    os.rmdir(d)
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.kill()
+    proc.wait(timeout=10)
+
+
+def test_worker_says_hello(ipc_address):
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.ROUTER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.bind(ipc_address)
+    cmd = [sys.executable, "-m", "worker", "--coordinator", ipc_address, "--rank", "0", "--world-size", "1"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=_env(), stdin=subprocess.DEVNULL)
+    try:
+        assert sock.poll(60_000), "no hello from the worker within 60 s"
+        identity, data = sock.recv_multipart()
+        hello = decode(data, expect=WorkerHello)
+        assert identity == b"rank0"
+        assert hello.protocol_version == PROTOCOL_VERSION
+        assert (hello.rank, hello.world_size, hello.pid) == (0, 1, proc.pid)
+        assert hello.hostname
+        # told to stop before any config, it exits by itself
+        sock.send_multipart([identity, encode(Shutdown("test over"))])
+        assert proc.wait(timeout=30) == 1
+    finally:
+        _stop(proc)
+        sock.close(0)
+        ctx.term()
+
+
+def test_protocol_version_mismatch_is_refused(ipc_address, tiny_tied):
+    from coordinator.worker_group import WorkerGroup
+
+    code = (
+        "import sys\n"
+        "import worker.worker as w\n"
+        f"w.PROTOCOL_VERSION = {PROTOCOL_VERSION + 41}\n"
+        f"sys.exit(w.main(['--coordinator', {ipc_address!r}, '--rank', '0', '--world-size', '1']))\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, env=_env(), stdin=subprocess.DEVNULL)
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(RuntimeError, match="protocol version mismatch") as e:
+            WorkerGroup(worker_config(tiny_tied), 1, external=True, address=ipc_address, start_timeout_s=60)
+        assert f"speaks {PROTOCOL_VERSION + 41}" in str(e.value) and f"speaks {PROTOCOL_VERSION}" in str(e.value)
+        assert time.monotonic() - t0 < 60
+        # the worker was told why and went away on its own
+        assert proc.wait(timeout=30) == 1
+    finally:
+        _stop(proc)
