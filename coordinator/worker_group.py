@@ -18,6 +18,8 @@ import zmq
 from protocol.codec import ProtocolError, decode, encode
 from protocol.errors import EngineDeadError
 from protocol.messages import (
+    HEARTBEAT_IVL_MS,
+    HEARTBEAT_TIMEOUT_MS,
     PROTOCOL_VERSION,
     AllocateKV,
     Shutdown,
@@ -53,6 +55,13 @@ class WorkerGroup:
         self.sock = self.ctx.socket(zmq.ROUTER)
         self.sock.setsockopt(zmq.ROUTER_MANDATORY, 1)  # a send to a vanished worker raises, not vanishes
         self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.setsockopt(zmq.HEARTBEAT_IVL, HEARTBEAT_IVL_MS)
+        self.sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, HEARTBEAT_TIMEOUT_MS)
+        # a dropped worker connection (process killed, host gone) is an engine death, not a silent wait
+        self.monitor = self.sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        self.poller = zmq.Poller()
+        self.poller.register(self.sock, zmq.POLLIN)
+        self.poller.register(self.monitor, zmq.POLLIN)
         self.identities = [f"rank{r}".encode() for r in range(world_size)]
         self.dead = False
         self._results: dict[int, dict[int, StepResult]] = {}  # step id -> rank -> result
@@ -98,7 +107,12 @@ class WorkerGroup:
     def _recv(self, deadline: float, what: str, pending: set[int]):
         """One message from any worker; raises with the ranks still missing when ``deadline`` passes."""
         while True:
-            if self.sock.poll(POLL_MS):
+            ready = dict(self.poller.poll(POLL_MS))
+            if self.monitor in ready:
+                self.monitor.recv_multipart()
+                self.dead = True
+                raise EngineDeadError("a worker's connection dropped (process exited or host unreachable)")
+            if self.sock in ready:
                 identity, data = self.sock.recv_multipart()
                 try:
                     msg = decode(data)
@@ -206,6 +220,9 @@ class WorkerGroup:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+        if not self.sock.closed:
+            self.sock.disable_monitor()
+        self.monitor.close(linger=0)
         self.sock.close(linger=0)
         self.ctx.term()
         shutil.rmtree(self.tmpdir, ignore_errors=True)

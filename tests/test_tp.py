@@ -59,3 +59,65 @@ def test_tp2_teacher_forced_logits_under_torchrun(tiny_untied):
     out = subprocess.run(cmd, env=env, cwd=str(ROOT), capture_output=True, text=True, timeout=180)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
     assert '"ok": true' in out.stdout
+
+
+def _external_worker(address: str) -> subprocess.Popen:
+    from tp_smoke import free_port
+
+    env = dict(os.environ, PYTHONPATH=str(ROOT), RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
+    env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    cmd = [sys.executable, "-m", "worker", "--coordinator", address]
+    return subprocess.Popen(cmd, env=env, cwd=str(ROOT), stdin=subprocess.DEVNULL)
+
+
+def test_external_worker_killed_is_detected(tiny_tied):
+    """No process handle for a worker started elsewhere: its dropped connection is what tells us."""
+    import time
+
+    from tp_smoke import free_port
+
+    from protocol.errors import EngineDeadError
+
+    address = f"tcp://127.0.0.1:{free_port()}"
+    worker = _external_worker(address)
+    try:
+        llm = LLM(str(tiny_tied), external_workers=True, worker_address=address, max_model_len=256, num_kv_blocks=32)
+        with llm:
+            assert llm.generate("hello", SamplingParams(max_tokens=4), use_tqdm=False)[0].token_ids
+            worker.kill()
+            worker.wait()
+            t0 = time.monotonic()
+            with pytest.raises(EngineDeadError):
+                llm.generate("hello again", SamplingParams(max_tokens=64, ignore_eos=True), use_tqdm=False)
+            assert time.monotonic() - t0 < 10
+    finally:
+        worker.kill()
+
+
+def test_external_worker_exits_when_its_coordinator_dies(tiny_tied):
+    import signal
+    import time
+
+    from tp_smoke import free_port
+
+    address = f"tcp://127.0.0.1:{free_port()}"
+    script = (
+        "import sys, time; sys.path.insert(0, sys.argv[1]);"
+        "from client import LLM; llm = LLM(sys.argv[2], external_workers=True, worker_address=sys.argv[3],"
+        " max_model_len=256, num_kv_blocks=32); print('ready', flush=True); time.sleep(600)"
+    )
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    coordinator = subprocess.Popen(
+        [sys.executable, "-c", script, str(ROOT), str(tiny_tied), address], env=env, stdout=subprocess.PIPE, text=True
+    )
+    worker = _external_worker(address)
+    try:
+        assert coordinator.stdout.readline().strip() == "ready"
+        coordinator.send_signal(signal.SIGKILL)
+        coordinator.wait()
+        t0 = time.monotonic()
+        worker.wait(timeout=10)
+        assert time.monotonic() - t0 < 10
+    finally:
+        coordinator.kill()
+        worker.kill()

@@ -16,6 +16,8 @@ import zmq
 
 from protocol.codec import ProtocolError, decode, encode
 from protocol.messages import (
+    HEARTBEAT_IVL_MS,
+    HEARTBEAT_TIMEOUT_MS,
     PROTOCOL_VERSION,
     AllocateKV,
     Shutdown,
@@ -51,6 +53,13 @@ class Worker:
         self.sock = self.ctx.socket(zmq.DEALER)
         self.sock.setsockopt(zmq.IDENTITY, f"rank{rank}".encode())
         self.sock.setsockopt(zmq.LINGER, 1000)
+        self.sock.setsockopt(zmq.HEARTBEAT_IVL, HEARTBEAT_IVL_MS)
+        self.sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, HEARTBEAT_TIMEOUT_MS)
+        # losing the coordinator's connection (it died, or its host did) ends this worker: no orphan holds a GPU
+        self.monitor = self.sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        self.poller = zmq.Poller()
+        self.poller.register(self.sock, zmq.POLLIN)
+        self.poller.register(self.monitor, zmq.POLLIN)
         self.sock.connect(address)
         self.runner = None
 
@@ -59,10 +68,14 @@ class Worker:
 
     def recv(self):
         """Next message; while waiting, notice a dead parent (spawned workers) or coordinator."""
-        while not self.sock.poll(POLL_MS):
+        while True:
+            ready = dict(self.poller.poll(POLL_MS))
+            if self.monitor in ready:
+                raise CoordinatorGone("lost the connection to the coordinator")
+            if self.sock in ready:
+                return decode(self.sock.recv())
             if self.parent_pid and os.getppid() != self.parent_pid:
                 raise CoordinatorGone("parent process exited")
-        return decode(self.sock.recv())
 
     def run(self) -> int:
         import torch
@@ -134,6 +147,8 @@ class Worker:
 
         if dist.is_initialized():
             dist.destroy_process_group()
+        self.sock.disable_monitor()
+        self.monitor.close(linger=0)
         self.sock.close(linger=500)
         self.ctx.term()
 
