@@ -28,22 +28,34 @@ def i32(x):
 
 def step(step_id, slots, tokens_per_seq, tokens, new_blocks, new=None):
     new = new or {}
-    n = len(slots)
+    num_new = len(new.get("slots", []))
+    lens = list(tokens_per_seq)
+    num_prefills = sum(n > 1 for n in lens)  # callers list multi-token rows first
     return StepCommand(
         step_id=step_id,
         slots=i32(slots),
-        num_tokens=i32(tokens_per_seq),
+        prefill_num_tokens=i32(lens[:num_prefills]),
         token_ids=i32(tokens),
         new_block_counts=i32([len(b) for b in new_blocks]),
         new_block_ids=i32([x for b in new_blocks for x in b]),
-        sample_rows=i32(range(n)),
+        skip_sample_rows=i32([]),
         new_slots=i32(new.get("slots", [])),
-        new_start_pos=i32([0] * len(new.get("slots", []))),
-        new_temperature=np.asarray([new.get("temperature", 0.0)] * len(new.get("slots", [])), np.float32),
-        new_top_p=np.ones(len(new.get("slots", [])), np.float32),
-        new_top_k=i32([0] * len(new.get("slots", []))),
-        new_min_p=np.zeros(len(new.get("slots", [])), np.float32),
-        new_seed=np.full(len(new.get("slots", [])), -1, np.int64),
+        new_start_pos=i32([0] * num_new),
+        new_temperature=np.asarray([new.get("temperature", 0.0)] * num_new, np.float32),
+        new_top_p=np.ones(num_new, np.float32),
+        new_top_k=i32([0] * num_new),
+        new_min_p=np.zeros(num_new, np.float32),
+        new_seed=np.full(num_new, -1, np.int64),
+        new_min_tokens=i32([0] * num_new),
+        new_stop_id_counts=i32([0] * num_new),
+        new_stop_ids=i32([]),
+        new_presence_penalty=np.zeros(num_new, np.float32),
+        new_frequency_penalty=np.zeros(num_new, np.float32),
+        new_repetition_penalty=np.ones(num_new, np.float32),
+        new_penalty_prompt_lens=i32([0] * num_new),
+        new_penalty_output_lens=i32([0] * num_new),
+        new_penalty_token_ids=i32([]),
+        new_logprobs=i32([-1] * num_new),
         freed_slots=i32([]),
     )
 

@@ -125,14 +125,19 @@ def _as_dict(reply) -> dict:
 class _Accumulator:
     """Builds a Completion from a request's deltas."""
 
-    __slots__ = ("request_id", "token_ids", "text")
+    __slots__ = ("request_id", "token_ids", "text", "logprobs")
 
     def __init__(self, request_id: str) -> None:
         self.request_id, self.token_ids, self.text = request_id, [], []
+        self.logprobs: list[dict[int, float]] | None = None  # stays None unless the request asked for logprobs
 
     def add(self, d: Delta) -> Completion | None:
         self.token_ids.extend(d.token_ids)
         self.text.append(d.text)
+        if d.logprobs is not None:
+            if self.logprobs is None:
+                self.logprobs = []
+            self.logprobs.extend(t.as_dict() for t in d.logprobs)
         if d.finish_reason is None:
             return None
         return Completion(
@@ -142,6 +147,7 @@ class _Accumulator:
             text="".join(self.text),
             finish_reason=d.finish_reason,
             stop_reason=d.stop_reason,
+            logprobs=self.logprobs,
         )
 
 

@@ -15,7 +15,7 @@ from coordinator.sequence import SeqStatus, Sequence
 from coordinator.worker_group import WorkerGroup
 from model.config import ModelConfig
 from protocol.errors import RequestError
-from protocol.messages import WorkerConfig
+from protocol.messages import StepResult, WorkerConfig
 from protocol.outputs import Completion
 from protocol.sampling_params import SamplingParams
 
@@ -40,6 +40,7 @@ class StepOutput:
     new_token_ids: list[int]
     new_text: str
     finished: bool
+    new_logprobs: list[dict[int, float]] | None = None  # one dict per new token, when the request asked
 
 
 class Engine:
@@ -100,6 +101,7 @@ class Engine:
             cfg.max_num_batched_tokens,
             max_model_len=self.max_model_len,
             async_scheduling=cfg.async_scheduling,
+            eos_token_ids=frozenset(t for t in self.eos_token_ids if 0 <= t < self.vocab_size),
         )
         self._in_flight: ScheduledBatch | None = None
         self.requests: dict[str, Sequence] = {}
@@ -187,18 +189,29 @@ class Engine:
         self._in_flight = batch
         return outputs
 
-    def _apply(self, batch: ScheduledBatch, token_array) -> list[StepOutput]:
-        tokens = token_array.tolist()
+    def _apply(self, batch: ScheduledBatch, result: StepResult) -> list[StepOutput]:
+        tokens = result.token_ids.tolist()
         self.num_prompt_tokens_computed += sum(n for n in batch.num_tokens if n > 1)
         self.num_output_tokens += len(tokens)
+        lp_ids = lp_values = None
+        if result.logprob_token_ids is not None:
+            lp_ids, lp_values, offset = result.logprob_token_ids.tolist(), result.logprobs.tolist(), 0
         outputs = []
         for seq, token in zip(batch.sampled, tokens):
+            logprobs = None
+            if seq.params.logprobs is not None and lp_ids is not None:
+                # the sampled token, then the top N: 1 + N entries for every sampled row that asked
+                end = offset + 1 + seq.params.logprobs
+                logprobs = dict(zip(lp_ids[offset:end], lp_values[offset:end]))
+                offset = end
             if seq.status is SeqStatus.FINISHED:
                 continue  # aborted, or stopped one step earlier
             if seq.num_pending:
                 seq.resolve_pending(token)
             else:
                 seq.token_ids.append(token)
+            if logprobs is not None:
+                seq.logprobs.append(logprobs)
             reason = self._check_stop(seq, token)
             new_text = self._update_text(seq) if self._wants_text(seq) else ""
             if reason in (None, "length") and seq.params.stop:  # a stop string on the last token still counts
@@ -206,7 +219,8 @@ class Engine:
             if reason is not None:
                 self.scheduler.finish(seq, reason)
                 self.requests.pop(seq.request_id, None)
-            outputs.append(StepOutput(seq, [token], new_text, reason is not None))
+            new_logprobs = None if logprobs is None else [logprobs]
+            outputs.append(StepOutput(seq, [token], new_text, reason is not None, new_logprobs))
         return outputs
 
     def _check_stop(self, seq: Sequence, token: int) -> str | None:
@@ -254,6 +268,7 @@ class Engine:
             text=text,
             finish_reason=seq.finish_reason,
             stop_reason=seq.stop_reason,
+            logprobs=list(seq.logprobs) if seq.params.logprobs is not None else None,
         )
 
     def decode(self, ids: list[int]) -> str:

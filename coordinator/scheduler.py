@@ -38,6 +38,7 @@ class Scheduler:
     max_num_batched_tokens: int
     max_model_len: int = 1 << 30
     async_scheduling: bool = False  # sampled tokens become placeholders until their step's result arrives
+    eos_token_ids: frozenset[int] = frozenset()  # masked (unless ignore_eos) until a sequence has min_tokens
     waiting: deque[Sequence] = field(default_factory=deque)
     running: list[Sequence] = field(default_factory=list)
     stats: SchedulerStats = field(default_factory=SchedulerStats)
@@ -148,7 +149,7 @@ class Scheduler:
         seqs = [s for s, _ in chosen]
         num_tokens = [n for _, n in chosen]
         tokens: list[int] = []
-        block_counts, block_ids, sample_rows, sampled = [], [], [], []
+        block_counts, block_ids, skip_sample_rows, sampled = [], [], [], []
         new = [s for s in seqs if s.new_in_slot]
         partial_prefill = False
         for row, (seq, n) in enumerate(chosen):
@@ -159,20 +160,21 @@ class Scheduler:
             block_ids.extend(fresh)
             seq.num_blocks_sent = len(seq.block_table)
             if start + n == seq.num_tokens:
-                sample_rows.append(row)
                 sampled.append(seq)
-            elif start + n < seq.num_prompt_tokens:
-                partial_prefill = True
+            else:
+                skip_sample_rows.append(row)
+                partial_prefill |= start + n < seq.num_prompt_tokens
         self.stats.steps += 1
         self.stats.chunked_prefill_steps += partial_prefill
+        num_prefills = sum(n > 1 for n in num_tokens)
         step = StepCommand(
             step_id=self.step_id,
             slots=np.array([s.slot for s in seqs], np.int32),
-            num_tokens=np.array(num_tokens, np.int32),
+            prefill_num_tokens=np.array(num_tokens[:num_prefills], np.int32),
             token_ids=np.array(tokens, np.int32),
             new_block_counts=np.array(block_counts, np.int32),
             new_block_ids=np.array(block_ids, np.int32),
-            sample_rows=np.array(sample_rows, np.int32),
+            skip_sample_rows=np.array(skip_sample_rows, np.int32),
             new_slots=np.array([s.slot for s in new], np.int32),
             new_start_pos=np.array([s.num_computed_tokens for s in new], np.int32),
             new_temperature=np.array([s.params.temperature for s in new], np.float32),
@@ -181,6 +183,7 @@ class Scheduler:
             new_min_p=np.array([s.params.min_p for s in new], np.float32),
             new_seed=np.array([-1 if s.params.seed is None else s.params.seed for s in new], np.int64),
             freed_slots=np.array(self.freed_slots, np.int32),
+            **self._new_controls(new),
         )
         self.step_id += 1
         self.freed_slots.clear()
@@ -192,6 +195,42 @@ class Scheduler:
                 seq.token_ids.append(-1)  # workers feed the real token into the next step themselves
                 seq.num_pending += 1
         return ScheduledBatch(seqs, num_tokens, sampled, step)
+
+    def _new_controls(self, new: list[Sequence]) -> dict:
+        """min_tokens masks, penalties and logprobs of the sequences (re)starting in a slot. A sequence is only
+        admitted with every token known (a preempted one's in-flight token resolves before it is readmitted),
+        so its outputs so far are exact."""
+        min_left, stop_counts, stop_ids = [], [], []
+        prompt_lens, output_lens, pen_ids = [], [], []
+        for s in new:
+            p = s.params
+            outputs = s.output_token_ids
+            left = max(0, p.min_tokens - len(outputs))
+            masked = sorted(set(p.stop_token_ids) | (set() if p.ignore_eos else self.eos_token_ids)) if left else []
+            min_left.append(left if masked else 0)
+            stop_counts.append(len(masked))
+            stop_ids.extend(masked)
+            if p.presence_penalty or p.frequency_penalty or p.repetition_penalty != 1:
+                prompt = s.token_ids[: s.num_prompt_tokens] if p.repetition_penalty != 1 else []
+                prompt_lens.append(len(prompt))
+                output_lens.append(len(outputs))
+                pen_ids.extend(prompt)
+                pen_ids.extend(outputs)
+            else:
+                prompt_lens.append(0)
+                output_lens.append(0)
+        return dict(
+            new_min_tokens=np.array(min_left, np.int32),
+            new_stop_id_counts=np.array(stop_counts, np.int32),
+            new_stop_ids=np.array(stop_ids, np.int32),
+            new_presence_penalty=np.array([s.params.presence_penalty for s in new], np.float32),
+            new_frequency_penalty=np.array([s.params.frequency_penalty for s in new], np.float32),
+            new_repetition_penalty=np.array([s.params.repetition_penalty for s in new], np.float32),
+            new_penalty_prompt_lens=np.array(prompt_lens, np.int32),
+            new_penalty_output_lens=np.array(output_lens, np.int32),
+            new_penalty_token_ids=np.array(pen_ids, np.int32),
+            new_logprobs=np.array([-1 if s.params.logprobs is None else s.params.logprobs for s in new], np.int32),
+        )
 
     def _key_full_blocks(self, seq: Sequence, num_computed: int) -> None:
         """Register the blocks that are full once ``num_computed`` tokens are in cache, counting only known

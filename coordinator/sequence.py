@@ -38,6 +38,7 @@ class Sequence:
     text_prefix_offset: int = 0  # incremental detokenizer state, over the output tokens
     text_read_offset: int = 0
     error: str | None = None
+    logprobs: list[dict[int, float]] = field(default_factory=list)  # per output token, when params.logprobs
 
     @property
     def num_tokens(self) -> int:

@@ -56,6 +56,7 @@ from protocol.client_messages import (
     InfoReply,
     Stats,
     StatsReply,
+    TokenLogprobs,
 )
 from protocol.codec import ProtocolError, decode, encode
 from protocol.errors import RequestError
@@ -67,8 +68,6 @@ IDLE_POLL_MS = 50
 WORKER_CHECK_S = 1.0
 RATE_WINDOW_S = 5.0
 MAX_REQUEST_ID_LEN = 256
-# fields the workers cannot honour yet: rejected (never silently ignored) unless left at their defaults
-_UNSUPPORTED = {"logprobs": None, "presence_penalty": 0.0, "frequency_penalty": 0.0, "repetition_penalty": 1.0}
 _PARAM_FIELDS = [
     "temperature",
     "top_p",
@@ -80,6 +79,10 @@ _PARAM_FIELDS = [
     "stop_token_ids",
     "ignore_eos",
     "seed",
+    "logprobs",
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
 ]
 
 
@@ -261,9 +264,9 @@ class Server:
             if req is None:
                 continue
             if out.finished:
-                self._finish(req, out.new_token_ids if req.stream else None)
+                self._finish(req, out.new_token_ids if req.stream else None, out.new_logprobs)
             elif req.stream:
-                self._stream_delta(req, out.new_token_ids)
+                self._stream_delta(req, out.new_token_ids, out.new_logprobs)
 
     # ---- replies -------------------------------------------------------------------------------------------
 
@@ -278,7 +281,13 @@ class Server:
             self.requests_rejected += 1
         self._send(identity, Error(request_id, kind, message))
 
-    def _stream_delta(self, req: _Request, new_token_ids: list[int]) -> None:
+    @staticmethod
+    def _logprobs(seq: Sequence, logprobs: list[dict[int, float]] | None) -> list[TokenLogprobs] | None:
+        if seq.params.logprobs is None:
+            return None
+        return [TokenLogprobs.from_dict(d) for d in logprobs or []]
+
+    def _stream_delta(self, req: _Request, new_token_ids: list[int], new_logprobs=None) -> None:
         seq = req.seq
         text = ""
         # before min_tokens a stop string is not matched yet, but would be later, at its earlier position
@@ -287,9 +296,10 @@ class Server:
             if ready > req.sent_chars:
                 text = seq.text[req.sent_chars : ready]
                 req.sent_chars = ready
-        self._send(req.identity, Delta(req.request_id, list(new_token_ids), text, None))
+        logprobs = self._logprobs(seq, new_logprobs)
+        self._send(req.identity, Delta(req.request_id, list(new_token_ids), text, None, logprobs=logprobs))
 
-    def _finish(self, req: _Request, new_token_ids: list[int] | None) -> None:
+    def _finish(self, req: _Request, new_token_ids: list[int] | None, new_logprobs=None) -> None:
         """The last Delta: streaming sends the tokens of this step and the rest of the text; non-streaming sends
         everything."""
         self.requests.pop(req.seq.request_id, None)
@@ -299,15 +309,23 @@ class Server:
         if req.stream:
             sent = seq.text[: req.sent_chars]
             rest = completion.text[req.sent_chars :] if completion.text.startswith(sent) else seq.text[req.sent_chars :]
-            token_ids, text = list(new_token_ids or []), rest
+            token_ids, text, logprobs = list(new_token_ids or []), rest, new_logprobs
         else:
-            token_ids, text = completion.token_ids, completion.text
+            token_ids, text, logprobs = completion.token_ids, completion.text, completion.logprobs
         reason = completion.finish_reason or "abort"
         self.requests_finished += 1
         self.requests_aborted += reason == "abort"
         self._send(
             req.identity,
-            Delta(req.request_id, token_ids, text, reason, completion.stop_reason, completion.prompt_token_ids),
+            Delta(
+                req.request_id,
+                token_ids,
+                text,
+                reason,
+                completion.stop_reason,
+                completion.prompt_token_ids,
+                self._logprobs(seq, logprobs if token_ids else None),
+            ),
         )
 
     def _abort_all(self, why: str) -> None:
@@ -470,10 +488,6 @@ class Server:
 
     @staticmethod
     def _params(msg: Generate) -> SamplingParams:
-        for name, default in _UNSUPPORTED.items():
-            value = getattr(msg, name)
-            if value != default:
-                raise RequestError(f"{name} is not supported yet (got {value!r}; leave it at {default!r})")
         try:
             return SamplingParams(**{name: getattr(msg, name) for name in _PARAM_FIELDS})
         except (ValueError, TypeError) as e:

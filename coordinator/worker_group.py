@@ -12,7 +12,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
 import zmq
 
 from protocol.codec import ProtocolError, decode, encode
@@ -189,8 +188,8 @@ class WorkerGroup:
             raise EngineDeadError("the worker group is dead")
         self._broadcast(encode(step))
 
-    def recv_result(self, step_id: int) -> np.ndarray:
-        """Rank 0's sampled token ids for ``step_id``, once every rank has finished that step."""
+    def recv_result(self, step_id: int) -> StepResult:
+        """Rank 0's result (sampled token ids, logprobs) for ``step_id``, once every rank has finished that step."""
         # with steps pipelined, a fast rank may answer step N+1 before a slow one answers step N
         deadline = time.monotonic() + self.step_timeout_s
         got = self._results.setdefault(step_id, {})
@@ -199,10 +198,10 @@ class WorkerGroup:
             if not isinstance(msg, StepResult):
                 raise EngineDeadError(f"protocol error: expected StepResult, got {type(msg).__name__}")
             self._results.setdefault(msg.step_id, {})[msg.rank] = msg
-        return self._results.pop(step_id)[0].token_ids
+        return self._results.pop(step_id)[0]
 
-    def run_step(self, step: StepCommand) -> np.ndarray:
-        """Broadcast one step and wait for its tokens."""
+    def run_step(self, step: StepCommand) -> StepResult:
+        """Broadcast one step and wait for its result."""
         self.send_step(step)
         return self.recv_result(step.step_id)
 

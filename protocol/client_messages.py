@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from protocol.codec import record
 
-CLIENT_PROTOCOL_VERSION = 1
+CLIENT_PROTOCOL_VERSION = 2
 
 # Error.kind values
 REQUEST_ERROR = "RequestError"  # a bad request; the message names the field
@@ -104,7 +104,25 @@ class Delta:
     finish_reason: str | None
     stop_reason: object | None = None  # the stop string or token id that ended it
     prompt_token_ids: list[int] | None = None  # on the last Delta only
-    logprobs: object | None = None  # reserved: logprobs are not supported yet
+    logprobs: list[TokenLogprobs] | None = None  # one per token in token_ids, when the request asked (logprobs=N)
+
+
+@record(35)
+@dataclass(slots=True)
+class TokenLogprobs:
+    """Log-probabilities around one generated token (the model's raw distribution, before penalties, temperature
+    and filters): the sampled token first, then the N most likely tokens in descending order, the sampled one
+    not repeated when it is among them. ``token_ids[i]`` has ``logprobs[i]``."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+
+    def as_dict(self) -> dict[int, float]:
+        return dict(zip(self.token_ids, self.logprobs))
+
+    @classmethod
+    def from_dict(cls, d: dict[int, float]) -> TokenLogprobs:
+        return cls(list(d), list(d.values()))
 
 
 @record(31)

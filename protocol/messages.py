@@ -11,7 +11,7 @@ from protocol.codec import F32, I32, I64, record
 HEARTBEAT_IVL_MS = 1000
 HEARTBEAT_TIMEOUT_MS = 5000
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
 
 
 # ---- coordinator <-> worker --------------------------------------------------------------------------
@@ -93,16 +93,19 @@ class StepCommand:
     """Coordinator -> every worker, once per step. Workers keep each running sequence's state in a *slot*
     (block table, computed length, sampling controls), so a step carries only what changed.
 
-    Scheduled sequences are listed prefill-first (num_tokens > 1), then single-token ones.
+    Scheduled sequences are listed prefill-first: the leading ``len(prefill_num_tokens)`` rows compute more than
+    one token each, every later row computes exactly one (a decode, or a one-token prefill chunk). Every row's
+    last token is sampled except those in ``skip_sample_rows`` (chunks that end inside a prompt), so a decode
+    step carries three int32 per sequence: slot, input token, new-block count.
     """
 
     step_id: int
     slots: I32  # [n] slot of each scheduled sequence
-    num_tokens: I32  # [n] tokens computed this step
-    token_ids: I32  # [sum(num_tokens)] input tokens, concatenated
+    prefill_num_tokens: I32  # [p] tokens computed by each of the first p rows (all > 1); rows p.. compute 1
+    token_ids: I32  # [sum of tokens] input tokens, concatenated
     new_block_counts: I32  # [n] blocks appended to each sequence's table before this step
     new_block_ids: I32  # [sum(new_block_counts)]
-    sample_rows: I32  # indices into the n sequences whose last token is sampled
+    skip_sample_rows: I32  # rows whose last token is NOT sampled (partial prefill chunks), ascending
     # sequences that start (or restart after preemption) in a slot this step
     new_slots: I32
     new_start_pos: I32  # first position computed (> 0 after a prefix-cache hit)
@@ -111,17 +114,37 @@ class StepCommand:
     new_top_k: I32
     new_min_p: F32
     new_seed: I64  # -1 = unseeded
+    new_min_tokens: I32  # tokens still to sample before new_stop_ids may be (min_tokens - outputs so far)
+    new_stop_id_counts: I32  # [len(new_slots)] ids masked while min_tokens is pending (0 when it is not)
+    new_stop_ids: I32  # [sum(new_stop_id_counts)] EOS ids (unless ignore_eos) and stop_token_ids
+    new_presence_penalty: F32
+    new_frequency_penalty: F32
+    new_repetition_penalty: F32
+    # the tokens a penalized sequence already has: its prompt (repetition penalty only) and, after a
+    # preemption, its outputs so far; per sequence, new_penalty_prompt_lens prompt ids then
+    # new_penalty_output_lens output ids, concatenated in new_penalty_token_ids
+    new_penalty_prompt_lens: I32
+    new_penalty_output_lens: I32
+    new_penalty_token_ids: I32
+    new_logprobs: I32  # top-N logprobs to return with each sampled token; -1 = none
     freed_slots: I32  # sequences that finished or were preempted since the last step
 
 
 @record(8)
 @dataclass(slots=True)
 class StepResult:
-    """Rank 0 -> coordinator: sampled token ids, one per ``sample_rows`` entry. Other ranks send it empty."""
+    """Rank 0 -> coordinator: sampled token ids, one per sampled row (all rows but ``skip_sample_rows``). Other
+    ranks send it empty.
+
+    Logprobs (None when no sampled row asked for them): for each sampled row whose sequence has logprobs=N, in
+    row order, 1 + N entries: the sampled token, then the N most likely tokens in descending order, with their
+    log-probabilities under the model's raw distribution (before penalties, temperature and filters)."""
 
     step_id: int
     rank: int
     token_ids: I32
+    logprob_token_ids: I32 | None = None
+    logprobs: F32 | None = None
 
 
 @record(9)

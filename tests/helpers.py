@@ -16,16 +16,24 @@ def make_step(
     step_id: int = 0,
     freed: list[int] = (),
 ) -> StepCommand:
-    """seqs: dicts with slot, tokens, new_blocks, and for a sequence new to its slot: start, temperature..."""
+    """seqs: dicts with slot, tokens, new_blocks (and sample=False for a row whose last token is not sampled);
+    for a sequence new to its slot: start, temperature, top_p, top_k, min_p, seed, and the optional controls
+    min_tokens + stop_ids (ids masked until min_tokens more tokens were sampled), presence_penalty,
+    frequency_penalty, repetition_penalty, penalty_prompt / penalty_output (token ids it already has),
+    logprobs. Rows with several tokens must come first (prefill-first, as the scheduler sends them)."""
+    lens = [len(s["tokens"]) for s in seqs]
+    num_prefills = next((i for i, n in enumerate(lens) if n == 1), len(lens))
+    assert all(n == 1 for n in lens[num_prefills:]), "multi-token rows must come first"
     new = [s for s in seqs if "start" in s]
+    stop_ids = [list(s.get("stop_ids", [])) if s.get("min_tokens", 0) else [] for s in new]
     return StepCommand(
         step_id=step_id,
         slots=i32([s["slot"] for s in seqs]),
-        num_tokens=i32([len(s["tokens"]) for s in seqs]),
+        prefill_num_tokens=i32(lens[:num_prefills]),
         token_ids=i32([t for s in seqs for t in s["tokens"]]),
         new_block_counts=i32([len(s.get("new_blocks", [])) for s in seqs]),
         new_block_ids=i32([b for s in seqs for b in s.get("new_blocks", [])]),
-        sample_rows=i32([i for i, s in enumerate(seqs) if s.get("sample", True)]),
+        skip_sample_rows=i32([i for i, s in enumerate(seqs) if not s.get("sample", True)]),
         new_slots=i32([s["slot"] for s in new]),
         new_start_pos=i32([s["start"] for s in new]),
         new_temperature=np.asarray([s.get("temperature", 0.0) for s in new], np.float32),
@@ -33,8 +41,32 @@ def make_step(
         new_top_k=i32([s.get("top_k", 0) for s in new]),
         new_min_p=np.asarray([s.get("min_p", 0.0) for s in new], np.float32),
         new_seed=np.asarray([s.get("seed", -1) for s in new], np.int64),
+        new_min_tokens=i32([s.get("min_tokens", 0) if ids else 0 for s, ids in zip(new, stop_ids)]),
+        new_stop_id_counts=i32([len(ids) for ids in stop_ids]),
+        new_stop_ids=i32([t for ids in stop_ids for t in ids]),
+        new_presence_penalty=np.asarray([s.get("presence_penalty", 0.0) for s in new], np.float32),
+        new_frequency_penalty=np.asarray([s.get("frequency_penalty", 0.0) for s in new], np.float32),
+        new_repetition_penalty=np.asarray([s.get("repetition_penalty", 1.0) for s in new], np.float32),
+        new_penalty_prompt_lens=i32([len(s.get("penalty_prompt", [])) for s in new]),
+        new_penalty_output_lens=i32([len(s.get("penalty_output", [])) for s in new]),
+        new_penalty_token_ids=i32(
+            [t for s in new for t in [*s.get("penalty_prompt", []), *s.get("penalty_output", [])]]
+        ),
+        new_logprobs=i32([-1 if s.get("logprobs") is None else s["logprobs"] for s in new]),
         freed_slots=i32(freed),
     )
+
+
+def vllm_penalized(logits, prompt_tokens, output_tokens, presence: float, frequency: float, repetition: float):
+    """vLLM's penalties in float64 numpy, per token: a token seen in the prompt or the output has its logit
+    divided by ``repetition`` when positive, multiplied otherwise; then ``frequency * count`` and
+    ``presence * (count > 0)`` over the output are subtracted."""
+    out = np.asarray(logits, dtype=np.float64).copy()
+    counts = np.bincount(np.asarray(output_tokens, dtype=np.int64), minlength=len(out))
+    seen = counts > 0
+    seen[np.asarray(list(prompt_tokens), dtype=np.int64)] = True
+    out[seen] = np.where(out[seen] > 0, out[seen] / repetition, out[seen] * repetition)
+    return out - frequency * counts - presence * (counts > 0)
 
 
 def worker_config(model_dir, **kw):

@@ -154,11 +154,12 @@ def test_stop_token_ids_end_generation(llm, reference):
     out = llm.generate(PROMPT, greedy(24, stop_token_ids=[toks[k]], ignore_eos=True), use_tqdm=False)[0]
     assert out.finish_reason == "stop" and out.stop_reason == toks[k]
     assert out.token_ids == toks[: k + 1]
-    # min_tokens past k: the stop token no longer ends it
-    out = llm.generate(PROMPT, greedy(24, stop_token_ids=[toks[k]], ignore_eos=True, min_tokens=k + 2), use_tqdm=False)[
-        0
-    ]
-    assert len(out.token_ids) >= k + 2 and out.token_ids[: k + 2] == toks[: k + 2]
+    # min_tokens past k: the stop token is masked (vLLM) until k + 2 tokens exist, so greedy takes another token
+    params = greedy(24, stop_token_ids=[toks[k]], ignore_eos=True, min_tokens=k + 2)
+    out = llm.generate(PROMPT, params, use_tqdm=False)[0]
+    assert len(out.token_ids) >= k + 2 and out.token_ids[:k] == toks[:k]
+    assert toks[k] not in out.token_ids[: k + 2]
+    assert toks[k] not in out.token_ids[:-1] and out.finish_reason == ("stop" if toks[k] in out.token_ids else "length")
 
 
 def _stop_string_case(llm, reference) -> tuple[str, int, int]:
@@ -220,14 +221,25 @@ def test_eos_stops_and_min_tokens_holds_it_off(eos_llm, reference):
     assert len(out.token_ids) == 10 and out.finish_reason == "length"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="min_tokens only delays stopping; vLLM masks EOS/stop-token logits until min_tokens tokens exist, so "
-    "they are never emitted early. Needs per-slot logit masking in the worker (a protocol change).",
-)
 def test_min_tokens_masks_eos_like_vllm(eos_llm, reference):
+    eos = reference.token_ids[0]
     out = eos_llm.generate(PROMPT, greedy(10, min_tokens=5), use_tqdm=False)[0]
-    assert reference.token_ids[0] not in out.token_ids[:5]
+    assert eos not in out.token_ids[:5] and len(out.token_ids) >= 5
+    # EOS and stop ids together, greedy and sampled (at a low temperature EOS would win), in a batch with an
+    # unmasked request
+    banned = {eos, *reference.token_ids[1:3]}
+    params = [
+        SamplingParams(temperature=t, max_tokens=12, min_tokens=8, stop_token_ids=sorted(banned - {eos}), seed=s)
+        for t, s in [(0.0, None), (0.05, 1), (0.3, 2), (1.0, 3)]
+    ]
+    outs = eos_llm.generate([PROMPT] * len(params) + [PROMPT], params + [greedy(3)], use_tqdm=False)
+    for out in outs[:-1]:
+        assert not banned & set(out.token_ids[:8]), out.token_ids
+        assert len(out.token_ids) >= 8
+    assert outs[-1].token_ids == [eos]  # the unmasked request in the same batch still stops at once
+    # ignore_eos: EOS is not masked (nor does it stop the request); the stop ids still are
+    out = eos_llm.generate(PROMPT, greedy(6, min_tokens=6, ignore_eos=True), use_tqdm=False)[0]
+    assert out.token_ids[0] == eos
 
 
 # ---- shutdown ------------------------------------------------------------------------------------------

@@ -24,6 +24,32 @@ def test_float32_greedy_tokens_match_hf(tiny_untied, enforce_eager):
     assert got == expected
 
 
+@pytest.mark.parametrize("enforce_eager", [True, False])
+def test_float32_penalties_min_tokens_logprobs_on_cuda(tiny_tied, enforce_eager):
+    """The sampling controls on the device (decode steps through CUDA graphs when not eager, sampling outside
+    them): penalized greedy tokens and raw logprobs against HF, min_tokens bans, pinned logprob copies."""
+    from test_sampling_controls import MAX_TOKENS, check_completion, params_for
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_tied, dtype=torch.float32).eval()
+
+    def hf(prompt, output):
+        with torch.no_grad():
+            return model(torch.tensor([prompt + output[:-1]])).logits[0, len(prompt) - 1 :].double().numpy()
+
+    prompts = prompts_with_shared_prefixes()
+    params = [params_for(i) for i in range(len(prompts))]
+    with LLM(str(tiny_tied), device="cuda", max_model_len=256, enforce_eager=enforce_eager, max_num_seqs=16) as llm:
+        got = llm.generate(prompts, params, use_tqdm=False)
+        greedy = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True)
+        plain = llm.generate(prompts[0], greedy, use_tqdm=False)[0]
+        banned = plain.token_ids[:2]
+        masked = SamplingParams(temperature=0, max_tokens=8, min_tokens=8, stop_token_ids=banned, logprobs=2)
+        held = llm.generate(prompts[0], masked, use_tqdm=False)[0]
+    for prompt, p, comp in zip(prompts, params, got):
+        check_completion(hf, prompt, p, comp, tol=1e-2)
+    assert not set(banned) & set(held.token_ids) and len(held.logprobs) == 8
+
+
 @pytest.fixture(scope="module")
 def bf16_ckpt(tmp_path_factory):
     spec = TinySpec(

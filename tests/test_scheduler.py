@@ -47,7 +47,11 @@ class FakeWorkers:
         for s, c in zip(step.slots.tolist(), step.new_block_counts.tolist()):
             self.tables[s] += [next(ids) for _ in range(c)]
         offset, written, reads = 0, set(), []
-        for seq, s, n in zip(batch.seqs, step.slots.tolist(), step.num_tokens.tolist()):
+        num_prefills = len(step.prefill_num_tokens)
+        assert all(n > 1 for n in step.prefill_num_tokens.tolist())
+        num_tokens = step.prefill_num_tokens.tolist() + [1] * (len(step.slots) - num_prefills)
+        assert num_tokens == batch.num_tokens
+        for seq, s, n in zip(batch.seqs, step.slots.tolist(), num_tokens):
             assert seq.slot == s
             table, start = self.tables[s], self.computed[s]
             assert table == seq.block_table, f"{seq.request_id}: workers' table {table} != {seq.block_table}"
@@ -70,7 +74,8 @@ class FakeWorkers:
             held = self.kv[cache_slots].tolist()
             want = seq.token_ids[: len(cache_slots)]
             assert all(w < 0 or h == w for h, w in zip(held, want)), f"{seq.request_id}: KV corrupted"
-        assert [batch.seqs[r] for r in step.sample_rows.tolist()] == batch.sampled
+        skip = set(step.skip_sample_rows.tolist())
+        assert [seq for r, seq in enumerate(batch.seqs) if r not in skip] == batch.sampled
         tokens = self.rng.integers(0, 1000, len(batch.sampled)).tolist()
         for seq, tok in zip(batch.sampled, tokens):
             self.last[seq.slot] = tok

@@ -241,9 +241,33 @@ def test_stop_string_spanning_tokens(server, offline):
         j = ids.index(tok)
         comp = c.generate(prompt, SamplingParams(temperature=0, max_tokens=40, ignore_eos=True, stop_token_ids=[tok]))
         assert comp.finish_reason == "stop" and comp.stop_reason == tok and comp.token_ids == ids[: j + 1]
-        # ...but not before min_tokens
+        # ...but not before min_tokens: until then it is masked (vLLM), so greedy takes the next best token
         comp = c.generate(prompt, SamplingParams(temperature=0, max_tokens=40, min_tokens=40, stop_token_ids=[tok]))
-        assert comp.finish_reason == "length" and comp.token_ids == ids[:40]
+        assert comp.finish_reason == "length" and len(comp.token_ids) == 40
+        assert comp.token_ids[:j] == ids[:j] and tok not in comp.token_ids
+
+
+def test_logprobs_and_penalties(server, offline):
+    """Penalties, min_tokens and logprobs through the server (generate and stream) equal the offline API's."""
+    params = SamplingParams(
+        temperature=0, max_tokens=16, ignore_eos=True, logprobs=3, presence_penalty=0.5, frequency_penalty=0.3,
+        repetition_penalty=1.3, min_tokens=4, stop_token_ids=[5],
+    )  # fmt: skip
+    prompts = some_prompts(4, seed=5)
+    expected = offline.generate(prompts, params, False)
+    with Client(server.address, timeout=30) as c:
+        for prompt, ref in zip(prompts, expected):
+            assert len(ref.logprobs) == len(ref.token_ids) > 0
+            comp = c.generate(prompt, params)
+            assert comp.token_ids == ref.token_ids and comp.text == ref.text
+            deltas = list(c.stream(prompt, params))
+            assert all(d.logprobs is not None and len(d.logprobs) == len(d.token_ids) for d in deltas)
+            streamed = [t.as_dict() for d in deltas for t in d.logprobs]
+            for got in (comp.logprobs, streamed):
+                assert [list(x) for x in got] == [list(x) for x in ref.logprobs]
+                assert np.allclose([v for x in got for v in x.values()], [v for x in ref.logprobs for v in x.values()])
+        plain = c.generate(prompts[0], GREEDY)
+        assert plain.logprobs is None and plain.token_ids[:16] != expected[0].token_ids
 
 
 # ---- abort ---------------------------------------------------------------------------------------------------
@@ -304,10 +328,6 @@ def test_abort_frees_kv_blocks(server):
         ([1, 2, 10_000], {}, "vocabulary"),
         ("hi", {"max_tokens": 1030}, "max_tokens"),
         ([i % 500 for i in range(1020)], {"max_tokens": 16}, "max_model_len"),
-        ("hi", {"logprobs": 2}, "logprobs"),
-        ("hi", {"presence_penalty": 0.5}, "presence_penalty"),
-        ("hi", {"frequency_penalty": -0.5}, "frequency_penalty"),
-        ("hi", {"repetition_penalty": 1.2}, "repetition_penalty"),
         ("hi", {"stop_token_ids": [600]}, "stop_token_ids"),
     ],
 )
@@ -555,9 +575,11 @@ BAD_VALUES = [
     ({"stop_token_ids": [100_000]}, "stop_token_ids"),
     ({"stop_token_ids": [True]}, "stop_token_ids"),
     ({"seed": -1}, "seed"),
-    ({"logprobs": 1}, "logprobs"),
-    ({"presence_penalty": 1.0}, "presence_penalty"),
-    ({"repetition_penalty": 0.5}, "repetition_penalty"),
+    ({"logprobs": 21}, "logprobs"),
+    ({"logprobs": -1}, "logprobs"),
+    ({"presence_penalty": 2.5}, "presence_penalty"),
+    ({"frequency_penalty": -3.0}, "frequency_penalty"),
+    ({"repetition_penalty": 0.0}, "repetition_penalty"),
     ({"temperature": "hot"}, "temperature"),  # wrong types: rejected by the codec, still attributed
     ({"max_tokens": 4.0}, "max_tokens"),
     ({"max_tokens": True}, "max_tokens"),
@@ -626,9 +648,8 @@ def test_fuzz_client_endpoint(server, offline):
                 data = encode(_valid_generate(rid))
                 frame = data[: rng.randint(0, len(data) - 1)]
             else:  # a reply record sent to the server, or a wrong-version frame with a bad id
-                frame = rng.choice(
-                    [encode(Error(rid, "x", "y")), msgpack.packb([20, 2, 123, None], use_bin_type=True), b"\x91" * 5000]
-                )
+                wrong_version = msgpack.packb([20, CLIENT_PROTOCOL_VERSION + 1, 123, None], use_bin_type=True)
+                frame = rng.choice([encode(Error(rid, "x", "y")), wrong_version, b"\x91" * 5000])
             sock.send(frame)
             sent += 1
         for _ in range(3):  # oversized

@@ -13,6 +13,7 @@ from torch import nn
 
 from kernels.attention import AttentionBackend, AttentionMetadata
 from model.context import forward_context
+from worker.transfer import to_device
 
 
 def batch_buckets(max_batch: int) -> list[int]:
@@ -73,11 +74,12 @@ class DecodeGraphs:
         n = len(input_ids)
         bs = self.buckets[bisect.bisect_left(self.buckets, n)]
         self.input_ids[:n].copy_(input_ids)
-        self.positions[:n].copy_(torch.from_numpy(positions), non_blocking=True)
-        self.slot_mapping[:n].copy_(torch.from_numpy(slot_mapping), non_blocking=True)
+        dev = self.positions.device
+        self.positions[:n].copy_(to_device(positions, dev))
+        self.slot_mapping[:n].copy_(to_device(slot_mapping, dev))
         self.slot_mapping[n:bs].fill_(-1)
-        self.seq_lens[:n].copy_(torch.from_numpy(seq_lens.astype(np.int32)), non_blocking=True)
+        self.seq_lens[:n].copy_(to_device(seq_lens, dev, torch.int32))
         self.seq_lens[n:bs].fill_(0)
-        self.block_tables[:n, : block_tables.shape[1]].copy_(torch.from_numpy(block_tables), non_blocking=True)
+        self.block_tables[:n, : block_tables.shape[1]].copy_(to_device(block_tables, dev, torch.int32))
         self.graphs[bs].replay()
         return self.outputs[bs][:n]

@@ -17,15 +17,19 @@ from model.parallel import broadcast_from_rank0, tp_rank
 from protocol.messages import StepCommand, WorkerConfig
 from worker.cuda_graphs import DecodeGraphs
 from worker.sampler import SamplingTensors, sample
+from worker.transfer import to_device
 
 
 @dataclass(slots=True)
 class PendingTokens:
-    """A launched step's sampled ids: valid in ``host`` once ``event`` (None = already done) has completed."""
+    """A launched step's sampled ids: valid in ``host`` (and the logprob arrays, when some row asked for
+    logprobs) once ``event`` (None = already done) has completed."""
 
     step_id: int
     event: torch.cuda.Event | None
     host: np.ndarray
+    logprob_token_ids: np.ndarray | None = None
+    logprobs: np.ndarray | None = None
 
     def ready(self) -> bool:
         return self.event is None or self.event.query()
@@ -82,6 +86,20 @@ class ModelRunner:
         self.top_k = np.zeros(n, dtype=np.int64)
         self.min_p = np.zeros(n, dtype=np.float32)
         self.seed = np.full(n, -1, dtype=np.int64)
+        # optional controls (defaults = off); any_controls says whether some slot uses one, so a step where
+        # none does pays a single flag check
+        self.min_tokens_left = np.zeros(n, dtype=np.int64)  # samples still to take with stop_ids masked
+        self.stop_ids = np.full((n, 0), -1, dtype=np.int64)  # [n, widest list] ids masked before min_tokens
+        self.presence_penalty = np.zeros(n, dtype=np.float32)
+        self.frequency_penalty = np.zeros(n, dtype=np.float32)
+        self.repetition_penalty = np.ones(n, dtype=np.float32)
+        self.has_penalty = np.zeros(n, dtype=bool)
+        self.num_logprobs = np.full(n, -1, dtype=np.int64)  # top-N logprobs per sampled token; -1 = none
+        self.any_controls = False
+        # rank 0, allocated when a penalized sequence first arrives: output token counts and prompt-token mask
+        self.output_counts: torch.Tensor | None = None  # [max_num_seqs, vocab] int32
+        self.prompt_mask: torch.Tensor | None = None  # [max_num_seqs, vocab] bool
+        self._pinned_lp: list[tuple[torch.Tensor, torch.Tensor]] = []  # ring of host buffers for logprobs (CUDA)
 
     # ---- KV pool ---------------------------------------------------------------------------------------
 
@@ -144,10 +162,7 @@ class ModelRunner:
     # ---- one step --------------------------------------------------------------------------------------
 
     def _to_dev(self, arr: np.ndarray, dtype=torch.int64) -> torch.Tensor:
-        arr = np.ascontiguousarray(arr)
-        if not arr.flags.writeable:  # decoded from a message buffer; torch wants writable memory
-            arr = arr.copy()
-        return torch.from_numpy(arr).to(device=self.device, dtype=dtype, non_blocking=True)
+        return to_device(arr, self.device, dtype)
 
     def _set_prefill_meta(self, meta: AttentionMetadata, q_lens, seq_lens, tables) -> None:
         cu = np.zeros(len(q_lens) + 1, dtype=np.int32)
@@ -159,9 +174,11 @@ class ModelRunner:
 
     def apply_slot_updates(self, step: StepCommand) -> None:
         """Start new sequences in their slots and append newly allocated blocks."""
-        if len(step.freed_slots):
-            self.num_seq_blocks[step.freed_slots] = 0
-        new = step.new_slots
+        freed, new = step.freed_slots, step.new_slots
+        if len(freed):
+            self.num_seq_blocks[freed] = 0
+            if self.any_controls:
+                self._reset_controls(freed)
         if len(new):
             self.num_seq_blocks[new] = 0
             self.num_computed[new] = step.new_start_pos
@@ -170,6 +187,7 @@ class ModelRunner:
             self.top_k[new] = step.new_top_k
             self.min_p[new] = step.new_min_p
             self.seed[new] = step.new_seed
+            self._start_controls(step)
         counts = step.new_block_counts
         total = int(counts.sum()) if len(counts) else 0
         if total:
@@ -179,9 +197,139 @@ class ModelRunner:
             self.block_tables[rows, cols] = step.new_block_ids
             self.num_seq_blocks[step.slots] += counts
 
+    # ---- min_tokens, penalties, logprobs ---------------------------------------------------------------
+
+    def _reset_controls(self, slots: np.ndarray) -> None:
+        self.min_tokens_left[slots] = 0
+        self.has_penalty[slots] = False
+        self.num_logprobs[slots] = -1
+        self._refresh_any_controls()
+
+    def _refresh_any_controls(self) -> None:
+        self.any_controls = bool(self.min_tokens_left.any() or self.has_penalty.any() or (self.num_logprobs >= 0).any())
+
+    def _start_controls(self, step: StepCommand) -> None:
+        """Per-slot min_tokens masks, penalties and logprobs of the sequences starting this step (vectorized)."""
+        new = step.new_slots.astype(np.int64)
+        left, counts = step.new_min_tokens, step.new_stop_id_counts
+        pres, freq, rep = step.new_presence_penalty, step.new_frequency_penalty, step.new_repetition_penalty
+        penalized = (pres != 0) | (freq != 0) | (rep != 1)
+        uses = bool(left.any() or penalized.any() or (step.new_logprobs >= 0).any())
+        if not uses:
+            if self.any_controls:  # a slot's previous sequence may have used them
+                self._reset_controls(new)
+            return
+        self.min_tokens_left[new] = left
+        self.stop_ids[new] = -1
+        total = int(counts.sum())
+        if total:
+            width = int(counts.max())
+            if width > self.stop_ids.shape[1]:
+                grown = np.full((len(self.stop_ids), width), -1, dtype=np.int64)
+                grown[:, : self.stop_ids.shape[1]] = self.stop_ids
+                self.stop_ids = grown
+            rows = np.repeat(new, counts)
+            cols = np.arange(total) - np.repeat(np.cumsum(counts) - counts, counts)
+            self.stop_ids[rows, cols] = step.new_stop_ids
+        self.presence_penalty[new], self.frequency_penalty[new], self.repetition_penalty[new] = pres, freq, rep
+        self.has_penalty[new] = penalized
+        self.num_logprobs[new] = step.new_logprobs
+        if penalized.any() and tp_rank() == 0:
+            self._start_penalty_state(step, new, penalized)
+        self._refresh_any_controls()
+
+    def _start_penalty_state(self, step: StepCommand, new: np.ndarray, penalized: np.ndarray) -> None:
+        """Reset the penalized slots' device state and fill it from the tokens they already have: the prompt
+        (repetition penalty; prefix-cache hits are never computed here, so the coordinator sends it) and, after
+        a preemption, the outputs so far."""
+        if self.output_counts is None:
+            shape = (self.cfg.max_num_seqs, self.model_config.vocab_size)
+            self.output_counts = torch.zeros(shape, dtype=torch.int32, device=self.device)
+            self.prompt_mask = torch.zeros(shape, dtype=torch.bool, device=self.device)
+        slots = self._to_dev(new[penalized])
+        self.output_counts[slots] = 0
+        self.prompt_mask[slots] = False
+        p_lens, o_lens = step.new_penalty_prompt_lens, step.new_penalty_output_lens
+        lens = p_lens.astype(np.int64) + o_lens
+        total = int(lens.sum())
+        if not total:
+            return
+        owner = np.repeat(np.arange(len(new)), lens)
+        offset = np.arange(total) - np.repeat(np.cumsum(lens) - lens, lens)
+        in_prompt = offset < p_lens[owner]
+        ids, tok_slots = step.new_penalty_token_ids, new[owner]
+        if in_prompt.any():
+            self.prompt_mask[self._to_dev(tok_slots[in_prompt]), self._to_dev(ids[in_prompt])] = True
+        out = ~in_prompt
+        if out.any():
+            ones = torch.ones(int(out.sum()), dtype=torch.int32, device=self.device)
+            index = (self._to_dev(tok_slots[out]), self._to_dev(ids[out]))
+            self.output_counts.index_put_(index, ones, accumulate=True)
+
+    def _add_controls(self, st: SamplingTensors, sample_slots: np.ndarray) -> None:
+        """min_tokens bans and penalties of this step's sampled rows (rank 0; only when some slot uses them)."""
+        rows = np.flatnonzero(self.min_tokens_left[sample_slots] > 0)
+        if len(rows):
+            ids = self.stop_ids[sample_slots[rows]]
+            r, c = np.nonzero(ids >= 0)
+            st.banned = (self._to_dev(rows[r]), self._to_dev(ids[r, c]))
+        rows = np.flatnonzero(self.has_penalty[sample_slots])
+        if len(rows):
+            slots = sample_slots[rows]
+            slots_dev = self._to_dev(slots)
+            st.penalty_rows = self._to_dev(rows)
+            st.presence_penalty = self._to_dev(self.presence_penalty[slots], torch.float32)
+            st.frequency_penalty = self._to_dev(self.frequency_penalty[slots], torch.float32)
+            st.repetition_penalty = self._to_dev(self.repetition_penalty[slots], torch.float32)
+            st.output_counts = self.output_counts[slots_dev]
+            st.prompt_mask = self.prompt_mask[slots_dev]
+
+    def _after_sample(self, st: SamplingTensors, sample_slots: np.ndarray, tokens: torch.Tensor) -> None:
+        """Count the sampled tokens into the penalized slots' outputs (on the device) and advance min_tokens."""
+        if st.penalty_rows is not None:
+            rows = st.penalty_rows
+            index = (self._to_dev(sample_slots)[rows], tokens[rows])
+            ones = torch.ones(len(rows), dtype=torch.int32, device=self.device)
+            self.output_counts.index_put_(index, ones, accumulate=True)
+        if st.banned is not None:
+            slots = sample_slots[self.min_tokens_left[sample_slots] > 0]
+            self.min_tokens_left[slots] -= 1
+            if not self.min_tokens_left[slots].any():
+                self._refresh_any_controls()
+
+    def _logprobs(self, logits: torch.Tensor, sample_slots: np.ndarray) -> tuple[np.ndarray, torch.Tensor] | None:
+        """Rows asking for logprobs and the log-softmax of their raw logits (vLLM's default: before penalties,
+        temperature and filters); None when no row asks."""
+        rows = np.flatnonzero(self.num_logprobs[sample_slots] >= 0)
+        if not len(rows):
+            return None
+        return rows, logits[self._to_dev(rows)].float().log_softmax(-1)
+
+    def _gather_logprobs(
+        self, rows: np.ndarray, logprobs: torch.Tensor, sample_slots: np.ndarray, tokens: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Flat (token ids int32, logprobs float32): per row, the sampled token then its top N, N per row."""
+        n = self.num_logprobs[sample_slots[rows]]
+        k = int(n.max())
+        sampled = tokens[self._to_dev(rows)].unsqueeze(1)
+        ids, values = sampled, logprobs.gather(1, sampled)
+        if k:
+            top_values, top_ids = logprobs.topk(k, dim=-1)
+            ids, values = torch.cat([ids, top_ids], 1), torch.cat([values, top_values], 1)
+        per_row = n + 1
+        total = int(per_row.sum())
+        cols = np.arange(total) - np.repeat(np.cumsum(per_row) - per_row, per_row)
+        flat = self._to_dev(np.repeat(np.arange(len(rows)), per_row) * (k + 1) + cols)
+        return ids.reshape(-1)[flat].to(torch.int32), values.reshape(-1)[flat]
+
+    # ---- one step --------------------------------------------------------------------------------------
+
     def prepare_host(self, step: StepCommand) -> HostBatch:
         """Positions, slot mapping and lengths for one step, on the host (all vectorized)."""
-        slots, q_lens = step.slots.astype(np.int64), step.num_tokens.astype(np.int64)
+        slots = step.slots.astype(np.int64)
+        num_prefills = len(step.prefill_num_tokens)
+        q_lens = np.ones(len(slots), dtype=np.int64)  # every row after the prefills computes one token
+        q_lens[:num_prefills] = step.prefill_num_tokens
         num_tokens = int(q_lens.sum())
         start = self.num_computed[slots]
         seq_lens = start + q_lens
@@ -192,6 +340,13 @@ class ModelRunner:
         slot_mapping = self.block_tables[token_rows, positions // self.block_size].astype(np.int64)
         slot_mapping = slot_mapping * self.block_size + positions % self.block_size
         self.num_computed[slots] = seq_lens
+        last = cu[1:] - 1
+        if len(step.skip_sample_rows):
+            keep = np.ones(len(slots), dtype=bool)
+            keep[step.skip_sample_rows] = False
+            last, sample_slots, sample_positions = last[keep], slots[keep], seq_lens[keep]
+        else:
+            sample_slots, sample_positions = slots, seq_lens
         return HostBatch(
             slots=slots,
             q_lens=q_lens,
@@ -199,11 +354,11 @@ class ModelRunner:
             cu=cu,
             positions=positions,
             slot_mapping=slot_mapping,
-            num_prefills=int(np.count_nonzero(q_lens > 1)),
+            num_prefills=num_prefills,
             width=-(-int(seq_lens.max()) // self.block_size),
-            sample_idx=cu[1:][step.sample_rows] - 1,
-            sample_slots=slots[step.sample_rows],
-            sample_positions=seq_lens[step.sample_rows],
+            sample_idx=last,
+            sample_slots=sample_slots,
+            sample_positions=sample_positions,
         )
 
     def device_meta(self, hb: HostBatch) -> AttentionMetadata:
@@ -243,7 +398,7 @@ class ModelRunner:
     def sampling_tensors(self, sample_slots: np.ndarray, sample_positions: np.ndarray) -> SamplingTensors:
         t, k, p = self.temperature[sample_slots], self.top_k[sample_slots], self.top_p[sample_slots]
         mp, sd = self.min_p[sample_slots], self.seed[sample_slots]
-        return SamplingTensors(
+        st = SamplingTensors(
             temperature=self._to_dev(t, torch.float32),
             top_k=self._to_dev(k),
             top_p=self._to_dev(p, torch.float32),
@@ -256,6 +411,9 @@ class ModelRunner:
             any_min_p=bool((mp > 0).any()),
             any_seed=bool((sd >= 0).any()),
         )
+        if self.any_controls:
+            self._add_controls(st, sample_slots)
+        return st
 
     @torch.inference_mode()
     def launch(self, step: StepCommand) -> PendingTokens:
@@ -268,23 +426,51 @@ class ModelRunner:
             return PendingTokens(step.step_id, None, np.zeros(0, dtype=np.int32))
         hidden = self._forward(step, hb)
         logits = self.model.compute_logits(hidden[self._to_dev(hb.sample_idx)])
+        lp = None
         if tp_rank() == 0:
-            tokens = sample(logits, self.sampling_tensors(hb.sample_slots, hb.sample_positions), self.generator)
+            st = self.sampling_tensors(hb.sample_slots, hb.sample_positions)
+            if self.any_controls:
+                lp = self._logprobs(logits, hb.sample_slots)
+            tokens = sample(logits, st, self.generator)
+            if self.any_controls:
+                self._after_sample(st, hb.sample_slots, tokens)
         else:
             tokens = torch.empty(len(hb.sample_idx), dtype=torch.int64, device=self.device)
         tokens = broadcast_from_rank0(tokens)  # every rank feeds the same tokens into the next step
         self.last_tokens[self._to_dev(hb.sample_slots)] = tokens
         if tp_rank() != 0:
             return PendingTokens(step.step_id, None, np.zeros(0, dtype=np.int32))
+        lp_ids = lp_values = None
+        if lp is not None:
+            lp_ids, lp_values = self._gather_logprobs(*lp, hb.sample_slots, tokens)
         if self.device.type != "cuda":
-            return PendingTokens(step.step_id, None, tokens.to(torch.int32).numpy())
+            if lp is not None:
+                lp_ids, lp_values = lp_ids.numpy(), lp_values.numpy()
+            return PendingTokens(step.step_id, None, tokens.to(torch.int32).numpy(), lp_ids, lp_values)
         # pinned buffers in a ring (allocating pinned memory per step is slow); at most two steps are in flight
         self._ring = (self._ring + 1) % len(self._pinned)
         host = self._pinned[self._ring][: len(tokens)]
         host.copy_(tokens, non_blocking=True)
+        if lp is not None:
+            lp_ids, lp_values = self._to_host_pinned(lp_ids, lp_values)
         event = torch.cuda.Event()
         event.record()
-        return PendingTokens(step.step_id, event, host.numpy())
+        return PendingTokens(step.step_id, event, host.numpy(), lp_ids, lp_values)
+
+    def _to_host_pinned(self, ids: torch.Tensor, values: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
+        """Asynchronous copies of a step's logprobs into the pinned ring slot of its tokens (allocated on first
+        use: 21 entries per sequence, the most logprobs=20 needs)."""
+        if not self._pinned_lp:
+            size = self.cfg.max_num_seqs * 21
+            self._pinned_lp = [
+                (torch.empty(size, dtype=torch.int32, pin_memory=True), torch.empty(size, pin_memory=True))
+                for _ in self._pinned
+            ]
+        host_ids, host_values = self._pinned_lp[self._ring]
+        host_ids, host_values = host_ids[: len(ids)], host_values[: len(values)]
+        host_ids.copy_(ids, non_blocking=True)
+        host_values.copy_(values, non_blocking=True)
+        return host_ids.numpy(), host_values.numpy()
 
     def execute(self, step: StepCommand) -> np.ndarray:
         """Run one step and wait; returns sampled token ids on rank 0 (empty elsewhere)."""

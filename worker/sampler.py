@@ -1,5 +1,9 @@
 """Vectorized sampling over a batch of logit rows, each with its own controls.
 
+Before sampling, two optional per-row controls change the logits (vLLM's order and semantics): tokens a row may
+not emit yet (EOS and stop ids before min_tokens) become -inf, then repetition / frequency / presence penalties
+apply. Greedy rows take the argmax of the changed logits.
+
 Sampling is an exponential race: ``argmax(probs / E)`` with ``E ~ Exp(1)`` draws from ``probs`` exactly, and
 excluded tokens (probability 0) can never win. Rows with a seed draw their noise from a counter-based hash of
 (seed, position, token id), so a seeded request gets the same tokens whatever else shares its batch.
@@ -29,6 +33,14 @@ class SamplingTensors:
     any_top_p: bool
     any_min_p: bool
     any_seed: bool
+    # optional controls; None = no row uses them (the common case costs nothing)
+    banned: tuple[torch.Tensor, torch.Tensor] | None = None  # (row, token id) pairs forced to -inf
+    penalty_rows: torch.Tensor | None = None  # [r] int64 rows with a penalty; the fields below follow them
+    presence_penalty: torch.Tensor | None = None  # [r] float32
+    frequency_penalty: torch.Tensor | None = None  # [r] float32
+    repetition_penalty: torch.Tensor | None = None  # [r] float32
+    output_counts: torch.Tensor | None = None  # [r, vocab] int32: occurrences of each token in the output so far
+    prompt_mask: torch.Tensor | None = None  # [r, vocab] bool: tokens of the prompt (repetition penalty only)
 
 
 def _hash32(x: torch.Tensor) -> torch.Tensor:
@@ -48,6 +60,44 @@ def seeded_uniform(seed: torch.Tensor, position: torch.Tensor, vocab: int) -> to
     # the top 128 of 2**32 values round to 1.0 in float32; noise 1.0 gives an excluded token 0/-0 = NaN,
     # which wins argmax, so keep it strictly below 1
     return (bits.to(torch.float64) + 0.5).div_(2.0**32).to(torch.float32).clamp_(max=1.0 - 2.0**-24)
+
+
+def apply_penalties(
+    logits: torch.Tensor,
+    output_counts: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    presence: torch.Tensor,
+    frequency: torch.Tensor,
+    repetition: torch.Tensor,
+) -> torch.Tensor:
+    """vLLM's penalties on float32 logits [r, vocab] (a new tensor): a token seen in the prompt or the output has
+    its logit divided by the repetition penalty when positive, multiplied by it otherwise; then the output
+    counts subtract ``frequency * count`` and ``presence * (count > 0)`` (OpenAI's definition)."""
+    seen_out = output_counts > 0
+    rep = torch.where(prompt_mask | seen_out, repetition.unsqueeze(1), 1.0)
+    logits = logits * torch.where(logits > 0, 1.0 / rep, rep)
+    logits = logits - frequency.unsqueeze(1) * output_counts
+    return logits - presence.unsqueeze(1) * seen_out
+
+
+def apply_controls(logits: torch.Tensor, st: SamplingTensors) -> torch.Tensor:
+    """min_tokens masks, then penalties, on float32 logits; returns ``logits`` itself when no row uses them."""
+    if st.banned is None and st.penalty_rows is None:
+        return logits
+    logits = logits.clone()
+    if st.banned is not None:
+        logits.index_put_(st.banned, torch.tensor(-torch.inf, device=logits.device))
+    if st.penalty_rows is not None:
+        rows = st.penalty_rows
+        logits[rows] = apply_penalties(
+            logits[rows],
+            st.output_counts,
+            st.prompt_mask,
+            st.presence_penalty,
+            st.frequency_penalty,
+            st.repetition_penalty,
+        )
+    return logits
 
 
 def apply_filters(logits: torch.Tensor, st: SamplingTensors) -> torch.Tensor:
@@ -74,7 +124,7 @@ def apply_filters(logits: torch.Tensor, st: SamplingTensors) -> torch.Tensor:
 
 def sample(logits: torch.Tensor, st: SamplingTensors, generator: torch.Generator | None = None) -> torch.Tensor:
     """One token id per row (int64 [n])."""
-    logits = logits.float()
+    logits = apply_controls(logits.float(), st)
     greedy = logits.argmax(-1)
     if st.all_greedy:
         return greedy

@@ -62,6 +62,7 @@ class Worker:
         self.poller.register(self.monitor, zmq.POLLIN)
         self.sock.connect(address)
         self.runner = None
+        self.trace = None  # per-step device timing, NANOSERVE_STEP_TRACE=path
 
     def send(self, msg) -> None:
         self.sock.send(encode(msg))
@@ -102,6 +103,11 @@ class Worker:
             raise ProtocolError(f"expected AllocateKV, got {type(alloc).__name__}")
         self.runner.allocate_kv(alloc.num_blocks)
         self.runner.capture_graphs()
+        trace_path = os.environ.get("NANOSERVE_STEP_TRACE")
+        if trace_path and self.rank == 0 and device.type == "cuda":
+            from worker.step_trace import StepTrace
+
+            self.trace = StepTrace(trace_path)
         self.send(WorkerAck(self.rank, "kv_allocated"))
         return self.step_loop()
 
@@ -113,12 +119,18 @@ class Worker:
             if in_flight and not self.sock.poll(0):
                 if in_flight[0].ready():
                     done = in_flight.popleft()
-                    self.send(StepResult(done.step_id, self.rank, done.wait()))
+                    tokens = done.wait()
+                    self.send(StepResult(done.step_id, self.rank, tokens, done.logprob_token_ids, done.logprobs))
                 continue  # spin: a CUDA step takes milliseconds and we want to report it at once
             msg = self.recv()
             if isinstance(msg, StepCommand):
+                start = self.trace.begin() if self.trace else None
                 in_flight.append(self.runner.launch(msg))
+                if self.trace:
+                    self.trace.end(start, len(msg.slots), len(msg.token_ids))
             elif isinstance(msg, Shutdown):
+                if self.trace:
+                    self.trace.dump()
                 return 0
             else:
                 raise ProtocolError(f"unexpected message {type(msg).__name__}")

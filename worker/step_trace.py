@@ -1,0 +1,65 @@
+"""Per-step device timing, on when NANOSERVE_STEP_TRACE names a file (rank 0, CUDA only).
+
+For every step: the device time from its first kernel to its last (busy), and the device idle time between the
+previous step's end and this step's start (gap): the gap is what async scheduling exists to remove. Events
+are read back only at shutdown, so tracing adds no synchronization to the step loop.
+
+    python -m worker.step_trace FILE     # summary of a trace
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import torch
+
+
+class StepTrace:
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.records: list[tuple] = []
+        self.prev_end: torch.cuda.Event | None = None
+
+    def begin(self) -> torch.cuda.Event:
+        start = torch.cuda.Event(enable_timing=True)
+        start.record()
+        return start
+
+    def end(self, start: torch.cuda.Event, num_seqs: int, num_tokens: int) -> None:
+        end = torch.cuda.Event(enable_timing=True)
+        end.record()
+        self.records.append((num_seqs, num_tokens, start, end, self.prev_end))
+        self.prev_end = end
+
+    def dump(self) -> None:
+        torch.cuda.synchronize()
+        rows = []
+        for num_seqs, num_tokens, start, end, prev in self.records:
+            gap = prev.elapsed_time(start) if prev is not None else 0.0
+            rows.append({"seqs": num_seqs, "tokens": num_tokens, "busy_ms": start.elapsed_time(end), "gap_ms": gap})
+        with open(self.path, "w") as f:
+            json.dump(rows, f)
+
+
+def summarize(rows: list[dict]) -> str:
+    """Busy and idle device time, split into decode-only steps and steps with prefill tokens."""
+    out = []
+    for name, sel in (
+        ("decode-only", lambda r: r["tokens"] == r["seqs"]),
+        ("with prefill", lambda r: r["tokens"] > r["seqs"]),
+    ):
+        part = [r for r in rows if sel(r)]
+        if not part:
+            continue
+        busy = sum(r["busy_ms"] for r in part)
+        gap = sum(r["gap_ms"] for r in part if r["gap_ms"] < 1000)  # longer: the pause after warm-up
+        out.append(
+            f"{name:13s} steps {len(part):5d}  busy {busy / 1e3:7.3f} s ({busy / len(part):6.3f} ms/step)  "
+            f"idle before them {gap / 1e3:6.3f} s ({gap / len(part):6.3f} ms/step)"
+        )
+    return "\n".join(out)
+
+
+if __name__ == "__main__":
+    print(summarize(json.load(open(sys.argv[1]))))
