@@ -66,7 +66,9 @@ def _store_kvcache_kernel(
 # ----------------------------------------------------------------------------------------------------------------------
 
 
-@triton.jit
+# Integers that change from step to step (block-table width, split count, their strides) are not specialized:
+# Triton would otherwise compile a new variant (~0.5 s) the first time one is 1 or a multiple of 16, mid-run.
+@triton.jit(do_not_specialize=["stride_bt"])
 def _prefill_kernel(
     q_ptr,
     k_cache_ptr,
@@ -176,7 +178,7 @@ def _prefill_kernel(
 # ----------------------------------------------------------------------------------------------------------------------
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["stride_os", "stride_lb", "stride_lh", "stride_bt", "num_splits"])
 def _decode_split_kernel(
     q_ptr,
     k_cache_ptr,
@@ -273,7 +275,7 @@ def _decode_split_kernel(
         tl.store(lse_ptr + b64 * stride_lb + heads * stride_lh + split, lse, mask=mask_h)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["stride_pb", "stride_ph", "stride_lb", "stride_lh", "num_splits"])
 def _decode_merge_kernel(
     part_ptr,
     lse_ptr,
@@ -463,6 +465,26 @@ class TritonAttentionBackend(AttentionBackend):
         if max_seq_len > 0:  # 0 = unknown: do not cap by length
             want = min(want, triton.cdiv(max_seq_len, self.min_split_tokens))
         return max(1, min(want, self.max_splits))
+
+    def warmup(self, k_cache: torch.Tensor, v_cache: torch.Tensor, num_heads: int, dtype: torch.dtype) -> None:
+        """Compile every decode variant a run can meet (single split, and each merge width up to max_splits) at
+        start-up, so no step of a timed run stalls on the compiler."""
+        head_dim, device = k_cache.shape[3], k_cache.device
+        q = torch.zeros(2, num_heads, head_dim, dtype=dtype, device=device)
+        meta = AttentionMetadata(
+            slot_mapping=torch.zeros(0, dtype=torch.int64, device=device),
+            num_prefill_tokens=0,
+            num_prefills=0,
+            num_decodes=2,
+            decode_seq_lens=torch.ones(2, dtype=torch.int32, device=device),
+            decode_block_tables=torch.zeros(2, 3, dtype=torch.int32, device=device),
+        )
+        splits = 1
+        while True:
+            self.decode(q, k_cache, v_cache, meta, 1.0, num_splits=splits)
+            if splits >= self.max_splits:
+                break
+            splits = min(2 * splits, self.max_splits)
 
     def decode(
         self,

@@ -338,3 +338,10 @@ def test_decode_cuda_graph():
     live = lens > 0
     assert rel_err(out[live], ref[live]) < TOL[torch.bfloat16]
     assert (out[~live] == 0).all()
+
+
+def test_warmup_compiles_every_decode_variant_without_error():
+    backend = TritonAttentionBackend(max_splits=4)
+    k_cache = torch.randn(4, 16, 2, 16, device=DEVICE)
+    v_cache = torch.randn(4, 16, 2, 16, device=DEVICE)
+    backend.warmup(k_cache, v_cache, num_heads=4, dtype=torch.float32)  # splits 1, 2, 4

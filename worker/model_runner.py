@@ -398,14 +398,17 @@ class ModelRunner:
     def sampling_tensors(self, sample_slots: np.ndarray, sample_positions: np.ndarray) -> SamplingTensors:
         t, k, p = self.temperature[sample_slots], self.top_k[sample_slots], self.top_p[sample_slots]
         mp, sd = self.min_p[sample_slots], self.seed[sample_slots]
+        all_greedy = bool((t == 0).all())
+        # an all-greedy batch only takes the argmax: skip the six copies its controls would cost
+        to_dev = (lambda arr, dtype=torch.int64: None) if all_greedy else self._to_dev
         st = SamplingTensors(
-            temperature=self._to_dev(t, torch.float32),
-            top_k=self._to_dev(k),
-            top_p=self._to_dev(p, torch.float32),
-            min_p=self._to_dev(mp, torch.float32),
-            seed=self._to_dev(sd),
-            position=self._to_dev(sample_positions),
-            all_greedy=bool((t == 0).all()),
+            temperature=to_dev(t, torch.float32),
+            top_k=to_dev(k),
+            top_p=to_dev(p, torch.float32),
+            min_p=to_dev(mp, torch.float32),
+            seed=to_dev(sd),
+            position=to_dev(sample_positions),
+            all_greedy=all_greedy,
             any_top_k=bool((k > 0).any()),
             any_top_p=bool((p < 1).any()),
             any_min_p=bool((mp > 0).any()),
@@ -482,6 +485,13 @@ class ModelRunner:
         self.apply_slot_updates(step)
         hb = self.prepare_host(step)
         return self.model.compute_logits(self._forward(step, hb))
+
+    def warmup_kernels(self) -> None:
+        """Compile the attention backend's data-dependent kernel variants before the first real step."""
+        if self.device.type == "cuda" and hasattr(self.backend, "warmup"):
+            attn = self.attn_layers[0]
+            self.backend.warmup(attn.k_cache, attn.v_cache, attn.num_heads, self.dtype)
+            torch.cuda.synchronize(self.device)
 
     def capture_graphs(self) -> None:
         """CUDA graphs for decode-only steps (after the KV pool exists); no-op on CPU or with enforce_eager."""

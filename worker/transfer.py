@@ -1,9 +1,8 @@
-"""Host -> device copies of a step's small index arrays that never stall the host.
+"""Host -> device copies of a step's small index arrays, in one place.
 
-A copy from pageable memory makes CUDA wait for all earlier work on the stream first, so preparing step N+1
-would wait for step N to finish and the GPU would then idle while the host prepares. Staging through pinned
-memory makes the copy truly asynchronous; PyTorch's caching host allocator keeps each pinned block alive until
-its copy has run.
+Measured on an H200 (docs/PERF.md, log 5): staging each array through pinned memory (``pin_memory()`` per
+array) avoids the stream sync of a pageable copy but costs more host time than it saves (W2 Qwen3-0.6B went
+from 1.54 to 1.88 ms/token), so copies are plain pageable ones. Fewer, larger copies are the next step.
 """
 
 from __future__ import annotations
@@ -19,4 +18,4 @@ def to_device(arr: np.ndarray, device: torch.device, dtype: torch.dtype = torch.
     if not arr.flags.writeable:  # a view of a message buffer; torch wants writable memory
         arr = arr.copy()
     host = torch.from_numpy(arr)
-    return host.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else host
+    return host.to(device, non_blocking=True) if device.type == "cuda" else host

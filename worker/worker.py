@@ -102,6 +102,7 @@ class Worker:
         if not isinstance(alloc, AllocateKV):
             raise ProtocolError(f"expected AllocateKV, got {type(alloc).__name__}")
         self.runner.allocate_kv(alloc.num_blocks)
+        self.runner.warmup_kernels()
         self.runner.capture_graphs()
         trace_path = os.environ.get("NANOSERVE_STEP_TRACE")
         if trace_path and self.rank == 0 and device.type == "cuda":
