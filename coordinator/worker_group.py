@@ -222,6 +222,6 @@ class WorkerGroup:
         if not self.sock.closed:
             self.sock.disable_monitor()
         self.monitor.close(linger=0)
-        self.sock.close(linger=0)
+        self.sock.close(linger=500)  # let the Shutdown frames reach workers we have no process handle for
         self.ctx.term()
         shutil.rmtree(self.tmpdir, ignore_errors=True)

@@ -71,10 +71,10 @@ class Worker:
         """Next message; while waiting, notice a dead parent (spawned workers) or coordinator."""
         while True:
             ready = dict(self.poller.poll(POLL_MS))
+            if self.sock in ready:  # before the disconnect: a coordinator's last words are its Shutdown
+                return decode(self.sock.recv())
             if self.monitor in ready:
                 raise CoordinatorGone("lost the connection to the coordinator")
-            if self.sock in ready:
-                return decode(self.sock.recv())
             if self.parent_pid and os.getppid() != self.parent_pid:
                 raise CoordinatorGone("parent process exited")
 
