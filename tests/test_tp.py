@@ -121,3 +121,31 @@ def test_external_worker_exits_when_its_coordinator_dies(tiny_tied):
     finally:
         coordinator.kill()
         worker.kill()
+
+
+def test_start_names_the_ranks_that_never_joined(tiny_tied):
+    """tp=2 with external workers, but only rank 0 is started: the start fails in time, naming rank 1."""
+    import time
+
+    from tp_smoke import free_port
+
+    address = f"tcp://127.0.0.1:{free_port()}"
+    env = dict(os.environ, PYTHONPATH=str(ROOT), RANK="0", WORLD_SIZE="2", LOCAL_RANK="0")
+    env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    worker = subprocess.Popen([sys.executable, "-m", "worker", "--coordinator", address], env=env, cwd=str(ROOT))
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(TimeoutError, match=r"rank\(s\) \[1\]"):
+            LLM(
+                str(tiny_tied),
+                tensor_parallel_size=2,
+                external_workers=True,
+                worker_address=address,
+                worker_timeout_s=3,
+                max_model_len=128,
+                num_kv_blocks=16,
+            )
+        assert time.monotonic() - t0 < 30
+        assert worker.wait(timeout=15) != 0  # told to stop (or lost its coordinator): it does not linger
+    finally:
+        worker.kill()
