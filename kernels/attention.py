@@ -118,14 +118,28 @@ class TorchAttentionBackend(AttentionBackend):
 _BACKENDS: dict[str, type[AttentionBackend]] = {"torch": TorchAttentionBackend}
 
 
-def get_backend(name: str, device: torch.device) -> AttentionBackend:
-    """``auto`` picks Triton on CUDA (flash-attn where importable) and torch on the CPU."""
+def get_backend(name: str, device: torch.device, block_size: int = 16, dtype: torch.dtype = torch.bfloat16):
+    """``auto``: flash-attn on CUDA where it is installed and supports the case, else our Triton kernels; the
+    torch reference on the CPU."""
     if name == "auto":
-        name = "torch" if device.type != "cuda" else "triton"
+        from kernels.flash_attention import flash_attn_supports
+
+        if device.type != "cuda":
+            name = "torch"
+        else:
+            name = "flash" if flash_attn_supports(device, block_size, dtype) else "triton"
+    if name == "flash":
+        from kernels.flash_attention import FlashAttentionBackend, flash_attn_supports
+
+        if not flash_attn_supports(device, block_size, dtype):
+            raise ValueError(
+                "attention_backend 'flash' needs flash-attn installed, CUDA, fp16/bf16 and block_size % 256 == 0"
+            )
+        return FlashAttentionBackend()
     if name == "triton":
         from kernels.triton_attention import TritonAttentionBackend
 
         return TritonAttentionBackend()
     if name not in _BACKENDS:
-        raise ValueError(f"unknown attention backend {name!r}; choose one of auto, torch, triton")
+        raise ValueError(f"unknown attention backend {name!r}; choose one of auto, torch, triton, flash")
     return _BACKENDS[name]()

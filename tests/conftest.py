@@ -3,6 +3,12 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
+
+# Without CUDA, Triton kernels run in its interpreter (CPU tensors). The switch is read when a kernel is
+# decorated, so it must be on before any test module imports one.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))

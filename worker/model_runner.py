@@ -66,7 +66,7 @@ class ModelRunner:
         self.block_size = cfg.block_size
         torch.manual_seed(cfg.seed)
         self.model = load_model(cfg.model, device, self.dtype, cfg.load_format, cfg.seed)
-        self.backend = get_backend(cfg.attention_backend, device)
+        self.backend = get_backend(cfg.attention_backend, device, cfg.block_size, self.dtype)
         self.attn_layers = [m for m in self.model.modules() if isinstance(m, PagedAttention)]
         self.generator = torch.Generator(device=device).manual_seed(cfg.seed)
         self.num_blocks = 0
