@@ -17,8 +17,6 @@ import zmq
 from protocol.codec import ProtocolError, decode, encode
 from protocol.errors import EngineDeadError
 from protocol.messages import (
-    HEARTBEAT_IVL_MS,
-    HEARTBEAT_TIMEOUT_MS,
     PROTOCOL_VERSION,
     AllocateKV,
     Shutdown,
@@ -30,6 +28,7 @@ from protocol.messages import (
     WorkerHello,
     WorkerReady,
 )
+from protocol.transport import WatchedSocket
 
 log = logging.getLogger("nanoserve.workers")
 ROOT = Path(__file__).resolve().parent.parent
@@ -51,16 +50,10 @@ class WorkerGroup:
         self.procs: list[subprocess.Popen] = []
         self.tmpdir = tempfile.mkdtemp(prefix="nanoserve-")
         self.ctx = zmq.Context()
-        self.sock = self.ctx.socket(zmq.ROUTER)
-        self.sock.setsockopt(zmq.ROUTER_MANDATORY, 1)  # a send to a vanished worker raises, not vanishes
-        self.sock.setsockopt(zmq.LINGER, 0)
-        self.sock.setsockopt(zmq.HEARTBEAT_IVL, HEARTBEAT_IVL_MS)
-        self.sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, HEARTBEAT_TIMEOUT_MS)
         # a dropped worker connection (process killed, host gone) is an engine death, not a silent wait
-        self.monitor = self.sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
-        self.poller = zmq.Poller()
-        self.poller.register(self.sock, zmq.POLLIN)
-        self.poller.register(self.monitor, zmq.POLLIN)
+        self.channel = WatchedSocket(self.ctx, zmq.ROUTER, linger_ms=0)
+        self.sock = self.channel.sock
+        self.sock.setsockopt(zmq.ROUTER_MANDATORY, 1)  # a send to a vanished worker raises, not vanishes
         self.identities = [f"rank{r}".encode() for r in range(world_size)]
         self.dead = False
         self._results: dict[int, dict[int, StepResult]] = {}  # step id -> rank -> result
@@ -106,12 +99,11 @@ class WorkerGroup:
     def _recv(self, deadline: float, what: str, pending: set[int]):
         """One message from any worker; raises with the ranks still missing when ``deadline`` passes."""
         while True:
-            ready = dict(self.poller.poll(POLL_MS))
-            if self.monitor in ready:
-                self.monitor.recv_multipart()
+            has_message, dropped = self.channel.poll(POLL_MS)
+            if dropped:
                 self.dead = True
                 raise EngineDeadError("a worker's connection dropped (process exited or host unreachable)")
-            if self.sock in ready:
+            if has_message:
                 identity, data = self.sock.recv_multipart()
                 try:
                     msg = decode(data)
@@ -219,9 +211,6 @@ class WorkerGroup:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
-        if not self.sock.closed:
-            self.sock.disable_monitor()
-        self.monitor.close(linger=0)
-        self.sock.close(linger=500)  # let the Shutdown frames reach workers we have no process handle for
+        self.channel.close(linger_ms=500)  # let the Shutdown frames reach workers we have no process handle for
         self.ctx.term()
         shutil.rmtree(self.tmpdir, ignore_errors=True)

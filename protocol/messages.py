@@ -6,11 +6,6 @@ from dataclasses import dataclass
 
 from protocol.codec import F32, I32, I64, record
 
-# ZMTP heartbeats between coordinator and workers, answered by ZMQ's I/O threads (so a long step never misses
-# one): a peer silent this long is disconnected, which both sides watch for (workers on other hosts included).
-HEARTBEAT_IVL_MS = 1000
-HEARTBEAT_TIMEOUT_MS = 5000
-
 PROTOCOL_VERSION = 2
 
 

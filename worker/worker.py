@@ -16,8 +16,6 @@ import zmq
 
 from protocol.codec import ProtocolError, decode, encode
 from protocol.messages import (
-    HEARTBEAT_IVL_MS,
-    HEARTBEAT_TIMEOUT_MS,
     PROTOCOL_VERSION,
     AllocateKV,
     Shutdown,
@@ -29,6 +27,7 @@ from protocol.messages import (
     WorkerHello,
     WorkerReady,
 )
+from protocol.transport import WatchedSocket
 
 POLL_MS = 1000
 
@@ -50,16 +49,10 @@ class Worker:
     def __init__(self, address: str, rank: int, world_size: int, local_rank: int, parent_pid: int) -> None:
         self.rank, self.world_size, self.local_rank, self.parent_pid = rank, world_size, local_rank, parent_pid
         self.ctx = zmq.Context()
-        self.sock = self.ctx.socket(zmq.DEALER)
-        self.sock.setsockopt(zmq.IDENTITY, f"rank{rank}".encode())
-        self.sock.setsockopt(zmq.LINGER, 1000)
-        self.sock.setsockopt(zmq.HEARTBEAT_IVL, HEARTBEAT_IVL_MS)
-        self.sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, HEARTBEAT_TIMEOUT_MS)
         # losing the coordinator's connection (it died, or its host did) ends this worker: no orphan holds a GPU
-        self.monitor = self.sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
-        self.poller = zmq.Poller()
-        self.poller.register(self.sock, zmq.POLLIN)
-        self.poller.register(self.monitor, zmq.POLLIN)
+        self.channel = WatchedSocket(self.ctx, zmq.DEALER, linger_ms=1000)
+        self.sock = self.channel.sock
+        self.sock.setsockopt(zmq.IDENTITY, f"rank{rank}".encode())
         self.sock.connect(address)
         self.runner = None
         self.trace = None  # per-step device timing, NANOSERVE_STEP_TRACE=path
@@ -70,10 +63,10 @@ class Worker:
     def recv(self):
         """Next message; while waiting, notice a dead parent (spawned workers) or coordinator."""
         while True:
-            ready = dict(self.poller.poll(POLL_MS))
-            if self.sock in ready:  # before the disconnect: a coordinator's last words are its Shutdown
+            has_message, dropped = self.channel.poll(POLL_MS)
+            if has_message:  # before the disconnect: a coordinator's last words are its Shutdown
                 return decode(self.sock.recv())
-            if self.monitor in ready:
+            if dropped:
                 raise CoordinatorGone("lost the connection to the coordinator")
             if self.parent_pid and os.getppid() != self.parent_pid:
                 raise CoordinatorGone("parent process exited")
@@ -160,9 +153,7 @@ class Worker:
 
         if dist.is_initialized():
             dist.destroy_process_group()
-        self.sock.disable_monitor()
-        self.monitor.close(linger=0)
-        self.sock.close(linger=500)
+        self.channel.close(linger_ms=500)
         self.ctx.term()
 
 
