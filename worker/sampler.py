@@ -22,12 +22,13 @@ _MASK32 = 0xFFFFFFFF
 class SamplingTensors:
     """Per-row controls on the device; ``all_greedy``/``any_*`` are host-side facts that let us skip work."""
 
-    temperature: torch.Tensor  # [n] float32, 0 = greedy
-    top_k: torch.Tensor  # [n] int64, <= 0 disables
-    top_p: torch.Tensor  # [n] float32
-    min_p: torch.Tensor  # [n] float32
-    seed: torch.Tensor  # [n] int64, -1 = unseeded
-    position: torch.Tensor  # [n] int64, the sampled token's position (the seeded noise counter)
+    # the six per-row controls are None when all_greedy: an argmax needs none of them
+    temperature: torch.Tensor | None  # [n] float32, 0 = greedy
+    top_k: torch.Tensor | None  # [n] int64, <= 0 disables
+    top_p: torch.Tensor | None  # [n] float32
+    min_p: torch.Tensor | None  # [n] float32
+    seed: torch.Tensor | None  # [n] int64, -1 = unseeded
+    position: torch.Tensor | None  # [n] int64, the sampled token's position (the seeded noise counter)
     all_greedy: bool
     any_top_k: bool
     any_top_p: bool
