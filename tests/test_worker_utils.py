@@ -1,0 +1,31 @@
+"""Small worker helpers: host->device staging and the step-trace summary."""
+
+import numpy as np
+import torch
+
+from worker.step_trace import summarize
+from worker.transfer import to_device
+
+
+def test_to_device_converts_on_the_host_and_never_aliases_a_message_buffer():
+    buf = np.frombuffer(np.arange(4, dtype="<i4").tobytes(), dtype="<i4")  # read-only, like a decoded message
+    t = to_device(buf, torch.device("cpu"))
+    assert t.dtype == torch.int64 and t.tolist() == [0, 1, 2, 3]
+    t[0] = 7  # writable, and not the message's memory
+    assert buf[0] == 0
+    f = to_device(np.array([0.5, 1.5]), torch.device("cpu"), torch.float32)
+    assert f.dtype == torch.float32 and f.tolist() == [0.5, 1.5]
+
+
+def test_step_trace_summary_splits_decode_and_prefill_steps():
+    rows = [
+        {"seqs": 4, "tokens": 300, "busy_ms": 30.0, "gap_ms": 0.0},
+        {"seqs": 4, "tokens": 4, "busy_ms": 2.0, "gap_ms": 0.5},
+        {"seqs": 4, "tokens": 4, "busy_ms": 4.0, "gap_ms": 1.5},
+        {"seqs": 4, "tokens": 4, "busy_ms": 3.0, "gap_ms": 5000.0},  # the pause after a warm-up: not idle time
+    ]
+    text = summarize(rows)
+    decode, prefill = text.splitlines()
+    assert decode.startswith("decode-only") and "steps     3" in decode
+    assert "busy   0.009 s ( 3.000 ms/step)" in decode and "idle before them  0.002 s" in decode
+    assert prefill.startswith("with prefill") and "busy   0.030 s" in prefill
