@@ -225,14 +225,14 @@ class Engine:
 
     def _check_stop(self, seq: Sequence, token: int) -> str | None:
         p = seq.params
-        num_output = seq.num_output_tokens - seq.num_pending
+        num_output = seq.num_known_tokens - seq.num_prompt_tokens
         if num_output >= p.min_tokens:
             if token in p.stop_token_ids:
                 seq.stop_reason = token
                 return "stop"
             if not p.ignore_eos and token in self.eos_token_ids:
                 return "stop"
-        if num_output >= p.max_tokens or seq.num_tokens - seq.num_pending >= self.max_model_len:
+        if num_output >= p.max_tokens or seq.num_known_tokens >= self.max_model_len:
             return "length"
         return None
 
@@ -248,7 +248,7 @@ class Engine:
         return delta
 
     def _check_stop_strings(self, seq: Sequence) -> str | None:
-        if seq.num_output_tokens - seq.num_pending < seq.params.min_tokens:
+        if seq.num_known_tokens - seq.num_prompt_tokens < seq.params.min_tokens:
             return None
         for stop in seq.params.stop:
             idx = seq.text.find(stop)

@@ -235,7 +235,7 @@ class Scheduler:
     def _key_full_blocks(self, seq: Sequence, num_computed: int) -> None:
         """Register the blocks that are full once ``num_computed`` tokens are in cache, counting only known
         tokens (a placeholder of an in-flight step gets keyed in a later step)."""
-        known = min(num_computed, seq.num_tokens - seq.num_pending)
+        known = min(num_computed, seq.num_known_tokens)
         seq.num_keyed_blocks, seq.last_block_key = self.block_manager.register_full_blocks(
             seq.block_table, seq.token_ids, known, seq.num_keyed_blocks, seq.last_block_key
         )

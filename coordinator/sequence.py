@@ -50,13 +50,18 @@ class Sequence:
         return len(self.token_ids) - self.num_prompt_tokens
 
     @property
+    def num_known_tokens(self) -> int:
+        """Tokens whose ids are known (placeholders of in-flight steps excluded)."""
+        return len(self.token_ids) - self.num_pending
+
+    @property
     def output_token_ids(self) -> list[int]:
-        """Output tokens known so far (placeholders of in-flight steps excluded)."""
-        return self.token_ids[self.num_prompt_tokens : len(self.token_ids) - self.num_pending]
+        """Output tokens known so far."""
+        return self.token_ids[self.num_prompt_tokens : self.num_known_tokens]
 
     def resolve_pending(self, token: int) -> None:
         """The oldest in-flight step's token arrived: it replaces the first placeholder."""
-        self.token_ids[len(self.token_ids) - self.num_pending] = token
+        self.token_ids[self.num_known_tokens] = token
         self.num_pending -= 1
 
     def drop_pending(self) -> None:
