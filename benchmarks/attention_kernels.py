@@ -1,6 +1,7 @@
 """Check and time the Triton attention kernels against the torch reference at Qwen3-8B-like sizes (GPU only).
 
     python benchmarks/attention_kernels.py [--block-sizes 16 256] [--dtype bf16] [--seed 0]
+    python benchmarks/attention_kernels.py --sweep-decode    # decode tilings x split counts on W1/W2-like batches
 
 Each case is first checked (relative error ||out - ref|| / ||ref|| against ``TorchAttentionBackend``), then timed
 with ``triton.testing.do_bench`` (median). Decode reports GB/s of K+V read; prefill reports causal TFLOP/s
@@ -10,6 +11,7 @@ with ``triton.testing.do_bench`` (median). Decode reports GB/s of K+V read; pref
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 import os
 import sys
@@ -154,15 +156,78 @@ def bench_store(num_tokens: int, block_size: int, dtype: torch.dtype, gen: torch
     }
 
 
+def sweep_decode(dtype: torch.dtype, seed: int) -> None:
+    """Time decode tilings (keys per tile, warps, stages) and split counts on the batches W1 and W2 produce, for
+    the Qwen3-0.6B (16 q / 8 kv heads) and Qwen3-8B (32 / 8) head layouts; prints the best per case."""
+    tilings = [(bn, w, st) for bn in (32, 64, 128) for w, st in ((4, 2), (4, 3), (8, 2), (2, 2), (4, 4))]
+    cases = [  # (q heads, batch, ctx lo, ctx hi)
+        (16, 256, 100, 1024),
+        (16, 256, 1000, 2000),
+        (16, 64, 1000, 2000),
+        (16, 16, 1500, 2000),
+        (32, 256, 300, 1500),
+        (32, 1, 600, 600),
+    ]
+    print(f"{'heads':>5} {'batch':>5} {'ctx':>10} {'default ms':>10} {'best ms':>8} {'GB/s':>6}  best (tiles, splits)")
+    for case in cases:
+        _sweep_case(*case, dtype, seed, tilings)
+        torch.cuda.empty_cache()
+
+
+def _sweep_case(heads, batch, lo, hi, dtype, seed, tilings) -> None:
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    lens = torch.randint(lo, hi + 1, (batch,), generator=gen, device="cuda")
+    k_cache, v_cache, table = make_pool(lens.tolist(), 16, dtype, gen)
+    q = torch.randn(batch, heads, HEAD_DIM, dtype=dtype, device="cuda", generator=gen)
+    meta = AttentionMetadata(
+        slot_mapping=torch.zeros(batch, dtype=torch.int64, device="cuda"),
+        num_prefill_tokens=0,
+        num_prefills=0,
+        num_decodes=batch,
+        decode_seq_lens=lens.to(torch.int32),
+        decode_block_tables=table,
+        max_decode_seq_len=4096,  # as the CUDA graphs are captured
+    )
+    ref = REF.decode(q, k_cache, v_cache, meta, 1.0)
+    kv_bytes = 2 * int(lens.sum()) * NUM_KV_HEADS * HEAD_DIM * k_cache.element_size()
+    default_ms = median_ms(functools.partial(TRI.decode, q, k_cache, v_cache, meta, 1.0))
+    policy = TRI.num_decode_splits(batch, NUM_KV_HEADS, 4096, q.device)
+    best = (default_ms, None)
+    for tiles in tilings:
+        be = TritonAttentionBackend(decode_tiles=tiles)
+        for splits in sorted({1, 2, 4, 8, 16, policy}):
+            if batch * NUM_KV_HEADS * splits > 64 * 132:
+                continue
+            run = functools.partial(be.decode, q, k_cache, v_cache, meta, 1.0, num_splits=splits)
+            try:
+                err = rel_err(run(), ref)
+            except Exception as e:  # e.g. out of shared memory for the deepest pipelines
+                print(f"  {tiles} splits {splits}: {type(e).__name__}")
+                continue
+            if err > TOL[dtype]:
+                print(f"  {tiles} splits {splits}: MISMATCH {err:.2e}")
+                continue
+            ms = median_ms(run)
+            if ms < best[0]:
+                best = (ms, (*tiles, splits))
+    print(
+        f"{heads:5d} {batch:5d} {lo:>4}..{hi:<5} {default_ms:10.4f} {best[0]:8.4f} "
+        f"{kv_bytes / best[0] / 1e6:6.0f}  {best[1]} (policy splits {policy})"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--block-sizes", type=int, nargs="+", default=[16, 256])
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--sweep-decode", action="store_true")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         sys.exit("needs a CUDA GPU")
     dtype = DTYPES[args.dtype]
+    if args.sweep_decode:
+        return sweep_decode(dtype, args.seed)
     print(f"{torch.cuda.get_device_name()}  triton {triton.__version__}  torch {torch.__version__}  {args.dtype}")
     print(f"q heads {NUM_HEADS}, kv heads {NUM_KV_HEADS}, head_dim {HEAD_DIM}")
 

@@ -1,7 +1,9 @@
 """Where a decode step's time goes inside one worker (no coordinator, no ZMQ): times ModelRunner.execute for
 single-sequence and batched decode, then prints the profiler's top CPU and CUDA ops.
 
-    python benchmarks/profile_step.py --shape qwen3-0.6b [--batch 1 256] [--enforce-eager]
+    python benchmarks/profile_step.py --shape qwen3-0.6b [--batch 1 256] [--context 128] [--enforce-eager]
+
+--context sets the prompt length each sequence has before the timed decode steps (W1's contexts average ~1,100).
 """
 
 from __future__ import annotations
@@ -60,6 +62,22 @@ def step(step_id, slots, tokens_per_seq, tokens, new_blocks, new=None):
     )
 
 
+def kernel_summary(prof, steps: int) -> None:
+    """Device time per step grouped by kernel name, and the kernel count: the ledger a step's time is spent in."""
+    totals: dict[str, list[float]] = {}
+    for ev in prof.events():
+        if ev.device_type == torch.autograd.DeviceType.CUDA:
+            t = totals.setdefault(ev.name[:70], [0.0, 0])
+            t[0] += ev.device_time
+            t[1] += 1
+    busy = sum(t for t, _ in totals.values())
+    print(
+        f"device busy {busy / steps / 1e3:.3f} ms/step in {sum(n for _, n in totals.values()) / steps:.0f} kernels/step"
+    )
+    for name, (t, n) in sorted(totals.items(), key=lambda kv: -kv[1][0])[:14]:
+        print(f"  {t / steps / 1e3:8.3f} ms {n / steps:6.1f}x  {name}")
+
+
 def main() -> None:
     from shapes import write_shape
 
@@ -68,6 +86,7 @@ def main() -> None:
     p.add_argument("--batch", type=int, nargs="+", default=[1, 256])
     p.add_argument("--enforce-eager", action="store_true")
     p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--context", type=int, default=128)
     a = p.parse_args()
     model_dir = write_shape(a.shape)
     import torch.distributed as dist
@@ -79,20 +98,46 @@ def main() -> None:
     from worker.model_runner import ModelRunner
 
     max_bs = max(a.batch)
+    blocks_per_seq = (a.context + 512) // 16 + 1  # room for the prompt and every timed step
+    num_blocks = max_bs * blocks_per_seq
     cfg = WorkerConfig(
-        str(model_dir), "cuda", "auto", "dummy", 16, max_bs, 8192, 4096, 20000, 0.9, 0, a.enforce_eager, 0, "auto", ""
+        str(model_dir),
+        "cuda",
+        "auto",
+        "dummy",
+        16,
+        max_bs,
+        8192,
+        4096,
+        num_blocks,
+        0.9,
+        0,
+        a.enforce_eager,
+        0,
+        "auto",
+        "",
     )
     runner = ModelRunner(cfg, torch.device("cuda"))
-    runner.allocate_kv(20000)
+    runner.allocate_kv(num_blocks)
     runner.capture_graphs()
     rows = []
     for bs in a.batch:
         slots = list(range(bs))
-        blocks = [[s * 40 + j for j in range(40)] for s in slots]  # 640 tokens of room each
-        prompt = 128
-        runner.execute(
-            step(0, slots, [prompt] * bs, [1] * (prompt * bs), blocks, {"slots": slots, "temperature": a.temperature})
-        )
+        blocks = [[s * blocks_per_seq + j for j in range(blocks_per_seq)] for s in slots]
+        prompt = a.context
+        per_step = max(1, 8192 // prompt)  # prefill in steps within the token budget
+        for lo in range(0, bs, per_step):
+            hi = min(bs, lo + per_step)
+            runner.execute(
+                step(
+                    0,
+                    slots[lo:hi],
+                    [prompt] * (hi - lo),
+                    [1] * (prompt * (hi - lo)),
+                    blocks[lo:hi],
+                    {"slots": slots[lo:hi], "temperature": a.temperature},
+                )
+            )
         times, sid = [], 1
         for _ in range(300):
             torch.cuda.synchronize()
@@ -120,7 +165,8 @@ def main() -> None:
                 sid += 1
         print(f"\n--- batch {bs}: top ops by self CPU time (20 steps)")
         print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=12, max_name_column_width=50))
-        print(prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=8, max_name_column_width=50))
+        print(prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=16, max_name_column_width=60))
+        kernel_summary(prof, 20)
         rows.append((bs, statistics.median(times) * 1e3, pipelined * 1e3))
         runner.num_computed[:] = 0
     print(f"{'batch':>6s} {'execute ms (median)':>20s} {'pipelined ms/step':>18s}")

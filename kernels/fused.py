@@ -73,21 +73,21 @@ def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.T
 @triton.jit
 def _qk_norm_rope_kernel(
     x_ptr,
-    w_ptr,
+    wq_ptr,
+    wk_ptr,
     cos_sin_ptr,
     pos_ptr,
-    out_ptr,
     stride_xt,
     stride_xh,
-    stride_ot,
-    stride_oh,
     stride_cs,
     eps,
+    NUM_Q_HEADS: tl.constexpr,
     NUM_HEADS: tl.constexpr,
     HALF: tl.constexpr,
     BLOCK_H: tl.constexpr,
 ):
-    # One program per token: all its heads as rows of one tile, each row split in its two rotary halves.
+    # One program per token: its q and k heads as rows of one tile (q rows take q_norm's weight, k rows k_norm's),
+    # each row split in its two rotary halves; written back in place.
     t = tl.program_id(0).to(tl.int64)
     pos = tl.load(pos_ptr + t).to(tl.int64)
     h = tl.arange(0, BLOCK_H)
@@ -98,45 +98,51 @@ def _qk_norm_rope_kernel(
     x2 = tl.load(base + HALF, mask=hmask, other=0.0).to(tl.float32)
     rstd = 1.0 / tl.sqrt((tl.sum(x1 * x1, axis=1) + tl.sum(x2 * x2, axis=1)) / (2 * HALF) + eps)
     dt = x_ptr.dtype.element_ty
-    w1 = tl.load(w_ptr + d).to(tl.float32)
-    w2 = tl.load(w_ptr + HALF + d).to(tl.float32)
-    n1 = ((x1 * rstd[:, None]).to(dt).to(tl.float32) * w1[None, :]).to(dt).to(tl.float32)
-    n2 = ((x2 * rstd[:, None]).to(dt).to(tl.float32) * w2[None, :]).to(dt).to(tl.float32)
+    is_q = (h < NUM_Q_HEADS)[:, None]
+    w1 = tl.where(is_q, tl.load(wq_ptr + d)[None, :], tl.load(wk_ptr + d)[None, :]).to(tl.float32)
+    w2 = tl.where(is_q, tl.load(wq_ptr + HALF + d)[None, :], tl.load(wk_ptr + HALF + d)[None, :]).to(tl.float32)
+    n1 = ((x1 * rstd[:, None]).to(dt).to(tl.float32) * w1).to(dt).to(tl.float32)
+    n2 = ((x2 * rstd[:, None]).to(dt).to(tl.float32) * w2).to(dt).to(tl.float32)
     cos = tl.load(cos_sin_ptr + pos * stride_cs + d).to(dt).to(tl.float32)
     sin = tl.load(cos_sin_ptr + pos * stride_cs + HALF + d).to(dt).to(tl.float32)
     o1 = n1 * cos[None, :] - n2 * sin[None, :]
     o2 = n2 * cos[None, :] + n1 * sin[None, :]
-    obase = out_ptr + t * stride_ot + h[:, None] * stride_oh + d[None, :]
-    tl.store(obase, o1.to(out_ptr.dtype.element_ty), mask=hmask)
-    tl.store(obase + HALF, o2.to(out_ptr.dtype.element_ty), mask=hmask)
+    tl.store(base, o1.to(dt), mask=hmask)
+    tl.store(base + HALF, o2.to(dt), mask=hmask)
 
 
-def qk_norm_rope(
-    x: torch.Tensor, weight: torch.Tensor, eps: float, cos_sin: torch.Tensor, positions: torch.Tensor
+def qk_norm_rope_(
+    qk: torch.Tensor,
+    q_weight: torch.Tensor,
+    k_weight: torch.Tensor,
+    eps: float,
+    cos_sin: torch.Tensor,
+    positions: torch.Tensor,
+    num_q_heads: int,
 ) -> torch.Tensor:
-    """Per-head RMSNorm then neox RoPE. ``x``: [tokens, heads, head_dim] (a strided view is fine)."""
-    tokens, heads, head_dim = x.shape
-    out = torch.empty((tokens, heads, head_dim), dtype=x.dtype, device=x.device)
+    """In place: per-head RMSNorm then neox RoPE of ``qk`` [tokens, q heads + k heads, head_dim] (a strided view
+    of the qkv projection is fine): q heads with ``q_weight``, the rest with ``k_weight``. One launch for both."""
+    tokens, heads, head_dim = qk.shape
+    assert qk.stride(-1) == 1
     if tokens == 0:
-        return out
+        return qk
     _qk_norm_rope_kernel[(tokens,)](
-        x,
-        weight,
+        qk,
+        q_weight,
+        k_weight,
         cos_sin,
         positions,
-        out,
-        x.stride(0),
-        x.stride(1),
-        out.stride(0),
-        out.stride(1),
+        qk.stride(0),
+        qk.stride(1),
         cos_sin.stride(0),
         eps,
+        NUM_Q_HEADS=num_q_heads,
         NUM_HEADS=heads,
         HALF=head_dim // 2,
         BLOCK_H=triton.next_power_of_2(heads),
-        num_warps=4,
+        num_warps=4 if heads <= 32 else 8,
     )
-    return out
+    return qk
 
 
 @triton.jit

@@ -352,10 +352,19 @@ class TritonAttentionBackend(AttentionBackend):
 
     name = "triton"
 
-    def __init__(self, max_splits: int = 32, min_split_tokens: int = 256, programs_per_sm: int = 4) -> None:
+    def __init__(
+        self,
+        max_splits: int = 32,
+        min_split_tokens: int = 256,
+        programs_per_sm: int = 4,
+        decode_tiles: tuple[int, int, int] | None = None,
+    ) -> None:
         self.max_splits = max_splits  # bounds the grid and the partial-result buffers
         self.min_split_tokens = min_split_tokens  # shorter splits cost more in merging than they win
         self.programs_per_sm = programs_per_sm
+        # CUDA decode tiling (keys per tile, warps, pipeline stages); None = the default below.
+        # benchmarks/attention_kernels.py --sweep-decode measures the alternatives.
+        self.decode_tiles = decode_tiles
 
     # -- store ---------------------------------------------------------------------------------------------------------
 
@@ -517,7 +526,7 @@ class TritonAttentionBackend(AttentionBackend):
         block_d = max(16, triton.next_power_of_2(head_dim))
         block_h = max(16, triton.next_power_of_2(group))
         if q.is_cuda:
-            block_n, num_warps, num_stages = (64 if block_d <= 128 else 32), 4, 2
+            block_n, num_warps, num_stages = self.decode_tiles or ((64 if block_d <= 128 else 32), 4, 2)
         else:
             block_n, num_warps, num_stages = 16, 1, 1
 

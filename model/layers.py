@@ -196,14 +196,14 @@ class RotaryEmbedding(nn.Module):
 
 
 def qk_norm_rope(
-    positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, q_norm: RMSNorm, k_norm: RMSNorm, rope: RotaryEmbedding
+    positions: torch.Tensor, qk: torch.Tensor, num_q_heads: int, q_norm: RMSNorm, k_norm: RMSNorm, rope: RotaryEmbedding
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-head RMSNorm of q and k, then RoPE; one fused kernel each on CUDA."""
-    if q.is_cuda:
-        q = fused.qk_norm_rope(q, q_norm.weight, q_norm.eps, rope.cos_sin, positions)
-        k = fused.qk_norm_rope(k, k_norm.weight, k_norm.eps, rope.cos_sin, positions)
-        return q, k
-    return rope(positions, q_norm(q), k_norm(k))
+    """Per-head RMSNorm of q and k, then RoPE. ``qk``: [tokens, q heads + k heads, head_dim], the q and k part of
+    the qkv projection; on CUDA one fused kernel rewrites it in place. Returns (q, k) views."""
+    if qk.is_cuda:
+        fused.qk_norm_rope_(qk, q_norm.weight, k_norm.weight, q_norm.eps, rope.cos_sin, positions, num_q_heads)
+        return qk[:, :num_q_heads], qk[:, num_q_heads:]
+    return rope(positions, q_norm(qk[:, :num_q_heads]), k_norm(qk[:, num_q_heads:]))
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

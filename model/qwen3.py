@@ -37,11 +37,10 @@ class Qwen3Attention(nn.Module):
     def forward(self, positions: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
         qkv = self.qkv_proj(hidden)
         q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
-        q = q.view(-1, self.num_heads, self.head_dim)
-        k = k.view(-1, self.num_kv_heads, self.head_dim)
-        q, k = qk_norm_rope(positions, q, k, self.q_norm, self.k_norm, self.rotary_emb)
-        out = self.attn(q, k, v.view(-1, self.num_kv_heads, self.head_dim))
+        qk = qkv[:, : q_size + kv_size].view(-1, self.num_heads + self.num_kv_heads, self.head_dim)
+        q, k = qk_norm_rope(positions, qk, self.num_heads, self.q_norm, self.k_norm, self.rotary_emb)
+        v = qkv[:, q_size + kv_size :].view(-1, self.num_kv_heads, self.head_dim)
+        out = self.attn(q, k, v)
         return self.o_proj(out.flatten(1))
 
 

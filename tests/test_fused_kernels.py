@@ -51,19 +51,25 @@ def test_rmsnorm_with_and_without_residual(dtype, width):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("heads,head_dim", [(4, 16), (3, 32)] if not ON_GPU else [(16, 128), (8, 128), (5, 64)])
-def test_qk_norm_rope_on_a_strided_view(dtype, heads, head_dim):
-    g = torch.Generator(device=DEVICE).manual_seed(heads)
+@pytest.mark.parametrize(
+    "q_heads,k_heads,head_dim", [(4, 2, 16), (3, 1, 32)] if not ON_GPU else [(16, 8, 128), (32, 8, 128), (5, 5, 64)]
+)
+def test_qk_norm_rope_in_place_on_the_qkv_projection(dtype, q_heads, k_heads, head_dim):
+    g = torch.Generator(device=DEVICE).manual_seed(q_heads)
     tokens = 9
-    packed = torch.randn(tokens, (heads + 2) * head_dim, device=DEVICE, generator=g).to(dtype)
-    x = packed[:, head_dim : (heads + 1) * head_dim].view(tokens, heads, head_dim)  # like q inside qkv
-    w = (torch.rand(head_dim, device=DEVICE, generator=g) + 0.5).to(dtype)
+    qkv = torch.randn(tokens, (q_heads + 2 * k_heads) * head_dim, device=DEVICE, generator=g).to(dtype)
+    v_before = qkv[:, (q_heads + k_heads) * head_dim :].clone()
+    qk = qkv[:, : (q_heads + k_heads) * head_dim].view(tokens, q_heads + k_heads, head_dim)  # strided, as in qwen3
+    q_in, k_in = qk[:, :q_heads].clone(), qk[:, q_heads:].clone()
+    wq = (torch.rand(head_dim, device=DEVICE, generator=g) + 0.5).to(dtype)
+    wk = (torch.rand(head_dim, device=DEVICE, generator=g) + 0.5).to(dtype)
     rope = RotaryEmbedding(head_dim, 4096, 1e6).to(DEVICE)
     positions = torch.randint(0, 4096, (tokens,), device=DEVICE, generator=g)
-    got = fused.qk_norm_rope(x, w, 1e-6, rope.cos_sin, positions)
-    normed = torch_norm(x, w, 1e-6)
-    ref, _ = rope(positions, normed, normed)
-    assert rel(got, ref) < TOL[dtype] * 2
+    fused.qk_norm_rope_(qk, wq, wk, 1e-6, rope.cos_sin, positions, q_heads)
+    ref_q, ref_k = rope(positions, torch_norm(q_in, wq, 1e-6), torch_norm(k_in, wk, 1e-6))
+    assert rel(qk[:, :q_heads], ref_q) < TOL[dtype] * 2
+    assert rel(qk[:, q_heads:], ref_k) < TOL[dtype] * 2
+    assert torch.equal(qkv[:, (q_heads + k_heads) * head_dim :], v_before)  # v untouched
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -69,6 +69,7 @@ class ModelRunner:
         self.backend = get_backend(cfg.attention_backend, device, cfg.block_size, self.dtype)
         self.attn_layers = [m for m in self.model.modules() if isinstance(m, PagedAttention)]
         self.generator = torch.Generator(device=device).manual_seed(cfg.seed)
+        self.noise_seeds = np.random.default_rng(cfg.seed)  # per-step keys of the fused sampler's noise
         self.num_blocks = 0
         self.graphs: DecodeGraphs | None = None
         self.last_tokens = torch.zeros(cfg.max_num_seqs, dtype=torch.int64, device=device)
@@ -434,7 +435,7 @@ class ModelRunner:
             st = self.sampling_tensors(hb.sample_slots, hb.sample_positions)
             if self.any_controls:
                 lp = self._logprobs(logits, hb.sample_slots)
-            tokens = sample(logits, st, self.generator)
+            tokens = sample(logits, st, self.generator, int(self.noise_seeds.integers(1 << 31)))
             if self.any_controls:
                 self._after_sample(st, hb.sample_slots, tokens)
         else:

@@ -7,6 +7,9 @@ apply. Greedy rows take the argmax of the changed logits.
 Sampling is an exponential race: ``argmax(probs / E)`` with ``E ~ Exp(1)`` draws from ``probs`` exactly, and
 excluded tokens (probability 0) can never win. Rows with a seed draw their noise from a counter-based hash of
 (seed, position, token id), so a seeded request gets the same tokens whatever else shares its batch.
+
+On CUDA, batches without top-k / top-p / min-p / seeds (the common case) take ``kernels.sampling``: the same law
+(Gumbel-max on ``logits / T``) in one read of the model-dtype logits instead of ~7 float32 passes.
 """
 
 from __future__ import annotations
@@ -14,6 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+
+from kernels.sampling import sample_argmax
 
 _MASK32 = 0xFFFFFFFF
 
@@ -123,8 +128,14 @@ def apply_filters(logits: torch.Tensor, st: SamplingTensors) -> torch.Tensor:
     return logits
 
 
-def sample(logits: torch.Tensor, st: SamplingTensors, generator: torch.Generator | None = None) -> torch.Tensor:
-    """One token id per row (int64 [n])."""
+def sample(
+    logits: torch.Tensor, st: SamplingTensors, generator: torch.Generator | None = None, noise_seed: int = 0
+) -> torch.Tensor:
+    """One token id per row (int64 [n]). ``noise_seed`` keys the fused CUDA path's noise (new one per step)."""
+    if logits.is_cuda and not (st.any_top_k or st.any_top_p or st.any_min_p or st.any_seed):
+        if st.banned is not None or st.penalty_rows is not None:
+            logits = apply_controls(logits.float(), st)
+        return sample_argmax(logits, None if st.all_greedy else st.temperature, noise_seed)
     logits = apply_controls(logits.float(), st)
     greedy = logits.argmax(-1)
     if st.all_greedy:
