@@ -1,15 +1,18 @@
 #!/usr/bin/env bash
 # One device call: the throughput workloads in sequence, each bounded; JSON lines to $OUT/bench.jsonl, table last.
-# usage: bash benchmarks/gpu_bench.sh "W1 --shape qwen3-0.6b" "W2 --shape qwen3-8b" ...
+# usage: bash benchmarks/gpu_bench.sh "W1 --shape qwen3-0.6b" "NANOSERVE_SKINNY_GEMM=0 W2 --shape qwen3-8b" ...
+# (leading NAME=value words of a spec are set in that run's environment)
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 LIMIT=${LIMIT:-200}
 for spec in "$@"; do
-  read -r workload rest <<<"$spec"
+  envs=(); set -- $spec
+  while [[ $1 == *=* ]]; do envs+=("$1"); shift; done
+  workload=$1; shift; rest="$*"
   log="$OUT/$(echo "$spec" | tr -c 'A-Za-z0-9.-' '_').log"
   echo "=== $spec" | tee -a "$OUT/bench.jsonl.log"
-  timeout "$LIMIT" python3 benchmarks/throughput.py --workload $workload $rest >"$log" 2>&1
+  timeout "$LIMIT" env "${envs[@]}" python3 benchmarks/throughput.py --workload $workload $rest >"$log" 2>&1
   echo "rc=$? $spec" >>"$OUT/bench.jsonl.log"
   tail -n 1 "$log" | grep '^{' | python3 -c "import json,sys; d=json.loads(sys.stdin.read()); d['spec']=sys.argv[1]; print(json.dumps(d))" "$spec" >>"$OUT/bench.jsonl" || tail -n 5 "$log"
 done

@@ -10,7 +10,9 @@ write_tiny_checkpoint("/tmp/ck_f32", TinySpec(tie_word_embeddings=False, vocab_s
 write_tiny_checkpoint("/tmp/ck_bf16", TinySpec(hidden_size=256, intermediate_size=512, num_attention_heads=8,
     num_key_value_heads=2, head_dim=64, num_hidden_layers=4, dtype="bfloat16", std=0.05, tie_word_embeddings=False))
 PY
-echo "--- torchrun TP=2 group vs TP=1, float32 greedy tokens (NCCL)"
+echo "--- torchrun all-reduce: NCCL vs symmetric-memory one-/two-shot (eager and in CUDA graphs)"
+timeout 120 torchrun --nproc-per-node 2 benchmarks/allreduce.py 2>&1 | tee "$OUT/allreduce.log" | grep -v '^{'
+echo "--- torchrun TP=2 group vs TP=1, float32 greedy tokens (NCCL + symmetric-memory all-reduce)"
 timeout 200 python3 tests/tp_smoke.py --model /tmp/ck_f32 --device cuda --tp 2 --max-tokens 32 2>&1 | tail -1 | tee "$OUT/tp_smoke.json"
 for dt in float32 bfloat16; do
   ck=/tmp/ck_f32; [ $dt = bfloat16 ] && ck=/tmp/ck_bf16

@@ -13,7 +13,7 @@ from torch import nn
 
 from kernels.attention import AttentionBackend, AttentionMetadata
 from model.context import forward_context
-from worker.transfer import to_device
+from worker.transfer import HostStager
 
 
 def batch_buckets(max_batch: int) -> list[int]:
@@ -65,6 +65,7 @@ class DecodeGraphs:
 
     def run(
         self,
+        stager: HostStager,
         input_ids: torch.Tensor,
         positions: np.ndarray,
         slot_mapping: np.ndarray,
@@ -74,12 +75,11 @@ class DecodeGraphs:
         n = len(input_ids)
         bs = self.buckets[bisect.bisect_left(self.buckets, n)]
         self.input_ids[:n].copy_(input_ids)
-        dev = self.positions.device
-        self.positions[:n].copy_(to_device(positions, dev))
-        self.slot_mapping[:n].copy_(to_device(slot_mapping, dev))
+        self.positions[:n].copy_(stager.to_device(positions))
+        self.slot_mapping[:n].copy_(stager.to_device(slot_mapping))
         self.slot_mapping[n:bs].fill_(-1)
-        self.seq_lens[:n].copy_(to_device(seq_lens, dev, torch.int32))
+        self.seq_lens[:n].copy_(stager.to_device(seq_lens, torch.int32))
         self.seq_lens[n:bs].fill_(0)
-        self.block_tables[:n, : block_tables.shape[1]].copy_(to_device(block_tables, dev, torch.int32))
+        self.block_tables[:n, : block_tables.shape[1]].copy_(stager.to_device(block_tables, torch.int32))
         self.graphs[bs].replay()
         return self.outputs[bs][:n]

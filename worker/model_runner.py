@@ -17,7 +17,7 @@ from model.parallel import broadcast_from_rank0, tp_rank
 from protocol.messages import StepCommand, WorkerConfig
 from worker.cuda_graphs import DecodeGraphs
 from worker.sampler import SamplingTensors, sample
-from worker.transfer import to_device
+from worker.transfer import HostStager
 
 
 @dataclass(slots=True)
@@ -73,6 +73,7 @@ class ModelRunner:
         self.num_blocks = 0
         self.graphs: DecodeGraphs | None = None
         self.last_tokens = torch.zeros(cfg.max_num_seqs, dtype=torch.int64, device=device)
+        self.stager = HostStager(device)
         pin = device.type == "cuda"
         self._pinned = [torch.empty(cfg.max_num_seqs, dtype=torch.int32, pin_memory=pin) for _ in range(4)]
         self._ring = 0
@@ -163,7 +164,7 @@ class ModelRunner:
     # ---- one step --------------------------------------------------------------------------------------
 
     def _to_dev(self, arr: np.ndarray, dtype=torch.int64) -> torch.Tensor:
-        return to_device(arr, self.device, dtype)
+        return self.stager.to_device(arr, dtype)
 
     def _set_prefill_meta(self, meta: AttentionMetadata, q_lens, seq_lens, tables) -> None:
         cu = np.zeros(len(q_lens) + 1, dtype=np.int32)
@@ -392,7 +393,7 @@ class ModelRunner:
         input_ids = self._input_ids(step, hb)
         if self.graphs is not None and hb.num_prefills == 0 and len(hb.slots) <= self.graphs.max_batch:
             tables = self.block_tables[hb.slots, : hb.width]
-            return self.graphs.run(input_ids, hb.positions, hb.slot_mapping, hb.seq_lens, tables)
+            return self.graphs.run(self.stager, input_ids, hb.positions, hb.slot_mapping, hb.seq_lens, tables)
         with forward_context(self.device_meta(hb), self.backend):
             return self.model(input_ids, self._to_dev(hb.positions))
 
@@ -422,6 +423,7 @@ class ModelRunner:
     @torch.inference_mode()
     def launch(self, step: StepCommand) -> PendingTokens:
         """Enqueue one step on the device without waiting for it; the sampled ids arrive in a host buffer."""
+        self.stager.begin_step()
         self.apply_slot_updates(step)
         hb = self.prepare_host(step) if len(step.slots) else None
         if hb is None or len(hb.sample_idx) == 0:

@@ -85,6 +85,15 @@ class Worker:
         from worker.model_runner import ModelRunner
 
         set_tp(self.rank, self.world_size)
+        if device.type == "cuda" and self.world_size > 1:
+            # collective (every rank): the symmetric all-reduce buffer, before weights, KV sizing and CUDA graphs
+            from model.config import ModelConfig, parse_dtype
+            from model.parallel import init_custom_all_reduce
+
+            mc = ModelConfig.from_pretrained(cfg.model)
+            dtype = parse_dtype(cfg.dtype, mc.dtype)
+            tokens = max(cfg.max_num_batched_tokens, cfg.max_num_seqs)
+            init_custom_all_reduce(tokens * mc.hidden_size * dtype.itemsize, dtype, device)
         self.runner = ModelRunner(cfg, device)
         blocks = self.runner.available_kv_blocks()
         name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"

@@ -1,0 +1,43 @@
+"""Symmetric-memory all-reduce (model/parallel.py): on two CUDA GPUs, model.parallel.all_reduce and each forced
+kernel equal NCCL's sum eagerly and under CUDA graph capture/replay (benchmarks/allreduce.py --check under
+torchrun). On the CPU only the fallback rules run."""
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+
+from model import parallel
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_fallback_without_cuda_tp_group():
+    # tp 1, or a CPU device: nothing to set up, no collective, all_reduce stays a no-op / gloo
+    parallel.set_tp(0, 1)
+    assert parallel.init_custom_all_reduce(1 << 20, torch.bfloat16, "cpu") is False
+    assert parallel.get_symm_all_reduce() is None
+    x = torch.ones(4)
+    assert parallel.all_reduce(x) is x
+    parallel.set_tp(0, 2)
+    try:
+        assert parallel.init_custom_all_reduce(1 << 20, torch.bfloat16, "cpu") is False
+        assert parallel.get_symm_all_reduce() is None
+    finally:
+        parallel.set_tp(0, 1)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs")
+def test_symm_all_reduce_matches_nccl_under_torchrun():
+    from tp_smoke import torchrun_cmd
+
+    cmd = torchrun_cmd(2, "unused")
+    cmd = cmd[: cmd.index("-m")] + [str(ROOT / "benchmarks" / "allreduce.py"), "--check"]
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env.pop(parallel.DISABLE_ENV, None)
+    out = subprocess.run(cmd, env=env, cwd=str(ROOT), capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]
+    assert '"symm": true' in out.stdout and '"ok": true' in out.stdout, out.stdout[-4000:]
