@@ -3,14 +3,11 @@ tensor and copies this rank's shard into place, so loading needs no knowledge of
 
 from __future__ import annotations
 
-import os
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from kernels import fused
-from kernels.skinny_gemm import MAX_ROWS, skinny_gemm
 from model.context import get_context
 from model.parallel import all_reduce, gather_to_rank0, tp_rank, tp_size
 
@@ -33,25 +30,6 @@ def _shard_rows(loaded: torch.Tensor, dim: int, rank: int, size: int, name: str)
     return loaded.chunk(size, dim)[rank]
 
 
-# Decode batches of <= 16 rows stream the weights through kernels/skinny_gemm.py (faster than cuBLAS's split-K
-# choice for these shapes; docs/PERF.md); NANOSERVE_SKINNY_GEMM=0 sends them to cuBLAS (A/B benchmarks).
-SKINNY_GEMM = os.environ.get("NANOSERVE_SKINNY_GEMM", "1") != "0"
-
-
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    if (
-        SKINNY_GEMM
-        and bias is None
-        and x.is_cuda
-        and x.dim() == 2
-        and x.shape[0] <= MAX_ROWS
-        and x.dtype in (torch.bfloat16, torch.float16)
-        and x.stride(-1) == 1
-    ):
-        return skinny_gemm(x, weight)
-    return F.linear(x, weight, bias)
-
-
 class LinearBase(nn.Module):
     def __init__(self, in_features: int, out_features: int, bias: bool) -> None:
         super().__init__()
@@ -67,7 +45,7 @@ class LinearBase(nn.Module):
         default_weight_loader(param, loaded)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return linear(x, self.weight, self.bias)
+        return F.linear(x, self.weight, self.bias)
 
 
 class ColumnParallelLinear(LinearBase):
@@ -144,7 +122,7 @@ class RowParallelLinear(LinearBase):
         default_weight_loader(param, _shard_rows(loaded, 1, tp_rank(), tp_size(), "input columns"))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return all_reduce(linear(x, self.weight, self.bias))
+        return all_reduce(F.linear(x, self.weight, self.bias))
 
 
 class VocabParallelEmbedding(nn.Module):
