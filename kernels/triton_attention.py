@@ -526,9 +526,11 @@ class TritonAttentionBackend(AttentionBackend):
         block_d = max(16, triton.next_power_of_2(head_dim))
         block_h = max(16, triton.next_power_of_2(group))
         if q.is_cuda:
-            # 128-key tiles: 3-4% faster than 64 at batch 256 on an H200 (docs/PERF.md log 6); 128 KB of
-            # shared memory for two stages at head_dim 128
-            block_n, num_warps, num_stages = self.decode_tiles or ((128 if block_d <= 128 else 32), 4, 2)
+            # 128-key tiles: 3-4% faster than 64 at batch 256 on an H200 (docs/PERF.md log 6); two stages of
+            # K and V tiles then take 128 KB of shared memory at head_dim 128 in 16-bit types (64 keys in fp32)
+            wide = block_d <= 128 and k_cache.element_size() <= 2
+            block_n = 128 if wide else (64 if block_d <= 128 else 32)
+            block_n, num_warps, num_stages = self.decode_tiles or (block_n, 4, 2)
         else:
             block_n, num_warps, num_stages = 16, 1, 1
 
