@@ -18,6 +18,7 @@ import triton
 import triton.language as tl
 
 _BLOCK = 1024
+_MAX_CHUNKS = 64  # also the second pass's fixed width: one compiled variant whatever the batch size
 
 
 @triton.jit(do_not_specialize=["stride", "vocab", "seed", "chunk", "num_chunks"])
@@ -93,7 +94,7 @@ def sample_argmax(logits: torch.Tensor, temperature: torch.Tensor | None, seed: 
         return out
     assert logits.stride(-1) == 1, "rows must be contiguous"
     max_chunks = triton.cdiv(vocab, 4 * _BLOCK)  # >= 4 blocks of work per program
-    num_chunks = max(1, min(max_chunks, triton.cdiv(4 * _num_sms(logits.device), n), 64))
+    num_chunks = max(1, min(max_chunks, triton.cdiv(4 * _num_sms(logits.device), n), _MAX_CHUNKS))
     chunk = triton.cdiv(triton.cdiv(vocab, num_chunks), _BLOCK) * _BLOCK
     num_chunks = triton.cdiv(vocab, chunk)
     vals = torch.empty((n, num_chunks), dtype=torch.float32, device=logits.device)
@@ -113,5 +114,12 @@ def sample_argmax(logits: torch.Tensor, temperature: torch.Tensor | None, seed: 
         BLOCK=_BLOCK,
         num_warps=4,
     )
-    _row_best_kernel[(n,)](vals, idxs, out, num_chunks, BLOCK_C=triton.next_power_of_2(num_chunks), num_warps=1)
+    _row_best_kernel[(n,)](vals, idxs, out, num_chunks, BLOCK_C=_MAX_CHUNKS, num_warps=1)
     return out
+
+
+def warmup(vocab: int, dtype: torch.dtype, device: torch.device) -> None:
+    """Compile the greedy and the sampling variant at start-up (a first compile mid-run costs ~70 ms a step)."""
+    logits = torch.zeros((2, vocab), dtype=dtype, device=device)
+    sample_argmax(logits, None, 0)
+    sample_argmax(logits, torch.ones(2, device=device), 0)

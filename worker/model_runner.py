@@ -9,6 +9,7 @@ import numpy as np
 import torch
 
 from kernels.attention import AttentionMetadata, get_backend
+from kernels.sampling import warmup as sampling_warmup
 from model.config import ModelConfig, parse_dtype
 from model.context import forward_context
 from model.layers import PagedAttention
@@ -490,11 +491,15 @@ class ModelRunner:
         return self.model.compute_logits(self._forward(step, hb))
 
     def warmup_kernels(self) -> None:
-        """Compile the attention backend's data-dependent kernel variants before the first real step."""
-        if self.device.type == "cuda" and hasattr(self.backend, "warmup"):
+        """Compile the data-dependent Triton kernel variants (attention, sampling) before the first real step."""
+        if self.device.type != "cuda":
+            return
+        if hasattr(self.backend, "warmup"):
             attn = self.attn_layers[0]
             self.backend.warmup(attn.k_cache, attn.v_cache, attn.num_heads, self.dtype)
-            torch.cuda.synchronize(self.device)
+        if tp_rank() == 0:
+            sampling_warmup(self.model_config.vocab_size, self.dtype, self.device)
+        torch.cuda.synchronize(self.device)
 
     def capture_graphs(self) -> None:
         """CUDA graphs for decode-only steps (after the KV pool exists); no-op on CPU or with enforce_eager."""
