@@ -35,9 +35,10 @@ def test_step_trace_summary_splits_decode_and_prefill_steps():
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_pinned_stager_delivers_every_array_across_reused_regions():
-    """Regions are reused every third step and arrays are converted while staged; some overflow to pageable."""
+    """Regions are reused every third step and arrays are converted while staged; small arrays and arrays that
+    overflow the region take pageable copies."""
     dev = torch.device("cuda")
-    stager = HostStager(dev, slot_bytes=4096, num_slots=3)
+    stager = HostStager(dev, slot_bytes=4096, num_slots=3, inline_bytes=256)
     rng = np.random.default_rng(0)
     sent = []
     for step in range(12):

@@ -3,9 +3,10 @@
 A pageable host->device copy larger than the driver's inline limit (~64 KB: a batch-256 block table, a prefill's
 slot mapping) waits for the work already queued on the stream before it returns, so the worker could not
 prepare step N+1 while step N runs (measured: pipelined batch-256 steps slower than synchronous ones, docs/PERF.md
-log 6). ``HostStager`` copies each array into a slot of a pinned ring allocated once and issues a truly
-asynchronous copy from there. ``pin_memory()`` per array avoids the wait too but allocates every time, which
-costs more host time than it saves (log 5).
+log 6). ``HostStager`` copies each larger array into a slot of a pinned ring allocated once and issues a truly
+asynchronous copy from there; small arrays, which the driver sends inline without waiting, keep the cheaper
+pageable copy. ``pin_memory()`` per array avoids the wait too but allocates every time, which costs more host
+time than it saves (log 5).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import torch
 
 _NP_DTYPES = {torch.int64: np.int64, torch.int32: np.int32, torch.float32: np.float32}
 _ALIGN = 64
+_INLINE_BYTES = 16 << 10  # well under the driver's ~64 KB inline limit for pageable host->device copies
 
 
 def to_device(arr: np.ndarray, device: torch.device, dtype: torch.dtype = torch.int64) -> torch.Tensor:
@@ -30,12 +32,15 @@ class HostStager:
     """Pinned staging for a step's host->device copies: ``num_slots`` regions used in turn, one per step.
 
     ``begin_step`` moves to the next region after waiting for the copies last staged there (an event recorded
-    when that region was left; with at most two steps in flight it has long completed). Arrays that do not fit
-    the region take a pageable copy.
+    when that region was left; with at most two steps in flight it has long completed). Arrays of at most
+    ``inline_bytes``, and arrays that do not fit the region, take a pageable copy.
     """
 
-    def __init__(self, device: torch.device, slot_bytes: int = 4 << 20, num_slots: int = 3) -> None:
+    def __init__(
+        self, device: torch.device, slot_bytes: int = 4 << 20, num_slots: int = 3, inline_bytes: int = _INLINE_BYTES
+    ) -> None:
         self.device = device
+        self.inline_bytes = inline_bytes
         self.pinned = device.type == "cuda"
         self.slot = 0
         self.offset = 0
@@ -62,7 +67,7 @@ class HostStager:
         np_dtype = _NP_DTYPES[dtype]
         nbytes = arr.size * np.dtype(np_dtype).itemsize
         start = -(-self.offset // _ALIGN) * _ALIGN
-        if start + nbytes > len(self.arrays[self.slot]):
+        if nbytes <= self.inline_bytes or start + nbytes > len(self.arrays[self.slot]):
             return to_device(arr, self.device, dtype)
         self.offset = start + nbytes
         staged = self.arrays[self.slot][start : start + nbytes].view(np_dtype).reshape(arr.shape)
