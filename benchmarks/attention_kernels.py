@@ -60,20 +60,25 @@ def make_pool(
     return k_cache, v_cache, table
 
 
-def bench_decode(batch: int, lo: int, hi: int, block_size: int, dtype: torch.dtype, gen: torch.Generator) -> dict:
-    lens = torch.randint(lo, hi + 1, (batch,), generator=gen, device="cuda")
-    lengths = lens.tolist()
-    k_cache, v_cache, table = make_pool(lengths, block_size, dtype, gen)
-    q = torch.randn(batch, NUM_HEADS, HEAD_DIM, dtype=dtype, device="cuda", generator=gen)
-    meta = AttentionMetadata(
+def decode_meta(lens: torch.Tensor, table: torch.Tensor, max_len: int) -> AttentionMetadata:
+    batch = len(lens)
+    return AttentionMetadata(
         slot_mapping=torch.zeros(batch, dtype=torch.int64, device="cuda"),
         num_prefill_tokens=0,
         num_prefills=0,
         num_decodes=batch,
         decode_seq_lens=lens.to(torch.int32),
         decode_block_tables=table,
-        max_decode_seq_len=max(lengths),
+        max_decode_seq_len=max_len,
     )
+
+
+def bench_decode(batch: int, lo: int, hi: int, block_size: int, dtype: torch.dtype, gen: torch.Generator) -> dict:
+    lens = torch.randint(lo, hi + 1, (batch,), generator=gen, device="cuda")
+    lengths = lens.tolist()
+    k_cache, v_cache, table = make_pool(lengths, block_size, dtype, gen)
+    q = torch.randn(batch, NUM_HEADS, HEAD_DIM, dtype=dtype, device="cuda", generator=gen)
+    meta = decode_meta(lens, table, max(lengths))
     scale = HEAD_DIM**-0.5
     out = TRI.decode(q, k_cache, v_cache, meta, scale)
     err = rel_err(out, REF.decode(q, k_cache, v_cache, meta, scale))
@@ -179,15 +184,7 @@ def _sweep_case(heads, batch, lo, hi, dtype, seed, tilings) -> None:
     lens = torch.randint(lo, hi + 1, (batch,), generator=gen, device="cuda")
     k_cache, v_cache, table = make_pool(lens.tolist(), 16, dtype, gen)
     q = torch.randn(batch, heads, HEAD_DIM, dtype=dtype, device="cuda", generator=gen)
-    meta = AttentionMetadata(
-        slot_mapping=torch.zeros(batch, dtype=torch.int64, device="cuda"),
-        num_prefill_tokens=0,
-        num_prefills=0,
-        num_decodes=batch,
-        decode_seq_lens=lens.to(torch.int32),
-        decode_block_tables=table,
-        max_decode_seq_len=4096,  # as the CUDA graphs are captured
-    )
+    meta = decode_meta(lens, table, 4096)  # max_model_len, as the CUDA graphs are captured
     ref = REF.decode(q, k_cache, v_cache, meta, 1.0)
     kv_bytes = 2 * int(lens.sum()) * NUM_KV_HEADS * HEAD_DIM * k_cache.element_size()
     default_ms = median_ms(functools.partial(TRI.decode, q, k_cache, v_cache, meta, 1.0))

@@ -1,23 +1,13 @@
 """Fused Triton kernels (kernels/fused.py) against the torch layer code they replace: on CUDA at real sizes, on the
 CPU under TRITON_INTERPRET=1 at tiny sizes."""
 
-import importlib
-import os
-import sys
-
+import pytest
 import torch
 
-ON_GPU = torch.cuda.is_available()
-if not ON_GPU:
-    os.environ["TRITON_INTERPRET"] = "1"
-    if "kernels.fused" in sys.modules:  # imported un-interpreted by an earlier test module
-        importlib.reload(sys.modules["kernels.fused"])
+from kernels import fused
+from model.layers import RMSNorm, RotaryEmbedding
 
-import pytest  # noqa: E402
-
-from kernels import fused  # noqa: E402
-from model.layers import RMSNorm, RotaryEmbedding  # noqa: E402
-
+ON_GPU = torch.cuda.is_available()  # without CUDA, conftest.py runs the kernels in the Triton interpreter
 DEVICE = "cuda" if ON_GPU else "cpu"
 DTYPES = [torch.float32, torch.bfloat16, torch.float16] if ON_GPU else [torch.float32]
 TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2, torch.float16: 2e-3}

@@ -1,22 +1,12 @@
 """The fused sampling kernel (kernels/sampling.py): greedy rows equal torch's argmax exactly (ties included),
 sampled rows follow softmax(logits / T). On CUDA at real vocabulary sizes, on the CPU under TRITON_INTERPRET=1."""
 
-import importlib
-import os
-import sys
-
+import pytest
 import torch
 
-ON_GPU = torch.cuda.is_available()
-if not ON_GPU:
-    os.environ["TRITON_INTERPRET"] = "1"
-    if "kernels.sampling" in sys.modules:  # imported un-interpreted by an earlier test module
-        importlib.reload(sys.modules["kernels.sampling"])
+from kernels import sampling
 
-import pytest  # noqa: E402
-
-from kernels import sampling  # noqa: E402
-
+ON_GPU = torch.cuda.is_available()  # without CUDA, conftest.py runs the kernels in the Triton interpreter
 DEVICE = "cuda" if ON_GPU else "cpu"
 DTYPES = [torch.bfloat16, torch.float16, torch.float32] if ON_GPU else [torch.float32, torch.float16]
 VOCAB = 151_936 if ON_GPU else 5_000

@@ -1,32 +1,19 @@
 """Triton attention kernels vs the torch reference backend.
 
 On CUDA the cases run at realistic sizes (``gpu`` marker) and tiny ones; on the CPU only the tiny cases run,
-through the Triton interpreter, which must be switched on before any ``@triton.jit`` is evaluated.
+through the Triton interpreter.
 """
 
-import os
+import dataclasses
+import math
 
+import pytest
 import torch
 
-ON_GPU = torch.cuda.is_available()
-if not ON_GPU:
-    # Must precede the first import of triton/kernels.triton_attention: jit picks interpreter mode at decoration.
-    os.environ["TRITON_INTERPRET"] = "1"
+from kernels.attention import AttentionMetadata, TorchAttentionBackend
+from kernels.triton_attention import TritonAttentionBackend
 
-import dataclasses  # noqa: E402
-import importlib  # noqa: E402
-import math  # noqa: E402
-import sys  # noqa: E402
-
-import pytest  # noqa: E402
-
-if not ON_GPU and "kernels.triton_attention" in sys.modules:
-    # Another module imported the kernels before interpretation was on: re-decorate them.
-    importlib.reload(sys.modules["kernels.triton_attention"])
-
-from kernels.attention import AttentionMetadata, TorchAttentionBackend  # noqa: E402
-from kernels.triton_attention import TritonAttentionBackend  # noqa: E402
-
+ON_GPU = torch.cuda.is_available()  # without CUDA, conftest.py has switched the Triton interpreter on
 DEVICE = torch.device("cuda" if ON_GPU else "cpu")
 gpu = pytest.mark.gpu
 needs_cuda = pytest.mark.skipif(not ON_GPU, reason="needs CUDA")
