@@ -24,10 +24,10 @@ class TPState:
 
 _TP = TPState()
 
-# Size cut-offs of the symmetric-memory all-reduce, in bytes per rank. Set from the measurements of
-# benchmarks/allreduce.py (torchrun --nproc-per-node 2, NVLink H200s, bf16, inside CUDA graphs); initial guess:
-# one-shot (every rank reads every peer's whole buffer: lowest latency) up to 512 KiB, two-shot (reduce-scatter
-# + all-gather through the buffer: less NVLink traffic) up to 16 MiB, NCCL above (prefill-sized messages).
+# Size cut-offs of the symmetric-memory all-reduce, in bytes per rank, from benchmarks/allreduce.py (2 NVLink
+# H200s, bf16, in CUDA graphs; docs/PERF.md log 6d): one-shot (every rank reads each peer's whole buffer: lowest
+# latency, 6.7 us at 8 KB vs NCCL's 11.9) wins to ~1 MiB, two-shot (reduce-scatter + all-gather through the
+# buffer: less NVLink traffic, 19 us at 2 MiB vs 31) to ~32 MiB; NCCL wins at 64 MiB (prefill-sized messages).
 ONE_SHOT_MAX_BYTES = 512 * 1024
 TWO_SHOT_MAX_BYTES = 16 * 1024 * 1024
 DISABLE_ENV = "NANOSERVE_DISABLE_SYMM_MEM"  # "1": keep NCCL for every all-reduce (A/B benchmarks)
