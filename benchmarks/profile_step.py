@@ -2,6 +2,7 @@
 single-sequence and batched decode, then prints the profiler's top CPU and CUDA ops.
 
     python benchmarks/profile_step.py --shape qwen3-0.6b [--batch 1 256] [--context 128] [--enforce-eager]
+    torchrun --nproc-per-node 2 benchmarks/profile_step.py --shape qwen3-8b    # a TP=2 step (rank 0 prints)
 
 --context sets the prompt length each sequence has before the timed decode steps (W1's contexts average ~1,100).
 """
@@ -9,6 +10,7 @@ single-sequence and batched decode, then prints the profiler's top CPU and CUDA 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
@@ -79,7 +81,7 @@ def kernel_summary(prof, steps: int) -> None:
 
 
 def main() -> None:
-    from shapes import write_shape
+    from shapes import load_config, write_shape
 
     p = argparse.ArgumentParser()
     p.add_argument("--shape", default="qwen3-0.6b")
@@ -88,13 +90,24 @@ def main() -> None:
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--context", type=int, default=128)
     a = p.parse_args()
-    model_dir = write_shape(a.shape)
     import torch.distributed as dist
 
-    from model.parallel import set_tp
+    from model.parallel import init_custom_all_reduce, set_tp
 
-    dist.init_process_group("nccl", init_method="tcp://127.0.0.1:29555", rank=0, world_size=1)
-    set_tp(0, 1)
+    # under torchrun every rank runs the same steps, as the workers of one TP group do
+    rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    init = "env://" if world > 1 else "tcp://127.0.0.1:29555"
+    dist.init_process_group("nccl", init_method=init, rank=rank, world_size=world)
+    torch.cuda.set_device(rank)
+    set_tp(rank, world)
+    model_dir = write_shape(a.shape) if rank == 0 else None
+    dist.barrier()
+    model_dir = write_shape(a.shape)  # written by rank 0; the others only find it
+    if world > 1:
+        hidden = load_config(model_dir)["hidden_size"]
+        init_custom_all_reduce(8192 * hidden * 2, torch.bfloat16, torch.device("cuda", rank))
+    if rank:
+        sys.stdout = open(os.devnull, "w")  # rank 0 reports
     from worker.model_runner import ModelRunner
 
     max_bs = max(a.batch)
@@ -117,7 +130,7 @@ def main() -> None:
         "auto",
         "",
     )
-    runner = ModelRunner(cfg, torch.device("cuda"))
+    runner = ModelRunner(cfg, torch.device("cuda", rank))
     runner.allocate_kv(num_blocks)
     runner.capture_graphs()
     rows = []
