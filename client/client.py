@@ -310,15 +310,45 @@ class Client(_Base):
         self.close()
 
 
-class Stream:
+class _StreamState:
+    """What a sync and an async stream share: accumulating deltas, retiring the request's reply queue
+    (``replies``: the client's table of them) once done, aborting it when left early."""
+
+    def __init__(self, client: Client | AsyncClient, request_id: str, replies: dict) -> None:
+        self.client, self.request_id, self._replies = client, request_id, replies
+        self.completion: Completion | None = None
+        self._acc = _Accumulator(request_id)
+        self._done = False
+
+    def _take(self, msg: Delta | Error) -> Delta:
+        if isinstance(msg, Error):
+            self._done = True
+            self._replies.pop(self.request_id, None)
+            _raise(msg)
+        self.completion = self._acc.add(msg)
+        if self.completion is not None:
+            self._done = True
+            self._replies.pop(self.request_id, None)
+        return msg
+
+    def _close(self) -> None:
+        if not self._done:
+            self._done = True
+            self.client._abort_quietly(self.request_id)
+
+    def __del__(self) -> None:
+        try:
+            self._close()
+        except Exception:
+            pass
+
+
+class Stream(_StreamState):
     """The deltas of one streaming request. Closing it (or dropping it, or leaving a ``for``/``with`` early)
     before the last delta aborts the request on the server. ``completion`` holds the whole result once done."""
 
     def __init__(self, client: Client, request_id: str) -> None:
-        self.client, self.request_id = client, request_id
-        self.completion: Completion | None = None
-        self._acc = _Accumulator(request_id)
-        self._done = False
+        super().__init__(client, request_id, client._inbox)
 
     def __iter__(self) -> Stream:
         return self
@@ -331,32 +361,16 @@ class Stream:
         except BaseException:
             self.close()
             raise
-        if isinstance(msg, Error):
-            self._done = True
-            self.client._inbox.pop(self.request_id, None)
-            _raise(msg)
-        self.completion = self._acc.add(msg)
-        if self.completion is not None:
-            self._done = True
-            self.client._inbox.pop(self.request_id, None)
-        return msg
+        return self._take(msg)
 
     def close(self) -> None:
-        if not self._done:
-            self._done = True
-            self.client._abort_quietly(self.request_id)
+        self._close()
 
     def __enter__(self) -> Stream:
         return self
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-    def __del__(self) -> None:
-        try:
-            self.close()
-        except Exception:
-            pass
 
 
 # ---- asyncio client ----------------------------------------------------------------------------------------
@@ -522,15 +536,13 @@ class AsyncClient(_Base):
         self.close()
 
 
-class AsyncStream:
+class AsyncStream(_StreamState):
     """Async iterator over one streaming request's deltas; leaving early (``aclose()``, ``async with``,
     cancellation, garbage collection) aborts the request."""
 
     def __init__(self, client: AsyncClient, request_id: str, queue: asyncio.Queue) -> None:
-        self.client, self.request_id, self._queue = client, request_id, queue
-        self.completion: Completion | None = None
-        self._acc = _Accumulator(request_id)
-        self._done = False
+        super().__init__(client, request_id, client._queues)
+        self._queue = queue
 
     def __aiter__(self) -> AsyncStream:
         return self
@@ -543,20 +555,7 @@ class AsyncStream:
         except BaseException:
             self._close()
             raise
-        if isinstance(msg, Error):
-            self._done = True
-            self.client._queues.pop(self.request_id, None)
-            _raise(msg)
-        self.completion = self._acc.add(msg)
-        if self.completion is not None:
-            self._done = True
-            self.client._queues.pop(self.request_id, None)
-        return msg
-
-    def _close(self) -> None:
-        if not self._done:
-            self._done = True
-            self.client._abort_quietly(self.request_id)
+        return self._take(msg)
 
     async def aclose(self) -> None:
         self._close()
@@ -566,9 +565,3 @@ class AsyncStream:
 
     async def __aexit__(self, *exc) -> None:
         self._close()
-
-    def __del__(self) -> None:
-        try:
-            self._close()
-        except Exception:
-            pass
