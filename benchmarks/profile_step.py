@@ -80,6 +80,32 @@ def kernel_summary(prof, steps: int) -> None:
         print(f"  {t / steps / 1e3:8.3f} ms {n / steps:6.1f}x  {name}")
 
 
+def gap_summary(prof, steps: int) -> None:
+    """Device idle time inside the profiled window, by the kernel that ran before each gap: where the device
+    waits on the host (launches, copies) rather than on its own work."""
+    spans = sorted(
+        (ev.time_range.start, ev.time_range.end, ev.name[:60])
+        for ev in prof.events()
+        if ev.device_type == torch.autograd.DeviceType.CUDA
+    )
+    if not spans:
+        return
+    gaps: dict[str, list[float]] = {}
+    end, prev = spans[0][1], spans[0][2]
+    for start, stop, name in spans[1:]:
+        if start > end:
+            g = gaps.setdefault(prev, [0.0, 0])
+            g[0] += start - end
+            g[1] += 1
+        if stop > end:
+            end, prev = stop, name
+    idle = sum(g for g, _ in gaps.values())
+    window = end - spans[0][0]
+    print(f"device window {window / steps / 1e3:.3f} ms/step, idle {idle / steps / 1e3:.3f} ms/step; idle after:")
+    for name, (g, n) in sorted(gaps.items(), key=lambda kv: -kv[1][0])[:8]:
+        print(f"  {g / steps / 1e3:8.3f} ms {n / steps:6.1f}x  {name}")
+
+
 def main() -> None:
     from shapes import load_config, write_shape
 
@@ -89,6 +115,7 @@ def main() -> None:
     p.add_argument("--enforce-eager", action="store_true")
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--context", type=int, default=128)
+    p.add_argument("--prefill", action="store_true", help="also print the kernel ledger of the prefill steps")
     a = p.parse_args()
     import torch.distributed as dist
 
@@ -132,6 +159,7 @@ def main() -> None:
     )
     runner = ModelRunner(cfg, torch.device("cuda", rank))
     runner.allocate_kv(num_blocks)
+    runner.warmup_kernels()
     runner.capture_graphs()
     rows = []
     for bs in a.batch:
@@ -139,18 +167,36 @@ def main() -> None:
         blocks = [[s * blocks_per_seq + j for j in range(blocks_per_seq)] for s in slots]
         prompt = a.context
         per_step = max(1, 8192 // prompt)  # prefill in steps within the token budget
-        for lo in range(0, bs, per_step):
-            hi = min(bs, lo + per_step)
-            runner.execute(
-                step(
-                    0,
-                    slots[lo:hi],
-                    [prompt] * (hi - lo),
-                    [1] * (prompt * (hi - lo)),
-                    blocks[lo:hi],
-                    {"slots": slots[lo:hi], "temperature": a.temperature},
+        # with --prefill the prompts are prefilled twice and the second (compiled) pass is profiled
+        for rep in range(2 if a.prefill else 1):
+            profiled = rep == 1
+            prefill_prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA])
+            if profiled:
+                torch.cuda.synchronize()
+                prefill_prof.start()
+                t0 = time.perf_counter()
+            for lo in range(0, bs, per_step):
+                hi = min(bs, lo + per_step)
+                runner.execute(
+                    step(
+                        0,
+                        slots[lo:hi],
+                        [prompt] * (hi - lo),
+                        [1] * (prompt * (hi - lo)),
+                        blocks[lo:hi],
+                        {"slots": slots[lo:hi], "temperature": a.temperature},
+                    )
                 )
-            )
+            if profiled:
+                torch.cuda.synchronize()
+                elapsed = time.perf_counter() - t0
+                prefill_prof.stop()
+                num_steps = -(-bs // per_step)
+                print(
+                    f"\n--- batch {bs}: {num_steps} prefill steps of {per_step} x {prompt} tokens, "
+                    f"{elapsed / num_steps * 1e3:.2f} ms/step (profiled)"
+                )
+                kernel_summary(prefill_prof, num_steps)
 
         # each phase starts from the same contexts (KV rewritten in place), so their times compare
         def rewind(slots=slots, prompt=prompt):
@@ -180,18 +226,34 @@ def main() -> None:
         with torch.profiler.profile(
             activities=[torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
         ) as prof:
-            for _ in range(20):
-                runner.execute(step(sid, slots, [1] * bs, [-1] * bs, [[] for _ in slots]))
+            prev = None
+            for _ in range(20):  # pipelined, as the worker runs
+                cur = runner.launch(step(sid, slots, [1] * bs, [-1] * bs, [[] for _ in slots]))
                 sid += 1
+                if prev is not None:
+                    prev.wait()
+                prev = cur
+            prev.wait()
         print(f"\n--- batch {bs}: top ops by self CPU time (20 steps)")
         print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=12, max_name_column_width=50))
         print(prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=16, max_name_column_width=60))
         kernel_summary(prof, 20)
-        rows.append((bs, statistics.median(times) * 1e3, pipelined * 1e3))
+        gap_summary(prof, 20)
+        graph_ms = float("nan")
+        if runner.graphs is not None:  # the forward alone, back to back: the device-bound part of a step
+            graph = runner.graphs.graphs[min(b for b in runner.graphs.buckets if b >= bs)]
+            start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(50):
+                graph.replay()
+            stop.record()
+            torch.cuda.synchronize()
+            graph_ms = start.elapsed_time(stop) / 50
+        rows.append((bs, statistics.median(times) * 1e3, pipelined * 1e3, graph_ms))
         runner.num_computed[:] = 0
-    print(f"{'batch':>6s} {'execute ms (median)':>20s} {'pipelined ms/step':>18s}")
-    for bs, ms, pl in rows:
-        print(f"{bs:6d} {ms:20.3f} {pl:18.3f}")
+    print(f"{'batch':>6s} {'execute ms (median)':>20s} {'pipelined ms/step':>18s} {'graph replay ms':>16s}")
+    for bs, ms, pl, gm in rows:
+        print(f"{bs:6d} {ms:20.3f} {pl:18.3f} {gm:16.3f}")
 
 
 if __name__ == "__main__":

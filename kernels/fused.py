@@ -12,6 +12,8 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.pdl import pdl_enter, use_pdl
+
 
 @triton.jit
 def _rmsnorm_kernel(
@@ -28,7 +30,9 @@ def _rmsnorm_kernel(
     eps,
     HAS_RESIDUAL: tl.constexpr,
     BLOCK: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
+    pdl_enter(USE_PDL)
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
     mask = offs < N
@@ -51,6 +55,7 @@ def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.T
     res_out = torch.empty_like(x) if residual is not None else out
     res = residual if residual is not None else x
     block = triton.next_power_of_2(n)
+    pdl = use_pdl(x)
     _rmsnorm_kernel[(x.shape[0],)](
         x,
         res,
@@ -65,7 +70,9 @@ def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.T
         eps,
         HAS_RESIDUAL=residual is not None,
         BLOCK=block,
+        USE_PDL=pdl,
         num_warps=4 if block <= 2048 else 8,
+        launch_pdl=pdl,
     )
     return out if residual is None else (out, res_out)
 
@@ -85,7 +92,9 @@ def _qk_norm_rope_kernel(
     NUM_HEADS: tl.constexpr,
     HALF: tl.constexpr,
     BLOCK_H: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
+    pdl_enter(USE_PDL)
     # One program per token: its q and k heads as rows of one tile (q rows take q_norm's weight, k rows k_norm's),
     # each row split in its two rotary halves; written back in place.
     t = tl.program_id(0).to(tl.int64)
@@ -126,6 +135,7 @@ def qk_norm_rope_(
     assert qk.stride(-1) == 1
     if tokens == 0:
         return qk
+    pdl = use_pdl(qk)
     _qk_norm_rope_kernel[(tokens,)](
         qk,
         q_weight,
@@ -140,13 +150,16 @@ def qk_norm_rope_(
         NUM_HEADS=heads,
         HALF=head_dim // 2,
         BLOCK_H=triton.next_power_of_2(heads),
+        USE_PDL=pdl,
         num_warps=4 if heads <= 32 else 8,
+        launch_pdl=pdl,
     )
     return qk
 
 
 @triton.jit
-def _silu_and_mul_kernel(x_ptr, out_ptr, stride_x, stride_o, N, BLOCK: tl.constexpr):
+def _silu_and_mul_kernel(x_ptr, out_ptr, stride_x, stride_o, N, BLOCK: tl.constexpr, USE_PDL: tl.constexpr):
+    pdl_enter(USE_PDL)
     row = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < N
@@ -163,5 +176,8 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     if x.shape[0] == 0:
         return out
     block = min(1024, triton.next_power_of_2(n))
-    _silu_and_mul_kernel[(x.shape[0], triton.cdiv(n, block))](x, out, x.stride(0), out.stride(0), n, BLOCK=block)
+    pdl = use_pdl(x)
+    _silu_and_mul_kernel[(x.shape[0], triton.cdiv(n, block))](
+        x, out, x.stride(0), out.stride(0), n, BLOCK=block, USE_PDL=pdl, launch_pdl=pdl
+    )
     return out

@@ -17,6 +17,8 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.pdl import pdl_enter, use_pdl
+
 _BLOCK = 1024
 _MAX_CHUNKS = 64  # also the second pass's fixed width: one compiled variant whatever the batch size
 
@@ -34,7 +36,9 @@ def _chunk_best_kernel(
     num_chunks,
     SAMPLE: tl.constexpr,
     BLOCK: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
+    pdl_enter(USE_PDL)
     row = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1)
     start = c * chunk
@@ -66,7 +70,8 @@ def _chunk_best_kernel(
 
 
 @triton.jit(do_not_specialize=["num_chunks"])
-def _row_best_kernel(val_ptr, idx_ptr, out_ptr, num_chunks, BLOCK_C: tl.constexpr):
+def _row_best_kernel(val_ptr, idx_ptr, out_ptr, num_chunks, BLOCK_C: tl.constexpr, USE_PDL: tl.constexpr):
+    pdl_enter(USE_PDL)
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK_C)
     mask = offs < num_chunks
@@ -100,6 +105,7 @@ def sample_argmax(logits: torch.Tensor, temperature: torch.Tensor | None, seed: 
     vals = torch.empty((n, num_chunks), dtype=torch.float32, device=logits.device)
     idxs = torch.empty((n, num_chunks), dtype=torch.int32, device=logits.device)
     sample = temperature is not None
+    pdl = use_pdl(logits)
     _chunk_best_kernel[(n, num_chunks)](
         logits,
         temperature if sample else vals,
@@ -112,9 +118,11 @@ def sample_argmax(logits: torch.Tensor, temperature: torch.Tensor | None, seed: 
         num_chunks,
         SAMPLE=sample,
         BLOCK=_BLOCK,
+        USE_PDL=pdl,
         num_warps=4,
+        launch_pdl=pdl,
     )
-    _row_best_kernel[(n,)](vals, idxs, out, num_chunks, BLOCK_C=_MAX_CHUNKS, num_warps=1)
+    _row_best_kernel[(n,)](vals, idxs, out, num_chunks, BLOCK_C=_MAX_CHUNKS, USE_PDL=pdl, num_warps=1, launch_pdl=pdl)
     return out
 
 

@@ -15,6 +15,7 @@ import triton
 import triton.language as tl
 
 from kernels.attention import AttentionBackend, AttentionMetadata
+from kernels.pdl import pdl_enter, use_pdl
 
 _LOG2E = 1.4426950408889634
 
@@ -43,7 +44,9 @@ def _store_kvcache_kernel(
     HEAD_DIM: tl.constexpr,
     BLOCK_H: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
+    pdl_enter(USE_PDL)
     # One program per token, all kv heads at once: the token's K/V rows are a single small tile.
     t = tl.program_id(0).to(tl.int64)
     slot = tl.load(slot_ptr + t).to(tl.int64)
@@ -95,7 +98,9 @@ def _prefill_kernel(
     BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
+    pdl_enter(USE_PDL)
     head = tl.program_id(1)
     seq = tl.program_id(2)
     kv_head = head // GROUP
@@ -210,7 +215,9 @@ def _decode_split_kernel(
     BLOCK_H: tl.constexpr,  # GROUP padded to >= 16 so the group's scores are one tl.dot
     BLOCK_N: tl.constexpr,
     DIRECT_OUT: tl.constexpr,  # single split: normalise and write the final output, no merge pass
+    USE_PDL: tl.constexpr,
 ):
+    pdl_enter(USE_PDL)
     b = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -291,7 +298,9 @@ def _decode_merge_kernel(
     HEAD_DIM: tl.constexpr,
     BLOCK_S: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
+    pdl_enter(USE_PDL)
     b = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
     offs_s = tl.arange(0, BLOCK_S)
@@ -398,7 +407,9 @@ class TritonAttentionBackend(AttentionBackend):
             HEAD_DIM=head_dim,
             BLOCK_H=triton.next_power_of_2(num_kv_heads),
             BLOCK_D=triton.next_power_of_2(head_dim),
+            USE_PDL=use_pdl(k),
             num_warps=4,
+            launch_pdl=use_pdl(k),
         )
 
     # -- prefill -------------------------------------------------------------------------------------------------------
@@ -461,8 +472,10 @@ class TritonAttentionBackend(AttentionBackend):
             BLOCK_D=block_d,
             BLOCK_M=block_m,
             BLOCK_N=block_n,
+            USE_PDL=use_pdl(q),
             num_warps=num_warps,
             num_stages=num_stages,
+            launch_pdl=use_pdl(q),
         )
         return out
 
@@ -573,8 +586,10 @@ class TritonAttentionBackend(AttentionBackend):
             BLOCK_H=block_h,
             BLOCK_N=block_n,
             DIRECT_OUT=direct,
+            USE_PDL=use_pdl(q),
             num_warps=num_warps,
             num_stages=num_stages,
+            launch_pdl=use_pdl(q),
         )
         if not direct:
             _decode_merge_kernel[(batch, num_heads)](
@@ -589,6 +604,8 @@ class TritonAttentionBackend(AttentionBackend):
                 HEAD_DIM=head_dim,
                 BLOCK_S=triton.next_power_of_2(num_splits),
                 BLOCK_D=block_d,
+                USE_PDL=use_pdl(q),
                 num_warps=4 if q.is_cuda else 1,
+                launch_pdl=use_pdl(q),
             )
         return out

@@ -8,6 +8,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from kernels import fused
+from kernels.decode_gemm import decode_linear, decode_linear_tiles
 from model.context import get_context
 from model.parallel import all_reduce, gather_to_rank0, tp_rank, tp_size
 
@@ -45,6 +46,10 @@ class LinearBase(nn.Module):
         default_weight_loader(param, loaded)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.bias is None:
+            tiles = decode_linear_tiles(x, self.weight)
+            if tiles is not None:
+                return decode_linear(x, self.weight, tiles)
         return F.linear(x, self.weight, self.bias)
 
 
@@ -122,7 +127,7 @@ class RowParallelLinear(LinearBase):
         default_weight_loader(param, _shard_rows(loaded, 1, tp_rank(), tp_size(), "input columns"))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return all_reduce(F.linear(x, self.weight, self.bias))
+        return all_reduce(super().forward(x))
 
 
 class VocabParallelEmbedding(nn.Module):

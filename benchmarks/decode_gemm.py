@@ -1,0 +1,113 @@
+"""cuBLAS (F.linear) vs kernels/decode_gemm.py on Qwen3 linear shapes at decode batch sizes (GPU only).
+
+    python benchmarks/decode_gemm.py [--shape qwen3-0.6b|qwen3-8b|qwen3-8b-tp2] [--rows 1 16]
+
+Each GEMM is timed inside a CUDA graph of back-to-back calls over one layer's weight per model layer (more than
+the L2 holds), as a decode step runs them; our kernel with PDL on, as the model launches it. Prints the best
+tiling per (shape, rows), what decode_linear_tiles picks ("auto", "-" = cuBLAS), and per-step totals.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from kernels.decode_gemm import MAX_ROWS, decode_linear, decode_linear_tiles  # noqa: E402
+
+SHAPES = {  # per layer (N, K): qkv, o, gate_up, down; and the layer count
+    "qwen3-0.6b": ([(4096, 1024), (1024, 2048), (6144, 1024), (1024, 3072)], 28),
+    "qwen3-8b": ([(6144, 4096), (4096, 4096), (24576, 4096), (4096, 12288)], 36),
+    "qwen3-8b-tp2": ([(3072, 4096), (4096, 2048), (12288, 4096), (4096, 6144)], 36),  # one rank's shards
+}
+
+
+def graph_us(fn, weights, x) -> float:
+    for w in weights:
+        fn(x, w)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(2):
+            for w in weights:
+                fn(x, w)
+    g.replay()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(5):
+        start.record()
+        g.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / (2 * len(weights)))
+    return sorted(times)[len(times) // 2]
+
+
+def tilings(n: int, k: int):
+    for bn in (32, 64, 128):
+        for bk in (64, 128):
+            for split in (1, 2, 4):
+                if n % bn == 0 and k % (split * bk) == 0:
+                    yield (bn, bk, split, 4, 3)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--shape", default="qwen3-0.6b", choices=list(SHAPES))
+    p.add_argument("--rows", type=int, nargs="+", default=[1, 16])
+    a = p.parse_args()
+    shapes, layers = SHAPES[a.shape]
+    dt = torch.bfloat16
+    assert max(a.rows) <= MAX_ROWS
+    totals: dict[int, list[float]] = {m: [0.0, 0.0, 0.0] for m in a.rows}
+    best_tiles = {}
+    print(f"{'N x K':>13} {'M':>4} {'cuBLAS us':>9} {'best us':>8} {'ratio':>6} {'auto us':>8}  best tiles / auto")
+    for n, k in shapes:
+        weights = [torch.randn(n, k, device="cuda", dtype=dt) * 0.02 for _ in range(layers)]
+        for m in a.rows:
+            x = torch.randn(m, k, device="cuda", dtype=dt)
+            ref = F.linear(x, weights[0])
+            cublas = graph_us(F.linear, weights, x)
+            best = (float("inf"), None)
+            for tiles in tilings(n, k):
+                try:
+                    err = (decode_linear(x, weights[0], tiles).float() - ref.float()).abs().max().item()
+                    assert err < 5e-2, (tiles, err)
+                    us = graph_us(lambda x, w, t=tiles: decode_linear(x, w, t), weights, x)
+                except Exception as e:  # noqa: BLE001 (a tiling that does not fit in shared memory)
+                    print(f"  {tiles}: {type(e).__name__} {str(e)[:80]}")
+                    continue
+                best = min(best, (us, tiles))
+            auto_tiles = decode_linear_tiles(x, weights[0])
+            auto = cublas
+            if auto_tiles is not None:
+                auto = graph_us(lambda x, w, t=auto_tiles: decode_linear(x, w, t), weights, x)
+            totals[m][0] += cublas * layers
+            totals[m][1] += best[0] * layers
+            totals[m][2] += auto * layers
+            best_tiles[f"{n}x{k}@{m}"] = best[1]
+            print(
+                f"{n:6d}x{k:<6d} {m:4d} {cublas:9.2f} {best[0]:8.2f} {best[0] / cublas:6.2f} {auto:8.2f}  "
+                f"{best[1]} / {auto_tiles or '-'}",
+                flush=True,
+            )
+        del weights
+        torch.cuda.empty_cache()
+    print(f"\n{a.shape}: the {len(shapes)} layer GEMMs x {layers} layers, ms per step")
+    for m, (c, o, auto) in totals.items():
+        print(
+            f"  M {m:4d}: cuBLAS {c / 1e3:6.3f}  best {o / 1e3:6.3f}  auto {auto / 1e3:6.3f}  "
+            f"saves {(c - auto) / 1e3:6.3f}"
+        )
+    print(json.dumps(best_tiles))
+
+
+if __name__ == "__main__":
+    main()
