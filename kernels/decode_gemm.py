@@ -78,8 +78,9 @@ def _sum_splits_kernel(part_ptr, out_ptr, numel, SPLIT_K: tl.constexpr, BLOCK: t
 def decode_linear_tiles(x: torch.Tensor, w: torch.Tensor) -> tuple[int, int, int, int, int] | None:
     """(BLOCK_N, BLOCK_K, SPLIT_K, warps, stages) when ``x @ w.T`` should take this kernel, else None (cuBLAS).
 
-    From the H200 sweep (benchmarks/decode_gemm.py): narrow outputs at <= 16 rows (0.6B o/down: 0.35-0.8x
-    cuBLAS's time), and single-row products with a long K (8B o/down: 0.93x). Wide outputs stay with cuBLAS.
+    From the H200 sweeps (benchmarks/decode_gemm.py): narrow outputs at <= 16 rows (0.6B o/down: 0.35-0.8x
+    cuBLAS's time), and single-row products with K >= 2048 (8B o/down, and the TP=2 shards: 0.9x). Wide
+    outputs (gate_up, the 0.6B and 8B qkv) stay with cuBLAS, which matches or beats us there.
     """
     if _DISABLED or not (
         x.is_cuda and x.dim() == 2 and x.dtype in (torch.float16, torch.bfloat16) and w.dtype == x.dtype
@@ -89,9 +90,9 @@ def decode_linear_tiles(x: torch.Tensor, w: torch.Tensor) -> tuple[int, int, int
     n = w.shape[0]
     if not (0 < m <= MAX_ROWS and x.stride(1) == 1 and w.is_contiguous()):
         return None
-    if n <= 2048 and n % 32 == 0 and k % 512 == 0:
-        return 32, 128, 4, 4, 3
-    if m == 1 and n <= 4096 and n % 64 == 0 and k >= 4096 and k % 512 == 0:
+    if n <= 2048 and n % 64 == 0 and k % 512 == 0:
+        return (32 if m == 1 else 64), 128, 4, 4, 3
+    if m == 1 and n <= 4096 and n % 64 == 0 and k >= 2048 and k % 512 == 0:
         return 64, 128, 4, 4, 3
     return None
 

@@ -21,8 +21,9 @@ def test_decode_linear_matches_matmul(rows, tiles):
     w = torch.randn(128, 512, device=DEVICE, generator=g)
     out = decode_linear(x, w, tiles)
     assert out.shape == (rows, 128) and out.dtype == x.dtype
-    # tl.dot may round fp32 inputs through tf32 on a GPU
-    assert torch.allclose(out, x @ w.T, rtol=1e-2 if ON_GPU else 1e-4, atol=1e-2 if ON_GPU else 1e-4)
+    ref = x @ w.T
+    # tl.dot rounds fp32 inputs through tf32 on a GPU (10-bit mantissa): compare relative to the result's norm
+    assert ((out - ref).norm() / ref.norm()).item() < (3e-3 if ON_GPU else 1e-6)
 
 
 def test_dispatch_rule_stays_with_cublas_off_gpu_and_for_wide_or_tall_products():
