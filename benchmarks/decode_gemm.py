@@ -19,6 +19,8 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from timing import graph_replay_us  # noqa: E402  (benchmarks/, the script's folder)
+
 from kernels.decode_gemm import MAX_ROWS, decode_linear, decode_linear_tiles  # noqa: E402
 
 SHAPES = {  # per layer (N, K): qkv, o, gate_up, down; and the layer count
@@ -29,25 +31,14 @@ SHAPES = {  # per layer (N, K): qkv, o, gate_up, down; and the layer count
 
 
 def graph_us(fn, weights, x) -> float:
-    for w in weights:
-        fn(x, w)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
+    """Microseconds per call of fn(x, w) over every layer's weight, twice per replay."""
+
+    def run():
         for _ in range(2):
             for w in weights:
                 fn(x, w)
-    g.replay()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    for _ in range(5):
-        start.record()
-        g.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / (2 * len(weights)))
-    return sorted(times)[len(times) // 2]
+
+    return graph_replay_us(run, 2 * len(weights), replays=5)
 
 
 def tilings(n: int, k: int):

@@ -21,6 +21,8 @@ import triton.language as tl
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from timing import graph_replay_us  # noqa: E402  (benchmarks/, the script's folder)
+
 from kernels.pdl import pdl_enter  # noqa: E402
 
 
@@ -43,22 +45,7 @@ def chain_us(x: torch.Tensor, y: torch.Tensor, kernels: int, pdl: bool) -> float
                 src, dst, x.numel(), BLOCK=1024, USE_PDL=pdl, num_warps=4, launch_pdl=pdl
             )
 
-    run()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        run()
-    graph.replay()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    for _ in range(10):
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / kernels)
-    return sorted(times)[len(times) // 2]
+    return graph_replay_us(run, kernels)
 
 
 def main() -> None:
