@@ -53,7 +53,11 @@ class SamplingParams:
         need(all(isinstance(s, str) and s for s in self.stop), "stop", "must be non-empty strings")
         need(all(is_int(t) and t >= 0 for t in self.stop_token_ids), "stop_token_ids", "must be token ids >= 0")
         need(isinstance(self.ignore_eos, bool), "ignore_eos", "must be a bool")
-        need(self.seed is None or (is_int(self.seed) and 0 <= self.seed < 2**63), "seed", "must be None or an int >= 0")
+        need(
+            self.seed is None or (is_int(self.seed) and 0 <= self.seed < 2**63),
+            "seed",
+            "must be None or an int in [0, 2**63)",
+        )
         need(
             self.logprobs is None or (is_int(self.logprobs) and 0 <= self.logprobs <= 20),
             "logprobs",
