@@ -2,7 +2,7 @@
 
 Layout and metadata are those of :mod:`kernels.attention`; ``TorchAttentionBackend`` is the oracle.
 The kernels run on CUDA and, for tests, on CPU tensors under ``TRITON_INTERPRET=1``.
-They stick to the Triton API of 3.x releases (nothing newer than 3.6).
+They need Triton 3.4 or newer (programmatic dependent launch, kernels/pdl.py) and nothing newer than 3.6.
 
 Launches never read device values on the host (no ``.item()`` / ``.tolist()``): grids come from tensor
 shapes and host ints in the metadata, so decode can be captured in a CUDA graph.
