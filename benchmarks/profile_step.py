@@ -210,30 +210,28 @@ def main() -> None:
             runner.execute(step(sid, slots, [1] * bs, [-1] * bs, [[] for _ in slots]))
             times.append(time.perf_counter() - t0)
             sid += 1
-        # pipelined like the worker loop: launch N+1 before waiting on N
-        rewind()
-        t0 = time.perf_counter()
-        prev = None
-        for _ in range(100):
-            cur = runner.launch(step(sid, slots, [1] * bs, [-1] * bs, [[] for _ in slots]))
-            sid += 1
-            if prev is not None:
-                prev.wait()
-            prev = cur
-        prev.wait()
-        pipelined = (time.perf_counter() - t0) / 100
-        rewind()
-        with torch.profiler.profile(
-            activities=[torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
-        ) as prof:
+
+        def pipelined_steps(n: int, sid: int, slots=slots, bs=bs) -> int:
+            """n decode steps as the worker loop runs them (launch N+1 before waiting on N); the next step id."""
             prev = None
-            for _ in range(20):  # pipelined, as the worker runs
+            for _ in range(n):
                 cur = runner.launch(step(sid, slots, [1] * bs, [-1] * bs, [[] for _ in slots]))
                 sid += 1
                 if prev is not None:
                     prev.wait()
                 prev = cur
             prev.wait()
+            return sid
+
+        rewind()
+        t0 = time.perf_counter()
+        sid = pipelined_steps(100, sid)
+        pipelined = (time.perf_counter() - t0) / 100
+        rewind()
+        with torch.profiler.profile(
+            activities=[torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+        ) as prof:
+            sid = pipelined_steps(20, sid)
         print(f"\n--- batch {bs}: top ops by self CPU time (20 steps)")
         print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=12, max_name_column_width=50))
         print(prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=16, max_name_column_width=60))

@@ -64,6 +64,16 @@ def _raise(err: Error):
     raise _EXCEPTIONS.get(err.kind, RuntimeError)(err.message)
 
 
+def _decode_reply(data: bytes) -> tuple[object, str | None]:
+    """A reply and the request id it answers; a malformed reply is logged and answers no request (None)."""
+    try:
+        msg = decode(data)
+    except ProtocolError as e:
+        log.warning("dropping a malformed reply: %s", e)
+        return None, None
+    return msg, getattr(msg, "request_id", None)
+
+
 def _prompt(prompt) -> str | list[int]:
     if isinstance(prompt, str):
         return prompt
@@ -217,14 +227,10 @@ class Client(_Base):
         return q.popleft()
 
     def _dispatch(self, data: bytes) -> None:
-        try:
-            msg = decode(data)
-        except ProtocolError as e:
-            log.warning("dropping a malformed reply: %s", e)
-            return
-        q = self._inbox.get(getattr(msg, "request_id", None))
+        msg, rid = _decode_reply(data)
+        q = self._inbox.get(rid)
         if q is not None:
-            q.append(msg)  # else: a late reply to a request we gave up on
+            q.append(msg)  # else: a late reply to a request we gave up on (or a malformed one)
 
     def _abort_quietly(self, rid: str) -> None:
         if self._inbox.pop(rid, None) is not None and not self._sock.closed:
@@ -398,13 +404,8 @@ class AsyncClient(_Base):
     async def _receive_loop(self) -> None:
         try:
             while True:
-                data = await self._sock.recv()
-                try:
-                    msg = decode(data)
-                except ProtocolError as e:
-                    log.warning("dropping a malformed reply: %s", e)
-                    continue
-                q = self._queues.get(getattr(msg, "request_id", None))
+                msg, rid = _decode_reply(await self._sock.recv())
+                q = self._queues.get(rid)
                 if q is not None:
                     q.put_nowait(msg)
         except asyncio.CancelledError:

@@ -389,6 +389,7 @@ class TritonAttentionBackend(AttentionBackend):
         # Slots address [num_blocks * block_size] rows; viewing keeps that valid for padded strides too.
         kc = k_cache.view(-1, num_kv_heads, head_dim)
         vc = v_cache.view(-1, num_kv_heads, head_dim)
+        pdl = use_pdl(k)
         _store_kvcache_kernel[(num_tokens,)](
             k,
             v,
@@ -407,9 +408,9 @@ class TritonAttentionBackend(AttentionBackend):
             HEAD_DIM=head_dim,
             BLOCK_H=triton.next_power_of_2(num_kv_heads),
             BLOCK_D=triton.next_power_of_2(head_dim),
-            USE_PDL=use_pdl(k),
+            USE_PDL=pdl,
             num_warps=4,
-            launch_pdl=use_pdl(k),
+            launch_pdl=pdl,
         )
 
     # -- prefill -------------------------------------------------------------------------------------------------------
@@ -438,6 +439,7 @@ class TritonAttentionBackend(AttentionBackend):
         assert bt.stride(-1) == 1
 
         block_d = max(16, triton.next_power_of_2(head_dim))
+        pdl = use_pdl(q)
         if q.is_cuda:
             # H100/H200-class defaults for head_dim <= 128; smaller tiles for wide heads (register pressure).
             block_m, block_n = (128, 64) if block_d <= 128 else (64, 32)
@@ -472,10 +474,10 @@ class TritonAttentionBackend(AttentionBackend):
             BLOCK_D=block_d,
             BLOCK_M=block_m,
             BLOCK_N=block_n,
-            USE_PDL=use_pdl(q),
+            USE_PDL=pdl,
             num_warps=num_warps,
             num_stages=num_stages,
-            launch_pdl=use_pdl(q),
+            launch_pdl=pdl,
         )
         return out
 
@@ -537,6 +539,7 @@ class TritonAttentionBackend(AttentionBackend):
             num_splits = self.num_decode_splits(batch, num_kv_heads, meta.max_decode_seq_len, q.device)
 
         block_d = max(16, triton.next_power_of_2(head_dim))
+        pdl = use_pdl(q)
         block_h = max(16, triton.next_power_of_2(group))
         if q.is_cuda:
             # 128-key tiles: 3-4% faster than 64 at batch 256 on an H200 (docs/PERF.md log 6); two stages of
@@ -586,10 +589,10 @@ class TritonAttentionBackend(AttentionBackend):
             BLOCK_H=block_h,
             BLOCK_N=block_n,
             DIRECT_OUT=direct,
-            USE_PDL=use_pdl(q),
+            USE_PDL=pdl,
             num_warps=num_warps,
             num_stages=num_stages,
-            launch_pdl=use_pdl(q),
+            launch_pdl=pdl,
         )
         if not direct:
             _decode_merge_kernel[(batch, num_heads)](
@@ -604,8 +607,8 @@ class TritonAttentionBackend(AttentionBackend):
                 HEAD_DIM=head_dim,
                 BLOCK_S=triton.next_power_of_2(num_splits),
                 BLOCK_D=block_d,
-                USE_PDL=use_pdl(q),
+                USE_PDL=pdl,
                 num_warps=4 if q.is_cuda else 1,
-                launch_pdl=use_pdl(q),
+                launch_pdl=pdl,
             )
         return out
