@@ -1,9 +1,9 @@
 """cuBLAS (F.linear) vs kernels/decode_gemm.py on Qwen3 linear shapes at decode batch sizes (GPU only).
 
-    python benchmarks/decode_gemm.py [--shape qwen3-0.6b|qwen3-8b|qwen3-8b-tp2] [--rows 1 16]
+    python benchmarks/decode_gemm.py [--shape qwen3-0.6b|qwen3-8b|qwen3-8b-tp2] [--rows 1 16] [--whole-slices]
 
-Each GEMM is timed inside a CUDA graph of back-to-back calls over one layer's weight per model layer (more than
-the L2 holds), as a decode step runs them; our kernel with PDL on, as the model launches it. Prints the best
+Each GEMM is timed inside a CUDA graph of (RMSNorm, GEMM) pairs over one layer's weight per model layer (more
+than the L2 holds), as a decode step runs them; our kernel with PDL on, as the model launches it. Prints the best
 tiling per (shape, rows), what decode_linear_tiles picks ("auto", "-" = cuBLAS), and per-step totals.
 """
 
@@ -21,7 +21,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from timing import graph_replay_us  # noqa: E402  (benchmarks/, the script's folder)
 
-from kernels.decode_gemm import MAX_ROWS, decode_linear, decode_linear_tiles  # noqa: E402
+from kernels import fused  # noqa: E402
+from kernels.decode_gemm import MAX_ROWS, Tiles, decode_linear, decode_linear_tiles  # noqa: E402
 
 SHAPES = {  # per layer (N, K): qkv, o, gate_up, down; and the layer count
     "qwen3-0.6b": ([(4096, 1024), (1024, 2048), (6144, 1024), (1024, 3072)], 28),
@@ -31,28 +32,40 @@ SHAPES = {  # per layer (N, K): qkv, o, gate_up, down; and the layer count
 
 
 def graph_us(fn, weights, x) -> float:
-    """Microseconds per call of fn(x, w) over every layer's weight, twice per replay."""
+    """Microseconds per call of fn(rmsnorm(x), w) over every layer's weight, twice per replay: each GEMM behind
+    a short kernel, as in a decode step (the norm's time is in every column)."""
+    norm_w = torch.ones(x.shape[1], device=x.device, dtype=x.dtype)
 
     def run():
         for _ in range(2):
             for w in weights:
-                fn(x, w)
+                fn(fused.rmsnorm(x, norm_w, 1e-6), w)
 
     return graph_replay_us(run, 2 * len(weights), replays=5)
 
 
-def tilings(n: int, k: int):
-    for bn in (32, 64, 128):
-        for bk in (64, 128):
-            for split in (1, 2, 4):
-                if n % bn == 0 and k % (split * bk) == 0:
-                    yield (bn, bk, split, 4, 3)
+def tilings(n: int, k: int, m: int, whole_slices: bool):
+    """Candidate tiles. Default: the split-K tilings of log 7. ``whole_slices``: programs of 16 or 32 KB of
+    weight loaded at once, before the PDL wait (the tl.dot kernel, and at one row the GEMV kernel)."""
+    if not whole_slices:
+        for bn in (32, 64, 128):
+            for bk in (64, 128):
+                for split in (1, 2, 4):
+                    if n % bn == 0 and k % (split * bk) == 0:
+                        yield Tiles(bn, bk, split, 4, 3)
+        return
+    for elems in (8192, 16384):
+        for bn, gemv in [(16, False), (32, False), (64, False)] + [(b, True) for b in (2, 4, 8, 16, 32)] * (m == 1):
+            bk = elems // bn
+            if 64 <= bk <= k and k % bk == 0 and n % bn == 0 and k // bk <= 32:
+                yield Tiles(bn, bk, k // bk, 4, 1, gemv)
 
 
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--shape", default="qwen3-0.6b", choices=list(SHAPES))
     p.add_argument("--rows", type=int, nargs="+", default=[1, 16])
+    p.add_argument("--whole-slices", action="store_true", help="sweep whole-slice tiles (and the one-row GEMV)")
     a = p.parse_args()
     shapes, layers = SHAPES[a.shape]
     dt = torch.bfloat16
@@ -67,7 +80,7 @@ def main() -> None:
             ref = F.linear(x, weights[0])
             cublas = graph_us(F.linear, weights, x)
             best = (float("inf"), None)
-            for tiles in tilings(n, k):
+            for tiles in tilings(n, k, m, a.whole_slices):
                 try:
                     err = (decode_linear(x, weights[0], tiles).float() - ref.float()).abs().max().item()
                     assert err < 5e-2, (tiles, err)
@@ -75,6 +88,7 @@ def main() -> None:
                 except Exception as e:  # noqa: BLE001 (a tiling that does not fit in shared memory)
                     print(f"  {tiles}: {type(e).__name__} {str(e)[:80]}")
                     continue
+                print(f"    {tuple(tiles)} {us:.2f} us")
                 best = min(best, (us, tiles))
             auto_tiles = decode_linear_tiles(x, weights[0])
             auto = cublas
@@ -83,10 +97,10 @@ def main() -> None:
             totals[m][0] += cublas * layers
             totals[m][1] += best[0] * layers
             totals[m][2] += auto * layers
-            best_tiles[f"{n}x{k}@{m}"] = best[1]
+            best_tiles[f"{n}x{k}@{m}"] = best[1] and tuple(best[1])
             print(
                 f"{n:6d}x{k:<6d} {m:4d} {cublas:9.2f} {best[0]:8.2f} {best[0] / cublas:6.2f} {auto:8.2f}  "
-                f"{best[1]} / {auto_tiles or '-'}",
+                f"{tuple(best[1]) if best[1] else None} / {tuple(auto_tiles) if auto_tiles else '-'}",
                 flush=True,
             )
         del weights

@@ -6,6 +6,10 @@ more programs takes 4.5-5.5 us (benchmarks/decode_gemm.py, docs/PERF.md log 7). 
 (kernels/pdl.py) and loads its first weight tile, which no kernel of the step writes, before waiting on the
 kernel in front of it.
 
+A single row (W2, the tail of a batch) takes a GEMV kernel instead: each program multiplies one 16 KB weight
+slice, loaded whole before the wait, by the row and sums along K; so every program resident while the kernel in
+front still runs has its weight in flight (8B qkv/o/gate_up: 0.82-0.94x cuBLAS's time, log 8).
+
 Each split writes its fp32 partial sums to a workspace; a second launch adds them in a fixed order, so results
 do not vary from run to run. ``decode_linear_tiles`` decides which shapes take this path; the rest use cuBLAS.
 """
@@ -13,6 +17,7 @@ do not vary from run to run. ``decode_linear_tiles`` decides which shapes take t
 from __future__ import annotations
 
 import os
+from typing import NamedTuple
 
 import torch
 import triton
@@ -21,6 +26,7 @@ import triton.language as tl
 from kernels.pdl import pdl_enter, use_pdl
 
 MAX_ROWS = 16  # tl.dot's smallest M; more rows go to cuBLAS
+_GEMV_SLICE = 8192  # weight elements per GEMV program (16 KB in bf16): the best of 8-32 KB on an H200
 DISABLE_ENV = "NANOSERVE_DISABLE_DECODE_GEMM"  # "1": cuBLAS for every shape (A/B runs)
 _DISABLED = os.environ.get(DISABLE_ENV) == "1"
 
@@ -64,6 +70,39 @@ def _split_gemm_kernel(
     tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=mask_m[:, None])
 
 
+@triton.jit
+def _gemv_kernel(
+    x_ptr,
+    w_ptr,
+    out_ptr,
+    K,
+    stride_wn,
+    stride_os,  # between the splits' partial results (0 when SPLIT_K == 1)
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    SPLIT_K: tl.constexpr,
+    USE_PDL: tl.constexpr,
+):
+    # One row: a multiply and a row sum per weight tile, no tensor cores, so tiles may be a few rows tall. With
+    # BLOCK_K * SPLIT_K == K a program's whole weight slice is loaded before the wait: every program resident
+    # while the kernel in front runs has its share of the weight in flight.
+    pid_n, pid_k = tl.program_id(0), tl.program_id(1)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    k_per_split = K // SPLIT_K
+    k0 = pid_k * k_per_split
+    w_ptrs = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn + (k0 + offs_k)[None, :]
+    w = tl.load(w_ptrs)
+    pdl_enter(USE_PDL)
+    x = tl.load(x_ptr + k0 + offs_k)
+    acc = tl.sum(w.to(tl.float32) * x.to(tl.float32)[None, :], axis=1)
+    for k in range(BLOCK_K, k_per_split, BLOCK_K):
+        w = tl.load(w_ptrs + k)
+        x = tl.load(x_ptr + k0 + k + offs_k)
+        acc += tl.sum(w.to(tl.float32) * x.to(tl.float32)[None, :], axis=1)
+    tl.store(out_ptr + pid_k * stride_os + offs_n, acc.to(out_ptr.dtype.element_ty))
+
+
 @triton.jit(do_not_specialize=["numel"])
 def _sum_splits_kernel(part_ptr, out_ptr, numel, SPLIT_K: tl.constexpr, BLOCK: tl.constexpr, USE_PDL: tl.constexpr):
     pdl_enter(USE_PDL)
@@ -75,12 +114,27 @@ def _sum_splits_kernel(part_ptr, out_ptr, numel, SPLIT_K: tl.constexpr, BLOCK: t
     tl.store(out_ptr + offs, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-def decode_linear_tiles(x: torch.Tensor, w: torch.Tensor) -> tuple[int, int, int, int, int] | None:
-    """(BLOCK_N, BLOCK_K, SPLIT_K, warps, stages) when ``x @ w.T`` should take this kernel, else None (cuBLAS).
+class Tiles(NamedTuple):
+    """How one decode GEMM is cut: output columns per program, K per inner step, K splits, warps, pipeline
+    stages; ``gemv``: the one-row kernel (multiply and row sum) instead of ``tl.dot`` on 16 padded rows."""
 
-    From the H200 sweeps (benchmarks/decode_gemm.py): narrow outputs at <= 16 rows (0.6B o/down: 0.35-0.8x
-    cuBLAS's time), and single-row products with K >= 2048 (8B o/down, and the TP=2 shards: 0.9x). Wide
-    outputs (gate_up, the 0.6B and 8B qkv) stay with cuBLAS, which matches or beats us there.
+    block_n: int
+    block_k: int
+    split_k: int
+    warps: int
+    stages: int
+    gemv: bool = False
+
+
+def decode_linear_tiles(x: torch.Tensor, w: torch.Tensor) -> Tiles | None:
+    """The tiles when ``x @ w.T`` should take one of our kernels, else None (cuBLAS).
+
+    From the H200 sweeps (benchmarks/decode_gemm.py, docs/PERF.md logs 7-8):
+    - one row, K <= 4096: the GEMV kernel, 16 KB of weight per program loaded before the PDL wait (all four 8B
+      GEMMs but down: 0.82-0.94x cuBLAS's time; 0.6B: 0.23-0.85x);
+    - narrow outputs at <= 16 rows (0.6B o/down: 0.35-0.8x cuBLAS's time), and single-row products with
+      K > 4096 (8B down, 0.99x; the TP=2 down shard): the split-K ``tl.dot`` kernel. Wide outputs at 2-16 rows
+      stay with cuBLAS, which matches or beats us there.
     """
     if _DISABLED or not (
         x.is_cuda and x.dim() == 2 and x.dtype in (torch.float16, torch.bfloat16) and w.dtype == x.dtype
@@ -90,44 +144,71 @@ def decode_linear_tiles(x: torch.Tensor, w: torch.Tensor) -> tuple[int, int, int
     n = w.shape[0]
     if not (0 < m <= MAX_ROWS and x.stride(1) == 1 and w.is_contiguous()):
         return None
+    if m == 1 and k <= 4096 and k % 64 == 0 and x.is_contiguous():
+        block_k = min(4096, k & -k)  # the largest power of two dividing K
+        block_n = max(1, _GEMV_SLICE // block_k)
+        if n % block_n == 0:
+            return Tiles(block_n, block_k, k // block_k, 4, 1, gemv=True)
     if n <= 2048 and n % 64 == 0 and k % 512 == 0:
-        return (32 if m == 1 else 64), 128, 4, 4, 3
+        return Tiles((32 if m == 1 else 64), 128, 4, 4, 3)
     if m == 1 and n <= 4096 and n % 64 == 0 and k >= 2048 and k % 512 == 0:
-        return 64, 128, 4, 4, 3
+        return Tiles(64, 128, 4, 4, 3)
     return None
 
 
-def decode_linear(x: torch.Tensor, w: torch.Tensor, tiles: tuple[int, int, int, int, int]) -> torch.Tensor:
-    """``x @ w.T`` for ``x`` [M <= 16, K] and a contiguous ``w`` [N, K] with the given tiles."""
-    block_n, block_k, split_k, warps, stages = tiles
+def decode_linear(x: torch.Tensor, w: torch.Tensor, tiles: tuple) -> torch.Tensor:
+    """``x @ w.T`` for ``x`` [M <= 16, K] and a contiguous ``w`` [N, K] with the given ``Tiles`` (or a plain tuple
+    of their fields)."""
+    t = Tiles(*tiles)
     m, k = x.shape
     n = w.shape[0]
-    assert m <= MAX_ROWS and n % block_n == 0 and k % (split_k * block_k) == 0, (x.shape, w.shape, tiles)
+    assert m <= MAX_ROWS and n % t.block_n == 0 and k % (t.split_k * t.block_k) == 0, (x.shape, w.shape, t)
+    assert not t.gemv or (m == 1 and x.is_contiguous()), "the GEMV kernel takes one contiguous row"
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     if m == 0:
         return out
     pdl = use_pdl(x)
+    split_k = t.split_k
     part = out if split_k == 1 else torch.empty((split_k, m, n), dtype=torch.float32, device=x.device)
-    _split_gemm_kernel[(n // block_n, split_k)](
-        x,
-        w,
-        part,
-        m,
-        n,
-        k,
-        x.stride(0),
-        w.stride(0),
-        n,
-        m * n if split_k > 1 else 0,
-        BLOCK_M=16,
-        BLOCK_N=block_n,
-        BLOCK_K=block_k,
-        SPLIT_K=split_k,
-        USE_PDL=pdl,
-        num_warps=warps,
-        num_stages=stages,
-        launch_pdl=pdl,
-    )
+    split_stride = m * n if split_k > 1 else 0
+    grid = (n // t.block_n, split_k)
+    if t.gemv:
+        _gemv_kernel[grid](
+            x,
+            w,
+            part,
+            k,
+            w.stride(0),
+            split_stride,
+            BLOCK_N=t.block_n,
+            BLOCK_K=t.block_k,
+            SPLIT_K=split_k,
+            USE_PDL=pdl,
+            num_warps=t.warps,
+            num_stages=t.stages,
+            launch_pdl=pdl,
+        )
+    else:
+        _split_gemm_kernel[grid](
+            x,
+            w,
+            part,
+            m,
+            n,
+            k,
+            x.stride(0),
+            w.stride(0),
+            n,
+            split_stride,
+            BLOCK_M=16,
+            BLOCK_N=t.block_n,
+            BLOCK_K=t.block_k,
+            SPLIT_K=split_k,
+            USE_PDL=pdl,
+            num_warps=t.warps,
+            num_stages=t.stages,
+            launch_pdl=pdl,
+        )
     if split_k > 1:
         _sum_splits_kernel[(triton.cdiv(m * n, 1024),)](
             part, out, m * n, SPLIT_K=split_k, BLOCK=1024, USE_PDL=pdl, num_warps=4, launch_pdl=pdl

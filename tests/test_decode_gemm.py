@@ -26,6 +26,17 @@ def test_decode_linear_matches_matmul(rows, tiles):
     assert ((out - ref).norm() / ref.norm()).item() < (3e-3 if ON_GPU else 1e-6)
 
 
+@pytest.mark.parametrize("tiles", [(4, 128, 4, 4, 1, True), (8, 512, 1, 4, 1, True), (2, 64, 2, 1, 1, True)])
+def test_one_row_gemv_matches_matmul(tiles):
+    """The GEMV kernel: whole slices (block_k * split_k == K) and an inner loop (2 x 64 of 256 per split)."""
+    g = torch.Generator(device=DEVICE).manual_seed(tiles[0])
+    x = torch.randn(1, 512, device=DEVICE, generator=g)
+    w = torch.randn(128, 512, device=DEVICE, generator=g)
+    out = decode_linear(x, w, tiles)
+    ref = x @ w.T
+    assert out.shape == (1, 128) and ((out - ref).norm() / ref.norm()).item() < 1e-6
+
+
 def test_dispatch_rule_stays_with_cublas_off_gpu_and_for_wide_or_tall_products():
     w = torch.zeros(1024, 2048, device=DEVICE, dtype=torch.bfloat16)
     if not ON_GPU:
@@ -35,10 +46,14 @@ def test_dispatch_rule_stays_with_cublas_off_gpu_and_for_wide_or_tall_products()
     assert decode_linear_tiles(torch.zeros(17, 2048, device="cuda", dtype=torch.bfloat16), w) is None  # > 16 rows
     assert decode_linear_tiles(torch.zeros(1, 2048, device="cuda"), w.float()) is None  # fp32 stays exact cuBLAS
     wide = torch.zeros(6144, 1024, device="cuda", dtype=torch.bfloat16)
-    assert decode_linear_tiles(torch.zeros(1, 1024, device="cuda", dtype=torch.bfloat16), wide) is None
+    assert decode_linear_tiles(torch.zeros(2, 1024, device="cuda", dtype=torch.bfloat16), wide) is None
+    assert decode_linear_tiles(torch.zeros(1, 1024, device="cuda", dtype=torch.bfloat16), wide).gemv  # one row
 
 
-SHAPES = [(1024, 2048), (1024, 3072), (4096, 4096), (4096, 12288), (3072, 4096), (4096, 2048), (4096, 6144)]
+SHAPES = [
+    *[(1024, 2048), (1024, 3072), (4096, 4096), (4096, 12288), (3072, 4096), (4096, 2048), (4096, 6144)],
+    *[(4096, 1024), (6144, 1024), (6144, 4096), (24576, 4096)],  # wide: one row only (the GEMV)
+]
 
 
 @pytest.mark.gpu
@@ -58,17 +73,18 @@ def test_dispatched_shapes_match_cublas_and_repeat_exactly(n, k, rows):
 
 
 @pytest.mark.gpu
-def test_pdl_chain_in_a_cuda_graph_reads_what_the_previous_kernel_wrote():
-    """rmsnorm -> split-K GEMM -> rmsnorm, all PDL launches, replayed with new inputs: a kernel that read its
-    input before its predecessor finished would see the previous replay's values."""
+@pytest.mark.parametrize("rows", [1, 3])
+def test_pdl_chain_in_a_cuda_graph_reads_what_the_previous_kernel_wrote(rows):
+    """rmsnorm -> GEMM (one row: the GEMV; three: split-K) -> rmsnorm, all PDL launches, replayed with new inputs:
+    a kernel that read its input before its predecessor finished would see the previous replay's values."""
     assert use_pdl(torch.zeros(1, device="cuda")) == (torch.cuda.get_device_capability()[0] >= 9)
     g = torch.Generator(device="cuda").manual_seed(0)
-    x = torch.randn(1, 2048, device="cuda", generator=g).bfloat16()
+    x = torch.randn(rows, 2048, device="cuda", generator=g).bfloat16()
     w = (torch.randn(1024, 2048, device="cuda", generator=g) * 2048**-0.5).bfloat16()
     nw1 = torch.rand(2048, device="cuda", generator=g).bfloat16() + 0.5
     nw2 = torch.rand(1024, device="cuda", generator=g).bfloat16() + 0.5
     tiles = decode_linear_tiles(x, w)
-    assert tiles is not None and tiles[2] > 1
+    assert tiles is not None and tiles.gemv == (rows == 1) and (tiles.split_k > 1 or rows == 1)
 
     def chain():
         return fused.rmsnorm(decode_linear(fused.rmsnorm(x, nw1, 1e-6), w, tiles), nw2, 1e-6)
@@ -79,7 +95,7 @@ def test_pdl_chain_in_a_cuda_graph_reads_what_the_previous_kernel_wrote():
     with torch.cuda.graph(graph):
         out = chain()
     for i in range(5):
-        x.copy_(torch.randn(1, 2048, device="cuda", generator=g).bfloat16() * (i + 1))
+        x.copy_(torch.randn(rows, 2048, device="cuda", generator=g).bfloat16() * (i + 1))
         graph.replay()
         torch.cuda.synchronize()
         assert torch.equal(out, chain()), f"replay {i}"
