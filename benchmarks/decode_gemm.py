@@ -22,7 +22,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from timing import graph_replay_us  # noqa: E402  (benchmarks/, the script's folder)
 
 from kernels import fused  # noqa: E402
-from kernels.decode_gemm import MAX_ROWS, Tiles, decode_linear, decode_linear_tiles  # noqa: E402
+from kernels.decode_gemm import GEMV_MAX_ROWS, MAX_ROWS, Tiles, decode_linear, decode_linear_tiles  # noqa: E402
 
 SHAPES = {  # per layer (N, K): qkv, o, gate_up, down; and the layer count
     "qwen3-0.6b": ([(4096, 1024), (1024, 2048), (6144, 1024), (1024, 3072)], 28),
@@ -45,8 +45,9 @@ def graph_us(fn, weights, x) -> float:
 
 
 def tilings(n: int, k: int, m: int, whole_slices: bool):
-    """Candidate tiles. Default: the split-K tilings of log 7. ``whole_slices``: programs of 16 or 32 KB of
-    weight loaded at once, before the PDL wait (the tl.dot kernel, and at one row the GEMV kernel)."""
+    """Candidate tiles. Default: the split-K ``tl.dot`` tilings of log 7. ``whole_slices``: the GEMV kernel (up
+    to GEMV_MAX_ROWS rows) with 8, 16 or 32 KB of weight per program, loaded before the PDL wait. (Whole slices
+    through ``tl.dot`` lost 1.5-2.7x to cuBLAS in log 8.)"""
     if not whole_slices:
         for bn in (32, 64, 128):
             for bk in (64, 128):
@@ -54,18 +55,20 @@ def tilings(n: int, k: int, m: int, whole_slices: bool):
                     if n % bn == 0 and k % (split * bk) == 0:
                         yield Tiles(bn, bk, split, 4, 3)
         return
-    for elems in (8192, 16384):
-        for bn, gemv in [(16, False), (32, False), (64, False)] + [(b, True) for b in (2, 4, 8, 16, 32)] * (m == 1):
-            bk = elems // bn
-            if 64 <= bk <= k and k % bk == 0 and n % bn == 0 and k // bk <= 32:
-                yield Tiles(bn, bk, k // bk, 4, 1, gemv)
+    if m > GEMV_MAX_ROWS:
+        return
+    for elems in (4096, 8192, 16384):
+        for bk in (1024, 2048, 4096):
+            bn = elems // bk
+            if bn >= 1 and bk <= k and k % bk == 0 and n % bn == 0 and k // bk <= 32:
+                yield Tiles(bn, bk, k // bk, 4, 1, True)
 
 
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--shape", default="qwen3-0.6b", choices=list(SHAPES))
     p.add_argument("--rows", type=int, nargs="+", default=[1, 16])
-    p.add_argument("--whole-slices", action="store_true", help="sweep whole-slice tiles (and the one-row GEMV)")
+    p.add_argument("--whole-slices", action="store_true", help="sweep the GEMV kernel's whole-slice tiles")
     a = p.parse_args()
     shapes, layers = SHAPES[a.shape]
     dt = torch.bfloat16

@@ -6,9 +6,9 @@ more programs takes 4.5-5.5 us (benchmarks/decode_gemm.py, docs/PERF.md log 7). 
 (kernels/pdl.py) and loads its first weight tile, which no kernel of the step writes, before waiting on the
 kernel in front of it.
 
-A single row (W2, the tail of a batch) takes a GEMV kernel instead: each program multiplies one 16 KB weight
-slice, loaded whole before the wait, by the row and sums along K; so every program resident while the kernel in
-front still runs has its weight in flight (8B qkv/o/gate_up: 0.82-0.94x cuBLAS's time, log 8).
+One or two rows (W2, a small batch) take a GEMV kernel instead: each program multiplies one 16 KB weight slice,
+loaded whole before the wait, by each row and sums along K; so every program resident while the kernel in front
+still runs has its weight in flight (8B qkv/o/gate_up at one row: 0.83-0.96x cuBLAS's time, log 8).
 
 Each split writes its fp32 partial sums to a workspace; a second launch adds them in a fixed order, so results
 do not vary from run to run. ``decode_linear_tiles`` decides which shapes take this path; the rest use cuBLAS.
@@ -26,6 +26,7 @@ import triton.language as tl
 from kernels.pdl import pdl_enter, use_pdl
 
 MAX_ROWS = 16  # tl.dot's smallest M; more rows go to cuBLAS
+GEMV_MAX_ROWS = 8  # the GEMV kernel unrolls its rows
 _GEMV_SLICE = 8192  # weight elements per GEMV program (16 KB in bf16): the best of 8-32 KB on an H200
 DISABLE_ENV = "NANOSERVE_DISABLE_DECODE_GEMM"  # "1": cuBLAS for every shape (A/B runs)
 _DISABLED = os.environ.get(DISABLE_ENV) == "1"
@@ -70,37 +71,36 @@ def _split_gemm_kernel(
     tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=mask_m[:, None])
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M"])
 def _gemv_kernel(
     x_ptr,
     w_ptr,
     out_ptr,
-    K,
+    M,
+    stride_xm,
     stride_wn,
-    stride_os,  # between the splits' partial results (0 when SPLIT_K == 1)
+    stride_om,
+    stride_os,  # between the splits' partial results (0 when there is one split)
+    ROWS: tl.constexpr,  # M rounded up to a power of two
     BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    SPLIT_K: tl.constexpr,
+    BLOCK_K: tl.constexpr,  # the whole slice: BLOCK_K * splits == K
     USE_PDL: tl.constexpr,
 ):
-    # One row: a multiply and a row sum per weight tile, no tensor cores, so tiles may be a few rows tall. With
-    # BLOCK_K * SPLIT_K == K a program's whole weight slice is loaded before the wait: every program resident
-    # while the kernel in front runs has its share of the weight in flight.
+    # A few rows: per row a multiply and a sum along K, no tensor cores, so a slice may be a few weight rows tall.
+    # The program's whole weight slice is loaded before the wait: every program resident while the kernel in
+    # front runs has its share of the weight in flight.
     pid_n, pid_k = tl.program_id(0), tl.program_id(1)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_k = tl.arange(0, BLOCK_K)
-    k_per_split = K // SPLIT_K
-    k0 = pid_k * k_per_split
-    w_ptrs = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn + (k0 + offs_k)[None, :]
-    w = tl.load(w_ptrs)
+    offs_k = pid_k * BLOCK_K + tl.arange(0, BLOCK_K)
+    w = tl.load(w_ptr + offs_n[:, None].to(tl.int64) * stride_wn + offs_k[None, :])
     pdl_enter(USE_PDL)
-    x = tl.load(x_ptr + k0 + offs_k)
-    acc = tl.sum(w.to(tl.float32) * x.to(tl.float32)[None, :], axis=1)
-    for k in range(BLOCK_K, k_per_split, BLOCK_K):
-        w = tl.load(w_ptrs + k)
-        x = tl.load(x_ptr + k0 + k + offs_k)
-        acc += tl.sum(w.to(tl.float32) * x.to(tl.float32)[None, :], axis=1)
-    tl.store(out_ptr + pid_k * stride_os + offs_n, acc.to(out_ptr.dtype.element_ty))
+    w = w.to(tl.float32)
+    out = out_ptr + pid_k * stride_os + offs_n
+    for r in tl.static_range(ROWS):
+        # row masks as tensors: the interpreter mis-types a scalar bool broadcast into a mask
+        x = tl.load(x_ptr + r * stride_xm + offs_k, mask=(offs_k * 0 + r) < M, other=0.0)
+        acc = tl.sum(w * x.to(tl.float32)[None, :], axis=1)
+        tl.store(out + r * stride_om, acc.to(out_ptr.dtype.element_ty), mask=(offs_n * 0 + r) < M)
 
 
 @triton.jit(do_not_specialize=["numel"])
@@ -116,7 +116,7 @@ def _sum_splits_kernel(part_ptr, out_ptr, numel, SPLIT_K: tl.constexpr, BLOCK: t
 
 class Tiles(NamedTuple):
     """How one decode GEMM is cut: output columns per program, K per inner step, K splits, warps, pipeline
-    stages; ``gemv``: the one-row kernel (multiply and row sum) instead of ``tl.dot`` on 16 padded rows."""
+    stages; ``gemv``: the GEMV kernel (multiply and sum per row, whole slices) instead of ``tl.dot``."""
 
     block_n: int
     block_k: int
@@ -130,11 +130,13 @@ def decode_linear_tiles(x: torch.Tensor, w: torch.Tensor) -> Tiles | None:
     """The tiles when ``x @ w.T`` should take one of our kernels, else None (cuBLAS).
 
     From the H200 sweeps (benchmarks/decode_gemm.py, docs/PERF.md logs 7-8):
-    - one row, K <= 4096: the GEMV kernel, 16 KB of weight per program loaded before the PDL wait (all four 8B
-      GEMMs but down: 0.82-0.94x cuBLAS's time; 0.6B: 0.23-0.85x);
-    - narrow outputs at <= 16 rows (0.6B o/down: 0.35-0.8x cuBLAS's time), and single-row products with
-      K > 4096 (8B down, 0.99x; the TP=2 down shard): the split-K ``tl.dot`` kernel. Wide outputs at 2-16 rows
-      stay with cuBLAS, which matches or beats us there.
+    - the GEMV kernel, 16 KB of weight per program loaded before the PDL wait, for K <= 4096 at one or two rows
+      (8B qkv/o/gate_up at one row: 0.83-0.96x cuBLAS's time, at two: 0.90-0.98x; 0.6B: 0.22-0.95x) and for
+      narrow outputs at up to four rows (0.6B o/down: 0.48-0.92x). Its per-row cost grows with the rows: at
+      four rows the wide products take 1.2-1.3x cuBLAS's time, at eight 1.5-2.2x;
+    - the split-K ``tl.dot`` kernel for narrow outputs at up to 16 rows (0.6B o/down), and for single-row
+      products with K > 4096 (8B down; the TP=2 down shard);
+    - cuBLAS for everything else.
     """
     if _DISABLED or not (
         x.is_cuda and x.dim() == 2 and x.dtype in (torch.float16, torch.bfloat16) and w.dtype == x.dtype
@@ -144,12 +146,13 @@ def decode_linear_tiles(x: torch.Tensor, w: torch.Tensor) -> Tiles | None:
     n = w.shape[0]
     if not (0 < m <= MAX_ROWS and x.stride(1) == 1 and w.is_contiguous()):
         return None
-    if m == 1 and k <= 4096 and k % 64 == 0 and x.is_contiguous():
+    narrow = n <= 2048
+    if k <= 4096 and k % 64 == 0 and (m <= 2 or (m <= 4 and narrow)):
         block_k = min(4096, k & -k)  # the largest power of two dividing K
         block_n = max(1, _GEMV_SLICE // block_k)
         if n % block_n == 0:
             return Tiles(block_n, block_k, k // block_k, 4, 1, gemv=True)
-    if n <= 2048 and n % 64 == 0 and k % 512 == 0:
+    if narrow and n % 64 == 0 and k % 512 == 0:
         return Tiles((32 if m == 1 else 64), 128, 4, 4, 3)
     if m == 1 and n <= 4096 and n % 64 == 0 and k >= 2048 and k % 512 == 0:
         return Tiles(64, 128, 4, 4, 3)
@@ -163,7 +166,7 @@ def decode_linear(x: torch.Tensor, w: torch.Tensor, tiles: tuple) -> torch.Tenso
     m, k = x.shape
     n = w.shape[0]
     assert m <= MAX_ROWS and n % t.block_n == 0 and k % (t.split_k * t.block_k) == 0, (x.shape, w.shape, t)
-    assert not t.gemv or (m == 1 and x.is_contiguous()), "the GEMV kernel takes one contiguous row"
+    assert not t.gemv or (m <= GEMV_MAX_ROWS and t.block_k * t.split_k == k), "GEMV: a few rows, whole slices"
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     if m == 0:
         return out
@@ -177,12 +180,14 @@ def decode_linear(x: torch.Tensor, w: torch.Tensor, tiles: tuple) -> torch.Tenso
             x,
             w,
             part,
-            k,
+            m,
+            x.stride(0),
             w.stride(0),
+            n,
             split_stride,
+            ROWS=triton.next_power_of_2(m),
             BLOCK_N=t.block_n,
             BLOCK_K=t.block_k,
-            SPLIT_K=split_k,
             USE_PDL=pdl,
             num_warps=t.warps,
             num_stages=t.stages,

@@ -26,15 +26,16 @@ def test_decode_linear_matches_matmul(rows, tiles):
     assert ((out - ref).norm() / ref.norm()).item() < (3e-3 if ON_GPU else 1e-6)
 
 
-@pytest.mark.parametrize("tiles", [(4, 128, 4, 4, 1, True), (8, 512, 1, 4, 1, True), (2, 64, 2, 1, 1, True)])
-def test_one_row_gemv_matches_matmul(tiles):
-    """The GEMV kernel: whole slices (block_k * split_k == K) and an inner loop (2 x 64 of 256 per split)."""
-    g = torch.Generator(device=DEVICE).manual_seed(tiles[0])
-    x = torch.randn(1, 512, device=DEVICE, generator=g)
+@pytest.mark.parametrize("rows", [1, 3, 8])
+@pytest.mark.parametrize("tiles", [(4, 128, 4, 4, 1, True), (8, 512, 1, 4, 1, True), (2, 64, 8, 1, 1, True)])
+def test_gemv_matches_matmul(tiles, rows):
+    """The GEMV kernel: whole weight slices of 1-8 K splits, rows padded up to a power of two (3 -> 4)."""
+    g = torch.Generator(device=DEVICE).manual_seed(tiles[0] + rows)
+    x = torch.randn(rows, 512, device=DEVICE, generator=g)
     w = torch.randn(128, 512, device=DEVICE, generator=g)
     out = decode_linear(x, w, tiles)
     ref = x @ w.T
-    assert out.shape == (1, 128) and ((out - ref).norm() / ref.norm()).item() < 1e-6
+    assert out.shape == (rows, 128) and ((out - ref).norm() / ref.norm()).item() < 1e-6
 
 
 def test_dispatch_rule_stays_with_cublas_off_gpu_and_for_wide_or_tall_products():
@@ -46,19 +47,19 @@ def test_dispatch_rule_stays_with_cublas_off_gpu_and_for_wide_or_tall_products()
     assert decode_linear_tiles(torch.zeros(17, 2048, device="cuda", dtype=torch.bfloat16), w) is None  # > 16 rows
     assert decode_linear_tiles(torch.zeros(1, 2048, device="cuda"), w.float()) is None  # fp32 stays exact cuBLAS
     wide = torch.zeros(6144, 1024, device="cuda", dtype=torch.bfloat16)
-    assert decode_linear_tiles(torch.zeros(2, 1024, device="cuda", dtype=torch.bfloat16), wide) is None
-    assert decode_linear_tiles(torch.zeros(1, 1024, device="cuda", dtype=torch.bfloat16), wide).gemv  # one row
+    assert decode_linear_tiles(torch.zeros(4, 1024, device="cuda", dtype=torch.bfloat16), wide) is None
+    assert decode_linear_tiles(torch.zeros(2, 1024, device="cuda", dtype=torch.bfloat16), wide).gemv  # <= 2 rows
 
 
 SHAPES = [
     *[(1024, 2048), (1024, 3072), (4096, 4096), (4096, 12288), (3072, 4096), (4096, 2048), (4096, 6144)],
-    *[(4096, 1024), (6144, 1024), (6144, 4096), (24576, 4096)],  # wide: one row only (the GEMV)
+    *[(4096, 1024), (6144, 1024), (6144, 4096), (24576, 4096)],  # wide: the GEMV at <= 2 rows, else cuBLAS
 ]
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("n,k", SHAPES)
-@pytest.mark.parametrize("rows", [1, 5, 16])
+@pytest.mark.parametrize("rows", [1, 2, 4, 5, 16])
 def test_dispatched_shapes_match_cublas_and_repeat_exactly(n, k, rows):
     g = torch.Generator(device="cuda").manual_seed(n + k + rows)
     x = torch.randn(rows, k, device="cuda", generator=g).bfloat16()
@@ -73,9 +74,9 @@ def test_dispatched_shapes_match_cublas_and_repeat_exactly(n, k, rows):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("rows", [1, 3])
+@pytest.mark.parametrize("rows", [1, 8])
 def test_pdl_chain_in_a_cuda_graph_reads_what_the_previous_kernel_wrote(rows):
-    """rmsnorm -> GEMM (one row: the GEMV; three: split-K) -> rmsnorm, all PDL launches, replayed with new inputs:
+    """rmsnorm -> GEMM (one row: the GEMV; eight: split-K) -> rmsnorm, all PDL launches, replayed with new inputs:
     a kernel that read its input before its predecessor finished would see the previous replay's values."""
     assert use_pdl(torch.zeros(1, device="cuda")) == (torch.cuda.get_device_capability()[0] >= 9)
     g = torch.Generator(device="cuda").manual_seed(0)
