@@ -432,7 +432,10 @@ class ModelRunner:
                 self._forward(step, hb)
             return PendingTokens(step.step_id, None, np.zeros(0, dtype=np.int32))
         hidden = self._forward(step, hb)
-        logits = self.model.compute_logits(hidden[self._to_dev(hb.sample_idx)])
+        # sample_idx picks increasing token rows: as many as there are tokens means every row, in order (a
+        # decode-only step), and the gather (a copy to the device and an index kernel) is skipped
+        rows = hidden if len(hb.sample_idx) == hidden.shape[0] else hidden[self._to_dev(hb.sample_idx)]
+        logits = self.model.compute_logits(rows)
         lp = None
         if tp_rank() == 0:
             st = self.sampling_tensors(hb.sample_slots, hb.sample_positions)
