@@ -17,6 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.device import num_sms
 from kernels.pdl import pdl_enter, use_pdl
 
 _BLOCK = 1024
@@ -81,12 +82,6 @@ def _row_best_kernel(val_ptr, idx_ptr, out_ptr, num_chunks, BLOCK_C: tl.constexp
     tl.store(out_ptr + row, idx.to(tl.int64))
 
 
-def _num_sms(device: torch.device) -> int:
-    if device.type != "cuda":
-        return 2
-    return torch.cuda.get_device_properties(device).multi_processor_count
-
-
 def sample_argmax(logits: torch.Tensor, temperature: torch.Tensor | None, seed: int) -> torch.Tensor:
     """One token id per row (int64 [n]) of ``logits`` [n, vocab] (any float dtype; rows may be strided).
 
@@ -99,7 +94,7 @@ def sample_argmax(logits: torch.Tensor, temperature: torch.Tensor | None, seed: 
         return out
     assert logits.stride(-1) == 1, "rows must be contiguous"
     max_chunks = triton.cdiv(vocab, 4 * _BLOCK)  # >= 4 blocks of work per program
-    num_chunks = max(1, min(max_chunks, triton.cdiv(4 * _num_sms(logits.device), n), _MAX_CHUNKS))
+    num_chunks = max(1, min(max_chunks, triton.cdiv(4 * num_sms(logits.device, cpu=2), n), _MAX_CHUNKS))
     chunk = triton.cdiv(triton.cdiv(vocab, num_chunks), _BLOCK) * _BLOCK
     num_chunks = triton.cdiv(vocab, chunk)
     vals = torch.empty((n, num_chunks), dtype=torch.float32, device=logits.device)

@@ -15,6 +15,7 @@ import triton
 import triton.language as tl
 
 from kernels.attention import AttentionBackend, AttentionMetadata
+from kernels.device import num_sms
 from kernels.pdl import pdl_enter, use_pdl
 
 _LOG2E = 1.4426950408889634
@@ -327,17 +328,6 @@ def _decode_merge_kernel(
 # backend
 # ----------------------------------------------------------------------------------------------------------------------
 
-_SM_COUNT: dict[int, int] = {}
-
-
-def _num_sms(device: torch.device) -> int:
-    if device.type != "cuda":
-        return 4  # interpreter: few programs keep CPU tests fast; still exercises several splits
-    idx = device.index if device.index is not None else torch.cuda.current_device()
-    if idx not in _SM_COUNT:
-        _SM_COUNT[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
-    return _SM_COUNT[idx]
-
 
 def _check_cache(k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
     # Kernels index the last dim with unit stride; the other strides are passed through.
@@ -485,7 +475,7 @@ class TritonAttentionBackend(AttentionBackend):
 
     def num_decode_splits(self, batch: int, num_kv_heads: int, max_seq_len: int, device: torch.device) -> int:
         """Host-only split policy: enough programs to fill the GPU, but splits of >= min_split_tokens."""
-        want = triton.cdiv(_num_sms(device) * self.programs_per_sm, max(1, batch * num_kv_heads))
+        want = triton.cdiv(num_sms(device, cpu=4) * self.programs_per_sm, max(1, batch * num_kv_heads))
         if max_seq_len > 0:  # 0 = unknown: do not cap by length
             want = min(want, triton.cdiv(max_seq_len, self.min_split_tokens))
         return max(1, min(want, self.max_splits))

@@ -287,11 +287,13 @@ class ModelRunner:
             st.output_counts = self.output_counts[slots_dev]
             st.prompt_mask = self.prompt_mask[slots_dev]
 
-    def _after_sample(self, st: SamplingTensors, sample_slots: np.ndarray, tokens: torch.Tensor) -> None:
+    def _after_sample(
+        self, st: SamplingTensors, sample_slots: np.ndarray, slots_dev: torch.Tensor, tokens: torch.Tensor
+    ) -> None:
         """Count the sampled tokens into the penalized slots' outputs (on the device) and advance min_tokens."""
         if st.penalty_rows is not None:
             rows = st.penalty_rows
-            index = (self._to_dev(sample_slots)[rows], tokens[rows])
+            index = (slots_dev[rows], tokens[rows])
             ones = torch.ones(len(rows), dtype=torch.int32, device=self.device)
             self.output_counts.index_put_(index, ones, accumulate=True)
         if st.banned is not None:
@@ -436,6 +438,7 @@ class ModelRunner:
         # decode-only step), and the gather (a copy to the device and an index kernel) is skipped
         rows = hidden if len(hb.sample_idx) == hidden.shape[0] else hidden[self._to_dev(hb.sample_idx)]
         logits = self.model.compute_logits(rows)
+        slots_dev = self._to_dev(hb.sample_slots)
         lp = None
         if tp_rank() == 0:
             st = self.sampling_tensors(hb.sample_slots, hb.sample_positions)
@@ -443,11 +446,11 @@ class ModelRunner:
                 lp = self._logprobs(logits, hb.sample_slots)
             tokens = sample(logits, st, self.generator, int(self.noise_seeds.integers(1 << 31)))
             if self.any_controls:
-                self._after_sample(st, hb.sample_slots, tokens)
+                self._after_sample(st, hb.sample_slots, slots_dev, tokens)
         else:
             tokens = torch.empty(len(hb.sample_idx), dtype=torch.int64, device=self.device)
         tokens = broadcast_from_rank0(tokens)  # every rank feeds the same tokens into the next step
-        self.last_tokens[self._to_dev(hb.sample_slots)] = tokens
+        self.last_tokens[slots_dev] = tokens
         if tp_rank() != 0:
             return PendingTokens(step.step_id, None, np.zeros(0, dtype=np.int32))
         lp_ids = lp_values = None
