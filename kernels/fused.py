@@ -1,12 +1,15 @@
 """Fused Triton kernels for the elementwise chains around the matmuls: residual-add + RMSNorm, per-head q/k
-RMSNorm + RoPE, and SiLU-and-mul. In eager torch each chain is 5-20 tiny kernels per layer; at decode batch
-sizes those launches, not the bytes, set the step time (measured: ~1,400 kernels, 3.3 ms per Qwen3-0.6B step).
+RMSNorm + RoPE (which also writes K/V into the paged cache), and SiLU-and-mul. In eager torch each chain is 5-20
+tiny kernels per layer; at decode batch sizes those launches, not the bytes, set the step time (measured: ~1,400
+kernels, 3.3 ms per Qwen3-0.6B step).
 
 Rounding follows HF's Qwen3 (the oracle): the residual sum is rounded to the model dtype, the norm runs in
 float32, is rounded to the model dtype and then scaled by the weight; RoPE uses the rounded normed values.
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 import triton
@@ -84,19 +87,32 @@ def _qk_norm_rope_kernel(
     wk_ptr,
     cos_sin_ptr,
     pos_ptr,
+    v_ptr,  # the KV store's operands; unused unless STORE_KV
+    k_cache_ptr,
+    v_cache_ptr,
+    slot_ptr,
     stride_xt,
     stride_xh,
     stride_cs,
+    stride_vt,
+    stride_vh,
+    stride_kc_slot,
+    stride_kc_h,
+    stride_vc_slot,
+    stride_vc_h,
     eps,
     NUM_Q_HEADS: tl.constexpr,
     NUM_HEADS: tl.constexpr,
     HALF: tl.constexpr,
     BLOCK_H: tl.constexpr,
+    BLOCK_KV: tl.constexpr,
+    STORE_KV: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
     pdl_enter(USE_PDL)
     # One program per token: its q and k heads as rows of one tile (q rows take q_norm's weight, k rows k_norm's),
-    # each row split in its two rotary halves; written back in place.
+    # each row split in its two rotary halves; written back in place. With STORE_KV the token's finished K rows
+    # and its V rows also go to the paged cache at its slot (slot -1: padding, nothing written).
     t = tl.program_id(0).to(tl.int64)
     pos = tl.load(pos_ptr + t).to(tl.int64)
     h = tl.arange(0, BLOCK_H)
@@ -114,10 +130,33 @@ def _qk_norm_rope_kernel(
     n2 = ((x2 * rstd[:, None]).to(dt).to(tl.float32) * w2).to(dt).to(tl.float32)
     cos = tl.load(cos_sin_ptr + pos * stride_cs + d).to(dt).to(tl.float32)
     sin = tl.load(cos_sin_ptr + pos * stride_cs + HALF + d).to(dt).to(tl.float32)
-    o1 = n1 * cos[None, :] - n2 * sin[None, :]
-    o2 = n2 * cos[None, :] + n1 * sin[None, :]
-    tl.store(base, o1.to(dt), mask=hmask)
-    tl.store(base + HALF, o2.to(dt), mask=hmask)
+    o1 = (n1 * cos[None, :] - n2 * sin[None, :]).to(dt)
+    o2 = (n2 * cos[None, :] + n1 * sin[None, :]).to(dt)
+    tl.store(base, o1, mask=hmask)
+    tl.store(base + HALF, o2, mask=hmask)
+    if STORE_KV:
+        slot = tl.load(slot_ptr + t).to(tl.int64)
+        # compared as a tensor: the interpreter mis-types a scalar bool broadcast into a mask
+        kmask = hmask & (h[:, None] >= NUM_Q_HEADS) & ((slot + 0 * h) >= 0)[:, None]
+        kc = k_cache_ptr + slot * stride_kc_slot + (h[:, None] - NUM_Q_HEADS) * stride_kc_h + d[None, :]
+        tl.store(kc, o1.to(k_cache_ptr.dtype.element_ty), mask=kmask)
+        tl.store(kc + HALF, o2.to(k_cache_ptr.dtype.element_ty), mask=kmask)
+        kv = tl.arange(0, BLOCK_KV)
+        dd = tl.arange(0, 2 * HALF)
+        vmask = (kv[:, None] < NUM_HEADS - NUM_Q_HEADS) & ((slot + 0 * kv) >= 0)[:, None] & (dd[None, :] < 2 * HALF)
+        v = tl.load(v_ptr + t * stride_vt + kv[:, None] * stride_vh + dd[None, :], mask=vmask)
+        vc = v_cache_ptr + slot * stride_vc_slot + kv[:, None] * stride_vc_h + dd[None, :]
+        tl.store(vc, v.to(v_cache_ptr.dtype.element_ty), mask=vmask)
+
+
+class KVStore(NamedTuple):
+    """Where qk_norm_rope_ also writes the token's K/V: the new V rows [tokens, kv heads, head_dim], the paged
+    caches [num_blocks, block_size, kv heads, head_dim] and each token's slot (-1: not written)."""
+
+    v: torch.Tensor
+    k_cache: torch.Tensor
+    v_cache: torch.Tensor
+    slot_mapping: torch.Tensor
 
 
 def qk_norm_rope_(
@@ -128,28 +167,53 @@ def qk_norm_rope_(
     cos_sin: torch.Tensor,
     positions: torch.Tensor,
     num_q_heads: int,
+    kv_store: KVStore | None = None,
 ) -> torch.Tensor:
     """In place: per-head RMSNorm then neox RoPE of ``qk`` [tokens, q heads + k heads, head_dim] (a strided view
-    of the qkv projection is fine): q heads with ``q_weight``, the rest with ``k_weight``. One launch for both."""
+    of the qkv projection is fine): q heads with ``q_weight``, the rest with ``k_weight``. One launch for both,
+    which with ``kv_store`` also writes the finished K and the V rows into the paged KV cache."""
     tokens, heads, head_dim = qk.shape
     assert qk.stride(-1) == 1
     if tokens == 0:
         return qk
     pdl = use_pdl(qk)
+    num_kv = heads - num_q_heads
+    if kv_store is not None:
+        v, k_cache, v_cache, slots = kv_store
+        assert v.shape == (tokens, num_kv, head_dim) and v.stride(-1) == 1
+        kc, vc = k_cache.view(-1, num_kv, head_dim), v_cache.view(-1, num_kv, head_dim)  # rows = slots
+        store_args = (
+            v,
+            kc,
+            vc,
+            slots,
+            v.stride(0),
+            v.stride(1),
+            kc.stride(0),
+            kc.stride(1),
+            vc.stride(0),
+            vc.stride(1),
+        )
+    else:
+        store_args = (qk, qk, qk, positions, 0, 0, 0, 0, 0, 0)
     _qk_norm_rope_kernel[(tokens,)](
         qk,
         q_weight,
         k_weight,
         cos_sin,
         positions,
+        *store_args[:4],
         qk.stride(0),
         qk.stride(1),
         cos_sin.stride(0),
+        *store_args[4:],
         eps,
         NUM_Q_HEADS=num_q_heads,
         NUM_HEADS=heads,
         HALF=head_dim // 2,
         BLOCK_H=triton.next_power_of_2(heads),
+        BLOCK_KV=triton.next_power_of_2(num_kv),
+        STORE_KV=kv_store is not None,
         USE_PDL=pdl,
         num_warps=4 if heads <= 32 else 8,
         launch_pdl=pdl,

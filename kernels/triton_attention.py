@@ -216,12 +216,18 @@ def _decode_split_kernel(
     BLOCK_H: tl.constexpr,  # GROUP padded to >= 16 so the group's scores are one tl.dot
     BLOCK_N: tl.constexpr,
     DIRECT_OUT: tl.constexpr,  # single split: normalise and write the final output, no merge pass
+    HEADS_FIRST: tl.constexpr,  # grid (kv heads, splits, batch): a sequence's heads run side by side
     USE_PDL: tl.constexpr,
 ):
     pdl_enter(USE_PDL)
-    b = tl.program_id(0)
-    kv_head = tl.program_id(1)
-    split = tl.program_id(2)
+    if HEADS_FIRST:
+        kv_head = tl.program_id(0)
+        split = tl.program_id(1)
+        b = tl.program_id(2)
+    else:
+        b = tl.program_id(0)
+        kv_head = tl.program_id(1)
+        split = tl.program_id(2)
 
     seq_len = tl.load(seq_lens_ptr + b)
     # The split length is derived from the device-side seq_len, so the grid stays data independent.
@@ -349,6 +355,14 @@ class TritonAttentionBackend(AttentionBackend):
     for any lengths: a CUDA graph captured with one value replays correctly for all lengths.
     """
 
+    # Decode regimes by programs per split (batch x kv heads), measured on an H200 (docs/PERF.md log 9):
+    # from DIRECT_PROGRAMS_PER_SM x SMs up, one 128-key program per (sequence, kv head) streams at the copy
+    # ceiling; from MID_MIN_PROGRAMS up, 64-key programs split so that ~MID_PROGRAMS_PER_SM x SMs programs run
+    # beat it by 3-8%; below that, the long-context few-sequence case, splits fill the GPU as before.
+    DIRECT_PROGRAMS_PER_SM = 12
+    MID_PROGRAMS_PER_SM = 32
+    MID_MIN_PROGRAMS = 128
+
     name = "triton"
 
     def __init__(
@@ -357,6 +371,7 @@ class TritonAttentionBackend(AttentionBackend):
         min_split_tokens: int = 256,
         programs_per_sm: int = 4,
         decode_tiles: tuple[int, int, int] | None = None,
+        decode_heads_first: bool = True,
     ) -> None:
         self.max_splits = max_splits  # bounds the grid and the partial-result buffers
         self.min_split_tokens = min_split_tokens  # shorter splits cost more in merging than they win
@@ -364,6 +379,9 @@ class TritonAttentionBackend(AttentionBackend):
         # CUDA decode tiling (keys per tile, warps, pipeline stages); None = the default below.
         # benchmarks/attention_kernels.py --sweep-decode measures the alternatives.
         self.decode_tiles = decode_tiles
+        # Grid order (kv heads, splits, batch): the programs of one sequence's kv heads run side by side and
+        # read the interleaved head slices of the same cache pages together (W1 0.6B +2-4%, PERF.md log 9).
+        self.decode_heads_first = decode_heads_first
 
     # -- store ---------------------------------------------------------------------------------------------------------
 
@@ -475,30 +493,37 @@ class TritonAttentionBackend(AttentionBackend):
 
     def num_decode_splits(self, batch: int, num_kv_heads: int, max_seq_len: int, device: torch.device) -> int:
         """Host-only split policy: enough programs to fill the GPU, but splits of >= min_split_tokens."""
-        want = triton.cdiv(num_sms(device, cpu=4) * self.programs_per_sm, max(1, batch * num_kv_heads))
+        programs, sms = max(1, batch * num_kv_heads), num_sms(device, cpu=4)
+        if programs >= self.DIRECT_PROGRAMS_PER_SM * sms:
+            return 1
+        if programs >= self.MID_MIN_PROGRAMS:  # the largest power of two within the mid regime's target
+            want = 1 << max(1, (self.MID_PROGRAMS_PER_SM * sms // programs).bit_length() - 1)
+        else:
+            want = triton.cdiv(sms * self.programs_per_sm, programs)
         if max_seq_len > 0:  # 0 = unknown: do not cap by length
             want = min(want, triton.cdiv(max_seq_len, self.min_split_tokens))
         return max(1, min(want, self.max_splits))
 
     def warmup(self, k_cache: torch.Tensor, v_cache: torch.Tensor, num_heads: int, dtype: torch.dtype) -> None:
-        """Compile every decode variant a run can meet (single split, and each merge width up to max_splits) at
-        start-up, so no step of a timed run stalls on the compiler."""
-        head_dim, device = k_cache.shape[3], k_cache.device
-        q = torch.zeros(2, num_heads, head_dim, dtype=dtype, device=device)
-        meta = AttentionMetadata(
-            slot_mapping=torch.zeros(0, dtype=torch.int64, device=device),
-            num_prefill_tokens=0,
-            num_prefills=0,
-            num_decodes=2,
-            decode_seq_lens=torch.ones(2, dtype=torch.int32, device=device),
-            decode_block_tables=torch.zeros(2, 3, dtype=torch.int32, device=device),
-        )
-        splits = 1
-        while True:
-            self.decode(q, k_cache, v_cache, meta, 1.0, num_splits=splits)
-            if splits >= self.max_splits:
-                break
-            splits = min(2 * splits, self.max_splits)
+        """Compile every decode variant a run can meet (single split, each merge width up to max_splits, the
+        tiles of both the few-sequence and the mid regime) at start-up, so no timed step stalls on the compiler."""
+        head_dim, device, num_kv_heads = k_cache.shape[3], k_cache.device, k_cache.shape[2]
+        for batch in sorted({2, triton.cdiv(self.MID_MIN_PROGRAMS, num_kv_heads)}):
+            q = torch.zeros(batch, num_heads, head_dim, dtype=dtype, device=device)
+            meta = AttentionMetadata(
+                slot_mapping=torch.zeros(0, dtype=torch.int64, device=device),
+                num_prefill_tokens=0,
+                num_prefills=0,
+                num_decodes=batch,
+                decode_seq_lens=torch.ones(batch, dtype=torch.int32, device=device),
+                decode_block_tables=torch.zeros(batch, 3, dtype=torch.int32, device=device),
+            )
+            splits = 1
+            while True:
+                self.decode(q, k_cache, v_cache, meta, 1.0, num_splits=splits)
+                if splits >= self.max_splits:
+                    break
+                splits = min(2 * splits, self.max_splits)
 
     def decode(
         self,
@@ -533,8 +558,10 @@ class TritonAttentionBackend(AttentionBackend):
         block_h = max(16, triton.next_power_of_2(group))
         if q.is_cuda:
             # 128-key tiles: 3-4% faster than 64 at batch 256 on an H200 (docs/PERF.md log 6); two stages of
-            # K and V tiles then take 128 KB of shared memory at head_dim 128 in 16-bit types (64 keys in fp32)
-            wide = block_d <= 128 and k_cache.element_size() <= 2
+            # K and V tiles then take 128 KB of shared memory at head_dim 128 in 16-bit types (64 keys in fp32).
+            # The split programs of the mid regime (see num_decode_splits) take 64 keys (log 9).
+            mid = num_splits > 1 and batch * num_kv_heads >= self.MID_MIN_PROGRAMS
+            wide = block_d <= 128 and k_cache.element_size() <= 2 and not mid
             block_n = 128 if wide else (64 if block_d <= 128 else 32)
             block_n, num_warps, num_stages = self.decode_tiles or (block_n, 4, 2)
         else:
@@ -551,7 +578,9 @@ class TritonAttentionBackend(AttentionBackend):
             part_strides = part.stride()[:3]
             lse_strides = lse.stride()[:2]
 
-        _decode_split_kernel[(batch, num_kv_heads, num_splits)](
+        heads_first = self.decode_heads_first
+        grid = (num_kv_heads, num_splits, batch) if heads_first else (batch, num_kv_heads, num_splits)
+        _decode_split_kernel[grid](
             q,
             k_cache,
             v_cache,
@@ -579,6 +608,7 @@ class TritonAttentionBackend(AttentionBackend):
             BLOCK_H=block_h,
             BLOCK_N=block_n,
             DIRECT_OUT=direct,
+            HEADS_FIRST=heads_first,
             USE_PDL=pdl,
             num_warps=num_warps,
             num_stages=num_stages,

@@ -203,11 +203,8 @@ class RotaryEmbedding(nn.Module):
 def qk_norm_rope(
     positions: torch.Tensor, qk: torch.Tensor, num_q_heads: int, q_norm: RMSNorm, k_norm: RMSNorm, rope: RotaryEmbedding
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-head RMSNorm of q and k, then RoPE. ``qk``: [tokens, q heads + k heads, head_dim], the q and k part of
-    the qkv projection; on CUDA one fused kernel rewrites it in place. Returns (q, k) views."""
-    if qk.is_cuda:
-        fused.qk_norm_rope_(qk, q_norm.weight, k_norm.weight, q_norm.eps, rope.cos_sin, positions, num_q_heads)
-        return qk[:, :num_q_heads], qk[:, num_q_heads:]
+    """Per-head RMSNorm of q and k, then RoPE (torch). ``qk``: [tokens, q heads + k heads, head_dim], the q and k
+    part of the qkv projection. On CUDA, PagedAttention.forward_qk_norm_rope does this in one fused kernel."""
     return rope(positions, q_norm(qk[:, :num_q_heads]), k_norm(qk[:, num_q_heads:]))
 
 
@@ -235,8 +232,31 @@ class PagedAttention(nn.Module):
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         ctx = get_context()
+        ctx.backend.store_kvcache(k, v, self.k_cache, self.v_cache, ctx.meta.slot_mapping)
+        return self._attend(q)
+
+    def forward_qk_norm_rope(
+        self,
+        positions: torch.Tensor,
+        qk: torch.Tensor,
+        v: torch.Tensor,
+        q_norm: RMSNorm,
+        k_norm: RMSNorm,
+        rope: RotaryEmbedding,
+    ) -> torch.Tensor:
+        """``forward`` for raw q/k projections ([tokens, q heads + k heads, head_dim], see ``qk_norm_rope``): on
+        CUDA the per-head norms, RoPE and the KV store are one kernel, one launch fewer per layer."""
+        if not qk.is_cuda:
+            return self.forward(*qk_norm_rope(positions, qk, self.num_heads, q_norm, k_norm, rope), v)
+        store = fused.KVStore(v, self.k_cache, self.v_cache, get_context().meta.slot_mapping)
+        fused.qk_norm_rope_(
+            qk, q_norm.weight, k_norm.weight, q_norm.eps, rope.cos_sin, positions, self.num_heads, store
+        )
+        return self._attend(qk[:, : self.num_heads])
+
+    def _attend(self, q: torch.Tensor) -> torch.Tensor:
+        ctx = get_context()
         meta, backend = ctx.meta, ctx.backend
-        backend.store_kvcache(k, v, self.k_cache, self.v_cache, meta.slot_mapping)
         n_pre = meta.num_prefill_tokens
         if meta.num_decodes == 0:
             return backend.prefill(q, self.k_cache, self.v_cache, meta, self.scale)

@@ -16,7 +16,6 @@ from model.layers import (
     RowParallelLinear,
     SiluAndMul,
     VocabParallelEmbedding,
-    qk_norm_rope,
 )
 
 
@@ -38,9 +37,8 @@ class Qwen3Attention(nn.Module):
         qkv = self.qkv_proj(hidden)
         q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         qk = qkv[:, : q_size + kv_size].view(-1, self.num_heads + self.num_kv_heads, self.head_dim)
-        q, k = qk_norm_rope(positions, qk, self.num_heads, self.q_norm, self.k_norm, self.rotary_emb)
         v = qkv[:, q_size + kv_size :].view(-1, self.num_kv_heads, self.head_dim)
-        out = self.attn(q, k, v)
+        out = self.attn.forward_qk_norm_rope(positions, qk, v, self.q_norm, self.k_norm, self.rotary_emb)
         return self.o_proj(out.flatten(1))
 
 

@@ -63,6 +63,35 @@ def test_qk_norm_rope_in_place_on_the_qkv_projection(dtype, q_heads, k_heads, he
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("q_heads,k_heads,head_dim", [(4, 2, 16), (3, 1, 32)] if not ON_GPU else [(16, 8, 128)])
+def test_qk_norm_rope_writes_k_and_v_into_the_paged_cache(dtype, q_heads, k_heads, head_dim):
+    g = torch.Generator(device=DEVICE).manual_seed(7)
+    tokens, num_blocks, block_size = 6, 4, 4
+    qkv = torch.randn(tokens, (q_heads + 2 * k_heads) * head_dim, device=DEVICE, generator=g).to(dtype)
+    qk = qkv[:, : (q_heads + k_heads) * head_dim].view(tokens, q_heads + k_heads, head_dim)
+    v = qkv[:, (q_heads + k_heads) * head_dim :].view(tokens, k_heads, head_dim)  # strided, as in qwen3
+    q_in, k_in = qk[:, :q_heads].clone(), qk[:, q_heads:].clone()
+    wq = (torch.rand(head_dim, device=DEVICE, generator=g) + 0.5).to(dtype)
+    wk = (torch.rand(head_dim, device=DEVICE, generator=g) + 0.5).to(dtype)
+    rope = RotaryEmbedding(head_dim, 64, 1e6).to(DEVICE)
+    positions = torch.arange(tokens, device=DEVICE) + 3
+    slots = torch.tensor([5, 0, -1, 15, 9, 2], device=DEVICE)  # -1: a padding token, nothing written
+    shape = (num_blocks, block_size, k_heads, head_dim)
+    k_cache = torch.full(shape, 7.0, dtype=dtype, device=DEVICE)
+    v_cache = torch.full(shape, 7.0, dtype=dtype, device=DEVICE)
+    fused.qk_norm_rope_(qk, wq, wk, 1e-6, rope.cos_sin, positions, q_heads, fused.KVStore(v, k_cache, v_cache, slots))
+    ref_q, ref_k = rope(positions, torch_norm(q_in, wq, 1e-6), torch_norm(k_in, wk, 1e-6))
+    assert rel(qk[:, :q_heads], ref_q) < TOL[dtype] * 2
+    kc, vc = k_cache.view(-1, k_heads, head_dim), v_cache.view(-1, k_heads, head_dim)
+    live = slots >= 0
+    assert torch.equal(kc[slots[live]], qk[live, q_heads:])  # exactly the K left in qk, at each token's slot
+    assert torch.equal(vc[slots[live]], v[live])
+    untouched = torch.ones(num_blocks * block_size, dtype=torch.bool, device=DEVICE)
+    untouched[slots[live]] = False
+    assert (kc[untouched] == 7).all() and (vc[untouched] == 7).all()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_silu_and_mul(dtype):
     g = torch.Generator(device=DEVICE).manual_seed(0)
     n = 3072 if ON_GPU else 96

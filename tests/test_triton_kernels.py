@@ -207,6 +207,7 @@ def check_decode(
     dtype,
     num_splits: int | None,
     garbage_table: bool = False,
+    backend: TritonAttentionBackend = TRI,
 ) -> None:
     gen = torch.Generator().manual_seed(sum(seq_lens) + num_heads + block_size)
     cache = PagedCache(seq_lens, num_kv_heads, head_dim, block_size, dtype, gen, extra_cols=5)
@@ -230,7 +231,7 @@ def check_decode(
     )
     scale = head_dim**-0.5
     out = torch.full_like(q, float("nan"))
-    TRI.decode(q, cache.k, cache.v, meta, scale, out=out, num_splits=num_splits)
+    backend.decode(q, cache.k, cache.v, meta, scale, out=out, num_splits=num_splits)
     assert torch.isfinite(out).all(), "unwritten or NaN-contaminated outputs"
     live = lens > 0
     assert (out[~live] == 0).all(), "padding rows (seq_len 0) must be zeros"
@@ -266,13 +267,26 @@ def test_decode_small_garbage_table():
     check_decode([7, 0, 30, 16], 4, 2, 16, 16, torch.float32, num_splits=2, garbage_table=True)
 
 
-def test_decode_split_policy():
-    # Host-only: depends on batch, kv heads and the host max length, and honours the cap.
+@pytest.mark.parametrize("num_splits", [1, 3])
+def test_decode_small_sequence_major_grid(num_splits):
+    # The grid order is a layout choice only: (batch, heads, splits) gives the same result as heads first.
+    be = TritonAttentionBackend(decode_heads_first=False)
+    check_decode([1, 17, 0, 40, 16, 5], 8, 2, 16, 16, torch.float32, num_splits, backend=be)
+
+
+def test_decode_split_policy(monkeypatch):
+    # Host-only: depends on batch, kv heads, the SM count (an H200's here) and the host max length; honours the cap.
+    monkeypatch.setattr("kernels.triton_attention.num_sms", lambda device, cpu: 132)
     be = TritonAttentionBackend(max_splits=8, min_split_tokens=256)
     dev = torch.device("cuda") if ON_GPU else torch.device("cpu")
     assert be.num_decode_splits(1, 1, 100_000, dev) <= 8
     assert be.num_decode_splits(1, 1, 10, dev) == 1
     assert be.num_decode_splits(4096, 8, 100_000, dev) == 1
+    # the mid regime: a power of two, at least 2, and more splits for fewer sequences
+    mid = [be.num_decode_splits(b, 8, 100_000, dev) for b in (16, 32, 64, 128)]
+    assert all(m >= 2 and m & (m - 1) == 0 for m in mid) and mid == sorted(mid, reverse=True)
+    assert mid == [8, 8, 8, 4]  # 16 and 32 sequences want more than max_splits
+    assert be.num_decode_splits(TritonAttentionBackend.DIRECT_PROGRAMS_PER_SM * 132 // 8, 8, 100_000, dev) == 1
 
 
 @gpu
