@@ -478,3 +478,21 @@ def test_runner_penalty_state_and_min_tokens_through_steps(tiny_tied):
     assert r.min_tokens_left[5] == 0
     r.execute(make_step([dict(slot=3, tokens=[1])], freed=[5]))
     assert r.num_logprobs[5] == -1 and not r.has_penalty[5]
+
+
+def test_sampling_tensors_copy_only_the_controls_the_chosen_path_reads(tiny_tied):
+    r = _runner(tiny_tied)
+    slots, positions = np.array([0, 1]), np.array([5, 6])
+    r.temperature[:2] = [0.6, 0.0]
+    st = r.sampling_tensors(slots, positions)  # CPU: the torch sampler reads every control
+    assert all(x is not None for x in (st.temperature, st.top_k, st.top_p, st.min_p, st.seed, st.position))
+    r.device = torch.device("cuda")  # decide as a CUDA worker would (no CUDA op runs in sampling_tensors)
+    st = r.sampling_tensors(slots, positions)  # the fused kernel: the temperature alone
+    assert st.temperature.tolist() == pytest.approx([0.6, 0.0])
+    assert all(x is None for x in (st.top_k, st.top_p, st.min_p, st.seed, st.position))
+    r.top_p[1] = 0.9  # one top-p row takes the batch to the torch sampler, which needs everything
+    st = r.sampling_tensors(slots, positions)
+    assert st.any_top_p and st.top_p.tolist() == pytest.approx([1.0, 0.9]) and st.position.tolist() == [5, 6]
+    r.temperature[:2], r.top_p[1] = 0.0, 1.0
+    st = r.sampling_tensors(slots, positions)  # all greedy: an argmax reads no control
+    assert st.all_greedy and st.temperature is None and st.top_k is None

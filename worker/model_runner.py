@@ -17,7 +17,7 @@ from model.loader import load_model
 from model.parallel import broadcast_from_rank0, tp_rank
 from protocol.messages import StepCommand, WorkerConfig
 from worker.cuda_graphs import DecodeGraphs
-from worker.sampler import SamplingTensors, sample
+from worker.sampler import SamplingTensors, sample, uses_fused_kernel
 from worker.transfer import HostStager
 
 
@@ -383,17 +383,21 @@ class ModelRunner:
             meta.max_decode_seq_len = int(hb.seq_lens[n_pre:].max())
         return meta
 
-    def _input_ids(self, step: StepCommand, hb: HostBatch) -> torch.Tensor:
+    def _input_ids(self, step: StepCommand, hb: HostBatch, sample_slots: torch.Tensor | None = None) -> torch.Tensor:
         """Token ids on the device; -1 stands for the token this worker sampled last for that slot (async
-        scheduling sends the step before the coordinator knows that token)."""
+        scheduling sends the step before the coordinator knows that token). ``sample_slots``: the step's sampled
+        slots already on the device; in a decode-only step of placeholders only (async decoding's steady state)
+        they are the rows' slots, and the ids are one gather from them, no copy."""
+        if sample_slots is not None and len(hb.sample_slots) == len(step.token_ids) and (step.token_ids < 0).all():
+            return self.last_tokens[sample_slots]
         ids = self._to_dev(step.token_ids)
         if (step.token_ids < 0).any():
             token_slots = self._to_dev(np.repeat(hb.slots, hb.q_lens))
             ids = torch.where(ids < 0, self.last_tokens[token_slots], ids)
         return ids
 
-    def _forward(self, step: StepCommand, hb: HostBatch) -> torch.Tensor:
-        input_ids = self._input_ids(step, hb)
+    def _forward(self, step: StepCommand, hb: HostBatch, sample_slots: torch.Tensor | None = None) -> torch.Tensor:
+        input_ids = self._input_ids(step, hb, sample_slots)
         if self.graphs is not None and hb.num_prefills == 0 and len(hb.slots) <= self.graphs.max_batch:
             tables = self.block_tables[hb.slots, : hb.width]
             return self.graphs.run(self.stager, input_ids, hb.positions, hb.slot_mapping, hb.seq_lens, tables)
@@ -404,20 +408,23 @@ class ModelRunner:
         t, k, p = self.temperature[sample_slots], self.top_k[sample_slots], self.top_p[sample_slots]
         mp, sd = self.min_p[sample_slots], self.seed[sample_slots]
         all_greedy = bool((t == 0).all())
-        # an all-greedy batch only takes the argmax: skip the six copies its controls would cost
-        to_dev = (lambda arr, dtype=torch.int64: None) if all_greedy else self._to_dev
+        flags = bool((k > 0).any()), bool((p < 1).any()), bool((mp > 0).any()), bool((sd >= 0).any())
+        # copy only the controls the chosen path reads: none for an all-greedy argmax, the temperature alone for
+        # the fused CUDA kernel (W1's case: one copy per step instead of six)
+        fused = uses_fused_kernel(self.device.type == "cuda", *flags)
+        copy = (lambda arr, dtype=torch.int64: None) if all_greedy or fused else self._to_dev
         st = SamplingTensors(
-            temperature=to_dev(t, torch.float32),
-            top_k=to_dev(k),
-            top_p=to_dev(p, torch.float32),
-            min_p=to_dev(mp, torch.float32),
-            seed=to_dev(sd),
-            position=to_dev(sample_positions),
+            temperature=None if all_greedy else self._to_dev(t, torch.float32),
+            top_k=copy(k),
+            top_p=copy(p, torch.float32),
+            min_p=copy(mp, torch.float32),
+            seed=copy(sd),
+            position=copy(sample_positions),
             all_greedy=all_greedy,
-            any_top_k=bool((k > 0).any()),
-            any_top_p=bool((p < 1).any()),
-            any_min_p=bool((mp > 0).any()),
-            any_seed=bool((sd >= 0).any()),
+            any_top_k=flags[0],
+            any_top_p=flags[1],
+            any_min_p=flags[2],
+            any_seed=flags[3],
         )
         if self.any_controls:
             self._add_controls(st, sample_slots)
@@ -433,12 +440,12 @@ class ModelRunner:
             if hb is not None:
                 self._forward(step, hb)
             return PendingTokens(step.step_id, None, np.zeros(0, dtype=np.int32))
-        hidden = self._forward(step, hb)
+        slots_dev = self._to_dev(hb.sample_slots)
+        hidden = self._forward(step, hb, slots_dev)
         # sample_idx picks increasing token rows: as many as there are tokens means every row, in order (a
         # decode-only step), and the gather (a copy to the device and an index kernel) is skipped
         rows = hidden if len(hb.sample_idx) == hidden.shape[0] else hidden[self._to_dev(hb.sample_idx)]
         logits = self.model.compute_logits(rows)
-        slots_dev = self._to_dev(hb.sample_slots)
         lp = None
         if tp_rank() == 0:
             st = self.sampling_tensors(hb.sample_slots, hb.sample_positions)

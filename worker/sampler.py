@@ -27,7 +27,8 @@ _MASK32 = 0xFFFFFFFF
 class SamplingTensors:
     """Per-row controls on the device; ``all_greedy``/``any_*`` are host-side facts that let us skip work."""
 
-    # the six per-row controls are None when all_greedy: an argmax needs none of them
+    # per-row controls the chosen path does not read are None: all of them when all_greedy (an argmax), all but
+    # temperature on the fused CUDA kernel (see uses_fused_kernel)
     temperature: torch.Tensor | None  # [n] float32, 0 = greedy
     top_k: torch.Tensor | None  # [n] int64, <= 0 disables
     top_p: torch.Tensor | None  # [n] float32
@@ -128,11 +129,16 @@ def apply_filters(logits: torch.Tensor, st: SamplingTensors) -> torch.Tensor:
     return logits
 
 
+def uses_fused_kernel(on_cuda: bool, any_top_k: bool, any_top_p: bool, any_min_p: bool, any_seed: bool) -> bool:
+    """Whether ``sample`` takes the fused CUDA kernel, which reads only ``temperature`` of the per-row controls."""
+    return on_cuda and not (any_top_k or any_top_p or any_min_p or any_seed)
+
+
 def sample(
     logits: torch.Tensor, st: SamplingTensors, generator: torch.Generator | None = None, noise_seed: int = 0
 ) -> torch.Tensor:
     """One token id per row (int64 [n]). ``noise_seed`` keys the fused CUDA path's noise (new one per step)."""
-    if logits.is_cuda and not (st.any_top_k or st.any_top_p or st.any_min_p or st.any_seed):
+    if uses_fused_kernel(logits.is_cuda, st.any_top_k, st.any_top_p, st.any_min_p, st.any_seed):
         if st.banned is not None or st.penalty_rows is not None:
             logits = apply_controls(logits.float(), st)
         return sample_argmax(logits, None if st.all_greedy else st.temperature, noise_seed)
