@@ -3,6 +3,7 @@ process, a real worker process over ZMQ) on the tiny checkpoint."""
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import shutil
@@ -121,10 +122,20 @@ def test_unknown_engine_argument_is_a_type_error(tiny_tied):
         ([5, 512, 7], None, r"out of vocabulary \[0, 512\): \[512\]"),
         ([5, -1], None, "out of vocabulary"),
         ([5, 2.0], None, "prompt must be a string or a list of token ids"),
+        ([5, True], None, "prompt must be a string or a list of token ids"),
         (list(range(250)), greedy(100), "needs more KV blocks than the pool has"),
         (PROMPT, greedy(4, stop_token_ids=[512]), "stop_token_ids"),
     ],
-    ids=["empty", "too-long", "id-over-vocab", "negative-id", "float-id", "pool-too-small", "stop-id-over-vocab"],
+    ids=[
+        "empty",
+        "too-long",
+        "id-over-vocab",
+        "negative-id",
+        "float-id",
+        "bool-id",
+        "pool-too-small",
+        "stop-id-over-vocab",
+    ],
 )
 def test_bad_request_is_refused_and_engine_keeps_serving(llm, prompt, params, message):
     with pytest.raises(RequestError, match=message):
@@ -271,3 +282,14 @@ def test_with_block_closes_on_exception(tiny_tied):
             raise KeyError("boom")
     assert procs and all(p.poll() is not None and _gone(p.pid) for p in procs)
     assert llm.engine.closed
+
+
+def test_engine_freezes_its_start_up_objects_until_shutdown(tiny_tied):
+    # a full GC pass walks every tracked object: start-up's (tokenizer, one Block per KV block) are frozen once
+    engine_llm = LLM(str(tiny_tied), device="cpu", num_kv_blocks=NUM_BLOCKS, block_size=BLOCK_SIZE)
+    try:
+        assert gc.get_freeze_count() > NUM_BLOCKS
+        assert engine_llm.engine.block_manager.blocks[0] not in gc.get_objects()  # frozen: out of the collector's view
+    finally:
+        engine_llm.engine.shutdown()
+    assert gc.get_freeze_count() == 0  # the interpreter's last collection may reach them again

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import gc
 import os
 import signal
 import socket
@@ -111,6 +112,10 @@ class Worker:
             from worker.step_trace import StepTrace
 
             self.trace = StepTrace(trace_path)
+        # Move everything built so far (torch, the model, graphs) out of the collector's reach: a full collection
+        # walks every tracked object, ~100 ms of stall mid-run otherwise (docs/PERF.md log 9g).
+        gc.collect()
+        gc.freeze()
         self.send(WorkerAck(self.rank, "kv_allocated"))
         return self.step_loop()
 
@@ -164,6 +169,7 @@ class Worker:
             dist.destroy_process_group()
         self.channel.close(linger_ms=500)
         self.ctx.term()
+        gc.unfreeze()  # let the interpreter's last collection reach the start-up objects again
 
 
 def main(argv: list[str] | None = None) -> int:
