@@ -29,6 +29,7 @@ VARIANTS = [(0, 0, False), (0, 0, True), (-1, 0, True), (0, -1, True)]
 def main() -> None:
     from profile_step import step
     from shapes import write_shape
+    from timing import replay_ms
 
     p = argparse.ArgumentParser()
     p.add_argument("--shape", default="qwen3-0.6b")
@@ -109,24 +110,13 @@ def main() -> None:
                 out = torch.cat([out_a, out_b])
             return graph, out
 
-        def time_graph(graph: torch.cuda.CUDAGraph, n: int = 40) -> float:
-            for _ in range(3):
-                graph.replay()
-            start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            for _ in range(n):
-                graph.replay()
-            stop.record()
-            torch.cuda.synchronize()
-            return start.elapsed_time(stop) / n
-
-        full_ms = time_graph(g.graphs[bs])
+        full_ms = replay_ms(g.graphs[bs])
         g.graphs[bs].replay()
         ref = g.outputs[bs][:bs].float().clone()
         row = [bs, full_ms]
         for prio_a, prio_b, offset in VARIANTS:
             graph, out = capture(prio_a, prio_b, offset)
-            ms = time_graph(graph)
+            ms = replay_ms(graph)
             graph.replay()
             torch.cuda.synchronize()
             err = (out.float() - ref).abs().max().item()
