@@ -113,7 +113,8 @@ class Worker:
 
             self.trace = StepTrace(trace_path)
         # Move everything built so far (torch, the model, graphs) out of the collector's reach: a full collection
-        # walks every tracked object, ~100 ms of stall mid-run otherwise (docs/PERF.md log 9g).
+        # walks every tracked object and stalls the step loop meanwhile (the coordinator's took ~100 ms, PERF.md
+        # log 9g).
         gc.collect()
         gc.freeze()
         self.send(WorkerAck(self.rank, "kv_allocated"))
