@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from worker.step_trace import summarize
+from worker.step_trace import by_batch, longest_gaps, summarize
 from worker.transfer import HostStager, to_device
 
 
@@ -30,6 +30,13 @@ def test_step_trace_summary_splits_decode_and_prefill_steps():
     assert decode.startswith("decode-only") and "steps     3" in decode
     assert "busy   0.009 s ( 3.000 ms/step)" in decode and "idle before them  0.002 s" in decode
     assert prefill.startswith("with prefill") and "busy   0.030 s" in prefill
+    table = by_batch(rows + [{"seqs": 40, "tokens": 40, "busy_ms": 6.0, "gap_ms": 0.0}]).splitlines()
+    assert table[1].split() == ["1-32", "3", "3.000", "0.009"] and table[2].split() == ["33-64", "1", "6.000", "0.006"]
+    gaps = longest_gaps(rows, n=2).splitlines()  # the warm-up pause is not a gap; listed in step order
+    assert gaps == [
+        "step     1 (4 seqs, 4 tokens): 0.50 ms idle before it",
+        "step     2 (4 seqs, 4 tokens): 1.50 ms idle before it",
+    ]
 
 
 @pytest.mark.gpu

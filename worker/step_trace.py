@@ -4,7 +4,7 @@ For every step: the device time from its first kernel to its last (busy), and th
 previous step's end and this step's start (gap): the gap is what async scheduling exists to remove. Events
 are read back only at shutdown, so tracing adds no synchronization to the step loop.
 
-    python -m worker.step_trace FILE     # summary of a trace
+    python -m worker.step_trace FILE     # summary of a trace, decode steps by batch size, the longest gaps
 """
 
 from __future__ import annotations
@@ -61,5 +61,29 @@ def summarize(rows: list[dict]) -> str:
     return "\n".join(out)
 
 
+def by_batch(rows: list[dict], width: int = 32) -> str:
+    """Decode-only steps grouped by sequences per step (``width`` per row): count and mean busy ms per step."""
+    groups: dict[int, list[float]] = {}
+    for r in rows:
+        if r["tokens"] == r["seqs"]:
+            groups.setdefault((r["seqs"] - 1) // width, []).append(r["busy_ms"])
+    out = [f"{'sequences':>11s} {'steps':>6s} {'ms/step':>8s} {'busy s':>7s}"]
+    for g in sorted(groups):
+        times = groups[g]
+        span = f"{g * width + 1}-{(g + 1) * width}"
+        out.append(f"{span:>11s} {len(times):6d} {sum(times) / len(times):8.3f} {sum(times) / 1e3:7.3f}")
+    return "\n".join(out)
+
+
+def longest_gaps(rows: list[dict], n: int = 8) -> str:
+    """The ``n`` longest idle gaps before a step (warm-up pauses of a second or more left out), in step order."""
+    gaps = sorted(((r["gap_ms"], i) for i, r in enumerate(rows) if r["gap_ms"] < 1000), reverse=True)[:n]
+    return "\n".join(
+        f"step {i:5d} ({rows[i]['seqs']} seqs, {rows[i]['tokens']} tokens): {g:.2f} ms idle before it"
+        for g, i in sorted(gaps, key=lambda x: x[1])
+    )
+
+
 if __name__ == "__main__":
-    print(summarize(json.load(open(sys.argv[1]))))
+    trace = json.load(open(sys.argv[1]))
+    print(summarize(trace), by_batch(trace), longest_gaps(trace), sep="\n\n")
