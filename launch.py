@@ -28,6 +28,7 @@ _HELP = {
     "external_workers": "do not spawn workers: they join with `torchrun ... -m worker --coordinator ADDR`",
     "worker_address": "ZMQ address the workers connect to (needed with --external-workers)",
     "worker_timeout_s": "start-up: seconds to wait for every rank",
+    "async_depth": "async scheduling: steps sent ahead of the oldest result not yet read back (1 or 2)",
 }
 _TYPES = {"int": int, "float": float, "str": str}
 

@@ -249,6 +249,7 @@ def engine_args(args, device: str, load_format: str) -> dict:
         "max_model_len": MAX_MODEL_LEN,
         "enforce_eager": args.enforce_eager,
         "async_scheduling": not args.no_async_scheduling,
+        "async_depth": args.async_depth,
     }
     optional = {
         "max_num_seqs": args.max_num_seqs,
@@ -417,6 +418,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--tp", type=int, default=1)
     p.add_argument("--enforce-eager", action="store_true")
     p.add_argument("--no-async-scheduling", action="store_true", help="wait for each step before the next")
+    p.add_argument("--async-depth", type=int, default=1, help="steps sent ahead of the results read back (1 or 2)")
     p.add_argument("--compare", choices=["hf"])
     p.add_argument("--num-prompts", type=int, help="W1/W3: keep the first N requests (smoke runs)")
     p.add_argument("--hf-num-prompts", type=int, default=64, help="W1/W3: requests given to the HF peer (first N)")
@@ -569,6 +571,7 @@ def main(argv=None) -> dict:
         scale=scale,
         num_prompts=res["num_prompts"],
         enforce_eager=args.enforce_eager,
+        async_depth=0 if args.no_async_scheduling else args.async_depth,
         hbm_tbs=_sig(ceilings["hbm_tbs"], 4),
         tflops=_sig(ceilings["tflops"], 4),
         ceilings_source=ceilings["source"],

@@ -31,6 +31,7 @@ class EngineConfig:
     seed: int = 0
     attention_backend: str = "auto"
     async_scheduling: bool = True  # schedule step N+1 while the workers run step N
+    async_depth: int = 1  # steps sent ahead of the oldest unapplied result: 2 also sends N+2 before N is read
     external_workers: bool = False  # workers join by themselves (torchrun) instead of being spawned
     worker_address: str = ""  # where workers connect; "" = a private ipc socket
     worker_timeout_s: float = 120.0  # start-up: how long to wait for every rank
@@ -52,6 +53,7 @@ class EngineConfig:
             (self.num_kv_blocks >= 0, "num_kv_blocks", "must be >= 0"),
             (0 < self.gpu_memory_utilization <= 1, "gpu_memory_utilization", "must be in (0, 1]"),
             (self.load_format in ("auto", "dummy"), "load_format", "must be 'auto' or 'dummy'"),
+            (self.async_depth in (1, 2), "async_depth", "must be 1 or 2"),  # the workers' rings hold 2 + 2
         ]
         for ok, name, what in checks:
             if not ok:

@@ -6,6 +6,7 @@ import gc
 import itertools
 import logging
 import time
+from collections import deque
 from dataclasses import dataclass
 
 from coordinator.block_manager import BlockManager
@@ -104,7 +105,7 @@ class Engine:
             async_scheduling=cfg.async_scheduling,
             eos_token_ids=frozenset(t for t in self.eos_token_ids if 0 <= t < self.vocab_size),
         )
-        self._in_flight: ScheduledBatch | None = None
+        self._in_flight: deque[ScheduledBatch] = deque()  # sent, results not applied yet (oldest first)
         self.requests: dict[str, Sequence] = {}
         self._ids = itertools.count()
         self.num_prompt_tokens_computed = 0
@@ -171,17 +172,17 @@ class Engine:
 
     @property
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_work or self._in_flight is not None
+        return self.scheduler.has_work or bool(self._in_flight)
 
     # ---- the step ----------------------------------------------------------------------------------------
 
     def step(self) -> list[StepOutput]:
         """Advance the engine by one step and return what it changed.
 
-        With async scheduling, step N+1 is scheduled and sent before step N's tokens are read back, so the
-        workers go straight from one step to the next while this process applies results, checks stop
-        conditions and detokenizes. A sequence that stops at step N may already be in step N+1: that extra
-        token is dropped."""
+        With async scheduling, step N+1 (up to N + async_depth) is scheduled and sent before step N's tokens
+        are read back, so the workers go straight from one step to the next while this process applies
+        results, checks stop conditions and detokenizes. A sequence that stops at step N may already be in the
+        steps after it: those extra tokens are dropped."""
         batch = self.scheduler.schedule()
         if not self.config.async_scheduling:
             if batch is None:
@@ -189,11 +190,12 @@ class Engine:
             return self._apply(batch, self.workers.run_step(batch.step))
         if batch is not None:
             self.workers.send_step(batch.step)
-        outputs = []
-        if self._in_flight is not None:
-            outputs = self._apply(self._in_flight, self.workers.recv_result(self._in_flight.step.step_id))
-        self._in_flight = batch
-        return outputs
+            self._in_flight.append(batch)
+        # read the oldest result once more than async_depth steps are out, or when nothing new could be sent
+        if self._in_flight and (len(self._in_flight) > self.config.async_depth or batch is None):
+            done = self._in_flight.popleft()
+            return self._apply(done, self.workers.recv_result(done.step.step_id))
+        return []
 
     def _apply(self, batch: ScheduledBatch, result: StepResult) -> list[StepOutput]:
         tokens = result.token_ids.tolist()

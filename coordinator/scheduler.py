@@ -119,6 +119,8 @@ class Scheduler:
         # Admit waiting sequences (not in a step that had to preempt: the pool is full).
         while self.waiting and budget > 0 and not preempted and self.free_slots:
             seq = self.waiting[0]
+            if seq.num_pending:
+                break  # preempted with tokens still in flight: readmitted once they are known, in arrival order
             hits = bm.match_prefix(seq.token_ids)
             cached = len(hits) * bm.block_size
             n = min(seq.num_tokens - cached, budget)

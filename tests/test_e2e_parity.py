@@ -32,14 +32,17 @@ def hf_greedy(model_dir, prompts, max_new_tokens) -> list[list[int]]:
     return outs
 
 
-@pytest.mark.parametrize("fixture,async_scheduling", [("tiny_tied", True), ("tiny_untied", True), ("tiny_tied", False)])
-def test_greedy_parity_roomy_and_tight(fixture, async_scheduling, request):
+@pytest.mark.parametrize(
+    "fixture,async_scheduling,async_depth",
+    [("tiny_tied", True, 1), ("tiny_untied", True, 1), ("tiny_tied", False, 1), ("tiny_tied", True, 2)],
+)
+def test_greedy_parity_roomy_and_tight(fixture, async_scheduling, async_depth, request):
     model_dir = request.getfixturevalue(fixture)
     prompts = prompts_with_shared_prefixes()
     expected = hf_greedy(model_dir, prompts, MAX_TOKENS)
     params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True)
 
-    engine = dict(async_scheduling=async_scheduling)
+    engine = dict(async_scheduling=async_scheduling, async_depth=async_depth)
     with LLM(str(model_dir), max_model_len=256, num_kv_blocks=256, block_size=16, **engine) as llm:
         got = llm.generate(prompts, params, use_tqdm=False)
         assert [c.token_ids for c in got] == expected

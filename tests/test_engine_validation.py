@@ -109,6 +109,8 @@ def test_unknown_engine_argument_is_a_type_error(tiny_tied):
         LLM(str(tiny_tied), device="cpu", max_num_sequences=4)
     with pytest.raises(ValueError, match="block_size"):
         LLM(str(tiny_tied), device="cpu", block_size=12)
+    with pytest.raises(ValueError, match="async_depth must be 1 or 2"):
+        LLM(str(tiny_tied), device="cpu", async_depth=3)
 
 
 # ---- bad requests --------------------------------------------------------------------------------------

@@ -11,6 +11,7 @@ context reads back as its own tokens, replace -1 placeholders with the token the
 from __future__ import annotations
 
 import itertools
+from collections import deque
 
 import numpy as np
 import pytest
@@ -127,21 +128,24 @@ def check_step(sched: Scheduler, batch: ScheduledBatch) -> None:
 
 
 class Driver:
-    """Plays the engine's step loop (engine.Engine.step/_apply) around the scheduler and the fake workers."""
+    """Plays the engine's step loop (engine.Engine.step/_apply) around the scheduler and the fake workers;
+    ``depth`` steps stay in flight ahead of the applied results (EngineConfig.async_depth)."""
 
-    def __init__(self, sched: Scheduler, workers: FakeWorkers, stop_prob: float = 0.0, seed: int = 0) -> None:
-        self.sched, self.workers = sched, workers
-        self.in_flight: tuple[ScheduledBatch, list[int]] | None = None
+    def __init__(
+        self, sched: Scheduler, workers: FakeWorkers, stop_prob: float = 0.0, seed: int = 0, depth: int = 1
+    ) -> None:
+        self.sched, self.workers, self.depth = sched, workers, depth
+        self.in_flight: deque[tuple[ScheduledBatch, list[int]]] = deque()
         self.stop_rng, self.stop_prob = np.random.default_rng(seed + 100), stop_prob
 
     @property
     def has_work(self) -> bool:
-        return self.sched.has_work or self.in_flight is not None
+        return self.sched.has_work or bool(self.in_flight)
 
     def step(self) -> ScheduledBatch | None:
         batch = self.sched.schedule()
         # nothing scheduled and nothing in flight whose result could change that: stuck for good
-        assert batch is not None or self.in_flight is not None or not self.sched.has_work, "deadlock"
+        assert batch is not None or self.in_flight or not self.sched.has_work, "deadlock"
         if batch is not None:
             check_step(self.sched, batch)
             tokens = self.workers.run(batch)
@@ -150,9 +154,10 @@ class Driver:
             if batch is not None:
                 self.apply(batch, tokens)
             return batch
-        if self.in_flight is not None:
-            self.apply(*self.in_flight)
-        self.in_flight = (batch, tokens) if batch is not None else None
+        if batch is not None:
+            self.in_flight.append((batch, tokens))
+        if self.in_flight and (len(self.in_flight) > self.depth or batch is None):
+            self.apply(*self.in_flight.popleft())
         return batch
 
     def apply(self, batch: ScheduledBatch, tokens: list[int]) -> None:
@@ -379,13 +384,13 @@ def test_async_placeholders_resolve_in_order():
 # ---- randomized runs -----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
+@pytest.mark.parametrize("async_scheduling,depth", [(False, 1), (True, 1), (True, 2)], ids=["sync", "async", "async2"])
 @pytest.mark.parametrize("seed", [0, 1])
-def test_randomized_run_completes_everything_without_leaks(seed, async_scheduling):
+def test_randomized_run_completes_everything_without_leaks(seed, async_scheduling, depth):
     rng = np.random.default_rng(seed)
     bs, num_blocks, max_seqs, budget = 4, 24, 6, 16
     sched = Scheduler(BlockManager(num_blocks, bs), max_seqs, budget, async_scheduling=async_scheduling)
-    drv = Driver(sched, FakeWorkers(sched, seed), stop_prob=0.01, seed=seed)
+    drv = Driver(sched, FakeWorkers(sched, seed), stop_prob=0.01, seed=seed, depth=depth)
     prefixes = [rng.integers(0, 1000, int(rng.integers(4, 30))).tolist() for _ in range(5)]
     pending = []
     for _ in range(200):

@@ -467,7 +467,8 @@ class ModelRunner:
             if lp is not None:
                 lp_ids, lp_values = lp_ids.numpy(), lp_values.numpy()
             return PendingTokens(step.step_id, None, tokens.to(torch.int32).numpy(), lp_ids, lp_values)
-        # pinned buffers in a ring (allocating pinned memory per step is slow); at most two steps are in flight
+        # pinned buffers in a ring (allocating pinned memory per step is slow): a step's tokens are read before
+        # the fourth step after it launches, since at most three are in flight (coordinator async_depth <= 2)
         self._ring = (self._ring + 1) % len(self._pinned)
         host = self._pinned[self._ring][: len(tokens)]
         host.copy_(tokens, non_blocking=True)
