@@ -8,6 +8,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from kernels import fused
+from kernels.attention import AttentionBackend, AttentionMetadata
 from kernels.decode_gemm import decode_linear, decode_linear_tiles
 from model.context import get_context
 from model.parallel import all_reduce, gather_to_rank0, tp_rank, tp_size
@@ -233,7 +234,7 @@ class PagedAttention(nn.Module):
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         ctx = get_context()
         ctx.backend.store_kvcache(k, v, self.k_cache, self.v_cache, ctx.meta.slot_mapping)
-        return self._attend(q)
+        return self._attend(q, ctx.meta, ctx.backend)
 
     def forward_qk_norm_rope(
         self,
@@ -248,15 +249,14 @@ class PagedAttention(nn.Module):
         CUDA the per-head norms, RoPE and the KV store are one kernel, one launch fewer per layer."""
         if not qk.is_cuda:
             return self.forward(*qk_norm_rope(positions, qk, self.num_heads, q_norm, k_norm, rope), v)
-        store = fused.KVStore(v, self.k_cache, self.v_cache, get_context().meta.slot_mapping)
+        ctx = get_context()
+        store = fused.KVStore(v, self.k_cache, self.v_cache, ctx.meta.slot_mapping)
         fused.qk_norm_rope_(
             qk, q_norm.weight, k_norm.weight, q_norm.eps, rope.cos_sin, positions, self.num_heads, store
         )
-        return self._attend(qk[:, : self.num_heads])
+        return self._attend(qk[:, : self.num_heads], ctx.meta, ctx.backend)
 
-    def _attend(self, q: torch.Tensor) -> torch.Tensor:
-        ctx = get_context()
-        meta, backend = ctx.meta, ctx.backend
+    def _attend(self, q: torch.Tensor, meta: AttentionMetadata, backend: AttentionBackend) -> torch.Tensor:
         n_pre = meta.num_prefill_tokens
         if meta.num_decodes == 0:
             return backend.prefill(q, self.k_cache, self.v_cache, meta, self.scale)

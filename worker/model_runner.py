@@ -388,10 +388,11 @@ class ModelRunner:
         scheduling sends the step before the coordinator knows that token). ``sample_slots``: the step's sampled
         slots already on the device; in a decode-only step of placeholders only (async decoding's steady state)
         they are the rows' slots, and the ids are one gather from them, no copy."""
-        if sample_slots is not None and len(hb.sample_slots) == len(step.token_ids) and (step.token_ids < 0).all():
+        placeholders = step.token_ids < 0
+        if sample_slots is not None and len(hb.sample_slots) == len(step.token_ids) and placeholders.all():
             return self.last_tokens[sample_slots]
         ids = self._to_dev(step.token_ids)
-        if (step.token_ids < 0).any():
+        if placeholders.any():
             token_slots = self._to_dev(np.repeat(hb.slots, hb.q_lens))
             ids = torch.where(ids < 0, self.last_tokens[token_slots], ids)
         return ids

@@ -32,8 +32,8 @@ class HostStager:
     """Pinned staging for a step's host->device copies: ``num_slots`` regions used in turn, one per step.
 
     ``begin_step`` moves to the next region after waiting for the copies last staged there (an event recorded
-    when that region was left; with at most two steps in flight it has long completed). Arrays of at most
-    ``inline_bytes``, and arrays that do not fit the region, take a pageable copy.
+    when that region was left; with at most three steps in flight, coordinator async_depth <= 2, it has
+    completed). Arrays of at most ``inline_bytes``, and arrays that do not fit the region, take a pageable copy.
     """
 
     def __init__(
