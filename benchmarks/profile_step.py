@@ -106,6 +106,35 @@ def gap_summary(prof, steps: int) -> None:
         print(f"  {g / steps / 1e3:8.3f} ms {n / steps:6.1f}x  {name}")
 
 
+def host_profile(runner, slots, prompt: int, blocks, temperature: float) -> None:
+    """How long launching one prefill step takes on the host (the device idle beforehand), against the step's
+    device time; then a cProfile of one launch: where the host time goes."""
+    import cProfile
+    import pstats
+
+    def prefill(sid: int):
+        runner.num_computed[slots] = 0
+        return step(sid, slots, [prompt] * len(slots), [1] * (prompt * len(slots)), blocks, {"slots": slots})
+
+    for sid in range(3):
+        cmd = prefill(100 + sid)
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        pending = runner.launch(cmd)
+        t1 = time.perf_counter()
+        pending.wait()
+        t2 = time.perf_counter()
+        print(f"prefill {len(slots)} x {prompt}: launch {1e3 * (t1 - t0):.2f} ms, to tokens {1e3 * (t2 - t0):.2f} ms")
+    cmd = prefill(200)
+    torch.cuda.synchronize()
+    prof = cProfile.Profile()
+    prof.enable()
+    pending = runner.launch(cmd)
+    prof.disable()
+    pending.wait()
+    pstats.Stats(prof).sort_stats("tottime").print_stats(22)
+
+
 def main() -> None:
     from shapes import load_config, write_shape
 
@@ -116,6 +145,7 @@ def main() -> None:
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--context", type=int, default=128)
     p.add_argument("--prefill", action="store_true", help="also print the kernel ledger of the prefill steps")
+    p.add_argument("--host-profile", action="store_true", help="time the host launch of a prefill step and cProfile it")
     a = p.parse_args()
     import torch.distributed as dist
 
@@ -197,6 +227,8 @@ def main() -> None:
                     f"{elapsed / num_steps * 1e3:.2f} ms/step (profiled)"
                 )
                 kernel_summary(prefill_prof, num_steps)
+        if a.host_profile:
+            host_profile(runner, slots[:per_step], prompt, blocks[:per_step], a.temperature)
 
         # each phase starts from the same contexts (KV rewritten in place), so their times compare
         def rewind(slots=slots, prompt=prompt):

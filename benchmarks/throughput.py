@@ -418,7 +418,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--tp", type=int, default=1)
     p.add_argument("--enforce-eager", action="store_true")
     p.add_argument("--no-async-scheduling", action="store_true", help="wait for each step before the next")
-    p.add_argument("--async-depth", type=int, default=1, help="steps sent ahead of the results read back (1 or 2)")
+    p.add_argument("--async-depth", type=int, default=2, help="steps sent ahead of the results read back (1 or 2)")
     p.add_argument("--compare", choices=["hf"])
     p.add_argument("--num-prompts", type=int, help="W1/W3: keep the first N requests (smoke runs)")
     p.add_argument("--hf-num-prompts", type=int, default=64, help="W1/W3: requests given to the HF peer (first N)")

@@ -31,7 +31,7 @@ class EngineConfig:
     seed: int = 0
     attention_backend: str = "auto"
     async_scheduling: bool = True  # schedule step N+1 while the workers run step N
-    async_depth: int = 1  # steps sent ahead of the oldest unapplied result: 2 also sends N+2 before N is read
+    async_depth: int = 2  # steps sent ahead of the oldest unapplied result: 2 also sends N+2 before N is read
     external_workers: bool = False  # workers join by themselves (torchrun) instead of being spawned
     worker_address: str = ""  # where workers connect; "" = a private ipc socket
     worker_timeout_s: float = 120.0  # start-up: how long to wait for every rank

@@ -34,7 +34,7 @@ def hf_greedy(model_dir, prompts, max_new_tokens) -> list[list[int]]:
 
 @pytest.mark.parametrize(
     "fixture,async_scheduling,async_depth",
-    [("tiny_tied", True, 1), ("tiny_untied", True, 1), ("tiny_tied", False, 1), ("tiny_tied", True, 2)],
+    [("tiny_tied", True, 2), ("tiny_untied", True, 2), ("tiny_tied", False, 1), ("tiny_tied", True, 1)],
 )
 def test_greedy_parity_roomy_and_tight(fixture, async_scheduling, async_depth, request):
     model_dir = request.getfixturevalue(fixture)

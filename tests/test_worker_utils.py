@@ -20,22 +20,26 @@ def test_to_device_converts_on_the_host_and_never_aliases_a_message_buffer():
 
 def test_step_trace_summary_splits_decode_and_prefill_steps():
     rows = [
-        {"seqs": 4, "tokens": 300, "busy_ms": 30.0, "gap_ms": 0.0},
-        {"seqs": 4, "tokens": 4, "busy_ms": 2.0, "gap_ms": 0.5},
-        {"seqs": 4, "tokens": 4, "busy_ms": 4.0, "gap_ms": 1.5},
-        {"seqs": 4, "tokens": 4, "busy_ms": 3.0, "gap_ms": 5000.0},  # the pause after a warm-up: not idle time
+        {"seqs": 4, "tokens": 300, "busy_ms": 30.0, "gap_ms": 0.0, "wait_ms": 0.0, "launch_ms": 20.0},
+        {"seqs": 4, "tokens": 4, "busy_ms": 2.0, "gap_ms": 0.5, "wait_ms": 0.25, "launch_ms": 1.0},
+        {"seqs": 4, "tokens": 4, "busy_ms": 4.0, "gap_ms": 1.5, "wait_ms": 1.25, "launch_ms": 2.0},
+        # the pause after a warm-up: not idle time
+        {"seqs": 4, "tokens": 4, "busy_ms": 3.0, "gap_ms": 5000.0, "wait_ms": 5000.0, "launch_ms": 3.0},
     ]
     text = summarize(rows)
     decode, prefill = text.splitlines()
     assert decode.startswith("decode-only") and "steps     3" in decode
     assert "busy   0.009 s ( 3.000 ms/step)" in decode and "idle before them  0.002 s" in decode
-    assert prefill.startswith("with prefill") and "busy   0.030 s" in prefill
+    assert decode.endswith("host launch  2.000 ms/step")
+    assert prefill.startswith("with prefill") and "busy   0.030 s" in prefill and "launch 20.000 ms/step" in prefill
     table = by_batch(rows + [{"seqs": 40, "tokens": 40, "busy_ms": 6.0, "gap_ms": 0.0}]).splitlines()
     assert table[1].split() == ["1-32", "3", "3.000", "0.009"] and table[2].split() == ["33-64", "1", "6.000", "0.006"]
     gaps = longest_gaps(rows, n=2).splitlines()  # the warm-up pause is not a gap; listed in step order
     assert gaps == [
-        "step     1 (4 seqs, 4 tokens): 0.50 ms idle before it",
-        "step     2 (4 seqs, 4 tokens): 1.50 ms idle before it",
+        "step     1 (4 seqs, 4 tokens): 0.50 ms idle before it; host waited 0.25 ms for its command, launched it in"
+        " 1.00 ms",
+        "step     2 (4 seqs, 4 tokens): 1.50 ms idle before it; host waited 1.25 ms for its command, launched it in"
+        " 2.00 ms",
     ]
 
 

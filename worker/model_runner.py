@@ -3,6 +3,7 @@ samples. Per-sequence state lives in slot-indexed numpy arrays so every step is 
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import numpy as np
@@ -514,6 +515,19 @@ class ModelRunner:
             self.backend.warmup(attn.k_cache, attn.v_cache, attn.num_heads, self.dtype)
         if tp_rank() == 0:
             sampling_warmup(self.model_config.vocab_size, self.dtype, self.device)
+        torch.cuda.synchronize(self.device)
+
+    def warm_prefill_pool(self) -> None:
+        """One prefill at the token budget after graph capture: the caching allocator then already holds the
+        eager activations' blocks when the first real prefill arrives (the KV profile's warm-up released them)."""
+        if self.device.type != "cuda" or os.environ.get("NANOSERVE_NO_WARM_PREFILL") == "1":
+            return
+        seq_len = min(self.cfg.max_model_len, self.cfg.max_num_batched_tokens)
+        blocks_per_seq = -(-seq_len // self.block_size)
+        num_seqs = min(max(1, self.cfg.max_num_batched_tokens // seq_len), self.num_blocks // blocks_per_seq)
+        if num_seqs == 0:
+            return
+        self._warmup_prefill(num_seqs, seq_len, blocks_per_seq)  # writes KV only into blocks no sequence owns yet
         torch.cuda.synchronize(self.device)
 
     def capture_graphs(self) -> None:

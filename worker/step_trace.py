@@ -1,8 +1,10 @@
 """Per-step device timing, on when NANOSERVE_STEP_TRACE names a file (rank 0, CUDA only).
 
 For every step: the device time from its first kernel to its last (busy), and the device idle time between the
-previous step's end and this step's start (gap): the gap is what async scheduling exists to remove. Events
-are read back only at shutdown, so tracing adds no synchronization to the step loop.
+previous step's end and this step's start (gap): the gap is what async scheduling exists to remove. On the host:
+how long the worker waited for the step's command after launching the previous one (wait), and how long
+launching it took (launch). Events are read back only at shutdown, so tracing adds no synchronization to the
+step loop.
 
     python -m worker.step_trace FILE     # summary of a trace, decode steps by batch size, the longest gaps
 """
@@ -11,6 +13,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 
 import torch
 
@@ -20,24 +23,39 @@ class StepTrace:
         self.path = path
         self.records: list[tuple] = []
         self.prev_end: torch.cuda.Event | None = None
+        self.prev_launched = 0.0  # host clock when the previous step's launch returned
 
-    def begin(self) -> torch.cuda.Event:
+    def begin(self, received: float) -> tuple[torch.cuda.Event, float]:
+        """``received``: the host clock when the step's command arrived."""
         start = torch.cuda.Event(enable_timing=True)
         start.record()
-        return start
+        return start, received
 
-    def end(self, start: torch.cuda.Event, num_seqs: int, num_tokens: int) -> None:
+    def end(self, begun: tuple[torch.cuda.Event, float], num_seqs: int, num_tokens: int) -> None:
+        start, received = begun
         end = torch.cuda.Event(enable_timing=True)
         end.record()
-        self.records.append((num_seqs, num_tokens, start, end, self.prev_end))
-        self.prev_end = end
+        now = time.perf_counter()
+        wait = (received - self.prev_launched) * 1e3 if self.prev_launched else 0.0
+        self.records.append((num_seqs, num_tokens, start, end, self.prev_end, wait, (now - received) * 1e3))
+        self.prev_end, self.prev_launched = end, now
 
     def dump(self) -> None:
         torch.cuda.synchronize()
         rows = []
-        for num_seqs, num_tokens, start, end, prev in self.records:
+        for num_seqs, num_tokens, start, end, prev, wait, launch in self.records:
             gap = prev.elapsed_time(start) if prev is not None else 0.0
-            rows.append({"seqs": num_seqs, "tokens": num_tokens, "busy_ms": start.elapsed_time(end), "gap_ms": gap})
+            busy = start.elapsed_time(end)
+            rows.append(
+                {
+                    "seqs": num_seqs,
+                    "tokens": num_tokens,
+                    "busy_ms": busy,
+                    "gap_ms": gap,
+                    "wait_ms": wait,
+                    "launch_ms": launch,
+                }
+            )
         with open(self.path, "w") as f:
             json.dump(rows, f)
 
@@ -54,9 +72,11 @@ def summarize(rows: list[dict]) -> str:
             continue
         busy = sum(r["busy_ms"] for r in part)
         gap = sum(r["gap_ms"] for r in part if r["gap_ms"] < 1000)  # longer: the pause after warm-up
+        launch = sum(r.get("launch_ms", 0.0) for r in part)
         out.append(
             f"{name:13s} steps {len(part):5d}  busy {busy / 1e3:7.3f} s ({busy / len(part):6.3f} ms/step)  "
-            f"idle before them {gap / 1e3:6.3f} s ({gap / len(part):6.3f} ms/step)"
+            f"idle before them {gap / 1e3:6.3f} s ({gap / len(part):6.3f} ms/step)  "
+            f"host launch {launch / len(part):6.3f} ms/step"
         )
     return "\n".join(out)
 
@@ -79,7 +99,8 @@ def longest_gaps(rows: list[dict], n: int = 8) -> str:
     """The ``n`` longest idle gaps before a step (warm-up pauses of a second or more left out), in step order."""
     gaps = sorted(((r["gap_ms"], i) for i, r in enumerate(rows) if r["gap_ms"] < 1000), reverse=True)[:n]
     return "\n".join(
-        f"step {i:5d} ({rows[i]['seqs']} seqs, {rows[i]['tokens']} tokens): {g:.2f} ms idle before it"
+        f"step {i:5d} ({rows[i]['seqs']} seqs, {rows[i]['tokens']} tokens): {g:.2f} ms idle before it; host waited"
+        f" {rows[i].get('wait_ms', 0.0):.2f} ms for its command, launched it in {rows[i].get('launch_ms', 0.0):.2f} ms"
         for g, i in sorted(gaps, key=lambda x: x[1])
     )
 

@@ -10,6 +10,7 @@ import os
 import signal
 import socket
 import sys
+import time
 import traceback
 from collections import deque
 
@@ -107,6 +108,7 @@ class Worker:
         self.runner.allocate_kv(alloc.num_blocks)
         self.runner.warmup_kernels()
         self.runner.capture_graphs()
+        self.runner.warm_prefill_pool()
         trace_path = os.environ.get("NANOSERVE_STEP_TRACE")
         if trace_path and self.rank == 0 and device.type == "cuda":
             from worker.step_trace import StepTrace
@@ -133,7 +135,7 @@ class Worker:
                 continue  # spin: a CUDA step takes milliseconds and we want to report it at once
             msg = self.recv()
             if isinstance(msg, StepCommand):
-                start = self.trace.begin() if self.trace else None
+                start = self.trace.begin(time.perf_counter()) if self.trace else None
                 in_flight.append(self.runner.launch(msg))
                 if self.trace:
                     self.trace.end(start, len(msg.slots), len(msg.token_ids))
