@@ -3,6 +3,7 @@
     python benchmarks/attention_kernels.py [--block-sizes 16 256] [--dtype bf16] [--seed 0]
     python benchmarks/attention_kernels.py --sweep-decode    # decode tilings x split counts on W1/W2-like batches
     python benchmarks/attention_kernels.py --sweep-decode --cases 16,64,700,2000    # q heads, batch, context range
+    python benchmarks/attention_kernels.py --sweep-decode --tilings 128,8,2 64,4,3    # keys per tile, warps, stages
 
 Each case is first checked (relative error ||out - ref|| / ||ref|| against ``TorchAttentionBackend``), then timed
 with ``triton.testing.do_bench`` (median). Decode reports GB/s of K+V read; prefill reports causal TFLOP/s
@@ -172,10 +173,13 @@ SWEEP_CASES = [  # (q heads, batch, ctx lo, ctx hi)
 ]
 
 
-def sweep_decode(dtype: torch.dtype, seed: int, cases: list[tuple[int, ...]]) -> None:
+def sweep_decode(
+    dtype: torch.dtype, seed: int, cases: list[tuple[int, ...]], tilings: list[tuple[int, ...]] | None = None
+) -> None:
     """Time decode tilings (keys per tile, warps, stages) and split counts on the batches W1 and W2 produce, for
     the Qwen3-0.6B (16 q / 8 kv heads) and Qwen3-8B (32 / 8) head layouts; prints the best per case."""
-    tilings = [(bn, w, st, order) for bn, w, st in ((64, 4, 2), (128, 4, 2), (128, 4, 3)) for order in (0, 1)]
+    if tilings is None:
+        tilings = [(bn, w, st, order) for bn, w, st in ((64, 4, 2), (128, 4, 2), (128, 4, 3)) for order in (0, 1)]
     for case in cases:
         heads, batch, lo, hi, *kv_heads = case
         _sweep_case(heads, batch, lo, hi, dtype, seed, tilings, *kv_heads)
@@ -235,13 +239,17 @@ def main() -> None:
         default=None,
         help="sweep cases as q_heads,batch,ctx_lo,ctx_hi[,kv_heads] (default: W1/W2-like)",
     )
+    parser.add_argument(
+        "--tilings", nargs="+", default=None, help="swept tilings as keys,warps,stages (heads-first grids)"
+    )
     args = parser.parse_args()
     if not torch.cuda.is_available():
         sys.exit("needs a CUDA GPU")
     dtype = DTYPES[args.dtype]
     if args.sweep_decode:
         cases = [tuple(int(x) for x in c.split(",")) for c in args.cases] if args.cases else SWEEP_CASES
-        return sweep_decode(dtype, args.seed, cases)
+        tilings = [(*(int(x) for x in t.split(",")), 1) for t in args.tilings] if args.tilings else None
+        return sweep_decode(dtype, args.seed, cases, tilings)
     print(f"{torch.cuda.get_device_name()}  triton {triton.__version__}  torch {torch.__version__}  {args.dtype}")
     print(f"q heads {NUM_HEADS}, kv heads {NUM_KV_HEADS}, head_dim {HEAD_DIM}")
 
