@@ -58,6 +58,10 @@ class StepTrace:
             )
         with open(self.path, "w") as f:
             json.dump(rows, f)
+        # device allocations and frees (cudaFree synchronizes) and out-of-memory retries over the whole run
+        stats = torch.cuda.memory_stats()
+        keys = ("num_device_alloc", "num_device_free", "num_alloc_retries", "num_sync_all_streams")
+        print("nanoserve[step trace]: allocator", {k: stats.get(k) for k in keys}, file=sys.stderr, flush=True)
 
 
 def summarize(rows: list[dict]) -> str:

@@ -32,12 +32,14 @@ class HostStager:
     """Pinned staging for a step's host->device copies: ``num_slots`` regions used in turn, one per step.
 
     ``begin_step`` moves to the next region after waiting for the copies last staged there (an event recorded
-    when that region was left; with at most three steps in flight, coordinator async_depth <= 2, it has
-    completed). Arrays of at most ``inline_bytes``, and arrays that do not fit the region, take a pageable copy.
+    when that region was left, i.e. after all of that step's work). Six regions: at most three steps are in
+    flight (coordinator async_depth <= 2), so the step that last used a region has finished and the wait never
+    blocks the launch of a step. Arrays of at most ``inline_bytes``, and arrays that do not fit the region, take
+    a pageable copy.
     """
 
     def __init__(
-        self, device: torch.device, slot_bytes: int = 4 << 20, num_slots: int = 3, inline_bytes: int = _INLINE_BYTES
+        self, device: torch.device, slot_bytes: int = 4 << 20, num_slots: int = 6, inline_bytes: int = _INLINE_BYTES
     ) -> None:
         self.device = device
         self.inline_bytes = inline_bytes
