@@ -106,15 +106,22 @@ def gap_summary(prof, steps: int) -> None:
         print(f"  {g / steps / 1e3:8.3f} ms {n / steps:6.1f}x  {name}")
 
 
-def host_profile(runner, slots, prompt: int, blocks, temperature: float) -> None:
+def host_profile(runner, slots, prompt: int, blocks, temperature: float, decode_slots=()) -> None:
     """How long launching one prefill step takes on the host (the device idle beforehand), against the step's
-    device time; then a cProfile of one launch: where the host time goes."""
+    device time; then a cProfile of one launch: where the host time goes. ``decode_slots`` (sequences already
+    holding ``prompt`` tokens) add one decode row each, as in W1's mixed steps."""
     import cProfile
     import pstats
 
+    decode_slots = list(decode_slots)
+
     def prefill(sid: int):
         runner.num_computed[slots] = 0
-        return step(sid, slots, [prompt] * len(slots), [1] * (prompt * len(slots)), blocks, {"slots": slots})
+        runner.num_computed[decode_slots] = prompt
+        lens = [prompt] * len(slots) + [1] * len(decode_slots)
+        tokens = [1] * (prompt * len(slots)) + [-1] * len(decode_slots)
+        new_blocks = list(blocks) + [[] for _ in decode_slots]
+        return step(sid, list(slots) + decode_slots, lens, tokens, new_blocks, {"slots": slots})
 
     for sid in range(3):
         cmd = prefill(100 + sid)
@@ -124,7 +131,10 @@ def host_profile(runner, slots, prompt: int, blocks, temperature: float) -> None
         t1 = time.perf_counter()
         pending.wait()
         t2 = time.perf_counter()
-        print(f"prefill {len(slots)} x {prompt}: launch {1e3 * (t1 - t0):.2f} ms, to tokens {1e3 * (t2 - t0):.2f} ms")
+        print(
+            f"prefill {len(slots)} x {prompt} + {len(decode_slots)} decode rows: launch {1e3 * (t1 - t0):.2f} ms,"
+            f" to tokens {1e3 * (t2 - t0):.2f} ms"
+        )
     cmd = prefill(200)
     torch.cuda.synchronize()
     prof = cProfile.Profile()
@@ -145,7 +155,11 @@ def main() -> None:
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--context", type=int, default=128)
     p.add_argument("--prefill", action="store_true", help="also print the kernel ledger of the prefill steps")
-    p.add_argument("--host-profile", action="store_true", help="time the host launch of a prefill step and cProfile it")
+    p.add_argument(
+        "--host-profile",
+        action="store_true",
+        help="time the host launch of a prefill step (plus a decode row per other sequence) and cProfile it",
+    )
     a = p.parse_args()
     import torch.distributed as dist
 
@@ -228,7 +242,7 @@ def main() -> None:
                 )
                 kernel_summary(prefill_prof, num_steps)
         if a.host_profile:
-            host_profile(runner, slots[:per_step], prompt, blocks[:per_step], a.temperature)
+            host_profile(runner, slots[:per_step], prompt, blocks[:per_step], a.temperature, slots[per_step:])
 
         # each phase starts from the same contexts (KV rewritten in place), so their times compare
         def rewind(slots=slots, prompt=prompt):
