@@ -69,3 +69,54 @@ def test_pinned_stager_delivers_every_array_across_reused_regions():
     for arr, got, dtype in sent:
         assert got.dtype == dtype and got.shape == arr.shape
         assert np.array_equal(got.cpu().numpy(), arr.astype(got.cpu().numpy().dtype))
+
+
+def test_step_loop_reports_finished_steps_before_launching_the_next():
+    """With commands queued (a coordinator running ahead), the worker sends a finished step's tokens before it
+    launches the next step: the coordinator schedules ahead from them. Real ZMQ sockets, a stub runner."""
+    import time
+
+    import zmq
+    from helpers import make_step
+
+    from protocol.codec import decode, encode
+    from protocol.messages import Shutdown
+    from worker.model_runner import PendingTokens
+    from worker.worker import Worker
+
+    ctx = zmq.Context()
+    router = ctx.socket(zmq.ROUTER)
+    port = router.bind_to_random_port("tcp://127.0.0.1")
+    worker = Worker(f"tcp://127.0.0.1:{port}", 0, 1, 0, 0)
+    events = []
+
+    class Runner:
+        def launch(self, step):
+            events.append(("launch", step.step_id))
+            return PendingTokens(step.step_id, None, np.array([step.step_id], np.int32))  # finished at once
+
+    worker.runner = Runner()
+    send = worker.send
+
+    def logged_send(msg):
+        events.append(("report", msg.step_id))
+        send(msg)
+
+    worker.send = logged_send
+    try:
+        worker.sock.send(b"hello")  # the router learns the worker's identity
+        identity, _ = router.recv_multipart()
+        for msg in (make_step([dict(slot=0, tokens=[1])], step_id=0), make_step([dict(slot=0, tokens=[2])], 1)):
+            router.send_multipart([identity, encode(msg)])
+        router.send_multipart([identity, encode(Shutdown("done"))])
+        time.sleep(0.2)  # all three messages wait at the worker before its loop starts
+        assert worker.step_loop() == 0
+        reports = []
+        while router.poll(1000):
+            reports.append(decode(router.recv_multipart()[1]).step_id)
+    finally:
+        worker.close()
+        router.close(0)
+        ctx.term()
+    assert reports == [0, 1]
+    assert events == [("launch", 0), ("report", 0), ("launch", 1), ("report", 1)]

@@ -123,15 +123,17 @@ class Worker:
         return self.step_loop()
 
     def step_loop(self) -> int:
-        """Launch each step as soon as it arrives; report a step's tokens once its device work is done or the
-        next step has been launched behind it, whichever comes first (the device never waits on this loop)."""
+        """Launch each step as soon as it arrives and report each step's tokens as soon as its device work is
+        done (the device never waits on this loop). Finished steps are reported before the next command is
+        launched: the coordinator schedules step N + 2 from step N's tokens, and launching a step with prefill
+        tokens holds this loop for ~20 ms, so reporting after it left the workers without a queued step
+        (docs/PERF.md log 10)."""
         in_flight: deque = deque()
         while True:
+            while in_flight and in_flight[0].ready():
+                done = in_flight.popleft()
+                self.send(StepResult(done.step_id, self.rank, done.wait(), done.logprob_token_ids, done.logprobs))
             if in_flight and not self.sock.poll(0):
-                if in_flight[0].ready():
-                    done = in_flight.popleft()
-                    tokens = done.wait()
-                    self.send(StepResult(done.step_id, self.rank, tokens, done.logprob_token_ids, done.logprobs))
                 continue  # spin: a CUDA step takes milliseconds and we want to report it at once
             msg = self.recv()
             if isinstance(msg, StepCommand):
