@@ -519,7 +519,8 @@ class ModelRunner:
 
     def warm_prefill_pool(self) -> None:
         """One prefill at the token budget after graph capture: the caching allocator then already holds the
-        eager activations' blocks when the first real prefill arrives (the KV profile's warm-up released them)."""
+        eager activations' blocks when the first real prefill arrives (the KV profile's warm-up released them).
+        ``NANOSERVE_NO_WARM_PREFILL=1`` skips it (A/B runs, docs/PERF.md log 10a)."""
         if self.device.type != "cuda" or os.environ.get("NANOSERVE_NO_WARM_PREFILL") == "1":
             return
         seq_len = min(self.cfg.max_model_len, self.cfg.max_num_batched_tokens)

@@ -126,8 +126,8 @@ class Worker:
         """Launch each step as soon as it arrives and report each step's tokens as soon as its device work is
         done (the device never waits on this loop). Finished steps are reported before the next command is
         launched: the coordinator schedules step N + 2 from step N's tokens, and launching a step with prefill
-        tokens holds this loop for ~20 ms, so reporting after it left the workers without a queued step
-        (docs/PERF.md log 10)."""
+        tokens holds this loop for ~20 ms, so a report held back behind it can leave the workers without a
+        queued step (docs/PERF.md log 10)."""
         in_flight: deque = deque()
         while True:
             while in_flight and in_flight[0].ready():
