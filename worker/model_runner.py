@@ -135,10 +135,7 @@ class ModelRunner:
         # Peak activation memory of a forward at the largest batch, then the seed's formula.
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(self.device)
-        tokens = min(self.cfg.max_num_batched_tokens, self.cfg.max_model_len * self.cfg.max_num_seqs)
-        seq_len = min(self.cfg.max_model_len, tokens)
-        num_seqs = max(1, tokens // seq_len)
-        blocks_per_seq = -(-seq_len // self.block_size)
+        num_seqs, seq_len, blocks_per_seq = self._largest_prefill()
         self.allocate_kv(num_seqs * blocks_per_seq)
         self._warmup_prefill(num_seqs, seq_len, blocks_per_seq)
         torch.cuda.synchronize(self.device)
@@ -150,6 +147,12 @@ class ModelRunner:
         del self.kv_cache
         torch.cuda.empty_cache()
         return max(0, int(budget) // self.kv_block_bytes)
+
+    def _largest_prefill(self) -> tuple[int, int, int]:
+        """(sequences, tokens each, blocks each) of the largest prefill step the limits allow."""
+        tokens = min(self.cfg.max_num_batched_tokens, self.cfg.max_model_len * self.cfg.max_num_seqs)
+        seq_len = min(self.cfg.max_model_len, tokens)
+        return max(1, tokens // seq_len), seq_len, -(-seq_len // self.block_size)
 
     def _warmup_prefill(self, num_seqs: int, seq_len: int, blocks_per_seq: int) -> None:
         tables = np.arange(num_seqs * blocks_per_seq, dtype=np.int32).reshape(num_seqs, blocks_per_seq)
@@ -518,14 +521,13 @@ class ModelRunner:
         torch.cuda.synchronize(self.device)
 
     def warm_prefill_pool(self) -> None:
-        """One prefill at the token budget after graph capture: the caching allocator then already holds the
-        eager activations' blocks when the first real prefill arrives (the KV profile's warm-up released them).
+        """The KV sizing's prefill once more, after graph capture: the caching allocator then already holds the
+        eager activations' blocks when the first real prefill arrives (the KV sizing released them).
         ``NANOSERVE_NO_WARM_PREFILL=1`` skips it (A/B runs, docs/PERF.md log 10a)."""
         if self.device.type != "cuda" or os.environ.get("NANOSERVE_NO_WARM_PREFILL") == "1":
             return
-        seq_len = min(self.cfg.max_model_len, self.cfg.max_num_batched_tokens)
-        blocks_per_seq = -(-seq_len // self.block_size)
-        num_seqs = min(max(1, self.cfg.max_num_batched_tokens // seq_len), self.num_blocks // blocks_per_seq)
+        num_seqs, seq_len, blocks_per_seq = self._largest_prefill()  # the shape the KV sizing profiled
+        num_seqs = min(num_seqs, self.num_blocks // blocks_per_seq)
         if num_seqs == 0:
             return
         self._warmup_prefill(num_seqs, seq_len, blocks_per_seq)  # writes KV only into blocks no sequence owns yet
