@@ -1,7 +1,12 @@
-"""CUDA graphs for decode-only steps: one graph per batch-size bucket, captured largest first into one shared
-memory pool. Captured tensors keep their addresses, so each step copies its inputs into static buffers, pads
-the batch up to the bucket (slot -1: nothing written; length 0: nothing read) and keeps the block-table
-width fixed at its maximum."""
+"""CUDA graphs: whole forwards for decode-only steps, piecewise forwards for steps with prefill tokens.
+
+Decode: one graph per batch-size bucket, captured largest first into one shared memory pool. Captured tensors
+keep their addresses, so each step copies its inputs into static buffers, pads the batch up to the bucket
+(slot -1: nothing written; length 0: nothing read) and keeps the block-table width fixed at its maximum.
+
+Prefill: attention depends on each step's sequence layout (grid sizes, prefill and decode rows), so those
+forwards are captured in pieces between consecutive attention calls, one list of pieces per token-count bucket
+(see PrefillGraphs)."""
 
 from __future__ import annotations
 
@@ -14,6 +19,12 @@ from torch import nn
 from kernels.attention import AttentionBackend, AttentionMetadata
 from model.context import forward_context
 from worker.transfer import HostStager
+
+
+def token_buckets(max_tokens: int) -> list[int]:
+    """Token counts the prefill graphs are captured for: 256, 512, 1024, then every 1024 up to ``max_tokens``."""
+    sizes = [t for t in (256, 512) if t < max_tokens] + list(range(1024, max_tokens, 1024)) + [max_tokens]
+    return sorted(set(sizes))
 
 
 def batch_buckets(max_batch: int) -> list[int]:
@@ -83,3 +94,116 @@ class DecodeGraphs:
         self.block_tables[:n, : block_tables.shape[1]].copy_(stager.to_device(block_tables, torch.int32))
         self.graphs[bs].replay()
         return self.outputs[bs][:n]
+
+
+def _attend_into(out: torch.Tensor, q: torch.Tensor, k_cache, v_cache, scale: float, meta, backend) -> None:
+    """One layer's attention of a step (prefill rows first, then decode rows) written into ``out``."""
+    n_pre = meta.num_prefill_tokens
+    if meta.num_prefills:
+        backend.prefill(q[:n_pre], k_cache, v_cache, meta, scale, out[:n_pre])
+    if meta.num_decodes:
+        backend.decode(q[n_pre:], k_cache, v_cache, meta, scale, out[n_pre:])
+
+
+class _PieceRecorder:
+    """Stands in for the attention backend while a prefill forward is captured: at each attention call it
+    copies the queries into the static query buffer, closes the current piece, opens the next one and hands
+    back the static output buffer. Without ``capturing`` it only does the copy (an eager pass that compiles
+    every kernel before the capture)."""
+
+    def __init__(self, owner: PrefillGraphs, pool, capturing: bool) -> None:
+        self.owner, self.pool, self.capturing = owner, pool, capturing
+        self.pieces: list[torch.cuda.CUDAGraph] = []
+        self.holes: list[tuple[torch.Tensor, torch.Tensor, float]] = []  # (k_cache, v_cache, scale) per layer
+
+    def begin(self) -> None:
+        self.pieces.append(torch.cuda.CUDAGraph())
+        self.pieces[-1].capture_begin(pool=self.pool)
+
+    def end(self) -> None:
+        self.pieces[-1].capture_end()
+
+    def prefill(self, q, k_cache, v_cache, meta, scale, out=None) -> torch.Tensor:
+        n = q.shape[0]
+        self.owner.q_buf[:n].copy_(q)
+        if self.capturing:
+            self.end()
+            self.holes.append((k_cache, v_cache, scale))
+            self.begin()
+        return self.owner.out_buf[:n]
+
+
+class PrefillGraphs:
+    """Piecewise CUDA graphs for steps with prefill tokens, one list of pieces per token-count bucket.
+
+    Eagerly, such a step launches ~400 kernels, and on the H200 hosts launching them took longer than the device
+    needed to run them (docs/PERF.md log 10). Here a forward is captured as L + 1 pieces around its L attention
+    calls: piece i ends by copying layer i's queries into a static buffer; at replay, the layer's attention
+    runs eagerly from there (with the step's own metadata) into a static output buffer, which piece i + 1
+    starts from. The q/k norm, RoPE and KV store stay inside the pieces (they read the static positions and
+    slot mapping). A step's tokens are padded up to its bucket: padding rows write no KV (slot -1) and attention
+    reads only the real rows, so they never reach a real row."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        max_tokens: int,
+        num_heads: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: torch.device,
+    ) -> None:
+        self.buckets = token_buckets(max_tokens)
+        self.max_tokens = max_tokens
+        self.input_ids = torch.zeros(max_tokens, dtype=torch.int64, device=device)
+        self.positions = torch.zeros(max_tokens, dtype=torch.int64, device=device)
+        self.slot_mapping = torch.full((max_tokens,), -1, dtype=torch.int64, device=device)
+        # zeros, so padding rows start finite; afterwards they hold earlier steps' values
+        self.q_buf = torch.zeros(max_tokens, num_heads, head_dim, dtype=dtype, device=device)
+        self.out_buf = torch.zeros(max_tokens, num_heads, head_dim, dtype=dtype, device=device)
+        self.pieces: dict[int, list[torch.cuda.CUDAGraph]] = {}
+        self.holes: dict[int, list[tuple[torch.Tensor, torch.Tensor, float]]] = {}
+        self.outputs: dict[int, torch.Tensor] = {}
+        pool, stream = torch.cuda.graph_pool_handle(), torch.cuda.Stream(device)
+        for tokens in reversed(self.buckets):  # largest first: the smaller ones reuse its pool memory
+            meta = AttentionMetadata(
+                slot_mapping=self.slot_mapping[:tokens], num_prefill_tokens=tokens, num_prefills=1, num_decodes=0
+            )
+            ids, pos = self.input_ids[:tokens], self.positions[:tokens]
+            with forward_context(meta, _PieceRecorder(self, pool, capturing=False)):
+                model(ids, pos)  # compiles every kernel for this token count outside the capture
+            torch.cuda.synchronize(device)
+            recorder = _PieceRecorder(self, pool, capturing=True)
+            stream.wait_stream(torch.cuda.current_stream(device))
+            with torch.cuda.stream(stream):
+                recorder.begin()
+                with forward_context(meta, recorder):
+                    self.outputs[tokens] = model(ids, pos)
+                recorder.end()
+            torch.cuda.current_stream(device).wait_stream(stream)
+            self.pieces[tokens], self.holes[tokens] = recorder.pieces, recorder.holes
+        torch.cuda.synchronize(device)
+        torch.cuda.empty_cache()  # the eager passes' blocks: steps up to max_tokens run here, not eagerly
+
+    def run(
+        self,
+        stager: HostStager,
+        input_ids: torch.Tensor,
+        positions: np.ndarray,
+        meta: AttentionMetadata,
+        backend: AttentionBackend,
+    ) -> torch.Tensor:
+        """The step's hidden states; ``meta`` is its attention metadata on the device (with its slot mapping)."""
+        n = len(input_ids)
+        tokens = self.buckets[bisect.bisect_left(self.buckets, n)]
+        self.input_ids[:n].copy_(input_ids)
+        self.positions[:n].copy_(stager.to_device(positions))
+        self.slot_mapping[:n].copy_(meta.slot_mapping)
+        self.slot_mapping[n:tokens].fill_(-1)
+        q, out = self.q_buf[:n], self.out_buf[:n]
+        pieces = self.pieces[tokens]
+        for piece, (k_cache, v_cache, scale) in zip(pieces, self.holes[tokens]):
+            piece.replay()
+            _attend_into(out, q, k_cache, v_cache, scale, meta, backend)
+        pieces[-1].replay()
+        return self.outputs[tokens][:n]

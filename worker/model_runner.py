@@ -11,13 +11,14 @@ import torch
 
 from kernels.attention import AttentionMetadata, get_backend
 from kernels.sampling import warmup as sampling_warmup
+from kernels.triton_attention import TritonAttentionBackend
 from model.config import ModelConfig, parse_dtype
 from model.context import forward_context
 from model.layers import PagedAttention
 from model.loader import load_model
-from model.parallel import broadcast_from_rank0, tp_rank
+from model.parallel import broadcast_from_rank0, tp_rank, tp_size
 from protocol.messages import StepCommand, WorkerConfig
-from worker.cuda_graphs import DecodeGraphs
+from worker.cuda_graphs import DecodeGraphs, PrefillGraphs
 from worker.sampler import SamplingTensors, sample, uses_fused_kernel
 from worker.transfer import HostStager
 
@@ -74,6 +75,7 @@ class ModelRunner:
         self.noise_seeds = np.random.default_rng(cfg.seed)  # per-step keys of the fused sampler's noise
         self.num_blocks = 0
         self.graphs: DecodeGraphs | None = None
+        self.prefill_graphs: PrefillGraphs | None = None
         self.last_tokens = torch.zeros(cfg.max_num_seqs, dtype=torch.int64, device=device)
         self.stager = HostStager(device)
         pin = device.type == "cuda"
@@ -162,8 +164,8 @@ class ModelRunner:
         slots = tables[rows, positions // self.block_size] * self.block_size + positions % self.block_size
         meta = AttentionMetadata(self._to_dev(slots), len(tokens), num_seqs, 0)
         self._set_prefill_meta(meta, np.full(num_seqs, seq_len), np.full(num_seqs, seq_len), tables)
-        with torch.inference_mode(), forward_context(meta, self.backend):
-            hidden = self.model(self._to_dev(tokens), self._to_dev(positions))
+        with torch.inference_mode():
+            hidden = self._run_model(self._to_dev(tokens), positions, meta)
             self.model.compute_logits(hidden[-num_seqs:])
 
     # ---- one step --------------------------------------------------------------------------------------
@@ -406,8 +408,14 @@ class ModelRunner:
         if self.graphs is not None and hb.num_prefills == 0 and len(hb.slots) <= self.graphs.max_batch:
             tables = self.block_tables[hb.slots, : hb.width]
             return self.graphs.run(self.stager, input_ids, hb.positions, hb.slot_mapping, hb.seq_lens, tables)
-        with forward_context(self.device_meta(hb), self.backend):
-            return self.model(input_ids, self._to_dev(hb.positions))
+        return self._run_model(input_ids, hb.positions, self.device_meta(hb))
+
+    def _run_model(self, input_ids: torch.Tensor, positions: np.ndarray, meta: AttentionMetadata) -> torch.Tensor:
+        """A forward with prefill tokens: through the prefill graphs where they hold the step, else eagerly."""
+        if self.prefill_graphs is not None and len(input_ids) <= self.prefill_graphs.max_tokens:
+            return self.prefill_graphs.run(self.stager, input_ids, positions, meta, self.backend)
+        with forward_context(meta, self.backend):
+            return self.model(input_ids, self._to_dev(positions))
 
     def sampling_tensors(self, sample_slots: np.ndarray, sample_positions: np.ndarray) -> SamplingTensors:
         t, k, p = self.temperature[sample_slots], self.top_k[sample_slots], self.top_p[sample_slots]
@@ -521,9 +529,10 @@ class ModelRunner:
         torch.cuda.synchronize(self.device)
 
     def warm_prefill_pool(self) -> None:
-        """The KV sizing's prefill once more, after graph capture: the caching allocator then already holds the
-        eager activations' blocks when the first real prefill arrives (the KV sizing released them).
-        ``NANOSERVE_NO_WARM_PREFILL=1`` skips it (A/B runs, docs/PERF.md log 10a)."""
+        """The KV sizing's prefill once more, after graph capture and before the first real one: it compiles the
+        prefill attention kernel, and either replays the prefill graphs once or leaves the eager activations'
+        blocks in the caching allocator (the KV sizing released them). ``NANOSERVE_NO_WARM_PREFILL=1`` skips it
+        (A/B runs, docs/PERF.md log 10a)."""
         if self.device.type != "cuda" or os.environ.get("NANOSERVE_NO_WARM_PREFILL") == "1":
             return
         num_seqs, seq_len, blocks_per_seq = self._largest_prefill()  # the shape the KV sizing profiled
@@ -534,7 +543,8 @@ class ModelRunner:
         torch.cuda.synchronize(self.device)
 
     def capture_graphs(self) -> None:
-        """CUDA graphs for decode-only steps (after the KV pool exists); no-op on CPU or with enforce_eager."""
+        """CUDA graphs for decode-only steps and, at TP 1 with the Triton backend, piecewise ones for steps with
+        prefill tokens (after the KV pool exists); no-op on CPU or with enforce_eager."""
         if self.device.type != "cuda" or self.cfg.enforce_eager:
             return
         self.graphs = DecodeGraphs(
@@ -547,3 +557,15 @@ class ModelRunner:
             dtype=self.dtype,
             device=self.device,
         )
+        # Prefill pieces replay attention with the Triton backend's ``out`` argument. Under tensor parallelism
+        # their prefill-sized all-reduces would be NCCL collectives inside graphs, not yet checked on the
+        # device; TP prefill steps are device-bound anyway (docs/PERF.md log 7).
+        if (
+            isinstance(self.backend, TritonAttentionBackend)
+            and tp_size() == 1
+            and os.environ.get("NANOSERVE_NO_PREFILL_GRAPHS") != "1"
+        ):
+            attn = self.attn_layers[0]
+            self.prefill_graphs = PrefillGraphs(
+                self.model, self.cfg.max_num_batched_tokens, attn.num_heads, attn.head_dim, self.dtype, self.device
+            )
