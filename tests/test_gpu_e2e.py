@@ -128,6 +128,11 @@ def test_prefill_graphs_match_eager_on_mixed_steps(tiny_untied):
         if not eager:
             assert runner.prefill_graphs.buckets == [256, 512]  # 60 and 302 tokens: both steps are padded
         logits[eager] = [runner.forward_logits(make_step(s, step_id=i)).float() for i, s in enumerate(steps)]
+    # float32, but the Triton attention's dots round through tf32 (~1e-3), and the padded GEMMs' different row
+    # counts perturb their inputs in the last bits: compare each row relative to its norm. A wrong row (stale
+    # queries, a decode row read through the prefill path) is off by O(1).
     for got, want in zip(logits[False], logits[True]):
         assert got.shape == want.shape
-        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+        row_err = (got - want).norm(dim=-1) / want.norm(dim=-1)
+        assert row_err.max().item() < 1e-2, row_err.max().item()
+        assert (got.argmax(-1) == want.argmax(-1)).float().mean().item() > 0.98
