@@ -227,6 +227,8 @@ class Engine:
             if reason is not None:
                 self.scheduler.finish(seq, reason)
                 self.requests.pop(seq.request_id, None)
+                # now, while the workers run the steps already sent, rather than for every request at the end
+                seq.final_text = self._text(seq)
             new_logprobs = None if logprobs is None else [logprobs]
             outputs.append(StepOutput(seq, [token], new_text, reason is not None, new_logprobs))
         return outputs
@@ -266,9 +268,12 @@ class Engine:
                 return "stop"
         return None
 
+    def _text(self, seq: Sequence) -> str:
+        # a stop string cut .text short; otherwise decode once (most requests never need .text earlier)
+        return seq.text if isinstance(seq.stop_reason, str) else self.decode(seq.output_token_ids)
+
     def completion(self, seq: Sequence) -> Completion:
-        # a stop string cut .text short; otherwise decode once, at the end (most requests never need .text earlier)
-        text = seq.text if isinstance(seq.stop_reason, str) else self.decode(seq.output_token_ids)
+        text = seq.final_text if seq.final_text is not None else self._text(seq)
         return Completion(
             request_id=seq.request_id,
             prompt_token_ids=seq.token_ids[: seq.num_prompt_tokens],

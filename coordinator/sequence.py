@@ -37,6 +37,7 @@ class Sequence:
     text: str = ""  # decoded output so far (kept only for streaming and stop strings)
     text_prefix_offset: int = 0  # incremental detokenizer state, over the output tokens
     text_read_offset: int = 0
+    final_text: str | None = None  # the whole output's text, decoded in the step that finished the sequence
     error: str | None = None
     logprobs: list[dict[int, float]] = field(default_factory=list)  # per output token, when params.logprobs
 

@@ -295,3 +295,18 @@ def test_engine_freezes_its_start_up_objects_until_shutdown(tiny_tied):
     finally:
         engine_llm.engine.shutdown()
     assert gc.get_freeze_count() == 0  # the interpreter's last collection may reach them again
+
+
+def test_text_is_decoded_in_the_step_that_finishes_the_request(llm, reference):
+    """LLM.generate returns without a decoding pass over every request: each output's text is decoded when its
+    sequence finishes, while the worker runs the steps already sent."""
+    eng = llm.engine
+    seq = eng.add_request(PROMPT, greedy(24, ignore_eos=True))
+    while not seq.is_finished:
+        for out in eng.step():
+            assert (out.seq.final_text is not None) == out.finished
+    text = llm.tokenizer.decode(reference.token_ids, skip_special_tokens=True)
+    assert seq.final_text == text and eng.completion(seq).text == text
+    while eng.has_unfinished:  # steps sent past the end (async scheduling) drain
+        eng.step()
+    assert_engine_clean_and_serving(llm)

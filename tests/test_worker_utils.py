@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from worker.step_trace import by_batch, longest_gaps, summarize
+from worker.step_trace import by_batch, longest_gaps, startup_costs, summarize
 from worker.transfer import HostStager, to_device
 
 
@@ -41,6 +41,20 @@ def test_step_trace_summary_splits_decode_and_prefill_steps():
         "step     2 (4 seqs, 4 tokens): 1.50 ms idle before it; host waited 1.25 ms for its command, launched it in"
         " 2.00 ms",
     ]
+
+
+def test_step_trace_lists_the_steps_that_compiled_or_allocated():
+    rows = [
+        {"seqs": 1, "tokens": 8, "busy_ms": 9.0, "compiled": [], "reserved_mib": 100.0},
+        {"seqs": 2, "tokens": 900, "busy_ms": 50.0, "compiled": ["_decode_split_kernel"], "reserved_mib": 100.0},
+        {"seqs": 2, "tokens": 2, "busy_ms": 1.0, "compiled": [], "reserved_mib": 164.0},
+        {"seqs": 2, "tokens": 2, "busy_ms": 1.0, "compiled": [], "reserved_mib": 164.0},
+    ]
+    assert startup_costs(rows).splitlines() == [
+        "step     1 (2 seqs, 900 tokens, busy 50.00 ms): compiled ['_decode_split_kernel'], reserve +0 MiB",
+        "step     2 (2 seqs, 2 tokens, busy 1.00 ms): compiled nothing, reserve +64 MiB",
+    ]
+    assert startup_costs(rows[:1]).startswith("no step")
 
 
 @pytest.mark.gpu

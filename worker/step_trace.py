@@ -2,9 +2,9 @@
 
 For every step: the device time from its first kernel to its last (busy), and the device idle time between the
 previous step's end and this step's start (gap): the gap is what async scheduling exists to remove. On the host:
-how long the worker waited for the step's command after launching the previous one (wait), and how long
-launching it took (launch). Events are read back only at shutdown, so tracing adds no synchronization to the
-step loop.
+how long the worker waited for the step's command after launching the previous one (wait), how long
+launching it took (launch), which Triton kernels it compiled and whether the caching allocator grew. Events are
+read back only at shutdown, so tracing adds no synchronization to the step loop.
 
     python -m worker.step_trace FILE     # summary of a trace, decode steps by batch size, the longest gaps
 """
@@ -24,26 +24,45 @@ class StepTrace:
         self.records: list[tuple] = []
         self.prev_end: torch.cuda.Event | None = None
         self.prev_launched = 0.0  # host clock when the previous step's launch returned
+        self.compiled: list[str] = []  # Triton kernels compiled (cache misses), in order
+        self._hook_compiles()
 
-    def begin(self, received: float) -> tuple[torch.cuda.Event, float]:
+    def _hook_compiles(self) -> None:
+        try:
+            from triton import knobs
+        except ImportError:  # an older Triton: no compile records
+            return
+        chained = knobs.runtime.jit_cache_hook
+
+        def on_cache_miss(*args, **kwargs):
+            self.compiled.append(getattr(kwargs.get("fn"), "name", "?"))
+            return chained(*args, **kwargs) if chained else False  # False: compile as usual
+
+        knobs.runtime.jit_cache_hook = on_cache_miss
+
+    def begin(self, received: float) -> tuple[torch.cuda.Event, float, int]:
         """``received``: the host clock when the step's command arrived."""
         start = torch.cuda.Event(enable_timing=True)
         start.record()
-        return start, received
+        return start, received, len(self.compiled)
 
-    def end(self, begun: tuple[torch.cuda.Event, float], num_seqs: int, num_tokens: int) -> None:
-        start, received = begun
+    def end(self, begun: tuple[torch.cuda.Event, float, int], num_seqs: int, num_tokens: int) -> None:
+        start, received, num_compiled = begun
         end = torch.cuda.Event(enable_timing=True)
         end.record()
         now = time.perf_counter()
         wait = (received - self.prev_launched) * 1e3 if self.prev_launched else 0.0
-        self.records.append((num_seqs, num_tokens, start, end, self.prev_end, wait, (now - received) * 1e3))
+        reserved = torch.cuda.memory_reserved() / 2**20  # grows when the step needed a new cudaMalloc
+        compiled = self.compiled[num_compiled:]
+        self.records.append(
+            (num_seqs, num_tokens, start, end, self.prev_end, wait, (now - received) * 1e3, compiled, reserved)
+        )
         self.prev_end, self.prev_launched = end, now
 
     def dump(self) -> None:
         torch.cuda.synchronize()
         rows = []
-        for num_seqs, num_tokens, start, end, prev, wait, launch in self.records:
+        for num_seqs, num_tokens, start, end, prev, wait, launch, compiled, reserved in self.records:
             gap = prev.elapsed_time(start) if prev is not None else 0.0
             busy = start.elapsed_time(end)
             rows.append(
@@ -54,6 +73,8 @@ class StepTrace:
                     "gap_ms": gap,
                     "wait_ms": wait,
                     "launch_ms": launch,
+                    "compiled": compiled,
+                    "reserved_mib": reserved,
                 }
             )
         with open(self.path, "w") as f:
@@ -109,6 +130,20 @@ def longest_gaps(rows: list[dict], n: int = 8) -> str:
     )
 
 
+def startup_costs(rows: list[dict]) -> str:
+    """Steps that compiled Triton kernels or grew the caching allocator's reserve (a cudaMalloc)."""
+    out, reserved = [], rows[0].get("reserved_mib", 0.0) if rows else 0.0
+    for i, r in enumerate(rows):
+        grew = r.get("reserved_mib", reserved) - reserved
+        reserved = r.get("reserved_mib", reserved)
+        if r.get("compiled") or grew > 0:
+            out.append(
+                f"step {i:5d} ({r['seqs']} seqs, {r['tokens']} tokens, busy {r['busy_ms']:.2f} ms): compiled "
+                f"{r.get('compiled') or 'nothing'}, reserve +{grew:.0f} MiB"
+            )
+    return "\n".join(out) or "no step compiled a kernel or grew the allocator's reserve"
+
+
 if __name__ == "__main__":
     trace = json.load(open(sys.argv[1]))
-    print(summarize(trace), by_batch(trace), longest_gaps(trace), sep="\n\n")
+    print(summarize(trace), by_batch(trace), longest_gaps(trace), startup_costs(trace), sep="\n\n")
