@@ -367,6 +367,8 @@ class TritonAttentionBackend(AttentionBackend):
     MID_PROGRAMS_PER_SM = 32
     MID_MIN_PROGRAMS = 128
 
+    ORDER_MAX_SPLITS = 2  # decode_order is followed up to this many splits per sequence
+
     name = "triton"
 
     def __init__(
@@ -587,7 +589,9 @@ class TritonAttentionBackend(AttentionBackend):
             lse_strides = lse.stride()[:2]
 
         heads_first = self.decode_heads_first
-        ordered = meta.decode_order is not None
+        # Longest rows first pays where programs span whole sequences or halves (3-4% at 192-256 sequences);
+        # with more splits the programs are short and even already, and it cost 18% at 8 splits (PERF.md log 11).
+        ordered = meta.decode_order is not None and num_splits <= self.ORDER_MAX_SPLITS
         grid = (num_kv_heads, num_splits, batch) if heads_first else (batch, num_kv_heads, num_splits)
         _decode_split_kernel[grid](
             q,

@@ -283,8 +283,10 @@ def test_decode_small_ordered(num_splits):
     lens = [1, 17, 0, 40, 16, 5]
     order = longest_first(np.array(lens)).tolist()
     assert order == [3, 1, 4, 5, 0, 2]
-    check_decode(lens, 8, 2, 16, 16, torch.float32, num_splits, order=order)
-    check_decode(lens, 8, 2, 16, 16, torch.float32, num_splits, order=[5, 0, 4, 2, 1, 3])  # any permutation
+    be = TritonAttentionBackend()
+    be.ORDER_MAX_SPLITS = 3  # the policy follows the order up to 2 splits; the split + merge path must hold too
+    check_decode(lens, 8, 2, 16, 16, torch.float32, num_splits, backend=be, order=order)
+    check_decode(lens, 8, 2, 16, 16, torch.float32, num_splits, backend=be, order=[5, 0, 4, 2, 1, 3])
 
 
 def test_longest_first_pads_with_the_padding_rows():

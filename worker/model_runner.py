@@ -531,6 +531,13 @@ class ModelRunner:
             self.backend.warmup(attn.k_cache, attn.v_cache, attn.num_heads, self.dtype, ordered=self.order_decodes)
         if tp_rank() == 0:
             sampling_warmup(self.model_config.vocab_size, self.dtype, self.device)
+        # The LM head runs eagerly at every row count (the decode graphs end at the hidden states). Suspect for
+        # the first mixed step's ~30 ms stall (docs/PERF.md log 11): cuBLAS loading a new size class's kernel on
+        # first use. One pass over every count that a step can sample.
+        hidden = torch.zeros(self.cfg.max_num_seqs, self.model_config.hidden_size, dtype=self.dtype, device=self.device)
+        with torch.inference_mode():
+            for rows in range(1, self.cfg.max_num_seqs + 1):
+                self.model.compute_logits(hidden[:rows])
         torch.cuda.synchronize(self.device)
 
     def warm_prefill_pool(self) -> None:
