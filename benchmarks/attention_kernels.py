@@ -4,7 +4,6 @@
     python benchmarks/attention_kernels.py --sweep-decode    # decode tilings x split counts on W1/W2-like batches
     python benchmarks/attention_kernels.py --sweep-decode --cases 16,64,700,2000    # q heads, batch, context range
     python benchmarks/attention_kernels.py --sweep-decode --tilings 128,8,2 64,4,3    # keys per tile, warps, stages
-    python benchmarks/attention_kernels.py --order-decode [--cases ...]    # rows in order vs longest context first
 
 Each case is first checked (relative error ||out - ref|| / ||ref|| against ``TorchAttentionBackend``), then timed
 with ``triton.testing.do_bench`` (median). Decode reports GB/s of K+V read; prefill reports causal TFLOP/s
@@ -14,11 +13,9 @@ with ``triton.testing.do_bench`` (median). Decode reports GB/s of K+V read; pref
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import functools
 import math
 import os
-import statistics
 import sys
 
 import torch
@@ -27,7 +24,7 @@ import triton.testing
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from kernels.attention import AttentionMetadata, TorchAttentionBackend, longest_first
+from kernels.attention import AttentionMetadata, TorchAttentionBackend
 from kernels.triton_attention import TritonAttentionBackend
 
 NUM_HEADS, NUM_KV_HEADS, HEAD_DIM = 32, 8, 128  # Qwen3-8B
@@ -230,56 +227,12 @@ def _sweep_case(heads, batch, lo, hi, dtype, seed, tilings, kv_heads=NUM_KV_HEAD
         print(f"  {str(tiles):>14s} " + " ".join(f"{grid.get((tiles, s), float('nan')):7.4f}" for s in all_splits))
 
 
-ORDER_CASES = [  # (q heads, batch, ctx lo, ctx hi): W1's decode batches (prompt 100-1024 + up to 1024 generated)
-    (16, 256, 100, 2048),
-    (16, 192, 300, 2048),
-    (16, 128, 500, 2048),
-    (16, 64, 800, 2048),
-    (16, 32, 1000, 2048),
-    (32, 256, 100, 2048),
-]
-
-
-def compare_order(dtype: torch.dtype, seed: int, cases: list[tuple[int, ...]]) -> None:
-    """Decode attention with the rows in arrival order vs longest context first (``decode_order``), at the
-    policy's split count for max_model_len 4096 (as captured in the CUDA graphs); timings alternate, 5 rounds."""
-    print(
-        f"{'q/kv heads':>10s} {'batch':>5s} {'context':>10s} {'splits':>6s} {'rows ms':>8s} {'longest ms':>10s} "
-        f"{'ratio':>6s} {'GB/s':>11s}"
-    )
-    for heads, batch, lo, hi, *kv in cases:
-        kv_heads = kv[0] if kv else NUM_KV_HEADS
-        gen = torch.Generator(device="cuda").manual_seed(seed)
-        lens = torch.randint(lo, hi + 1, (batch,), generator=gen, device="cuda")
-        k_cache, v_cache, table = make_pool(lens.tolist(), 16, dtype, gen, kv_heads)
-        q = torch.randn(batch, heads, HEAD_DIM, dtype=dtype, device="cuda", generator=gen)
-        meta = decode_meta(lens, table, 4096)
-        ordered = dataclasses.replace(
-            meta, decode_order=torch.tensor(longest_first(lens.cpu().numpy()), dtype=torch.int32, device="cuda")
-        )
-        ref = REF.decode(q, k_cache, v_cache, meta, 1.0)
-        assert rel_err(TRI.decode(q, k_cache, v_cache, ordered, 1.0), ref) < TOL[dtype]
-        times: dict[bool, list[float]] = {False: [], True: []}
-        for _ in range(5):
-            for key, m in ((False, meta), (True, ordered)):
-                times[key].append(median_ms(functools.partial(TRI.decode, q, k_cache, v_cache, m, 1.0), rep=60))
-        rows_ms, longest_ms = statistics.median(times[False]), statistics.median(times[True])
-        kv_bytes = 2 * int(lens.sum()) * kv_heads * HEAD_DIM * k_cache.element_size()
-        splits = TRI.num_decode_splits(batch, kv_heads, 4096, q.device)
-        print(
-            f"{heads:>5d}/{kv_heads:<4d} {batch:5d} {lo:>4d}..{hi:<4d} {splits:6d} {rows_ms:8.4f} {longest_ms:10.4f} "
-            f"{longest_ms / rows_ms:6.3f} {kv_bytes / rows_ms / 1e6:5.0f}/{kv_bytes / longest_ms / 1e6:<5.0f}"
-        )
-        torch.cuda.empty_cache()
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--block-sizes", type=int, nargs="+", default=[16, 256])
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--sweep-decode", action="store_true")
-    parser.add_argument("--order-decode", action="store_true", help="rows in order vs longest context first")
     parser.add_argument(
         "--cases",
         nargs="+",
@@ -293,9 +246,6 @@ def main() -> None:
     if not torch.cuda.is_available():
         sys.exit("needs a CUDA GPU")
     dtype = DTYPES[args.dtype]
-    if args.order_decode:
-        cases = [tuple(int(x) for x in c.split(",")) for c in args.cases] if args.cases else ORDER_CASES
-        return compare_order(dtype, args.seed, cases)
     if args.sweep_decode:
         cases = [tuple(int(x) for x in c.split(",")) for c in args.cases] if args.cases else SWEEP_CASES
         tilings = [(*(int(x) for x in t.split(",")), 1) for t in args.tilings] if args.tilings else None

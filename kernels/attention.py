@@ -14,7 +14,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 
 
@@ -36,20 +35,6 @@ class AttentionMetadata:
     decode_seq_lens: torch.Tensor | None = None  # [num_decodes] int32
     decode_block_tables: torch.Tensor | None = None  # [num_decodes, max_blocks] int32
     max_decode_seq_len: int = 0
-    # [num_decodes] int32, a permutation: the order in which a kernel should take the decode rows (see
-    # longest_first); None = row order. Scheduling only: the results are the same either way.
-    decode_order: torch.Tensor | None = None
-
-
-def longest_first(seq_lens: np.ndarray, size: int = 0) -> np.ndarray:
-    """Decode rows by descending context length (ties in row order), then rows ``len(seq_lens) .. size - 1``
-    (batch padding). The Triton decode kernel starts its programs in this order, so the longest sequences start
-    in the first wave and the last wave holds short ones: with rows in arrival order, a long sequence starting
-    late leaves most SMs idle while it finishes (longest-processing-time-first scheduling)."""
-    order = np.argsort(-np.asarray(seq_lens, dtype=np.int64), kind="stable").astype(np.int32)
-    if size > len(order):
-        order = np.concatenate([order, np.arange(len(order), size, dtype=np.int32)])
-    return order
 
 
 class AttentionBackend:

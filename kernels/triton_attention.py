@@ -191,7 +191,6 @@ def _decode_split_kernel(
     v_cache_ptr,
     seq_lens_ptr,
     block_tables_ptr,
-    order_ptr,  # [B] int32 when ORDERED: the row each batch position of the grid computes
     out_ptr,  # final output when DIRECT_OUT, else the partial accumulators [B, Hq, num_splits, D] fp32
     lse_ptr,  # [B, Hq, num_splits] fp32, base-2 log-sum-exp of each split (unused when DIRECT_OUT)
     qk_scale,
@@ -218,7 +217,6 @@ def _decode_split_kernel(
     BLOCK_N: tl.constexpr,
     DIRECT_OUT: tl.constexpr,  # single split: normalise and write the final output, no merge pass
     HEADS_FIRST: tl.constexpr,  # grid (kv heads, splits, batch): a sequence's heads run side by side
-    ORDERED: tl.constexpr,  # rows taken in order_ptr's order (longest context first: no long tail at the end)
     USE_PDL: tl.constexpr,
 ):
     pdl_enter(USE_PDL)
@@ -230,8 +228,6 @@ def _decode_split_kernel(
         b = tl.program_id(0)
         kv_head = tl.program_id(1)
         split = tl.program_id(2)
-    if ORDERED:
-        b = tl.load(order_ptr + b)
 
     seq_len = tl.load(seq_lens_ptr + b)
     # The split length is derived from the device-side seq_len, so the grid stays data independent.
@@ -366,8 +362,6 @@ class TritonAttentionBackend(AttentionBackend):
     DIRECT_PROGRAMS_PER_SM = 12
     MID_PROGRAMS_PER_SM = 32
     MID_MIN_PROGRAMS = 128
-
-    ORDER_MAX_SPLITS = 2  # decode_order is followed up to this many splits per sequence
 
     name = "triton"
 
@@ -510,12 +504,9 @@ class TritonAttentionBackend(AttentionBackend):
             want = min(want, triton.cdiv(max_seq_len, self.min_split_tokens))
         return max(1, min(want, self.max_splits))
 
-    def warmup(
-        self, k_cache: torch.Tensor, v_cache: torch.Tensor, num_heads: int, dtype: torch.dtype, ordered: bool = True
-    ) -> None:
+    def warmup(self, k_cache: torch.Tensor, v_cache: torch.Tensor, num_heads: int, dtype: torch.dtype) -> None:
         """Compile every decode variant a run can meet (single split, each merge width up to max_splits, the
-        tiles of both the few-sequence and the mid regime) at start-up, so no timed step stalls on the compiler.
-        ``ordered``: whether the run's metadata carries ``decode_order`` (a variant of its own)."""
+        tiles of both the few-sequence and the mid regime) at start-up, so no timed step stalls on the compiler."""
         head_dim, device, num_kv_heads = k_cache.shape[3], k_cache.device, k_cache.shape[2]
         for batch in sorted({2, triton.cdiv(self.MID_MIN_PROGRAMS, num_kv_heads)}):
             q = torch.zeros(batch, num_heads, head_dim, dtype=dtype, device=device)
@@ -526,7 +517,6 @@ class TritonAttentionBackend(AttentionBackend):
                 num_decodes=batch,
                 decode_seq_lens=torch.ones(batch, dtype=torch.int32, device=device),
                 decode_block_tables=torch.zeros(batch, 3, dtype=torch.int32, device=device),
-                decode_order=torch.arange(batch, dtype=torch.int32, device=device) if ordered else None,
             )
             splits = 1
             while True:
@@ -589,9 +579,6 @@ class TritonAttentionBackend(AttentionBackend):
             lse_strides = lse.stride()[:2]
 
         heads_first = self.decode_heads_first
-        # Longest rows first pays where programs span whole sequences or halves (3-4% at 192-256 sequences);
-        # with more splits the programs are short and even already, and it cost 18% at 8 splits (PERF.md log 11).
-        ordered = meta.decode_order is not None and num_splits <= self.ORDER_MAX_SPLITS
         grid = (num_kv_heads, num_splits, batch) if heads_first else (batch, num_kv_heads, num_splits)
         _decode_split_kernel[grid](
             q,
@@ -599,7 +586,6 @@ class TritonAttentionBackend(AttentionBackend):
             v_cache,
             meta.decode_seq_lens,
             bt,
-            meta.decode_order if ordered else meta.decode_seq_lens,  # any pointer when unordered
             part,
             lse,
             scale * _LOG2E,
@@ -623,7 +609,6 @@ class TritonAttentionBackend(AttentionBackend):
             BLOCK_N=block_n,
             DIRECT_OUT=direct,
             HEADS_FIRST=heads_first,
-            ORDERED=ordered,
             USE_PDL=pdl,
             num_warps=num_warps,
             num_stages=num_stages,

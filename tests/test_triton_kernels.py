@@ -7,11 +7,10 @@ through the Triton interpreter.
 import dataclasses
 import math
 
-import numpy as np
 import pytest
 import torch
 
-from kernels.attention import AttentionMetadata, TorchAttentionBackend, longest_first
+from kernels.attention import AttentionMetadata, TorchAttentionBackend
 from kernels.triton_attention import TritonAttentionBackend
 
 ON_GPU = torch.cuda.is_available()  # without CUDA, conftest.py has switched the Triton interpreter on
@@ -209,7 +208,6 @@ def check_decode(
     num_splits: int | None,
     garbage_table: bool = False,
     backend: TritonAttentionBackend = TRI,
-    order: list[int] | None = None,
 ) -> None:
     gen = torch.Generator().manual_seed(sum(seq_lens) + num_heads + block_size)
     cache = PagedCache(seq_lens, num_kv_heads, head_dim, block_size, dtype, gen, extra_cols=5)
@@ -230,7 +228,6 @@ def check_decode(
         decode_seq_lens=lens,
         decode_block_tables=table,
         max_decode_seq_len=max(seq_lens),
-        decode_order=None if order is None else torch.tensor(order, dtype=torch.int32, device=DEVICE),
     )
     scale = head_dim**-0.5
     out = torch.full_like(q, float("nan"))
@@ -277,23 +274,6 @@ def test_decode_small_sequence_major_grid(num_splits):
     check_decode([1, 17, 0, 40, 16, 5], 8, 2, 16, 16, torch.float32, num_splits, backend=be)
 
 
-@pytest.mark.parametrize("num_splits", [1, 3])
-def test_decode_small_ordered(num_splits):
-    # decode_order only changes which program computes which row: each row's output lands in its own place.
-    lens = [1, 17, 0, 40, 16, 5]
-    order = longest_first(np.array(lens)).tolist()
-    assert order == [3, 1, 4, 5, 0, 2]
-    be = TritonAttentionBackend()
-    be.ORDER_MAX_SPLITS = 3  # the policy follows the order up to 2 splits; the split + merge path must hold too
-    check_decode(lens, 8, 2, 16, 16, torch.float32, num_splits, backend=be, order=order)
-    check_decode(lens, 8, 2, 16, 16, torch.float32, num_splits, backend=be, order=[5, 0, 4, 2, 1, 3])
-
-
-def test_longest_first_pads_with_the_padding_rows():
-    assert longest_first(np.array([3, 9, 9, 1]), size=6).tolist() == [1, 2, 0, 3, 4, 5]
-    assert longest_first(np.array([], dtype=np.int64)).tolist() == []
-
-
 def test_decode_split_policy(monkeypatch):
     # Host-only: depends on batch, kv heads, the SM count (an H200's here) and the host max length; honours the cap.
     monkeypatch.setattr("kernels.triton_attention.num_sms", lambda device, cpu: 132)
@@ -319,7 +299,6 @@ def test_decode_gpu(dtype, block_size, heads, head_dim, num_splits):
     gen = torch.Generator().manual_seed(1)
     lens = torch.randint(1, 2049, (61,), generator=gen).tolist() + [0, 0, 1]
     check_decode(lens, *heads, head_dim, block_size, dtype, num_splits)
-    check_decode(lens, *heads, head_dim, block_size, dtype, num_splits, order=longest_first(np.array(lens)).tolist())
 
 
 @gpu

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from kernels.attention import AttentionBackend, AttentionMetadata, longest_first
+from kernels.attention import AttentionBackend, AttentionMetadata
 from model.context import forward_context
 from worker.transfer import HostStager
 
@@ -43,9 +43,7 @@ class DecodeGraphs:
         hidden_size: int,
         dtype: torch.dtype,
         device: torch.device,
-        ordered: bool = True,
     ) -> None:
-        """``ordered``: attention takes the rows longest context first (``order`` holds the permutation)."""
         self.buckets = batch_buckets(max_batch)
         self.max_batch = max_batch
         self.input_ids = torch.zeros(max_batch, dtype=torch.int64, device=device)
@@ -53,7 +51,6 @@ class DecodeGraphs:
         self.slot_mapping = torch.full((max_batch,), -1, dtype=torch.int64, device=device)
         self.seq_lens = torch.zeros(max_batch, dtype=torch.int32, device=device)
         self.block_tables = torch.zeros(max_batch, max_blocks, dtype=torch.int32, device=device)
-        self.order = torch.arange(max_batch, dtype=torch.int32, device=device) if ordered else None
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, torch.Tensor] = {}
         pool = None
@@ -66,7 +63,6 @@ class DecodeGraphs:
                 decode_seq_lens=self.seq_lens[:bs],
                 decode_block_tables=self.block_tables[:bs],
                 max_decode_seq_len=max_seq_len,  # fixes the split-K count for the longest context
-                decode_order=None if self.order is None else self.order[:bs],
             )
             with forward_context(meta, backend):
                 model(self.input_ids[:bs], self.positions[:bs])  # compile kernels outside the capture
@@ -96,8 +92,6 @@ class DecodeGraphs:
         self.seq_lens[:n].copy_(stager.to_device(seq_lens, torch.int32))
         self.seq_lens[n:bs].fill_(0)
         self.block_tables[:n, : block_tables.shape[1]].copy_(stager.to_device(block_tables, torch.int32))
-        if self.order is not None:
-            self.order[:bs].copy_(stager.to_device(longest_first(seq_lens, bs), torch.int32))
         self.graphs[bs].replay()
         return self.outputs[bs][:n]
 

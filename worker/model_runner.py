@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from kernels.attention import AttentionMetadata, get_backend, longest_first
+from kernels.attention import AttentionMetadata, get_backend
 from kernels.sampling import warmup as sampling_warmup
 from kernels.triton_attention import TritonAttentionBackend
 from model.config import ModelConfig, parse_dtype
@@ -76,9 +76,6 @@ class ModelRunner:
         self.num_blocks = 0
         self.graphs: DecodeGraphs | None = None
         self.prefill_graphs: PrefillGraphs | None = None
-        # decode attention takes its rows longest context first (kernels.attention.longest_first);
-        # NANOSERVE_NO_DECODE_ORDER=1 keeps row order (A/B runs)
-        self.order_decodes = os.environ.get("NANOSERVE_NO_DECODE_ORDER") != "1"
         self.last_tokens = torch.zeros(cfg.max_num_seqs, dtype=torch.int64, device=device)
         self.stager = HostStager(device)
         pin = device.type == "cuda"
@@ -390,8 +387,6 @@ class ModelRunner:
             meta.decode_seq_lens = self._to_dev(hb.seq_lens[n_pre:], torch.int32)
             meta.decode_block_tables = self._to_dev(self.block_tables[hb.slots[n_pre:], : hb.width], torch.int32)
             meta.max_decode_seq_len = int(hb.seq_lens[n_pre:].max())
-            if self.order_decodes:
-                meta.decode_order = self._to_dev(longest_first(hb.seq_lens[n_pre:]), torch.int32)
         return meta
 
     def _input_ids(self, step: StepCommand, hb: HostBatch, sample_slots: torch.Tensor | None = None) -> torch.Tensor:
@@ -528,16 +523,20 @@ class ModelRunner:
             return
         if hasattr(self.backend, "warmup"):
             attn = self.attn_layers[0]
-            self.backend.warmup(attn.k_cache, attn.v_cache, attn.num_heads, self.dtype, ordered=self.order_decodes)
+            self.backend.warmup(attn.k_cache, attn.v_cache, attn.num_heads, self.dtype)
         if tp_rank() == 0:
             sampling_warmup(self.model_config.vocab_size, self.dtype, self.device)
-        # The LM head runs eagerly at every row count (the decode graphs end at the hidden states). Suspect for
-        # the first mixed step's ~30 ms stall (docs/PERF.md log 11): cuBLAS loading a new size class's kernel on
-        # first use. One pass over every count that a step can sample.
-        hidden = torch.zeros(self.cfg.max_num_seqs, self.model_config.hidden_size, dtype=self.dtype, device=self.device)
-        with torch.inference_mode():
-            for rows in range(1, self.cfg.max_num_seqs + 1):
-                self.model.compute_logits(hidden[:rows])
+        # The LM head runs eagerly, at the step's number of sampled rows (the decode graphs end at the hidden
+        # states). Without this pass, each prefill step that sampled a row count not seen before blocked the host
+        # for about the step's whole device time (cuBLAS loading that size's kernel on first use, we suspect); W1's
+        # prefill steps are exactly that (docs/PERF.md log 11). NANOSERVE_NO_LM_HEAD_WARMUP=1 skips it (A/B runs).
+        if os.environ.get("NANOSERVE_NO_LM_HEAD_WARMUP") != "1":
+            rows = torch.zeros(
+                self.cfg.max_num_seqs, self.model_config.hidden_size, dtype=self.dtype, device=self.device
+            )
+            with torch.inference_mode():
+                for n in range(1, self.cfg.max_num_seqs + 1):
+                    self.model.compute_logits(rows[:n])
         torch.cuda.synchronize(self.device)
 
     def warm_prefill_pool(self) -> None:
@@ -568,7 +567,6 @@ class ModelRunner:
             hidden_size=self.model_config.hidden_size,
             dtype=self.dtype,
             device=self.device,
-            ordered=self.order_decodes,
         )
         # Prefill pieces replay attention with the Triton backend's ``out`` argument. Under tensor parallelism
         # their prefill-sized all-reduces would be NCCL collectives inside graphs, not yet checked on the
