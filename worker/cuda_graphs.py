@@ -27,6 +27,12 @@ def token_buckets(max_tokens: int) -> list[int]:
     return sorted(set(sizes))
 
 
+def _static_inputs(rows: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The token ids, positions and slot mapping a graph reads, for up to ``rows`` rows (slot -1: no KV write)."""
+    ids = torch.zeros(rows, dtype=torch.int64, device=device)
+    return ids, torch.zeros_like(ids), torch.full_like(ids, -1)
+
+
 def batch_buckets(max_batch: int) -> list[int]:
     sizes = [b for b in (1, 2, 4, 8) if b < max_batch] + list(range(16, max_batch, 16)) + [max_batch]
     return sorted(set(sizes))
@@ -46,9 +52,7 @@ class DecodeGraphs:
     ) -> None:
         self.buckets = batch_buckets(max_batch)
         self.max_batch = max_batch
-        self.input_ids = torch.zeros(max_batch, dtype=torch.int64, device=device)
-        self.positions = torch.zeros(max_batch, dtype=torch.int64, device=device)
-        self.slot_mapping = torch.full((max_batch,), -1, dtype=torch.int64, device=device)
+        self.input_ids, self.positions, self.slot_mapping = _static_inputs(max_batch, device)
         self.seq_lens = torch.zeros(max_batch, dtype=torch.int32, device=device)
         self.block_tables = torch.zeros(max_batch, max_blocks, dtype=torch.int32, device=device)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
@@ -155,9 +159,7 @@ class PrefillGraphs:
     ) -> None:
         self.buckets = token_buckets(max_tokens)
         self.max_tokens = max_tokens
-        self.input_ids = torch.zeros(max_tokens, dtype=torch.int64, device=device)
-        self.positions = torch.zeros(max_tokens, dtype=torch.int64, device=device)
-        self.slot_mapping = torch.full((max_tokens,), -1, dtype=torch.int64, device=device)
+        self.input_ids, self.positions, self.slot_mapping = _static_inputs(max_tokens, device)
         # zeros, so padding rows start finite; afterwards they hold earlier steps' values
         self.q_buf = torch.zeros(max_tokens, num_heads, head_dim, dtype=dtype, device=device)
         self.out_buf = torch.zeros(max_tokens, num_heads, head_dim, dtype=dtype, device=device)
