@@ -159,10 +159,8 @@ def decode_linear_tiles(x: torch.Tensor, w: torch.Tensor) -> Tiles | None:
     return None
 
 
-def decode_linear(x: torch.Tensor, w: torch.Tensor, tiles: tuple) -> torch.Tensor:
-    """``x @ w.T`` for ``x`` [M <= 16, K] and a contiguous ``w`` [N, K] with the given ``Tiles`` (or a plain tuple
-    of their fields)."""
-    t = Tiles(*tiles)
+def decode_linear(x: torch.Tensor, w: torch.Tensor, t: Tiles) -> torch.Tensor:
+    """``x @ w.T`` for ``x`` [M <= 16, K] and a contiguous ``w`` [N, K] with the given tiles."""
     m, k = x.shape
     n = w.shape[0]
     assert m <= MAX_ROWS and n % t.block_n == 0 and k % (t.split_k * t.block_k) == 0, (x.shape, w.shape, t)

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from kernels import fused
-from kernels.decode_gemm import decode_linear, decode_linear_tiles
+from kernels.decode_gemm import Tiles, decode_linear, decode_linear_tiles
 from kernels.pdl import use_pdl
 
 ON_GPU = torch.cuda.is_available()
@@ -14,7 +14,7 @@ DEVICE = "cuda" if ON_GPU else "cpu"
 
 
 @pytest.mark.parametrize("rows", [1, 3, 16])
-@pytest.mark.parametrize("tiles", [(32, 64, 1, 4, 3), (32, 64, 2, 4, 3), (64, 64, 4, 4, 3)])
+@pytest.mark.parametrize("tiles", [Tiles(32, 64, 1, 4, 3), Tiles(32, 64, 2, 4, 3), Tiles(64, 64, 4, 4, 3)])
 def test_decode_linear_matches_matmul(rows, tiles):
     g = torch.Generator(device=DEVICE).manual_seed(rows)
     x = torch.randn(rows, 512, device=DEVICE, generator=g)
@@ -27,7 +27,9 @@ def test_decode_linear_matches_matmul(rows, tiles):
 
 
 @pytest.mark.parametrize("rows", [1, 3, 8])
-@pytest.mark.parametrize("tiles", [(4, 128, 4, 4, 1, True), (8, 512, 1, 4, 1, True), (2, 64, 8, 1, 1, True)])
+@pytest.mark.parametrize(
+    "tiles", [Tiles(4, 128, 4, 4, 1, True), Tiles(8, 512, 1, 4, 1, True), Tiles(2, 64, 8, 1, 1, True)]
+)
 def test_gemv_matches_matmul(tiles, rows):
     """The GEMV kernel: whole weight slices of 1-8 K splits, rows padded up to a power of two (3 -> 4)."""
     g = torch.Generator(device=DEVICE).manual_seed(tiles[0] + rows)
