@@ -3,6 +3,7 @@ each timed eagerly and inside a CUDA graph of back-to-back calls (as decode runs
 
     torchrun --nproc-per-node 2 benchmarks/allreduce.py            # table on rank 0, then one JSON line
     torchrun --nproc-per-node 2 benchmarks/allreduce.py --check    # correctness only; exit 0 if all correct
+    torchrun --nproc-per-node 2 benchmarks/allreduce.py --fused-norm   # all-reduce + add + RMSNorm: fused vs not
 
 Every result is checked against NCCL's sum of the ranks' random tensors and against the float64 truth. The
 benchmark's `auto` column is model.parallel.all_reduce with its real thresholds (ONE_SHOT_MAX_BYTES,
@@ -159,6 +160,8 @@ def suggest(rows: list[dict]) -> dict:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--check", action="store_true", help="correctness only (exit 1 on any mismatch or no symm)")
+    p.add_argument("--fused-norm", action="store_true", help="check and time the fused all-reduce + add + RMSNorm")
+    p.add_argument("--hidden", type=int, default=4096, help="--fused-norm: row width")
     p.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPES))
     p.add_argument("--sizes", default="", help="comma-separated byte sizes, e.g. 8K,1M (default: the usual set)")
     p.add_argument("--graph-calls", type=int, default=20, help="all-reduces per captured graph")
@@ -172,7 +175,12 @@ def main() -> int:
     dtype = DTYPES[a.dtype]
     itemsize = torch.empty((), dtype=dtype).element_size()
     parallel.set_tp(rank, world)
-    code = check(a, rank, world, device, dtype, itemsize) if a.check else bench(a, rank, world, device, dtype, itemsize)
+    if a.fused_norm:
+        code = fused_norm(a, rank, world, device, dtype)
+    elif a.check:
+        code = check(a, rank, world, device, dtype, itemsize)
+    else:
+        code = bench(a, rank, world, device, dtype, itemsize)
     dist.barrier()
     dist.destroy_process_group()
     return code
@@ -313,6 +321,98 @@ def check_mixed_graph(symm, dtype, device, rank, world, results) -> bool:
     paths = [symm.method_for(b) for b in bufs]
     results.append({"method": "mixed_graph", "paths": paths, "ok": ok})
     return ok
+
+
+def fused_norm(a, rank, world, device, dtype) -> int:
+    """kernels/allreduce_norm.py against all_reduce + fused.rmsnorm (what runs without it): the same results
+    (eager, and replayed in a graph of chained calls that alternates the buffer halves), then us per call in graphs
+    of back-to-back calls, as a decode step runs them. Rows are tokens of width --hidden."""
+    from kernels import fused
+
+    hidden = a.hidden
+    rows_list = [int(r) for r in a.sizes.split(",")] if a.sizes else [1, 8, 64, 256, 1024, 2048, 8192]
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    max_bytes = max(rows_list) * hidden * itemsize
+    parallel.init_custom_all_reduce(max_bytes, dtype, device)
+    parallel._init_fused(max_bytes, dtype, device, dist.group.WORLD)  # as large as the largest size timed here
+    fz = parallel.get_fused_all_reduce_norm()
+    if fz is None:
+        print(json.dumps({"bench": "fused_norm", "ok": False, "error": "fused all-reduce unavailable"}))
+        return 1
+    weight = (1 + 0.1 * torch.randn(hidden, generator=torch.Generator().manual_seed(3))).to(dtype).to(device)
+    eps = 1e-6
+
+    def unfused(x, residual):
+        return fused.rmsnorm(parallel.all_reduce(x.clone()), weight, eps, residual)
+
+    def inputs(rows, salt):
+        x = rank_input(rank, rows * hidden, dtype, device, salt).view(rows, hidden)
+        res = rank_input(world + 1, rows * hidden, dtype, device, salt).view(rows, hidden)  # the same on all ranks
+        return x, res
+
+    results, ok = [], True
+    for rows in rows_list:
+        x, res = inputs(rows, 0)
+        want_out, want_res = unfused(x, res)
+        got_out, got_res = fz(x, res, weight, eps)
+        no_res = fz(x, None, weight, eps)
+        torch.cuda.synchronize(device)
+        r = {
+            "rows": rows,
+            "res_exact": bool(torch.equal(got_res, want_res)),
+            "out_err": float((got_out.float() - want_out.float()).abs().max()),
+            "no_residual_err": float(
+                (no_res.float() - fused.rmsnorm(parallel.all_reduce(x.clone()), weight, eps).float()).abs().max()
+            ),
+        }
+        # a graph of three chained calls (halves A, B, A), replayed on fresh inputs
+        sx, sres = x.clone(), res.clone()
+        with torch.cuda.graph(g := torch.cuda.CUDAGraph()):
+            o1, r1 = fz(sx, sres, weight, eps)
+            o2, r2 = fz(o1, r1, weight, eps)
+            o3, r3 = fz(o2, r2, weight, eps)
+        graph_ok = True
+        for k in range(3):
+            nx, nres = inputs(rows, k + 1)
+            sx.copy_(nx), sres.copy_(nres)
+            g.replay()
+            e1, f1 = unfused(nx, nres)
+            e2, f2 = unfused(e1, f1)
+            e3, f3 = unfused(e2, f2)
+            torch.cuda.synchronize(device)
+            graph_ok &= torch.equal(r3, f3) and float((o3.float() - e3.float()).abs().max()) <= 0.02
+        del g
+        r["graph_ok"] = bool(graph_ok)
+        r["ok"] = r["res_exact"] and r["out_err"] <= 0.02 and r["no_residual_err"] <= 0.02 and r["graph_ok"]
+        ok &= r["ok"]
+        z, zr = (
+            torch.zeros(rows, hidden, dtype=dtype, device=device),
+            torch.zeros(rows, hidden, dtype=dtype, device=device),
+        )
+        r["fused_us"] = time_graph(
+            lambda _, z=z, zr=zr: fz(z, zr, weight, eps), 1, dtype, device, a.graph_calls, a.replays
+        )
+        r["unfused_us"] = time_graph(
+            lambda _, z=z, zr=zr: fused.rmsnorm(parallel.all_reduce(z), weight, eps, zr),
+            1,
+            dtype,
+            device,
+            a.graph_calls,
+            a.replays,
+        )
+        r["unfused_path"] = parallel.get_symm_all_reduce().method_for(z.view(-1))
+        results.append(r)
+    if rank == 0:
+        print(f"\nall-reduce + add + RMSNorm, {world} ranks, width {hidden}; us per call in graphs")
+        print(f"{'rows':>6s} {'MiB':>6s} {'unfused':>9s} {'fused':>9s} {'ratio':>6s}  ok  (unfused all-reduce)")
+        for r in results:
+            mib = r["rows"] * hidden * itemsize / MB
+            print(
+                f"{r['rows']:6d} {mib:6.2f} {r['unfused_us']:9.1f} {r['fused_us']:9.1f}"
+                f" {r['unfused_us'] / r['fused_us']:6.2f}  {'yes' if r['ok'] else 'NO'}  ({r['unfused_path']})"
+            )
+        print(json.dumps({"bench": "fused_norm", "world": world, "hidden": hidden, "ok": bool(ok), "rows": results}))
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

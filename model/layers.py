@@ -11,7 +11,7 @@ from kernels import fused
 from kernels.attention import AttentionBackend, AttentionMetadata
 from kernels.decode_gemm import decode_linear, decode_linear_tiles
 from model.context import get_context
-from model.parallel import all_reduce, gather_to_rank0, tp_rank, tp_size
+from model.parallel import all_reduce, all_reduce_add_rmsnorm, gather_to_rank0, tp_rank, tp_size
 
 
 def _check_shape(param: torch.Tensor, loaded: torch.Tensor, what: str = "") -> None:
@@ -114,12 +114,14 @@ class QKVParallelLinear(ColumnParallelLinear):
 
 
 class RowParallelLinear(LinearBase):
-    """Input features split across ranks; partial outputs summed by an all-reduce."""
+    """Input features split across ranks; partial outputs summed by an all-reduce, or, with
+    ``reduce_results=False``, returned unsummed for the consumer to reduce (``RMSNorm.forward_partial``)."""
 
-    def __init__(self, in_features: int, out_features: int, bias: bool = False) -> None:
+    def __init__(self, in_features: int, out_features: int, bias: bool = False, reduce_results: bool = True) -> None:
         if in_features % tp_size():
             raise ValueError(f"input size {in_features} is not divisible by tensor parallel size {tp_size()}")
         super().__init__(in_features // tp_size(), out_features, bias)
+        self.reduce_results = reduce_results
 
     def weight_loader(self, param, loaded, shard_id=None):
         if param.dim() == 1:  # bias is added once, on rank 0 only
@@ -128,7 +130,8 @@ class RowParallelLinear(LinearBase):
         default_weight_loader(param, _shard_rows(loaded, 1, tp_rank(), tp_size(), "input columns"))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return all_reduce(super().forward(x))
+        out = super().forward(x)
+        return all_reduce(out) if self.reduce_results else out
 
 
 class VocabParallelEmbedding(nn.Module):
@@ -185,6 +188,14 @@ class RMSNorm(nn.Module):
             return self._norm(x)
         x = x + residual
         return self._norm(x), x
+
+    def forward_partial(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+        """``forward`` of ``x`` summed over the tensor-parallel ranks (``x``: this rank's partial output of a
+        row-parallel layer). On GPUs with a symmetric buffer the all-reduce, add and norm are one kernel."""
+        fused_out = all_reduce_add_rmsnorm(x, residual, self.weight, self.eps)
+        if fused_out is not None:
+            return fused_out
+        return self.forward(all_reduce(x), residual)
 
 
 class RotaryEmbedding(nn.Module):

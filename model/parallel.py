@@ -34,12 +34,17 @@ DISABLE_ENV = "NANOSERVE_DISABLE_SYMM_MEM"  # "1": keep NCCL for every all-reduc
 _SYMM_DTYPES = (torch.bfloat16, torch.float32)  # what the symm_mem reduction kernels dispatch on
 
 _SYMM: SymmAllReduce | None = None
+_FUSED: FusedAllReduceNorm | None = None
+# The fused all-reduce + add + RMSNorm (kernels/allreduce_norm.py) up to this size per call; above it, NCCL (or the
+# two-shot kernel) and then the norm kernel. One-shot reads every peer's whole tensor: it wins at decode sizes.
+FUSED_MAX_BYTES = 16 * 1024 * 1024
+FUSED_DISABLE_ENV = "NANOSERVE_DISABLE_FUSED_ALL_REDUCE"  # "1": all-reduce and norm as two kernels (A/B runs)
 
 
 def set_tp(rank: int, size: int, group: object | None = None) -> None:
-    global _SYMM
+    global _SYMM, _FUSED
     _TP.rank, _TP.size, _TP.group = rank, size, group
-    _SYMM = None  # a symmetric buffer belongs to one group: init_custom_all_reduce again after a change
+    _SYMM = _FUSED = None  # a symmetric buffer belongs to one group: init_custom_all_reduce again after a change
 
 
 def tp_rank() -> int:
@@ -58,6 +63,17 @@ def all_reduce(x: torch.Tensor) -> torch.Tensor:
             return symm(x)
         dist.all_reduce(x, group=_TP.group)
     return x
+
+
+def all_reduce_add_rmsnorm(
+    x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor] | None:
+    """RMSNorm of (the sum of ``x`` over the TP group [+ residual]) in one kernel, as ``fused.rmsnorm`` returns
+    it; None where that kernel does not apply (the caller then all-reduces and normalizes separately)."""
+    fused = _FUSED
+    if fused is None or not x.is_cuda or not fused.fits(x, residual):
+        return None
+    return fused(x, residual, weight, eps)
 
 
 def broadcast_from_rank0(x: torch.Tensor) -> torch.Tensor:
@@ -166,6 +182,71 @@ class SymmAllReduce:
         return None
 
 
+class FusedAllReduceNorm:
+    """The symmetric buffer of ``kernels.allreduce_norm`` (its own allocation, so its own signal pad), split in
+    two halves that consecutive calls alternate between.
+
+    Why two halves make an end-of-call barrier unnecessary: a rank writes half A again only two calls later,
+    after passing the barrier of the call in between (on half B), which every peer reaches only after finishing
+    the call that read half A (stream order; the kernel never overlaps its predecessor's memory accesses). The
+    pattern breaks only if two calls on the same half follow each other with no call between, which happens at
+    the boundary of two forwards; but every forward starts with the embedding's all-reduce, a collective that no
+    rank completes before every rank has finished the previous forward. The ranks must make the same calls in
+    the same order (they do: every decision here depends on shapes only)."""
+
+    def __init__(self, buf: torch.Tensor, handle, rank: int, world_size: int, max_programs: int):
+        self.buf, self.rank, self.world_size = buf, rank, world_size
+        self.half_numel = buf.numel() // 2
+        device = buf.device
+        self.buf_ptrs = torch.tensor(list(handle.buffer_ptrs), dtype=torch.int64, device=device)
+        self.pad_ptrs = torch.tensor(list(handle.signal_pad_ptrs), dtype=torch.int64, device=device)
+        pad_slots = int(getattr(handle, "signal_pad_size", 2048)) // 4  # int32 flags, one per (program, rank)
+        self.max_programs = max(1, min(max_programs, pad_slots // world_size))
+        self.calls = 0  # parity picks the half
+
+    def fits(self, x: torch.Tensor, residual: torch.Tensor | None) -> bool:
+        return (
+            x.dim() == 2
+            and x.dtype == self.buf.dtype
+            and 0 < x.numel() <= self.half_numel
+            and x.is_contiguous()
+            and (residual is None or (residual.shape == x.shape and residual.is_contiguous()))
+        )
+
+    def __call__(self, x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float):
+        from kernels.allreduce_norm import allreduce_add_rmsnorm
+
+        offset = (self.calls % 2) * self.half_numel
+        self.calls += 1
+        return allreduce_add_rmsnorm(
+            x,
+            residual,
+            weight,
+            eps,
+            self.buf_ptrs,
+            self.pad_ptrs,
+            offset,
+            self.rank,
+            self.world_size,
+            self.max_programs,
+        )
+
+    def self_test(self) -> str | None:
+        """Eager first use (before any graph capture) on known data, both halves; None if the sums are exact."""
+        hidden = 256
+        weight = torch.ones(hidden, dtype=self.buf.dtype, device=self.buf.device)
+        base = torch.arange(4 * hidden, device=self.buf.device).view(4, hidden) % 5
+        for _ in range(2):
+            x = (base + self.rank).to(self.buf.dtype)
+            residual = torch.ones_like(x)
+            _, res_out = self(x, residual, weight, 1e-6)
+            want = (base * self.world_size + sum(range(self.world_size)) + 1).to(self.buf.dtype)
+            if not torch.equal(res_out, want):
+                return "fused all-reduce + RMSNorm self-test gave a wrong sum"
+        torch.cuda.synchronize(self.buf.device)
+        return None
+
+
 def _optional_op(ops, name: str):
     try:
         return getattr(ops, name).default
@@ -209,8 +290,8 @@ def init_custom_all_reduce(
     all that all_reduce can use; it is never reallocated. Call once, after set_tp and before any CUDA graph
     capture, on every rank of the group: with tp > 1 on CUDA over NCCL it is collective. Never raises for
     symm_mem trouble: a rank that hits some logs one line to stderr, and all ranks agree to keep NCCL."""
-    global _SYMM
-    _SYMM = None
+    global _SYMM, _FUSED
+    _SYMM = _FUSED = None
     device = torch.device(device)
     if _TP.size <= 1 or device.type != "cuda" or not dist.is_initialized():
         return False
@@ -236,6 +317,7 @@ def init_custom_all_reduce(
                 reason = f"self-test failed ({type(e).__name__}: {e})"
             if _all_ranks_ok(reason is None, device, group):
                 _SYMM = symm
+                _init_fused(min(int(max_bytes), FUSED_MAX_BYTES), dtype, device, group)
                 if _TP.rank == 0:
                     fused = " (fused copy)" if symm._one_copy is not None else ""
                     _log(
@@ -248,6 +330,39 @@ def init_custom_all_reduce(
     if _TP.rank == 0 or not policy:
         _log(f"symmetric-memory all-reduce off, NCCL only: {reason}")
     return False
+
+
+def _init_fused(nbytes: int, dtype: torch.dtype, device: torch.device, group) -> None:
+    """Collective: the fused all-reduce + RMSNorm's buffer (two halves of ``nbytes``), or None where it cannot be
+    set up (symmetric memory itself works here: init_custom_all_reduce got this far)."""
+    global _FUSED
+    reason = None
+    if os.environ.get(FUSED_DISABLE_ENV, "0") not in ("", "0"):
+        reason = f"{FUSED_DISABLE_ENV}={os.environ[FUSED_DISABLE_ENV]}"
+    buf, fused = None, None
+    if reason is None:
+        buf, reason = _allocate(2 * nbytes, dtype, device)
+    if _all_ranks_ok(reason is None, device, group):
+        try:
+            import torch.distributed._symmetric_memory as symm_mem
+
+            handle = symm_mem.rendezvous(buf, group.group_name)
+            sms = torch.cuda.get_device_properties(device).multi_processor_count
+            fused = FusedAllReduceNorm(buf, handle, _TP.rank, _TP.size, sms)
+            reason = fused.self_test()
+        except Exception as e:
+            reason = f"{type(e).__name__}: {e}"
+        if _all_ranks_ok(reason is None, device, group):
+            _FUSED = fused
+            if _TP.rank == 0:
+                _log(f"fused all-reduce + RMSNorm on (<= {nbytes >> 10} KiB per call, {fused.max_programs} programs)")
+            return
+    if reason is not None:
+        _log(f"fused all-reduce + RMSNorm off: {reason}")
+
+
+def get_fused_all_reduce_norm() -> FusedAllReduceNorm | None:
+    return _FUSED
 
 
 def _allocate(nbytes: int, dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor | None, str | None]:
