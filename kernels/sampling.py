@@ -9,6 +9,10 @@ the plain argmax (ties: lowest index, as torch). Masks (-inf logits) never win.
 Two launches: each program takes the best (value, index) of one vocabulary chunk of one row, so a batch of one
 still spreads over the GPU; a second pass picks each row's best chunk. Noise comes from Philox keyed by a
 per-step seed chosen on the host, so nothing here reads device values on the host.
+
+Under tensor parallelism each rank holds a vocabulary shard of the logits. ``shard_best`` keys the noise by the
+global token id, so the best (score, id) over the whole vocabulary is the best of the shards' bests: the ranks
+exchange one pair per row instead of gathering the logits (worker/sampler.py).
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ _BLOCK = 1024
 _MAX_CHUNKS = 64  # also the second pass's fixed width: one compiled variant whatever the batch size
 
 
-@triton.jit(do_not_specialize=["stride", "vocab", "seed", "chunk", "num_chunks"])
+@triton.jit(do_not_specialize=["stride", "vocab", "seed", "chunk", "num_chunks", "col_offset", "counter_vocab"])
 def _chunk_best_kernel(
     logits_ptr,
     temp_ptr,
@@ -35,6 +39,8 @@ def _chunk_best_kernel(
     seed,
     chunk,
     num_chunks,
+    col_offset,  # global token id of column 0 (a vocabulary shard's start)
+    counter_vocab,  # the whole vocabulary's size: noise counters are (row, global token id)
     SAMPLE: tl.constexpr,
     BLOCK: tl.constexpr,
     USE_PDL: tl.constexpr,
@@ -57,7 +63,7 @@ def _chunk_best_kernel(
         x = tl.load(logits_ptr + row * stride + cols, mask=mask, other=float("-inf")).to(tl.float32)
         if SAMPLE:
             # the counter is (row, token id): distinct for every draw of a step; the seed changes per step
-            u = tl.rand(seed, (row * vocab + cols).to(tl.int32))
+            u = tl.rand(seed, (row * counter_vocab + col_offset + cols).to(tl.int32))
             gumbel = -tl.log(-tl.log(u))  # u = 0 gives -inf: that token cannot win
             x = tl.where(noisy, x * inv_t + gumbel, x)
             x = tl.where(mask, x, float("-inf"))
@@ -67,11 +73,11 @@ def _chunk_best_kernel(
         best_i = tl.where(better, lo + i, best_i)
         best_v = tl.where(better, v, best_v)
     tl.store(val_ptr + row * num_chunks + c, best_v)
-    tl.store(idx_ptr + row * num_chunks + c, best_i)
+    tl.store(idx_ptr + row * num_chunks + c, best_i + col_offset)
 
 
 @triton.jit(do_not_specialize=["num_chunks"])
-def _row_best_kernel(val_ptr, idx_ptr, out_ptr, num_chunks, BLOCK_C: tl.constexpr, USE_PDL: tl.constexpr):
+def _row_best_kernel(val_ptr, idx_ptr, out_ptr, out_val_ptr, num_chunks, BLOCK_C: tl.constexpr, USE_PDL: tl.constexpr):
     pdl_enter(USE_PDL)
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK_C)
@@ -80,6 +86,7 @@ def _row_best_kernel(val_ptr, idx_ptr, out_ptr, num_chunks, BLOCK_C: tl.constexp
     best = tl.argmax(v, 0)  # leftmost chunk on ties, so the lowest token id overall
     idx = tl.load(idx_ptr + row * num_chunks + best)
     tl.store(out_ptr + row, idx.to(tl.int64))
+    tl.store(out_val_ptr + row, tl.max(v, 0))
 
 
 def sample_argmax(logits: torch.Tensor, temperature: torch.Tensor | None, seed: int) -> torch.Tensor:
@@ -88,10 +95,25 @@ def sample_argmax(logits: torch.Tensor, temperature: torch.Tensor | None, seed: 
     ``temperature`` None: greedy for every row; else float32 [n], 0 = greedy for that row. ``seed`` (0 <= seed
     < 2**31) keys the noise: pass a new one per step.
     """
+    return shard_best(logits, temperature, seed)[1]
+
+
+def shard_best(
+    logits: torch.Tensor,
+    temperature: torch.Tensor | None,
+    seed: int,
+    col_offset: int = 0,
+    counter_vocab: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``sample_argmax`` over a vocabulary shard: per row, the best score (float32 [n]: the logit, or logit / T
+    plus Gumbel noise) and its global token id (int64 [n]). ``logits`` holds the shard's valid columns, which are
+    token ids ``col_offset ..``; ``counter_vocab`` is the whole vocabulary's size (default: the shard's)."""
     n, vocab = logits.shape
+    counter_vocab = vocab if counter_vocab is None else counter_vocab
     out = torch.empty(n, dtype=torch.int64, device=logits.device)
+    out_val = torch.empty(n, dtype=torch.float32, device=logits.device)
     if n == 0:
-        return out
+        return out_val, out
     assert logits.stride(-1) == 1, "rows must be contiguous"
     max_chunks = triton.cdiv(vocab, 4 * _BLOCK)  # >= 4 blocks of work per program
     num_chunks = max(1, min(max_chunks, triton.cdiv(4 * num_sms(logits.device, cpu=2), n), _MAX_CHUNKS))
@@ -111,14 +133,18 @@ def sample_argmax(logits: torch.Tensor, temperature: torch.Tensor | None, seed: 
         seed,
         chunk,
         num_chunks,
+        col_offset,
+        counter_vocab,
         SAMPLE=sample,
         BLOCK=_BLOCK,
         USE_PDL=pdl,
         num_warps=4,
         launch_pdl=pdl,
     )
-    _row_best_kernel[(n,)](vals, idxs, out, num_chunks, BLOCK_C=_MAX_CHUNKS, USE_PDL=pdl, num_warps=1, launch_pdl=pdl)
-    return out
+    _row_best_kernel[(n,)](
+        vals, idxs, out, out_val, num_chunks, BLOCK_C=_MAX_CHUNKS, USE_PDL=pdl, num_warps=1, launch_pdl=pdl
+    )
+    return out_val, out
 
 
 def warmup(vocab: int, dtype: torch.dtype, device: torch.device) -> None:

@@ -161,11 +161,16 @@ class VocabParallelEmbedding(nn.Module):
 
 
 class ParallelLMHead(VocabParallelEmbedding):
-    """Logits sharded by vocabulary; gathered on rank 0 only."""
+    """Logits sharded by vocabulary; gathered on rank 0 only, or left on each rank (``shard``)."""
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor | None:
         logits = gather_to_rank0(F.linear(hidden, self.weight))
         return None if logits is None else logits[:, : self.vocab_size]
+
+    def shard(self, hidden: torch.Tensor) -> tuple[torch.Tensor, int]:
+        """This rank's logits (its shard's real token ids, without the padding) and the first one's token id."""
+        valid = max(0, min(self.shard_size, self.vocab_size - self.start))
+        return F.linear(hidden, self.weight[:valid]), self.start
 
 
 class RMSNorm(nn.Module):

@@ -82,6 +82,15 @@ def broadcast_from_rank0(x: torch.Tensor) -> torch.Tensor:
     return x
 
 
+def all_gather_stack(x: torch.Tensor) -> torch.Tensor:
+    """Every rank's ``x`` stacked in rank order ([tp, *x.shape]), on every rank."""
+    if _TP.size == 1:
+        return x[None]
+    parts = [torch.empty_like(x) for _ in range(_TP.size)]
+    dist.all_gather(parts, x.contiguous(), group=_TP.group)
+    return torch.stack(parts)
+
+
 def gather_to_rank0(x: torch.Tensor) -> torch.Tensor | None:
     """Concatenate each rank's last-dim shard on rank 0; other ranks get None (they never hold full logits)."""
     if _TP.size == 1:

@@ -116,5 +116,9 @@ class Qwen3ForCausalLM(nn.Module):
         """Logits for the given rows only; None on ranks other than 0 under tensor parallelism."""
         return self.lm_head(hidden)
 
+    def compute_shard_logits(self, hidden: torch.Tensor) -> tuple[torch.Tensor, int]:
+        """This rank's vocabulary shard of the logits for the given rows, and the shard's first token id."""
+        return self.lm_head.shard(hidden)
+
 
 MODEL_CLASSES = {"Qwen3ForCausalLM": Qwen3ForCausalLM}

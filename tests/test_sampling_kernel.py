@@ -47,3 +47,27 @@ def test_sampled_tokens_follow_softmax_over_temperature():
     a, b = (sampling.sample_argmax(logits, temps, seed=s) for s in (1, 2))
     assert not torch.equal(a, b)
     assert torch.equal(a, sampling.sample_argmax(logits, temps, seed=1))
+
+
+@pytest.mark.parametrize("cuts", [(VOCAB // 2,), (1_111, 3_333)])
+def test_shards_pick_the_token_the_whole_vocabulary_gives(cuts):
+    """Tensor-parallel sampling: each vocabulary shard proposes its best (score, global id) and the best of those is
+    exactly the unsharded kernel's token, for sampled and greedy rows, with ties across shards going to the
+    lowest id. Cuts off the kernel's chunk boundaries, three shards as well as two."""
+    from worker.sampler import pick_across_shards
+
+    g = torch.Generator(device=DEVICE).manual_seed(len(cuts))
+    rows = 6
+    logits = torch.randn(rows, VOCAB, device=DEVICE, generator=g)
+    logits[0, 5] = logits[0, VOCAB - 2] = 40.0  # a tie across the first and last shard: the lowest id wins
+    temps = torch.tensor([0.0, 0.7, 1.0, 0.0, 1.3, 0.5], device=DEVICE)
+    edges = [0, *cuts, VOCAB]
+    for temperature in (temps, None):
+        want = sampling.sample_argmax(logits, temperature, seed=11)
+        candidates = []
+        for lo, hi in zip(edges, edges[1:]):
+            scores, ids = sampling.shard_best(logits[:, lo:hi], temperature, 11, col_offset=lo, counter_vocab=VOCAB)
+            assert ((ids >= lo) & (ids < hi)).all()
+            candidates.append(torch.stack([scores.double(), ids.double()], -1))
+        assert torch.equal(pick_across_shards(torch.stack(candidates)), want)
+        assert want[0].item() == 5

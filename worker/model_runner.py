@@ -16,10 +16,17 @@ from model.config import ModelConfig, parse_dtype
 from model.context import forward_context
 from model.layers import PagedAttention
 from model.loader import load_model
-from model.parallel import broadcast_from_rank0, tp_rank, tp_size
+from model.parallel import all_gather_stack, broadcast_from_rank0, tp_rank, tp_size
 from protocol.messages import StepCommand, WorkerConfig
 from worker.cuda_graphs import DecodeGraphs, PrefillGraphs
-from worker.sampler import SamplingTensors, sample, uses_fused_kernel
+from worker.sampler import (
+    SamplingTensors,
+    pick_across_shards,
+    sample,
+    samples_on_shards,
+    shard_candidates,
+    uses_fused_kernel,
+)
 from worker.transfer import HostStager
 
 
@@ -458,18 +465,30 @@ class ModelRunner:
         # sample_idx picks increasing token rows: as many as there are tokens means every row, in order (a
         # decode-only step), and the gather (a copy to the device and an index kernel) is skipped
         rows = hidden if len(hb.sample_idx) == hidden.shape[0] else hidden[self._to_dev(hb.sample_idx)]
-        logits = self.model.compute_logits(rows)
+        noise_seed = int(self.noise_seeds.integers(1 << 31))  # drawn on every rank: shard sampling shares it
         lp = None
-        if tp_rank() == 0:
-            st = self.sampling_tensors(hb.sample_slots, hb.sample_positions)
-            if self.any_controls:
-                lp = self._logprobs(logits, hb.sample_slots)
-            tokens = sample(logits, st, self.generator, int(self.noise_seeds.integers(1 << 31)))
-            if self.any_controls:
-                self._after_sample(st, hb.sample_slots, slots_dev, tokens)
+        # the controls (penalties, min_tokens, logprobs) live on rank 0; without them every rank can build st
+        st = (
+            self.sampling_tensors(hb.sample_slots, hb.sample_positions)
+            if tp_rank() == 0 or not self.any_controls
+            else None
+        )
+        if tp_size() > 1 and not self.any_controls and samples_on_shards(self.device.type == "cuda", st):
+            # same decision on every rank (same commands): each proposes its vocabulary shard's best per row
+            local, start = self.model.compute_shard_logits(rows)
+            candidates = shard_candidates(local, st, noise_seed, start, self.model_config.vocab_size)
+            tokens = pick_across_shards(all_gather_stack(candidates))
         else:
-            tokens = torch.empty(len(hb.sample_idx), dtype=torch.int64, device=self.device)
-        tokens = broadcast_from_rank0(tokens)  # every rank feeds the same tokens into the next step
+            logits = self.model.compute_logits(rows)
+            if tp_rank() == 0:
+                if self.any_controls:
+                    lp = self._logprobs(logits, hb.sample_slots)
+                tokens = sample(logits, st, self.generator, noise_seed)
+                if self.any_controls:
+                    self._after_sample(st, hb.sample_slots, slots_dev, tokens)
+            else:
+                tokens = torch.empty(len(hb.sample_idx), dtype=torch.int64, device=self.device)
+            tokens = broadcast_from_rank0(tokens)  # every rank feeds the same tokens into the next step
         self.last_tokens[slots_dev] = tokens
         if tp_rank() != 0:
             return PendingTokens(step.step_id, None, np.zeros(0, dtype=np.int32))
@@ -524,8 +543,7 @@ class ModelRunner:
         if hasattr(self.backend, "warmup"):
             attn = self.attn_layers[0]
             self.backend.warmup(attn.k_cache, attn.v_cache, attn.num_heads, self.dtype)
-        if tp_rank() == 0:
-            sampling_warmup(self.model_config.vocab_size, self.dtype, self.device)
+        sampling_warmup(self.model_config.vocab_size, self.dtype, self.device)  # every rank samples its shard
         # The LM head runs eagerly, at the step's number of sampled rows (the decode graphs end at the hidden
         # states). Without this pass, each prefill step that sampled a row count not seen before blocked the host
         # for about the step's whole device time (cuBLAS loading that size's kernel on first use, we suspect); W1's
@@ -537,6 +555,8 @@ class ModelRunner:
             with torch.inference_mode():
                 for n in range(1, self.cfg.max_num_seqs + 1):
                     self.model.compute_logits(rows[:n])
+                    if tp_size() > 1:  # the shard sampler's product (the last shard may be narrower)
+                        self.model.compute_shard_logits(rows[:n])
         torch.cuda.synchronize(self.device)
 
     def warm_prefill_pool(self) -> None:

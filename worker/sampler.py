@@ -10,6 +10,10 @@ excluded tokens (probability 0) can never win. Rows with a seed draw their noise
 
 On CUDA, batches without top-k / top-p / min-p / seeds (the common case) take ``kernels.sampling``: the same law
 (Gumbel-max on ``logits / T``) in one read of the model-dtype logits instead of ~7 float32 passes.
+
+Under tensor parallelism such batches (and all-greedy ones anywhere) are sampled on the vocabulary shards
+(``shard_candidates``, then ``pick_across_shards``): every rank proposes its shard's best (score, token id) per
+row and all ranks pick the same winner, so the logits are never gathered and no token broadcast is needed.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels.sampling import sample_argmax
+from kernels.sampling import sample_argmax, shard_best
 
 _MASK32 = 0xFFFFFFFF
 
@@ -153,3 +157,32 @@ def sample(
         noise = torch.where(seeded[:, None], seeded_uniform(st.seed, st.position, probs.shape[1]), noise)
     sampled = (probs / -noise.clamp_(min=1e-20).log()).argmax(-1)
     return torch.where(st.temperature == 0, greedy, sampled)
+
+
+def samples_on_shards(on_cuda: bool, st: SamplingTensors) -> bool:
+    """Whether a batch can be sampled on the vocabulary shards: no per-row masks or penalties (the caller checks
+    logprobs), and either all greedy or, on CUDA, the fused kernel's temperature-only sampling."""
+    if st.banned is not None or st.penalty_rows is not None:
+        return False
+    return st.all_greedy or uses_fused_kernel(on_cuda, st.any_top_k, st.any_top_p, st.any_min_p, st.any_seed)
+
+
+def shard_candidates(
+    logits: torch.Tensor, st: SamplingTensors, noise_seed: int, col_offset: int, vocab: int
+) -> torch.Tensor:
+    """This shard's best per row as float64 [n, 2]: (score, global token id). ``logits`` holds the shard's valid
+    columns, token ids ``col_offset ..`` of a ``vocab``-token vocabulary; the noise depends on the global id
+    only, so the whole vocabulary's winner is the best of the shards' (``pick_across_shards``)."""
+    if logits.is_cuda:
+        scores, ids = shard_best(logits, None if st.all_greedy else st.temperature, noise_seed, col_offset, vocab)
+    else:  # all greedy (samples_on_shards): the first maximal column, as argmax
+        scores, ids = logits.float().max(-1)
+        ids = ids + col_offset
+    return torch.stack([scores.double(), ids.double()], -1)  # ids < 2**53: exact in float64
+
+
+def pick_across_shards(candidates: torch.Tensor) -> torch.Tensor:
+    """Token ids (int64 [n]) from every shard's candidates [tp, n, 2], in rank order: the highest score, and on a
+    tie the lowest rank, which holds the lowest token id (the unsharded argmax's choice)."""
+    best_rank = candidates[..., 0].argmax(0)  # the first maximal: the lowest rank
+    return candidates[..., 1].gather(0, best_rank[None])[0].long()
