@@ -162,6 +162,7 @@ def main() -> int:
     p.add_argument("--check", action="store_true", help="correctness only (exit 1 on any mismatch or no symm)")
     p.add_argument("--fused-norm", action="store_true", help="check and time the fused all-reduce + add + RMSNorm")
     p.add_argument("--hidden", type=int, default=4096, help="--fused-norm: row width")
+    p.add_argument("--sweep", action="store_true", help="--fused-norm: time every launch configuration too")
     p.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPES))
     p.add_argument("--sizes", default="", help="comma-separated byte sizes, e.g. 8K,1M (default: the usual set)")
     p.add_argument("--graph-calls", type=int, default=20, help="all-reduces per captured graph")
@@ -401,18 +402,56 @@ def fused_norm(a, rank, world, device, dtype) -> int:
             a.replays,
         )
         r["unfused_path"] = parallel.get_symm_all_reduce().method_for(z.view(-1))
+        r["in_place_us"] = time_graph(  # the projection wrote into the buffer half: no copy-in
+            lambda _, zr=zr, rows=rows: fz(fz.next_input(rows, hidden, dtype), zr, weight, eps),
+            1,
+            dtype,
+            device,
+            a.graph_calls,
+            a.replays,
+        )
+        if a.sweep:
+            r["sweep"] = sweep_fused(a, fz, z, zr, weight, eps, dtype, device)
         results.append(r)
     if rank == 0:
         print(f"\nall-reduce + add + RMSNorm, {world} ranks, width {hidden}; us per call in graphs")
-        print(f"{'rows':>6s} {'MiB':>6s} {'unfused':>9s} {'fused':>9s} {'ratio':>6s}  ok  (unfused all-reduce)")
+        print(f"{'rows':>6s} {'MiB':>6s} {'unfused':>9s} {'fused':>9s} {'in place':>9s} {'ratio':>6s}  ok  (unfused)")
         for r in results:
             mib = r["rows"] * hidden * itemsize / MB
             print(
-                f"{r['rows']:6d} {mib:6.2f} {r['unfused_us']:9.1f} {r['fused_us']:9.1f}"
-                f" {r['unfused_us'] / r['fused_us']:6.2f}  {'yes' if r['ok'] else 'NO'}  ({r['unfused_path']})"
+                f"{r['rows']:6d} {mib:6.2f} {r['unfused_us']:9.1f} {r['fused_us']:9.1f} {r['in_place_us']:9.1f}"
+                f" {r['unfused_us'] / r['in_place_us']:6.2f}  {'yes' if r['ok'] else 'NO'}  ({r['unfused_path']})"
             )
+            if "sweep" in r:
+                best = sorted(r["sweep"].items(), key=lambda kv: kv[1])[:4]
+                print(
+                    "        best (programs, rows/tile, warps, copy-in): " + ", ".join(f"{k} {v:.1f}" for k, v in best)
+                )
         print(json.dumps({"bench": "fused_norm", "world": world, "hidden": hidden, "ok": bool(ok), "rows": results}))
     return 0 if ok else 1
+
+
+def sweep_fused(a, fz, z, zr, weight, eps, dtype, device) -> dict:
+    """us per call of the fused kernel's launch configurations (programs, rows per tile, warps, copy-in)."""
+    from kernels.allreduce_norm import allreduce_add_rmsnorm
+
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    out = {}
+    for programs in sorted({sms, fz.max_programs}):
+        for rows_per_tile in (1, 2, 4):
+            for warps in (4, 8, 16):
+                for copy_in in (True, False):
+
+                    def call(_, p=programs, rpt=rows_per_tile, w=warps, c=copy_in):
+                        offset = (fz.calls % 2) * fz.half_numel
+                        fz.calls += 1
+                        return allreduce_add_rmsnorm(
+                            z, zr, weight, eps, fz.buf_ptrs, fz.pad_ptrs, offset, fz.rank, fz.world_size, p, c, rpt, w
+                        )
+
+                    key = f"({programs},{rows_per_tile},{warps},{int(copy_in)})"
+                    out[key] = time_graph(call, 1, dtype, device, a.graph_calls, a.replays)
+    return out
 
 
 if __name__ == "__main__":

@@ -14,8 +14,8 @@ after every peer has passed a later barrier, i.e. has finished reading that half
 The barrier is per program: program p of rank r sets flag [p, r] in each peer's signal pad (compare-and-swap 0->1,
 release, system scope; it spins while the peer still holds the previous 1) and waits to take flag [p, q] in its own
 pad back to 0 (acquire) for each peer q. Flags return to zero, so graphs can replay it. All programs of the grid
-must be resident at once (the caller keeps the grid at most one program per SM), or a rank's waiting programs
-could starve the ones its peer waits for.
+must be resident at once (the caller keeps the grid to a few programs per SM), or a rank's waiting programs could
+starve the ones its peer waits for.
 """
 
 from __future__ import annotations
@@ -43,20 +43,25 @@ def _allreduce_add_rmsnorm_kernel(
     rank,
     WORLD: tl.constexpr,
     HAS_RESIDUAL: tl.constexpr,
+    COPY_IN: tl.constexpr,  # False: x already is this rank's buffer half (the projection wrote it there)
+    ROWS: tl.constexpr,  # rows per tile: more loads in flight per program
     BLOCK: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
     pdl_enter(USE_PDL)
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
-    offs = tl.arange(0, BLOCK)
-    mask = offs < N
+    cols = tl.arange(0, BLOCK)[None, :]
+    col_ok = cols < N
     dtype = x_ptr.dtype.element_ty
     own = tl.load(buf_ptrs + rank).to(tl.pointer_type(dtype)) + buf_offset
-    for row in range(pid, rows, nprog):
-        base = row.to(tl.int64) * N
-        tl.store(own + base + offs, tl.load(x_ptr + base + offs, mask=mask), mask=mask)
-    tl.debug_barrier()  # every thread's copy is issued before the release below
+    if COPY_IN:
+        for row0 in range(pid * ROWS, rows, nprog * ROWS):
+            r = row0 + tl.arange(0, ROWS)[:, None]
+            mask = (r < rows) & col_ok
+            idx = r.to(tl.int64) * N + cols
+            tl.store(own + idx, tl.load(x_ptr + idx, mask=mask), mask=mask)
+        tl.debug_barrier()  # every thread's copy is issued before the release below
     my_pad = tl.load(pad_ptrs + rank).to(tl.pointer_type(tl.int32))
     for q in tl.static_range(WORLD):
         if q != rank:
@@ -68,22 +73,24 @@ def _allreduce_add_rmsnorm_kernel(
             while tl.atomic_cas(my_pad + pid * WORLD + q, 1, 0, sem="acquire", scope="sys") != 1:
                 pass
     tl.debug_barrier()  # no thread reads a peer's rows before the acquire above
-    w = tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    for row in range(pid, rows, nprog):
-        base = row.to(tl.int64) * N
-        acc = tl.zeros([BLOCK], dtype=tl.float32)
+    w = tl.load(w_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
+    for row0 in range(pid * ROWS, rows, nprog * ROWS):
+        r = row0 + tl.arange(0, ROWS)[:, None]
+        mask = (r < rows) & col_ok
+        idx = r.to(tl.int64) * N + cols
+        acc = tl.zeros([ROWS, BLOCK], dtype=tl.float32)
         for q in tl.static_range(WORLD):
             src = tl.load(buf_ptrs + q).to(tl.pointer_type(dtype)) + buf_offset
-            acc += tl.load(src + base + offs, mask=mask, other=0.0, cache_modifier=".cv").to(tl.float32)
+            acc += tl.load(src + idx, mask=mask, other=0.0, cache_modifier=".cv").to(tl.float32)
         x = acc.to(dtype)  # the all-reduce's result, rounded as NCCL's would be
         if HAS_RESIDUAL:
-            r = tl.load(res_ptr + base + offs, mask=mask, other=0.0)
-            x = (x.to(tl.float32) + r.to(tl.float32)).to(dtype)
-            tl.store(res_out_ptr + base + offs, x, mask=mask)
+            res = tl.load(res_ptr + idx, mask=mask, other=0.0)
+            x = (x.to(tl.float32) + res.to(tl.float32)).to(dtype)
+            tl.store(res_out_ptr + idx, x, mask=mask)
         xf = x.to(tl.float32)
-        rstd = 1.0 / tl.sqrt(tl.sum(xf * xf, axis=0) / N + eps)
-        y = (xf * rstd).to(dtype).to(tl.float32) * w
-        tl.store(out_ptr + base + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
+        rstd = 1.0 / tl.sqrt(tl.sum(xf * xf, axis=1) / N + eps)
+        y = (xf * rstd[:, None]).to(dtype).to(tl.float32) * w
+        tl.store(out_ptr + idx, y.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 def allreduce_add_rmsnorm(
@@ -97,17 +104,25 @@ def allreduce_add_rmsnorm(
     rank: int,
     world: int,
     max_programs: int,
+    copy_in: bool = True,
+    rows_per_tile: int | None = None,
+    num_warps: int | None = None,
 ):
     """norm(sum over ranks of ``x`` [+ residual]) for a contiguous 2-D ``x``; returns (out, new residual) with a
-    residual, else out. The caller guarantees the buffer half at ``buf_offset`` holds ``x`` and that every rank
-    calls with the same shapes in the same order."""
+    residual, else out. The caller guarantees that every rank calls with the same shapes in the same order, and
+    with ``copy_in=False`` that ``x`` is this rank's buffer half at ``buf_offset``."""
     rows, n = x.shape
     out = torch.empty_like(x)
     res_out = torch.empty_like(x) if residual is not None else out
     res = residual if residual is not None else x
     block = triton.next_power_of_2(n)
+    if rows_per_tile is None:  # at most 2 rows per program's pass; more programs before more rows per tile
+        rows_per_tile = 2 if rows > 2 * max_programs else 1
+    if num_warps is None:
+        num_warps = 4 if block * rows_per_tile <= 2048 else 8
     pdl = use_pdl(x)
-    _allreduce_add_rmsnorm_kernel[(max(1, min(rows, max_programs)),)](
+    grid = max(1, min(triton.cdiv(rows, rows_per_tile), max_programs))
+    _allreduce_add_rmsnorm_kernel[(grid,)](
         x,
         res,
         weight,
@@ -122,9 +137,11 @@ def allreduce_add_rmsnorm(
         rank,
         WORLD=world,
         HAS_RESIDUAL=residual is not None,
+        COPY_IN=copy_in,
+        ROWS=rows_per_tile,
         BLOCK=block,
         USE_PDL=pdl,
-        num_warps=4 if block <= 2048 else 8,
+        num_warps=num_warps,
         launch_pdl=pdl,
     )
     return out if residual is None else (out, res_out)

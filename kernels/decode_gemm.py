@@ -159,13 +159,15 @@ def decode_linear_tiles(x: torch.Tensor, w: torch.Tensor) -> Tiles | None:
     return None
 
 
-def decode_linear(x: torch.Tensor, w: torch.Tensor, t: Tiles) -> torch.Tensor:
-    """``x @ w.T`` for ``x`` [M <= 16, K] and a contiguous ``w`` [N, K] with the given tiles."""
+def decode_linear(x: torch.Tensor, w: torch.Tensor, t: Tiles, out: torch.Tensor | None = None) -> torch.Tensor:
+    """``x @ w.T`` for ``x`` [M <= 16, K] and a contiguous ``w`` [N, K] with the given tiles (into a contiguous
+    ``out`` [M, N] when given)."""
     m, k = x.shape
     n = w.shape[0]
     assert m <= MAX_ROWS and n % t.block_n == 0 and k % (t.split_k * t.block_k) == 0, (x.shape, w.shape, t)
     assert not t.gemv or (m <= GEMV_MAX_ROWS and t.block_k * t.split_k == k), "GEMV: a few rows, whole slices"
-    out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    if out is None:
+        out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     if m == 0:
         return out
     pdl = use_pdl(x)

@@ -11,7 +11,7 @@ from kernels import fused
 from kernels.attention import AttentionBackend, AttentionMetadata
 from kernels.decode_gemm import decode_linear, decode_linear_tiles
 from model.context import get_context
-from model.parallel import all_reduce, all_reduce_add_rmsnorm, gather_to_rank0, tp_rank, tp_size
+from model.parallel import all_reduce, all_reduce_add_rmsnorm, gather_to_rank0, partial_sum_buffer, tp_rank, tp_size
 
 
 def _check_shape(param: torch.Tensor, loaded: torch.Tensor, what: str = "") -> None:
@@ -46,12 +46,17 @@ class LinearBase(nn.Module):
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: object = None) -> None:
         default_weight_loader(param, loaded)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """``x @ weight.T (+ bias)``, into ``out`` when given (a contiguous [rows, out_features] tensor)."""
         if self.bias is None:
             tiles = decode_linear_tiles(x, self.weight)
             if tiles is not None:
-                return decode_linear(x, self.weight, tiles)
-        return F.linear(x, self.weight, self.bias)
+                return decode_linear(x, self.weight, tiles, out)
+        if out is None:
+            return F.linear(x, self.weight, self.bias)
+        if self.bias is None:
+            return torch.mm(x, self.weight.t(), out=out)
+        return torch.addmm(self.bias, x, self.weight.t(), out=out)
 
 
 class ColumnParallelLinear(LinearBase):
@@ -130,8 +135,10 @@ class RowParallelLinear(LinearBase):
         default_weight_loader(param, _shard_rows(loaded, 1, tp_rank(), tp_size(), "input columns"))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = super().forward(x)
-        return all_reduce(out) if self.reduce_results else out
+        if self.reduce_results:
+            return all_reduce(super().forward(x))
+        out = partial_sum_buffer(x.shape[0], self.weight.shape[0], x.dtype, x.device) if x.dim() == 2 else None
+        return super().forward(x, out)
 
 
 class VocabParallelEmbedding(nn.Module):

@@ -37,7 +37,7 @@ _SYMM: SymmAllReduce | None = None
 _FUSED: FusedAllReduceNorm | None = None
 # The fused all-reduce + add + RMSNorm (kernels/allreduce_norm.py) up to this size per call; above it, NCCL (or the
 # two-shot kernel) and then the norm kernel. One-shot reads every peer's whole tensor: it wins at decode sizes.
-FUSED_MAX_BYTES = 16 * 1024 * 1024
+FUSED_MAX_BYTES = 64 * 1024 * 1024
 FUSED_DISABLE_ENV = "NANOSERVE_DISABLE_FUSED_ALL_REDUCE"  # "1": all-reduce and norm as two kernels (A/B runs)
 
 
@@ -74,6 +74,15 @@ def all_reduce_add_rmsnorm(
     if fused is None or not x.is_cuda or not fused.fits(x, residual):
         return None
     return fused(x, residual, weight, eps)
+
+
+def partial_sum_buffer(rows: int, cols: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor | None:
+    """Where a row-parallel projection whose partial sums go next to ``all_reduce_add_rmsnorm`` should write
+    them (a view of the fused kernel's buffer, which spares the kernel a copy), or None for a fresh tensor."""
+    fused = _FUSED
+    if fused is None or device.type != "cuda":
+        return None
+    return fused.next_input(rows, cols, dtype)
 
 
 def broadcast_from_rank0(x: torch.Tensor) -> torch.Tensor:
@@ -227,6 +236,7 @@ class FusedAllReduceNorm:
 
         offset = (self.calls % 2) * self.half_numel
         self.calls += 1
+        in_place = x.data_ptr() == self.buf[offset:].data_ptr()  # the projection wrote into our half already
         return allreduce_add_rmsnorm(
             x,
             residual,
@@ -238,7 +248,17 @@ class FusedAllReduceNorm:
             self.rank,
             self.world_size,
             self.max_programs,
+            copy_in=not in_place,
         )
+
+    def next_input(self, rows: int, cols: int, dtype: torch.dtype) -> torch.Tensor | None:
+        """A [rows, cols] view of the half the next call will use, for the projection before it to write its
+        partial sum into (saving the kernel's copy-in); None where that call would not take the fused path."""
+        numel = rows * cols
+        if dtype != self.buf.dtype or not 0 < numel <= self.half_numel:
+            return None
+        offset = (self.calls % 2) * self.half_numel
+        return self.buf[offset : offset + numel].view(rows, cols)
 
     def self_test(self) -> str | None:
         """Eager first use (before any graph capture) on known data, both halves; None if the sums are exact."""
@@ -357,7 +377,7 @@ def _init_fused(nbytes: int, dtype: torch.dtype, device: torch.device, group) ->
 
             handle = symm_mem.rendezvous(buf, group.group_name)
             sms = torch.cuda.get_device_properties(device).multi_processor_count
-            fused = FusedAllReduceNorm(buf, handle, _TP.rank, _TP.size, sms)
+            fused = FusedAllReduceNorm(buf, handle, _TP.rank, _TP.size, 2 * sms)
             reason = fused.self_test()
         except Exception as e:
             reason = f"{type(e).__name__}: {e}"
