@@ -36,7 +36,8 @@ _SYMM_DTYPES = (torch.bfloat16, torch.float32)  # what the symm_mem reduction ke
 _SYMM: SymmAllReduce | None = None
 _FUSED: FusedAllReduceNorm | None = None
 # The fused all-reduce + add + RMSNorm (kernels/allreduce_norm.py) up to this size per call; above it, NCCL (or the
-# two-shot kernel) and then the norm kernel. One-shot reads every peer's whole tensor: it wins at decode sizes.
+# two-shot kernel) and then the norm kernel. Measured on 2 H200s (docs/PERF.md log 12a): 1.5-1.9x faster than
+# the unfused pair at decode sizes, still 1.13x at 64 MiB (an 8,192-token prefill step of Qwen3-8B).
 FUSED_MAX_BYTES = 64 * 1024 * 1024
 FUSED_DISABLE_ENV = "NANOSERVE_DISABLE_FUSED_ALL_REDUCE"  # "1": all-reduce and norm as two kernels (A/B runs)
 
