@@ -27,7 +27,8 @@ import triton.language as tl
 from kernels.pdl import pdl_enter, use_pdl
 
 
-@triton.jit
+# rows changes every step: not specialized (a prefill step of an odd token count compiled a variant mid-run)
+@triton.jit(do_not_specialize=["rows"])
 def _allreduce_add_rmsnorm_kernel(
     x_ptr,  # this rank's partial sum [rows, N]
     res_ptr,  # residual [rows, N] (unused unless HAS_RESIDUAL)
