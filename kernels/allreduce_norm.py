@@ -108,19 +108,13 @@ def allreduce_add_rmsnorm(
     copy_in: bool = True,
     rows_per_tile: int | None = None,
     num_warps: int | None = None,
-    out: torch.Tensor | None = None,
-    res_out: torch.Tensor | None = None,
 ):
     """norm(sum over ranks of ``x`` [+ residual]) for a contiguous 2-D ``x``; returns (out, new residual) with a
-    residual, else out (into ``out`` / ``res_out`` when given: contiguous, x's shape). The caller guarantees that
-    every rank calls with the same shapes in the same order, and with ``copy_in=False`` that ``x`` is this rank's
-    buffer half at ``buf_offset``."""
+    residual, else out. The caller guarantees that every rank calls with the same shapes in the same order, and
+    with ``copy_in=False`` that ``x`` is this rank's buffer half at ``buf_offset``."""
     rows, n = x.shape
-    out = torch.empty_like(x) if out is None else out
-    if residual is None:
-        res_out = out
-    elif res_out is None:
-        res_out = torch.empty_like(x)
+    out = torch.empty_like(x)
+    res_out = torch.empty_like(x) if residual is not None else out
     res = residual if residual is not None else x
     block = triton.next_power_of_2(n)
     if rows_per_tile is None:  # at most 2 rows per program's pass; more programs before more rows per tile

@@ -140,10 +140,6 @@ class RowParallelLinear(LinearBase):
         out = partial_sum_buffer(x.shape[0], self.weight.shape[0], x.dtype, x.device) if x.dim() == 2 else None
         return super().forward(x, out)
 
-    def partial(self, x: torch.Tensor) -> torch.Tensor:
-        """This rank's partial output in a fresh tensor, never reduced (for all-reduces run out of line)."""
-        return super().forward(x)
-
 
 class VocabParallelEmbedding(nn.Module):
     """Vocabulary split across ranks (padded to a multiple of tp); masked lookup, then all-reduce."""
@@ -205,11 +201,10 @@ class RMSNorm(nn.Module):
         x = x + residual
         return self._norm(x), x
 
-    def forward_partial(self, x: torch.Tensor, residual: torch.Tensor | None = None, **fused_kwargs):
+    def forward_partial(self, x: torch.Tensor, residual: torch.Tensor | None = None):
         """``forward`` of ``x`` summed over the tensor-parallel ranks (``x``: this rank's partial output of a
-        row-parallel layer). On GPUs with a symmetric buffer the all-reduce, add and norm are one kernel
-        (``fused_kwargs``: its out / res_out / max_programs)."""
-        fused_out = all_reduce_add_rmsnorm(x, residual, self.weight, self.eps, **fused_kwargs)
+        row-parallel layer). On GPUs with a symmetric buffer the all-reduce, add and norm are one kernel."""
+        fused_out = all_reduce_add_rmsnorm(x, residual, self.weight, self.eps)
         if fused_out is not None:
             return fused_out
         return self.forward(all_reduce(x), residual)

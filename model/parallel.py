@@ -67,56 +67,14 @@ def all_reduce(x: torch.Tensor) -> torch.Tensor:
 
 
 def all_reduce_add_rmsnorm(
-    x: torch.Tensor,
-    residual: torch.Tensor | None,
-    weight: torch.Tensor,
-    eps: float,
-    out: torch.Tensor | None = None,
-    res_out: torch.Tensor | None = None,
-    max_programs: int | None = None,
+    x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor] | None:
     """RMSNorm of (the sum of ``x`` over the TP group [+ residual]) in one kernel, as ``fused.rmsnorm`` returns
-    it (into ``out`` / ``res_out`` when given); None where that kernel does not apply (the caller then
-    all-reduces and normalizes separately). ``max_programs`` caps the SMs it takes (for running beside matmuls)."""
+    it; None where that kernel does not apply (the caller then all-reduces and normalizes separately)."""
     fused = _FUSED
     if fused is None or not x.is_cuda or not fused.fits(x, residual):
         return None
-    return fused(x, residual, weight, eps, out, res_out, max_programs)
-
-
-# Prefill steps of at least this many tokens hide their all-reduces behind matmuls under TP (model/qwen3.py):
-# rows in two chunks, each chunk's all-reduce + norm on a side stream, on OVERLAP_PROGRAMS SMs, while the main
-# stream multiplies the other chunk.
-OVERLAP_MIN_TOKENS = int(os.environ.get("NANOSERVE_OVERLAP_MIN_TOKENS", "2048"))  # small in GPU tests
-OVERLAP_PROGRAMS = int(os.environ.get("NANOSERVE_OVERLAP_PROGRAMS", "32"))
-OVERLAP_DISABLE_ENV = "NANOSERVE_NO_COMM_OVERLAP"  # "1": prefill all-reduces in line (A/B runs)
-_SIDE_STREAMS: dict[int, torch.cuda.Stream] = {}
-_OVERLAP_LOGGED = False
-
-
-def overlap_chunks(x: torch.Tensor) -> list[int] | None:
-    """Row bounds [0, split, rows] of the two chunks a forward over ``x`` (the embedded tokens) overlaps its
-    all-reduces with, or None to run it in line: tp 1, no fused kernel, too few tokens, or switched off."""
-    fused = _FUSED
-    rows = x.shape[0]
-    if fused is None or not x.is_cuda or rows < max(2, OVERLAP_MIN_TOKENS) or not fused.fits(x, None):
-        return None
-    if os.environ.get(OVERLAP_DISABLE_ENV, "0") not in ("", "0"):
-        return None
-    split = max(1, rows // 2 // 16 * 16)
-    global _OVERLAP_LOGGED
-    if not _OVERLAP_LOGGED and _TP.rank == 0:
-        _OVERLAP_LOGGED = True
-        _log(f"prefill all-reduces overlapped with matmuls (first at {rows} tokens, {OVERLAP_PROGRAMS} programs)")
-    return [0, split, rows]
-
-
-def side_stream(device: torch.device) -> torch.cuda.Stream:
-    """The high-priority stream the overlapped all-reduces run on (one per device, created on first use)."""
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    if index not in _SIDE_STREAMS:
-        _SIDE_STREAMS[index] = torch.cuda.Stream(device=index, priority=-1)
-    return _SIDE_STREAMS[index]
+    return fused(x, residual, weight, eps)
 
 
 def partial_sum_buffer(rows: int, cols: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor | None:
@@ -274,16 +232,7 @@ class FusedAllReduceNorm:
             and (residual is None or (residual.shape == x.shape and residual.is_contiguous()))
         )
 
-    def __call__(
-        self,
-        x: torch.Tensor,
-        residual: torch.Tensor | None,
-        weight: torch.Tensor,
-        eps: float,
-        out: torch.Tensor | None = None,
-        res_out: torch.Tensor | None = None,
-        max_programs: int | None = None,
-    ):
+    def __call__(self, x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float):
         from kernels.allreduce_norm import allreduce_add_rmsnorm
 
         offset = (self.calls % 2) * self.half_numel
@@ -299,10 +248,8 @@ class FusedAllReduceNorm:
             offset,
             self.rank,
             self.world_size,
-            self.max_programs if max_programs is None else min(max_programs, self.max_programs),
+            self.max_programs,
             copy_in=not in_place,
-            out=out,
-            res_out=res_out,
         )
 
     def next_input(self, rows: int, cols: int, dtype: torch.dtype) -> torch.Tensor | None:

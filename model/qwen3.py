@@ -17,7 +17,6 @@ from model.layers import (
     SiluAndMul,
     VocabParallelEmbedding,
 )
-from model.parallel import OVERLAP_PROGRAMS, overlap_chunks, side_stream
 
 
 class Qwen3Attention(nn.Module):
@@ -38,15 +37,12 @@ class Qwen3Attention(nn.Module):
         self.attn = PagedAttention(self.num_heads, self.num_kv_heads, cfg.head_dim, cfg.head_dim**-0.5)
 
     def forward(self, positions: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
-        return self.o_proj(self.attend(positions, self.qkv_proj(hidden)))
-
-    def attend(self, positions: torch.Tensor, qkv: torch.Tensor) -> torch.Tensor:
-        """Attention output [tokens, q heads x head_dim] from the qkv projection (all of the step's tokens)."""
+        qkv = self.qkv_proj(hidden)
         q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         qk = qkv[:, : q_size + kv_size].view(-1, self.num_heads + self.num_kv_heads, self.head_dim)
         v = qkv[:, q_size + kv_size :].view(-1, self.num_kv_heads, self.head_dim)
         out = self.attn.forward_qk_norm_rope(positions, qk, v, self.q_norm, self.k_norm, self.rotary_emb)
-        return out.flatten(1)
+        return self.o_proj(out.flatten(1))
 
 
 class Qwen3MLP(nn.Module):
@@ -90,69 +86,9 @@ class Qwen3Model(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         hidden, residual = self.embed_tokens(input_ids), None
-        bounds = overlap_chunks(hidden)
-        if bounds is not None:
-            return self._forward_overlapped(positions, hidden, bounds)
         for layer in self.layers:
             hidden, residual = layer(positions, hidden, residual)
         return self.norm.forward_partial(hidden, residual)[0]
-
-    def _forward_overlapped(self, positions: torch.Tensor, hidden: torch.Tensor, bounds: list[int]) -> torch.Tensor:
-        """``forward`` for a long (prefill) step under tensor parallelism, with its all-reduces hidden behind
-        matmuls: everything but attention works row by row, so the rows go in chunks, and each chunk's all-reduce
-        + add + norm runs on a side stream (on a few SMs) while the main stream multiplies the next chunk.
-        Attention, over all rows, joins the chunks. Same arithmetic as ``forward``, kernel for kernel."""
-        main, side = torch.cuda.current_stream(), side_stream(hidden.device)
-        spans = list(zip(bounds[:-1], bounds[1:]))
-        rows, width = hidden.shape
-        first = self.layers[0].input_layernorm(hidden)  # the embedding is reduced already
-        xs = [first[a:b] for a, b in spans]
-        residuals = [hidden[a:b] for a, b in spans]
-        ready: list[torch.cuda.Event | None] = [None] * len(spans)  # chunk c's input, on the side stream
-        for i, layer in enumerate(self.layers):
-            attn, mlp = layer.self_attn, layer.mlp
-            qkv = torch.empty(rows, attn.qkv_proj.weight.shape[0], dtype=hidden.dtype, device=hidden.device)
-            for c, (a, b) in enumerate(spans):
-                if ready[c] is not None:
-                    main.wait_event(ready[c])
-                attn.qkv_proj(xs[c], out=qkv[a:b])
-            out = attn.attend(positions, qkv)
-            for c, (a, b) in enumerate(spans):
-                partial = attn.o_proj.partial(out[a:b])
-                xs[c], residuals[c], ready[c] = _norm_beside(
-                    layer.post_attention_layernorm, partial, residuals[c], main, side
-                )
-            last = i == len(self.layers) - 1
-            final = torch.empty_like(hidden) if last else None
-            for c, (a, b) in enumerate(spans):
-                main.wait_event(ready[c])
-                partial = mlp.down_proj.partial(mlp.act(mlp.gate_up_proj(xs[c])))
-                norm = self.norm if last else self.layers[i + 1].input_layernorm
-                xs[c], residuals[c], ready[c] = _norm_beside(
-                    norm, partial, residuals[c], main, side, None if final is None else final[a:b]
-                )
-        for event in ready:
-            main.wait_event(event)
-        return final
-
-
-def _norm_beside(norm: RMSNorm, partial, residual, main, side, out=None):
-    """``norm.forward_partial(partial, residual)`` queued on the side stream after the main stream's work so far;
-    returns (normed, new residual, event marking them ready). The outputs are allocated from the main stream's
-    pool, so the allocator never hands their memory to the side stream while the main stream still reads it;
-    the inputs are marked as used by the side stream, so their memory is not reused before it has read them."""
-    dest = out
-    out, res_out = torch.empty_like(partial) if out is None else out, torch.empty_like(partial)
-    side.wait_stream(main)
-    partial.record_stream(side)
-    residual.record_stream(side)
-    with torch.cuda.stream(side):
-        out, res_out = norm.forward_partial(partial, residual, out=out, res_out=res_out, max_programs=OVERLAP_PROGRAMS)
-        if dest is not None and out.data_ptr() != dest.data_ptr():  # the unfused fallback: fresh tensors
-            dest.copy_(out)
-        ready = torch.cuda.Event()
-        ready.record(side)
-    return out, res_out, ready
 
 
 class Qwen3ForCausalLM(nn.Module):
