@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import itertools
 import math
 import os
 import sys
@@ -227,12 +228,53 @@ def _sweep_case(heads, batch, lo, hi, dtype, seed, tilings, kv_heads=NUM_KV_HEAD
         print(f"  {str(tiles):>14s} " + " ".join(f"{grid.get((tiles, s), float('nan')):7.4f}" for s in all_splits))
 
 
+def sweep_prefill(dtype: torch.dtype, seed: int, cases: list[tuple[int, ...]]) -> None:
+    """Time prefill tilings (queries per tile, keys per tile, warps, stages) on W1-like fresh prompts: per case
+    (q heads, kv heads, sequences, length lo, hi), the default and every tiling, causal TFLOP/s."""
+    for heads, kv_heads, seqs, lo, hi in cases:
+        gen = torch.Generator(device="cuda").manual_seed(seed)
+        q_lens = torch.randint(lo, hi + 1, (seqs,), generator=gen, device="cuda").tolist()
+        k_cache, v_cache, table = make_pool(q_lens, 16, dtype, gen, kv_heads)
+        num_tokens = sum(q_lens)
+        q = torch.randn(num_tokens, heads, HEAD_DIM, dtype=dtype, device="cuda", generator=gen)
+        meta = AttentionMetadata(
+            slot_mapping=torch.zeros(num_tokens, dtype=torch.int64, device="cuda"),
+            num_prefill_tokens=num_tokens,
+            num_prefills=seqs,
+            num_decodes=0,
+            cu_seqlens_q=torch.tensor([0] + q_lens, device="cuda").cumsum(0).to(torch.int32),
+            prefill_seq_lens=torch.tensor(q_lens, dtype=torch.int32, device="cuda"),
+            prefill_block_tables=table,
+            max_seqlen_q=max(q_lens),
+            max_seqlen_k=max(q_lens),
+        )
+        scale = HEAD_DIM**-0.5
+        ref = REF.prefill(q, k_cache, v_cache, meta, scale)
+        flops = 4 * HEAD_DIM * heads * sum(n * (n + 1) // 2 for n in q_lens)
+        results = {"default": median_ms(functools.partial(TRI.prefill, q, k_cache, v_cache, meta, scale))}
+        for tiles in itertools.product((64, 128), (32, 64, 128), (4, 8), (2, 3, 4)):
+            be = TritonAttentionBackend(prefill_tiles=tiles)
+            try:
+                err = rel_err(be.prefill(q, k_cache, v_cache, meta, scale), ref)
+            except Exception as e:  # out of shared memory / registers
+                results[tiles] = f"{type(e).__name__}"
+                continue
+            results[tiles] = median_ms(functools.partial(be.prefill, q, k_cache, v_cache, meta, scale), rep=60)
+            if err > TOL[dtype]:
+                results[tiles] = "MISMATCH"
+        timed = {k: v for k, v in results.items() if isinstance(v, float)}
+        print(f"\n{heads} q / {kv_heads} kv heads, {seqs} fresh prompts of {lo}..{hi} ({num_tokens} tokens):")
+        for k, v in sorted(timed.items(), key=lambda kv: kv[1])[:6] + [("default", results["default"])]:
+            print(f"  {str(k):>20s} {v:8.4f} ms {flops / v / 1e9:7.1f} TFLOP/s")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--block-sizes", type=int, nargs="+", default=[16, 256])
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--sweep-decode", action="store_true")
+    parser.add_argument("--sweep-prefill", action="store_true", help="prefill tilings on W1-like prompts")
     parser.add_argument(
         "--cases",
         nargs="+",
@@ -246,6 +288,8 @@ def main() -> None:
     if not torch.cuda.is_available():
         sys.exit("needs a CUDA GPU")
     dtype = DTYPES[args.dtype]
+    if args.sweep_prefill:
+        return sweep_prefill(dtype, args.seed, [(16, 4, 15, 100, 1024), (16, 8, 15, 100, 1024), (32, 8, 15, 100, 1024)])
     if args.sweep_decode:
         cases = [tuple(int(x) for x in c.split(",")) for c in args.cases] if args.cases else SWEEP_CASES
         tilings = [(*(int(x) for x in t.split(",")), 1) for t in args.tilings] if args.tilings else None

@@ -372,6 +372,7 @@ class TritonAttentionBackend(AttentionBackend):
         programs_per_sm: int = 4,
         decode_tiles: tuple[int, int, int] | None = None,
         decode_heads_first: bool = True,
+        prefill_tiles: tuple[int, int, int, int] | None = None,
     ) -> None:
         self.max_splits = max_splits  # bounds the grid and the partial-result buffers
         self.min_split_tokens = min_split_tokens  # shorter splits cost more in merging than they win
@@ -382,6 +383,9 @@ class TritonAttentionBackend(AttentionBackend):
         # Grid order (kv heads, splits, batch): the programs of one sequence's kv heads run side by side and
         # read the interleaved head slices of the same cache pages together (W1 0.6B +2-4%, PERF.md log 9).
         self.decode_heads_first = decode_heads_first
+        # CUDA prefill tiling (queries per tile, keys per tile, warps, stages); None = the default below
+        # (benchmarks/attention_kernels.py --sweep-prefill measures the alternatives).
+        self.prefill_tiles = prefill_tiles
 
     # -- store ---------------------------------------------------------------------------------------------------------
 
@@ -452,6 +456,7 @@ class TritonAttentionBackend(AttentionBackend):
             # H100/H200-class defaults for head_dim <= 128; smaller tiles for wide heads (register pressure).
             block_m, block_n = (128, 64) if block_d <= 128 else (64, 32)
             num_warps, num_stages = (8 if block_d >= 128 else 4), 2
+            block_m, block_n, num_warps, num_stages = self.prefill_tiles or (block_m, block_n, num_warps, num_stages)
         else:
             block_m, block_n, num_warps, num_stages = 16, 16, 1, 1
         # max_seqlen_q is a host int: no device sync; programs past a sequence's length exit at once.
