@@ -453,9 +453,10 @@ class TritonAttentionBackend(AttentionBackend):
         block_d = max(16, triton.next_power_of_2(head_dim))
         pdl = use_pdl(q)
         if q.is_cuda:
-            # H100/H200-class defaults for head_dim <= 128; smaller tiles for wide heads (register pressure).
-            block_m, block_n = (128, 64) if block_d <= 128 else (64, 32)
-            num_warps, num_stages = (8 if block_d >= 128 else 4), 2
+            # head_dim <= 128: 64 x 64 tiles, 4 warps, 1.24-1.27x faster than 128 x 64 with 8 warps on W1-like
+            # prompts of 100-1,024 tokens (H200, docs/PERF.md log 12); smaller tiles for wide heads (registers).
+            block_m, block_n = (64, 64) if block_d <= 128 else (64, 32)
+            num_warps, num_stages = 4, 2
             block_m, block_n, num_warps, num_stages = self.prefill_tiles or (block_m, block_n, num_warps, num_stages)
         else:
             block_m, block_n, num_warps, num_stages = 16, 16, 1, 1
