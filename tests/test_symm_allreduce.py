@@ -1,6 +1,7 @@
 """Symmetric-memory all-reduce (model/parallel.py): on two CUDA GPUs, model.parallel.all_reduce and each forced
 kernel equal NCCL's sum eagerly and under CUDA graph capture/replay (benchmarks/allreduce.py --check under
-torchrun). On the CPU only the fallback rules run."""
+torchrun), and the fused all-reduce + add + RMSNorm equals the unfused pair (--fused-norm). On the CPU only the
+fallback rules run."""
 
 import os
 import subprocess
@@ -41,3 +42,20 @@ def test_symm_all_reduce_matches_nccl_under_torchrun():
     out = subprocess.run(cmd, env=env, cwd=str(ROOT), capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]
     assert '"symm": true' in out.stdout and '"ok": true' in out.stdout, out.stdout[-4000:]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs")
+def test_fused_all_reduce_norm_matches_unfused_under_torchrun():
+    # eagerly and in a replayed graph of chained calls (both buffer halves), ragged row counts, both tile heights
+    from tp_smoke import torchrun_cmd
+
+    cmd = torchrun_cmd(2, "unused")
+    cmd = cmd[: cmd.index("-m")] + [str(ROOT / "benchmarks" / "allreduce.py"), "--fused-norm"]
+    cmd += ["--sizes", "1,7,64,300,2049", "--graph-calls", "2", "--replays", "2"]
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env.pop(parallel.DISABLE_ENV, None)
+    env.pop(parallel.FUSED_DISABLE_ENV, None)
+    out = subprocess.run(cmd, env=env, cwd=str(ROOT), capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]
+    assert '"bench": "fused_norm"' in out.stdout and '"ok": true' in out.stdout, out.stdout[-4000:]
