@@ -4,7 +4,8 @@ down_proj), over peer-mapped (symmetric) buffers on the GPUs of one host.
 Unfused, a decode step under tensor parallelism runs per projection: a copy into the symmetric buffer, the
 all-reduce kernel (two barriers), and the add + RMSNorm kernel, ~25 us at batch 256 on two H200s, 72 times a
 step. Here one kernel does it all, "one-shot": each program copies its rows of this rank's partial sum into this
-rank's buffer, meets the same program of every peer at a barrier, reads its rows from every rank's buffer (over
+rank's buffer (unless the projection wrote them there: ``COPY_IN``), meets the same program of every peer at a
+barrier, reads its rows from every rank's buffer (over
 NVLink), sums them in rank order (so every rank gets bit-identical results), then adds the residual and normalizes
 as ``fused._rmsnorm_kernel`` does (same rounding).
 

@@ -2,8 +2,10 @@
 
 On CUDA with tp > 1, small all-reduces can go through PyTorch's symmetric memory (one preallocated buffer that
 every rank maps, reduced by the one-shot / two-shot kernels of ``torch.ops.symm_mem``) instead of NCCL, whose
-fixed latency dominates decode steps (two all-reduces per layer). ``init_custom_all_reduce`` sets it up once,
-before weights are loaded and CUDA graphs are captured; anything it cannot do leaves NCCL in place."""
+fixed latency dominates decode steps (two all-reduces per layer). The two per layer that feed an RMSNorm go
+through ``all_reduce_add_rmsnorm`` instead: our own kernel (kernels/allreduce_norm.py) over a second symmetric
+buffer, which also adds the residual and normalizes. ``init_custom_all_reduce`` sets both up once, before
+weights are loaded and CUDA graphs are captured; anything it cannot do leaves NCCL in place."""
 
 from __future__ import annotations
 
