@@ -5,9 +5,8 @@ Unfused, a decode step under tensor parallelism runs per projection: a copy into
 all-reduce kernel (two barriers), and the add + RMSNorm kernel, ~25 us at batch 256 on two H200s, 72 times a
 step. Here one kernel does it all, "one-shot": each program copies its rows of this rank's partial sum into this
 rank's buffer (unless the projection wrote them there: ``COPY_IN``), meets the same program of every peer at a
-barrier, reads its rows from every rank's buffer (over
-NVLink), sums them in rank order (so every rank gets bit-identical results), then adds the residual and normalizes
-as ``fused._rmsnorm_kernel`` does (same rounding).
+barrier, reads its rows from every rank's buffer (over NVLink), sums them in rank order (so every rank gets
+bit-identical results), then adds the residual and normalizes as ``fused._rmsnorm_kernel`` does (same rounding).
 
 No barrier at the end: the caller alternates between two halves of the buffer, so a rank only rewrites a half
 after every peer has passed a later barrier, i.e. has finished reading that half (see ``model.parallel``).
