@@ -97,6 +97,22 @@ def bench_decode(batch: int, lo: int, hi: int, block_size: int, dtype: torch.dty
     }
 
 
+def prefill_meta(q_lens: list[int], kv_lens: list[int], table: torch.Tensor) -> AttentionMetadata:
+    """Metadata of a prefill-only step: sequence i has q_lens[i] new tokens after kv_lens[i] - q_lens[i] cached."""
+    num_tokens = sum(q_lens)
+    return AttentionMetadata(
+        slot_mapping=torch.zeros(num_tokens, dtype=torch.int64, device="cuda"),
+        num_prefill_tokens=num_tokens,
+        num_prefills=len(q_lens),
+        num_decodes=0,
+        cu_seqlens_q=torch.tensor([0] + q_lens, device="cuda").cumsum(0).to(torch.int32),
+        prefill_seq_lens=torch.tensor(kv_lens, dtype=torch.int32, device="cuda"),
+        prefill_block_tables=table,
+        max_seqlen_q=max(q_lens),
+        max_seqlen_k=max(kv_lens),
+    )
+
+
 def bench_prefill(
     chunks: list[tuple[int, int]], block_size: int, dtype: torch.dtype, gen: torch.Generator, label: str
 ) -> dict:
@@ -104,20 +120,8 @@ def bench_prefill(
     kv_lens = [p + n for p, n in chunks]
     q_lens = [n for _, n in chunks]
     k_cache, v_cache, table = make_pool(kv_lens, block_size, dtype, gen)
-    cu = torch.tensor([0] + q_lens, device="cuda").cumsum(0).to(torch.int32)
-    num_tokens = sum(q_lens)
-    q = torch.randn(num_tokens, NUM_HEADS, HEAD_DIM, dtype=dtype, device="cuda", generator=gen)
-    meta = AttentionMetadata(
-        slot_mapping=torch.zeros(num_tokens, dtype=torch.int64, device="cuda"),
-        num_prefill_tokens=num_tokens,
-        num_prefills=len(chunks),
-        num_decodes=0,
-        cu_seqlens_q=cu,
-        prefill_seq_lens=torch.tensor(kv_lens, dtype=torch.int32, device="cuda"),
-        prefill_block_tables=table,
-        max_seqlen_q=max(q_lens),
-        max_seqlen_k=max(kv_lens),
-    )
+    meta = prefill_meta(q_lens, kv_lens, table)
+    q = torch.randn(sum(q_lens), NUM_HEADS, HEAD_DIM, dtype=dtype, device="cuda", generator=gen)
     scale = HEAD_DIM**-0.5
     out = TRI.prefill(q, k_cache, v_cache, meta, scale)
     err = rel_err(out, REF.prefill(q, k_cache, v_cache, meta, scale))
@@ -237,17 +241,7 @@ def sweep_prefill(dtype: torch.dtype, seed: int, cases: list[tuple[int, ...]]) -
         k_cache, v_cache, table = make_pool(q_lens, 16, dtype, gen, kv_heads)
         num_tokens = sum(q_lens)
         q = torch.randn(num_tokens, heads, HEAD_DIM, dtype=dtype, device="cuda", generator=gen)
-        meta = AttentionMetadata(
-            slot_mapping=torch.zeros(num_tokens, dtype=torch.int64, device="cuda"),
-            num_prefill_tokens=num_tokens,
-            num_prefills=seqs,
-            num_decodes=0,
-            cu_seqlens_q=torch.tensor([0] + q_lens, device="cuda").cumsum(0).to(torch.int32),
-            prefill_seq_lens=torch.tensor(q_lens, dtype=torch.int32, device="cuda"),
-            prefill_block_tables=table,
-            max_seqlen_q=max(q_lens),
-            max_seqlen_k=max(q_lens),
-        )
+        meta = prefill_meta(q_lens, q_lens, table)
         scale = HEAD_DIM**-0.5
         ref = REF.prefill(q, k_cache, v_cache, meta, scale)
         flops = 4 * HEAD_DIM * heads * sum(n * (n + 1) // 2 for n in q_lens)
