@@ -99,3 +99,31 @@ def test_silu_and_mul(dtype):
     gate, up = x.chunk(2, dim=-1)
     assert rel(fused.silu_and_mul(x), torch.nn.functional.silu(gate) * up) < TOL[dtype]
     assert fused.silu_and_mul(x[:0]).shape == (0, n)
+
+
+@pytest.mark.parametrize("copy_in", [True, False])
+def test_one_shot_all_reduce_norm_at_one_rank(copy_in):
+    # kernels/allreduce_norm.py's arithmetic with no peer (the barrier has no one to meet): add + norm of x itself
+    from kernels.allreduce_norm import allreduce_add_rmsnorm
+
+    g = torch.Generator(device=DEVICE).manual_seed(7)
+    rows, width = 9, 64
+    buf = torch.zeros(2 * rows * width, device=DEVICE)  # two halves; this call uses the second
+    pads = torch.zeros(64, dtype=torch.int32, device=DEVICE)
+    ptrs = torch.tensor([buf.data_ptr()], dtype=torch.int64, device=DEVICE)
+    pad_ptrs = torch.tensor([pads.data_ptr()], dtype=torch.int64, device=DEVICE)
+    x = torch.randn(rows, width, device=DEVICE, generator=g)
+    if not copy_in:  # the projection wrote its output into the half already
+        buf[rows * width :].copy_(x.view(-1))
+        x = buf[rows * width :].view(rows, width)
+    residual = torch.randn(rows, width, device=DEVICE, generator=g)
+    w = torch.rand(width, device=DEVICE, generator=g) + 0.5
+    for max_programs in (4, 2):  # one row per tile, then two
+        out, res_out = allreduce_add_rmsnorm(
+            x, residual, w, 1e-6, ptrs, pad_ptrs, rows * width, 0, 1, max_programs, copy_in
+        )
+        ref_out, ref_res = torch_norm(x, w, 1e-6, residual)
+        assert torch.equal(res_out, ref_res)
+        assert rel(out, ref_out) < TOL[torch.float32]
+        assert torch.equal(buf[rows * width :].view(rows, width), x)  # this rank's rows are in its buffer half
+        assert not pads.any()  # no flag left set
