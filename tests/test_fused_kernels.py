@@ -127,3 +127,58 @@ def test_one_shot_all_reduce_norm_at_one_rank(copy_in):
         assert rel(out, ref_out) < TOL[torch.float32]
         assert torch.equal(buf[rows * width :].view(rows, width), x)  # this rank's rows are in its buffer half
         assert not pads.any()  # no flag left set
+
+
+def _rank_process(rank, world, bufs, pads, xs, residual, w, queue):
+    """One rank of test_one_shot_all_reduce_norm_across_rank_processes: three calls (buffer halves A, B, A)."""
+    from kernels.allreduce_norm import allreduce_add_rmsnorm
+
+    ptrs = torch.tensor([b.data_ptr() for b in bufs], dtype=torch.int64)  # every rank's buffer, as mapped here
+    pad_ptrs = torch.tensor([p.data_ptr() for p in pads], dtype=torch.int64)
+    half = bufs[0].numel() // 2
+    results = []
+    for call, x in enumerate(xs):
+        out, res = allreduce_add_rmsnorm(x[rank], residual, w, 1e-6, ptrs, pad_ptrs, (call % 2) * half, rank, world, 2)
+        results.append((out.numpy().copy(), res.numpy().copy()))
+    queue.put((rank, results))
+
+
+@pytest.mark.skipif(ON_GPU, reason="ranks simulated as processes sharing host memory, in the Triton interpreter")
+@pytest.mark.parametrize("world", [2, 3])
+def test_one_shot_all_reduce_norm_across_rank_processes(world):
+    # The real protocol: each rank a process running the kernel on its own rows; the "symmetric" buffers and
+    # signal pads are shared memory mapped at the same address in every process (fork), as peer memory is on
+    # GPUs. Exercises the per-program barrier, the peers' rows, the rank-order sum and the alternating halves; a
+    # broken barrier hangs (the queue times out) or sums stale rows.
+    import multiprocessing
+
+    rows, width, calls = 6, 32, 3
+    bufs = [torch.zeros(2 * rows * width).share_memory_() for _ in range(world)]
+    pads = [torch.zeros(64, dtype=torch.int32).share_memory_() for _ in range(world)]
+    g = torch.Generator().manual_seed(world)
+    xs = [torch.randn(world, rows, width, generator=g) for _ in range(calls)]
+    residual = torch.randn(rows, width, generator=g)
+    w = torch.rand(width, generator=g) + 0.5
+    ctx = multiprocessing.get_context("fork")
+    queue = ctx.Queue()
+    args = (world, bufs, pads, xs, residual, w, queue)
+    procs = [ctx.Process(target=_rank_process, args=(r, *args)) for r in range(world)]
+    for p in procs:
+        p.start()
+    try:
+        got = dict(queue.get(timeout=120) for _ in procs)
+    finally:
+        for p in procs:
+            p.join(timeout=5)
+            if p.is_alive():
+                p.kill()
+    for call, x in enumerate(xs):
+        total = torch.zeros(rows, width)
+        for q in range(world):
+            total = total + x[q]
+        ref_out, ref_res = torch_norm(total, w, 1e-6, residual)
+        for rank in range(world):
+            out, res = got[rank][call]
+            assert torch.equal(torch.from_numpy(res), ref_res), (rank, call)  # the same bits on every rank
+            assert rel(torch.from_numpy(out), ref_out) < TOL[torch.float32]
+    assert not any(p.any() for p in pads)  # every flag taken back
