@@ -24,6 +24,7 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
+from timing import replay_ms  # noqa: E402
 
 from model import parallel  # noqa: E402
 
@@ -128,18 +129,11 @@ def time_graph(fn, numel, dtype, device, calls: int, replays: int) -> float:
     with torch.cuda.graph(g):
         for _ in range(calls):
             fn(z)
-    for _ in range(3):
-        g.replay()
     torch.cuda.synchronize(device)
     dist.barrier()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(replays):
-        g.replay()
-    end.record()
-    end.synchronize()
+    ms = replay_ms(g, replays)
     del g
-    return max_over_ranks(start.elapsed_time(end) * 1000 / (replays * calls), device)
+    return max_over_ranks(ms * 1000 / calls, device)
 
 
 def suggest(rows: list[dict]) -> dict:
@@ -335,7 +329,8 @@ def fused_norm(a, rank, world, device, dtype) -> int:
     itemsize = torch.empty((), dtype=dtype).element_size()
     max_bytes = max(rows_list) * hidden * itemsize
     parallel.init_custom_all_reduce(max_bytes, dtype, device)
-    parallel._init_fused(max_bytes, dtype, device, dist.group.WORLD)  # as large as the largest size timed here
+    if max_bytes > parallel.FUSED_MAX_BYTES:  # a buffer as large as the largest size timed here
+        parallel._init_fused(max_bytes, dtype, device, dist.group.WORLD)
     fz = parallel.get_fused_all_reduce_norm()
     if fz is None:
         print(json.dumps({"bench": "fused_norm", "ok": False, "error": "fused all-reduce unavailable"}))

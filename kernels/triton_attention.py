@@ -455,9 +455,8 @@ class TritonAttentionBackend(AttentionBackend):
         if q.is_cuda:
             # head_dim <= 128: 64 x 64 tiles, 4 warps, 1.24-1.27x faster than 128 x 64 with 8 warps on W1-like
             # prompts of 100-1,024 tokens (H200, docs/PERF.md log 12); smaller tiles for wide heads (registers).
-            block_m, block_n = (64, 64) if block_d <= 128 else (64, 32)
-            num_warps, num_stages = 4, 2
-            block_m, block_n, num_warps, num_stages = self.prefill_tiles or (block_m, block_n, num_warps, num_stages)
+            default = (64, 64, 4, 2) if block_d <= 128 else (64, 32, 4, 2)
+            block_m, block_n, num_warps, num_stages = self.prefill_tiles or default
         else:
             block_m, block_n, num_warps, num_stages = 16, 16, 1, 1
         # max_seqlen_q is a host int: no device sync; programs past a sequence's length exit at once.
