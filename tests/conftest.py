@@ -12,6 +12,9 @@ if not torch.cuda.is_available():
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+# Child processes (smoke scripts, workers) import the repo too, beside whatever PYTHONPATH already holds (the
+# device machines put pyzmq there).
+os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
 
 from model.tiny import TinySpec, write_tiny_checkpoint  # noqa: E402
 

@@ -37,7 +37,7 @@ def test_symm_all_reduce_matches_nccl_under_torchrun():
 
     cmd = torchrun_cmd(2, "unused")
     cmd = cmd[: cmd.index("-m")] + [str(ROOT / "benchmarks" / "allreduce.py"), "--check"]
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env = dict(os.environ)
     env.pop(parallel.DISABLE_ENV, None)
     out = subprocess.run(cmd, env=env, cwd=str(ROOT), capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]
@@ -53,7 +53,7 @@ def test_fused_all_reduce_norm_matches_unfused_under_torchrun():
     cmd = torchrun_cmd(2, "unused")
     cmd = cmd[: cmd.index("-m")] + [str(ROOT / "benchmarks" / "allreduce.py"), "--fused-norm"]
     cmd += ["--sizes", "1,7,64,300,2049", "--graph-calls", "2", "--replays", "2"]
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env = dict(os.environ)
     env.pop(parallel.DISABLE_ENV, None)
     env.pop(parallel.FUSED_DISABLE_ENV, None)
     out = subprocess.run(cmd, env=env, cwd=str(ROOT), capture_output=True, text=True, timeout=300)

@@ -43,7 +43,7 @@ def test_tp_that_cannot_divide_heads_is_refused(tiny_tied):
 
 
 def test_torchrun_worker_group(tiny_untied):
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env = dict(os.environ)
     cmd = [sys.executable, str(ROOT / "tests" / "tp_smoke.py"), "--model", str(tiny_untied), "--tp", "2"]
     out = subprocess.run(cmd, env=env, cwd=str(ROOT), capture_output=True, text=True, timeout=180)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
@@ -55,7 +55,7 @@ def test_tp2_teacher_forced_logits_under_torchrun(tiny_untied):
 
     cmd = torchrun_cmd(2, "unused")
     cmd = cmd[: cmd.index("-m")] + [str(ROOT / "tests" / "tp_logits.py"), "--model", str(tiny_untied)]
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env = dict(os.environ)
     out = subprocess.run(cmd, env=env, cwd=str(ROOT), capture_output=True, text=True, timeout=180)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
     assert '"ok": true' in out.stdout
@@ -64,7 +64,7 @@ def test_tp2_teacher_forced_logits_under_torchrun(tiny_untied):
 def _external_worker(address: str) -> subprocess.Popen:
     from tp_smoke import free_port
 
-    env = dict(os.environ, PYTHONPATH=str(ROOT), RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
+    env = dict(os.environ, RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
     env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
     cmd = [sys.executable, "-m", "worker", "--coordinator", address]
     return subprocess.Popen(cmd, env=env, cwd=str(ROOT), stdin=subprocess.DEVNULL)
@@ -106,7 +106,7 @@ def test_external_worker_exits_when_its_coordinator_dies(tiny_tied):
         "from client import LLM; llm = LLM(sys.argv[2], external_workers=True, worker_address=sys.argv[3],"
         " max_model_len=256, num_kv_blocks=32); print('ready', flush=True); time.sleep(600)"
     )
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env = dict(os.environ)
     coordinator = subprocess.Popen(
         [sys.executable, "-c", script, str(ROOT), str(tiny_tied), address], env=env, stdout=subprocess.PIPE, text=True
     )
@@ -130,7 +130,7 @@ def test_start_names_the_ranks_that_never_joined(tiny_tied):
     from tp_smoke import free_port
 
     address = f"tcp://127.0.0.1:{free_port()}"
-    env = dict(os.environ, PYTHONPATH=str(ROOT), RANK="0", WORLD_SIZE="2", LOCAL_RANK="0")
+    env = dict(os.environ, RANK="0", WORLD_SIZE="2", LOCAL_RANK="0")
     env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
     worker = subprocess.Popen([sys.executable, "-m", "worker", "--coordinator", address], env=env, cwd=str(ROOT))
     try:
