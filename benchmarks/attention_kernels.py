@@ -4,6 +4,7 @@
     python benchmarks/attention_kernels.py --sweep-decode    # decode tilings x split counts on W1/W2-like batches
     python benchmarks/attention_kernels.py --sweep-decode --cases 16,64,700,2000    # q heads, batch, context range
     python benchmarks/attention_kernels.py --sweep-decode --tilings 128,8,2 64,4,3    # keys per tile, warps, stages
+    python benchmarks/attention_kernels.py --sweep-decode --kv-layout hnd --page 64    # the cache's layout, block size
 
 Each case is first checked (relative error ||out - ref|| / ||ref|| against ``TorchAttentionBackend``), then timed
 with ``triton.testing.do_bench`` (median). Decode reports GB/s of K+V read; prefill reports causal TFLOP/s
@@ -46,14 +47,26 @@ def median_ms(fn, rep: int = 200) -> float:
 
 
 def make_pool(
-    lengths: list[int], block_size: int, dtype: torch.dtype, gen: torch.Generator, kv_heads: int = NUM_KV_HEADS
+    lengths: list[int],
+    block_size: int,
+    dtype: torch.dtype,
+    gen: torch.Generator,
+    kv_heads: int = NUM_KV_HEADS,
+    layout: str = "nhd",
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """A random pool with each sequence on shuffled blocks; returns (k_cache, v_cache, block_table int32)."""
+    """A random pool with each sequence on shuffled blocks; returns (k_cache, v_cache, block_table int32).
+    ``layout`` "nhd": a block is [tokens, kv heads, head_dim] in memory (the engine's); "hnd": [kv heads, tokens,
+    head_dim], each head's slice of a block contiguous, returned as a strided view of the same logical shape."""
     need = [math.ceil(n / block_size) for n in lengths]
     num_blocks = sum(need) + 1
-    shape = (num_blocks, block_size, kv_heads, HEAD_DIM)
-    k_cache = torch.randn(shape, dtype=dtype, device="cuda", generator=gen)
-    v_cache = torch.randn(shape, dtype=dtype, device="cuda", generator=gen)
+    if layout == "hnd":
+        shape = (num_blocks, kv_heads, block_size, HEAD_DIM)
+        k_cache = torch.randn(shape, dtype=dtype, device="cuda", generator=gen).transpose(1, 2)
+        v_cache = torch.randn(shape, dtype=dtype, device="cuda", generator=gen).transpose(1, 2)
+    else:
+        shape = (num_blocks, block_size, kv_heads, HEAD_DIM)
+        k_cache = torch.randn(shape, dtype=dtype, device="cuda", generator=gen)
+        v_cache = torch.randn(shape, dtype=dtype, device="cuda", generator=gen)
     perm = torch.randperm(num_blocks, device="cuda", generator=gen).to(torch.int32)
     table = torch.zeros(len(lengths), max(need), dtype=torch.int32, device="cuda")
     off = 0
@@ -179,22 +192,28 @@ SWEEP_CASES = [  # (q heads, batch, ctx lo, ctx hi)
 
 
 def sweep_decode(
-    dtype: torch.dtype, seed: int, cases: list[tuple[int, ...]], tilings: list[tuple[int, ...]] | None = None
+    dtype: torch.dtype,
+    seed: int,
+    cases: list[tuple[int, ...]],
+    tilings: list[tuple[int, ...]] | None = None,
+    layout: str = "nhd",
+    page: int = 16,
 ) -> None:
     """Time decode tilings (keys per tile, warps, stages) and split counts on the batches W1 and W2 produce, for
-    the Qwen3-0.6B (16 q / 8 kv heads) and Qwen3-8B (32 / 8) head layouts; prints the best per case."""
+    the Qwen3-0.6B (16 q / 8 kv heads) and Qwen3-8B (32 / 8) head layouts; prints the best per case. ``layout``
+    and ``page``: the cache's memory layout (see make_pool) and block size."""
     if tilings is None:
         tilings = [(bn, w, st, order) for bn, w, st in ((64, 4, 2), (128, 4, 2), (128, 4, 3)) for order in (0, 1)]
     for case in cases:
         heads, batch, lo, hi, *kv_heads = case
-        _sweep_case(heads, batch, lo, hi, dtype, seed, tilings, *kv_heads)
+        _sweep_case(heads, batch, lo, hi, dtype, seed, tilings, *kv_heads, layout=layout, page=page)
         torch.cuda.empty_cache()
 
 
-def _sweep_case(heads, batch, lo, hi, dtype, seed, tilings, kv_heads=NUM_KV_HEADS) -> None:
+def _sweep_case(heads, batch, lo, hi, dtype, seed, tilings, kv_heads=NUM_KV_HEADS, layout="nhd", page=16) -> None:
     gen = torch.Generator(device="cuda").manual_seed(seed)
     lens = torch.randint(lo, hi + 1, (batch,), generator=gen, device="cuda")
-    k_cache, v_cache, table = make_pool(lens.tolist(), 16, dtype, gen, kv_heads)
+    k_cache, v_cache, table = make_pool(lens.tolist(), page, dtype, gen, kv_heads, layout)
     q = torch.randn(batch, heads, HEAD_DIM, dtype=dtype, device="cuda", generator=gen)
     meta = decode_meta(lens, table, 4096)  # max_model_len, as the CUDA graphs are captured
     ref = REF.decode(q, k_cache, v_cache, meta, 1.0)
@@ -223,7 +242,8 @@ def _sweep_case(heads, batch, lo, hi, dtype, seed, tilings, kv_heads=NUM_KV_HEAD
                 best = (ms, (*tiles, splits))
     again_ms = median_ms(default)  # the default timed again last: the first timing is not a warm-up artefact
     print(
-        f"\n{heads:5d} q /{kv_heads} kv heads, batch {batch:5d}, context {lo}..{hi}: default {default_ms:.4f} ms "
+        f"\n{heads:5d} q /{kv_heads} kv heads, {layout} pages of {page}, batch {batch:5d}, context {lo}..{hi}: "
+        f"default {default_ms:.4f} ms "
         f"(again {again_ms:.4f}) {kv_bytes / default_ms / 1e6:5.0f} GB/s, policy splits {policy}; best {best[0]:.4f} "
         f"{kv_bytes / best[0] / 1e6:5.0f} GB/s {best[1]}"
     )
@@ -278,6 +298,8 @@ def main() -> None:
     parser.add_argument(
         "--tilings", nargs="+", default=None, help="swept tilings as keys,warps,stages (heads-first grids)"
     )
+    parser.add_argument("--kv-layout", choices=["nhd", "hnd"], default="nhd", help="sweep: the cache's memory layout")
+    parser.add_argument("--page", type=int, default=16, help="sweep: the cache's block size")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         sys.exit("needs a CUDA GPU")
@@ -287,7 +309,7 @@ def main() -> None:
     if args.sweep_decode:
         cases = [tuple(int(x) for x in c.split(",")) for c in args.cases] if args.cases else SWEEP_CASES
         tilings = [(*(int(x) for x in t.split(",")), 1) for t in args.tilings] if args.tilings else None
-        return sweep_decode(dtype, args.seed, cases, tilings)
+        return sweep_decode(dtype, args.seed, cases, tilings, args.kv_layout, args.page)
     print(f"{torch.cuda.get_device_name()}  triton {triton.__version__}  torch {torch.__version__}  {args.dtype}")
     print(f"q heads {NUM_HEADS}, kv heads {NUM_KV_HEADS}, head_dim {HEAD_DIM}")
 

@@ -208,6 +208,7 @@ def check_decode(
     num_splits: int | None,
     garbage_table: bool = False,
     backend: TritonAttentionBackend = TRI,
+    head_major: bool = False,
 ) -> None:
     gen = torch.Generator().manual_seed(sum(seq_lens) + num_heads + block_size)
     cache = PagedCache(seq_lens, num_kv_heads, head_dim, block_size, dtype, gen, extra_cols=5)
@@ -231,7 +232,10 @@ def check_decode(
     )
     scale = head_dim**-0.5
     out = torch.full_like(q, float("nan"))
-    backend.decode(q, cache.k, cache.v, meta, scale, out=out, num_splits=num_splits)
+    k, v = cache.k, cache.v
+    if head_major:  # the same values, each head's slice of a block contiguous in memory (a strided view)
+        k, v = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in (k, v))
+    backend.decode(q, k, v, meta, scale, out=out, num_splits=num_splits)
     assert torch.isfinite(out).all(), "unwritten or NaN-contaminated outputs"
     live = lens > 0
     assert (out[~live] == 0).all(), "padding rows (seq_len 0) must be zeros"
@@ -261,6 +265,13 @@ def test_decode_small_odd_head_dim():
 
 def test_store_kvcache_odd_shapes():
     check_store(11, 3, 24, 16, torch.float32, torch.int64)
+
+
+@pytest.mark.parametrize("num_splits", [1, 3])
+def test_decode_small_head_major_cache(num_splits):
+    # The kernels read the cache through its strides: a head-major block layout (benchmarks' --kv-layout hnd)
+    # gives the same result.
+    check_decode([1, 17, 0, 40, 16, 5], 8, 2, 16, 16, torch.float32, num_splits, head_major=True)
 
 
 def test_decode_small_garbage_table():
