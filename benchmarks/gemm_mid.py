@@ -24,6 +24,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from decode_gemm import SHAPES, graph_us  # noqa: E402  (benchmarks/, the script's folder)
 
+from kernels.decode_gemm import _sum_splits_kernel  # noqa: E402
 from kernels.pdl import pdl_enter, use_pdl  # noqa: E402
 
 
@@ -67,16 +68,6 @@ def _mid_gemm_kernel(
     tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=mask_m[:, None])
 
 
-@triton.jit
-def _sum_splits(part_ptr, out_ptr, numel, SPLIT_K: tl.constexpr, BLOCK: tl.constexpr):
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < numel
-    acc = tl.zeros([BLOCK], tl.float32)
-    for s in range(SPLIT_K):
-        acc += tl.load(part_ptr + s * numel + offs, mask=mask, other=0.0)
-    tl.store(out_ptr + offs, acc.to(out_ptr.dtype.element_ty), mask=mask)
-
-
 def mid_gemm(x: torch.Tensor, w: torch.Tensor, tiles: tuple[int, ...]) -> torch.Tensor:
     bm, bn, bk, split, warps, stages = tiles
     m, k = x.shape
@@ -91,7 +82,9 @@ def mid_gemm(x: torch.Tensor, w: torch.Tensor, tiles: tuple[int, ...]) -> torch.
         num_warps=warps, num_stages=stages, launch_pdl=pdl,
     )  # fmt: skip
     if split > 1:
-        _sum_splits[(triton.cdiv(m * n, 1024),)](part, out, m * n, SPLIT_K=split, BLOCK=1024, num_warps=4)
+        _sum_splits_kernel[(triton.cdiv(m * n, 1024),)](
+            part, out, m * n, SPLIT_K=split, BLOCK=1024, USE_PDL=pdl, num_warps=4, launch_pdl=pdl
+        )
     return out
 
 
