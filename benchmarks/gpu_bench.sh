@@ -18,10 +18,11 @@ for spec in "$@"; do
 done
 python3 - "$OUT/bench.jsonl" <<'PY'
 import json, sys
-print(f"{'run':48s} {'tok/s':>9s} {'floor%':>7s} {'ms/tok':>7s} {'hf tok/s':>9s} {'s':>7s}")
+print(f"{'run':48s} {'tok/s':>9s} {'median':>9s} {'floor%':>7s} {'ms/tok':>7s} {'hf tok/s':>9s} {'s':>7s}")
 for line in open(sys.argv[1]):
     d = json.loads(line)
     ms = d.get("ms_per_token")
     hf = d.get("hf_tok_s") or d.get("hf_ms_per_token")
-    print(f"{d['spec'][:48]:48s} {d['tok_s']:9.0f} {100 * d['floor_fraction']:6.1f}% {ms if ms is None else round(ms, 3)!s:>7s} {hf!s:>9s} {d['seconds']:7.2f}")
+    med = d.get("tok_s_median")  # with --repeat N: the median of the rounds
+    print(f"{d['spec'][:48]:48s} {d['tok_s']:9.0f} {med or '-'!s:>9s} {100 * d['floor_fraction']:6.1f}% {ms if ms is None else round(ms, 3)!s:>7s} {hf!s:>9s} {d['seconds']:7.2f}")
 PY

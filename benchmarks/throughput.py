@@ -1,8 +1,8 @@
 """End-to-end throughput of nanoserve on the REFERENCE.md workloads, against a roofline floor (and HF, optionally).
 
     python benchmarks/throughput.py --workload W1|W2|W3 (--model DIR | --shape qwen3-0.6b|qwen3-8b|tiny)
-        [--tp N] [--enforce-eager] [--compare hf] [--num-prompts N] [--hf-num-prompts N] [--device cuda|cpu]
-        [--dtype bfloat16] [--max-num-seqs N] [--max-num-batched-tokens N] [--block-size N]
+        [--tp N] [--enforce-eager] [--compare hf] [--num-prompts N] [--hf-num-prompts N] [--repeat N]
+        [--device cuda|cpu] [--dtype bfloat16] [--max-num-seqs N] [--max-num-batched-tokens N] [--block-size N]
         [--gpu-memory-utilization F] [--num-kv-blocks N] [--scale S] [--hbm-tbs X] [--tflops X]
     python benchmarks/throughput.py --check-floors     # W1/W2/W3 floors at REFERENCE.md's H200 ceilings (CPU only)
 
@@ -11,6 +11,9 @@ Workloads (REFERENCE.md, "Benchmark workloads"):
       per prompt SamplingParams(temperature=0.6, ignore_eos=True, max_tokens=randint(100, 1024)); max_model_len 4096;
       one small warm-up generate, then one timed generate of all. tok/s = sum(max_tokens) / seconds.
       --num-prompts N keeps the first N (all 256 are drawn first, so the first N are the same prompts).
+      --repeat N times it N times in the same engine, round r with every id shifted by r + 1 (no round hits another's
+      prefix cache; same lengths): tok_s stays the first round's, tok_s_rounds and tok_s_median are added. The
+      runs of one code path spread ~1% between calls (docs/PERF.md log 13a); rounds cost seconds, not a start-up.
   W2  single stream: 1 request, 128 prompt ids, 512 output tokens, greedy (ignore_eos). TTFT = median of 3
       max_tokens=1 runs; ms/token = (time of the 512-token run - TTFT) / 511. Every run uses a fresh random prompt,
       so the prefix cache never shortens a later prefill.
@@ -113,9 +116,10 @@ def w3_requests(scale: int = 1, num_prompts: int | None = None, prefix_cached: b
     return reqs
 
 
-def fresh(prompt: list[int]) -> list[int]:
-    """The same prompt shifted by one id: same lengths and distribution, no prefix-cache hit on the original."""
-    return [(t + 1) % 10001 for t in prompt]
+def fresh(prompt: list[int], shift: int = 1) -> list[int]:
+    """The same prompt shifted by ``shift`` ids: same lengths and distribution, no prefix-cache hit on the original
+    or on another shift."""
+    return [(t + shift) % 10001 for t in prompt]
 
 
 def warmup_prompt() -> list[int]:
@@ -293,6 +297,12 @@ def run_w1(ctx: dict) -> dict:
         _warmup(llm)
         seconds = timed_generate(llm, prompts, params)
         res["engine_stats"] = llm.stats()
+        # --repeat: the workload again in the same engine, prompts shifted (shift 1 is the HF subset's) so that no
+        # round hits another's prefix cache; a paired A/B reads the median, the first round stays the headline
+        rounds = [seconds] + [
+            timed_generate(llm, [fresh(p, 1 + r) for p in prompts], params) for r in range(1, args.repeat)
+        ]
+        res["tok_s_rounds"] = [out_tokens / s for s in rounds]
         if ctx["hf"]:
             sub = reqs[: ctx["hf_n"]]
             res["hf_num_prompts"] = len(sub)
@@ -421,6 +431,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--async-depth", type=int, default=2, help="steps sent ahead of the results read back (1 or 2)")
     p.add_argument("--compare", choices=["hf"])
     p.add_argument("--num-prompts", type=int, help="W1/W3: keep the first N requests (smoke runs)")
+    p.add_argument("--repeat", type=int, default=1, help="W1: run the workload N times in one engine (median too)")
     p.add_argument("--hf-num-prompts", type=int, default=64, help="W1/W3: requests given to the HF peer (first N)")
     p.add_argument("--device", choices=["cuda", "cpu"])
     p.add_argument("--dtype", default="auto")
@@ -462,6 +473,9 @@ def _fmt_table(res: dict, ctx: dict) -> str:
         f"floor      {floor['floor_s']:.3f} s (prefill {floor['prefill_s']:.3f} s + decode {floor['decode_s']:.3f} s, "
         f"{len(floor['step_s'])} steps) -> {floor['floor_s'] / res['seconds']:.1%} of the roofline",
     ]
+    if len(res.get("tok_s_rounds", ())) > 1:
+        rounds = ", ".join(f"{x:,.0f}" for x in res["tok_s_rounds"])
+        lines.append(f"rounds     {rounds} tok/s (median {statistics.median(res['tok_s_rounds']):,.0f})")
     if args.workload == "W2":
         lines.append(
             f"W2         TTFT {res['ttft_ms']:.2f} ms, {res['ms_per_token']:.3f} ms/token after the first "
@@ -544,6 +558,11 @@ def main(argv=None) -> dict:
         "floor_s": _sig(floor_s),
         "floor_fraction": _sig(floor_s / res["seconds"]),
     }
+    if len(res.get("tok_s_rounds", ())) > 1:
+        summary.update(
+            tok_s_rounds=[_sig(x) for x in res["tok_s_rounds"]],
+            tok_s_median=_sig(statistics.median(res["tok_s_rounds"])),
+        )
     if args.workload == "W2":
         summary.update(
             ms_per_token=_sig(res["ms_per_token"]),
