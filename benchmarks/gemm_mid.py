@@ -1,7 +1,9 @@
-"""cuBLAS vs cuBLASLt vs a Triton tl.dot GEMM on the Qwen3-8B TP=2 shard shapes at decode batches of 64-256 rows
-(GPU only): which tiling fills 132 SMs best where cuBLAS's tiles leave a partial wave.
+"""cuBLAS vs cuBLASLt vs a Triton tl.dot GEMM on the Qwen3-8B TP=2 shard shapes at decode batches of 32-256 rows
+(GPU only): which tiling fills 132 SMs best where cuBLAS's tiles leave a partial wave, and how close cuBLAS streams
+the weights to the HBM rate where the product is memory-bound (the TB/s column: weight bytes over the GEMM's time,
+the norm's subtracted).
 
-    python benchmarks/gemm_mid.py [--rows 128 256] [--shape qwen3-8b-tp2]
+    python benchmarks/gemm_mid.py [--rows 32 64 128 256] [--shape qwen3-8b-tp2]
 
 Each GEMM is timed inside a CUDA graph of (RMSNorm, GEMM) pairs over one weight per model layer (more than the L2
 holds), as a decode step runs them. Prints us per GEMM for each backend and the best Triton tiling, and per-step
@@ -90,6 +92,11 @@ def mid_gemm(x: torch.Tensor, w: torch.Tensor, tiles: tuple[int, ...]) -> torch.
 
 def candidates(n: int, k: int, m: int):
     for bm, bn, bk, warps, stages in (
+        (16, 64, 128, 4, 4),
+        (32, 64, 128, 4, 4),
+        (32, 128, 128, 4, 3),
+        (64, 64, 128, 4, 4),
+        (64, 128, 128, 4, 3),
         (64, 64, 64, 4, 4),
         (64, 128, 64, 4, 4),
         (64, 256, 64, 8, 3),
@@ -101,28 +108,32 @@ def candidates(n: int, k: int, m: int):
         (256, 64, 64, 8, 3),
         (256, 128, 64, 8, 3),
     ):
-        if bm > max(64, triton.next_power_of_2(m)) or n % bn:
+        if bm > max(16, triton.next_power_of_2(m)) or n % bn:
             continue
         tiles = triton.cdiv(m, bm) * (n // bn)
-        for split in (1, 2, 3, 4):
-            if k % (split * bk) == 0 and (split == 1 or tiles * split <= 2 * 132):
+        for split in (1, 2, 3, 4, 8):
+            if k % (split * bk) == 0 and (split == 1 or tiles * split <= 4 * 132):
                 yield (bm, bn, bk, split, warps, stages)
 
 
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--shape", default="qwen3-8b-tp2", choices=list(SHAPES))
-    p.add_argument("--rows", type=int, nargs="+", default=[128, 256])
+    p.add_argument("--rows", type=int, nargs="+", default=[32, 64, 128, 256])
     a = p.parse_args()
     shapes, layers = SHAPES[a.shape]
     dt = torch.bfloat16
     totals = {m: [0.0, 0.0, 0.0] for m in a.rows}
     best_tiles = {}
-    print(f"{'N x K':>13} {'M':>4} {'cuBLAS':>8} {'Lt':>8} {'triton':>8} {'ratio':>6}  best (bm bn bk split w st)")
+    print(
+        f"{'N x K':>13} {'M':>4} {'cuBLAS':>8} {'Lt':>8} {'triton':>8} {'ratio':>6} {'cuBLAS TB/s':>11}"
+        "  best (bm bn bk split w st)"
+    )
     for n, k in shapes:
         weights = [torch.randn(n, k, device="cuda", dtype=dt) * 0.02 for _ in range(layers)]
         for m in a.rows:
             x = torch.randn(m, k, device="cuda", dtype=dt)
+            norm_us = graph_us(lambda x, w: x, weights, x)  # the norm alone: what each column adds to the GEMM
             ref = F.linear(x, weights[0]).float()
             torch.backends.cuda.preferred_blas_library("cublas")
             cublas = graph_us(F.linear, weights, x)
@@ -144,8 +155,10 @@ def main() -> None:
             totals[m][1] += lt * layers
             totals[m][2] += best[0] * layers
             best_tiles[f"{n}x{k}@{m}"] = best[1]
+            weight_tbs = n * k * 2 / max(cublas - norm_us, 1e-3) / 1e6  # bytes / us -> TB/s
             print(
-                f"{n:6d}x{k:<6d} {m:4d} {cublas:8.2f} {lt:8.2f} {best[0]:8.2f} {best[0] / cublas:6.2f}  {best[1]}"
+                f"{n:6d}x{k:<6d} {m:4d} {cublas:8.2f} {lt:8.2f} {best[0]:8.2f} {best[0] / cublas:6.2f}"
+                f" {weight_tbs:11.2f}  {best[1]}"
                 f"{'' if lt_err < 5e-2 else f'  (Lt err {lt_err:.2e})'}",
                 flush=True,
             )
