@@ -74,6 +74,7 @@ def mid_gemm(x: torch.Tensor, w: torch.Tensor, tiles: tuple[int, ...]) -> torch.
     bm, bn, bk, split, warps, stages = tiles
     m, k = x.shape
     n = w.shape[0]
+    assert k % (split * bk) == 0 and n % bn == 0, (x.shape, w.shape, tiles)  # whole tiles in every split
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     part = out if split == 1 else torch.empty((split, m, n), dtype=torch.float32, device=x.device)
     pdl = use_pdl(x)
