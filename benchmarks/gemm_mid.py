@@ -94,7 +94,9 @@ def mid_gemm(x: torch.Tensor, w: torch.Tensor, tiles: tuple[int, ...]) -> torch.
 def candidates(n: int, k: int, m: int):
     for bm, bn, bk, warps, stages in (
         (16, 64, 128, 4, 4),
+        (16, 64, 256, 4, 4),  # weight streaming: deep K tiles, several stages in flight
         (32, 64, 128, 4, 4),
+        (32, 64, 256, 4, 3),
         (32, 128, 128, 4, 3),
         (64, 64, 128, 4, 4),
         (64, 128, 128, 4, 3),
