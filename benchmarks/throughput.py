@@ -455,6 +455,8 @@ def parse_args(argv=None) -> argparse.Namespace:
             p.error("--workload is required")
         if not (args.model or args.shape):
             p.error("one of --model or --shape is required")
+        if args.repeat < 1 or (args.repeat > 1 and args.workload != "W1"):
+            p.error(f"--repeat {args.repeat}: a count >= 1, and more than 1 only for W1")
     return args
 
 
