@@ -59,14 +59,11 @@ def make_pool(
     head_dim], each head's slice of a block contiguous, returned as a strided view of the same logical shape."""
     need = [math.ceil(n / block_size) for n in lengths]
     num_blocks = sum(need) + 1
-    if layout == "hnd":
-        shape = (num_blocks, kv_heads, block_size, HEAD_DIM)
-        k_cache = torch.randn(shape, dtype=dtype, device="cuda", generator=gen).transpose(1, 2)
-        v_cache = torch.randn(shape, dtype=dtype, device="cuda", generator=gen).transpose(1, 2)
-    else:
-        shape = (num_blocks, block_size, kv_heads, HEAD_DIM)
-        k_cache = torch.randn(shape, dtype=dtype, device="cuda", generator=gen)
-        v_cache = torch.randn(shape, dtype=dtype, device="cuda", generator=gen)
+    hnd = layout == "hnd"
+    shape = (num_blocks, kv_heads, block_size, HEAD_DIM) if hnd else (num_blocks, block_size, kv_heads, HEAD_DIM)
+    k_cache, v_cache = (torch.randn(shape, dtype=dtype, device="cuda", generator=gen) for _ in range(2))
+    if hnd:
+        k_cache, v_cache = k_cache.transpose(1, 2), v_cache.transpose(1, 2)
     perm = torch.randperm(num_blocks, device="cuda", generator=gen).to(torch.int32)
     table = torch.zeros(len(lengths), max(need), dtype=torch.int32, device="cuda")
     off = 0

@@ -30,6 +30,9 @@ from kernels.decode_gemm import _sum_splits_kernel  # noqa: E402
 from kernels.pdl import pdl_enter, use_pdl  # noqa: E402
 
 
+# kernels/decode_gemm.py's _split_gemm_kernel with a grid axis of row tiles (it has one row tile). Branch mid-gemm
+# gives the production kernel row tiles and this script calls it instead; until that is measured on a GPU, main
+# keeps this measurement copy (docs/PERF.md log 13g, m2).
 @triton.jit(do_not_specialize=["M"])
 def _mid_gemm_kernel(
     x_ptr,
