@@ -357,3 +357,23 @@ def test_warmup_compiles_every_decode_variant_without_error():
     k_cache = torch.randn(4, 16, 2, 16, device=DEVICE)
     v_cache = torch.randn(4, 16, 2, 16, device=DEVICE)
     backend.warmup(k_cache, v_cache, num_heads=4, dtype=torch.float32)  # splits 1, 2, 4
+
+
+def test_kernel_regs_counts_an_sm90_build_without_a_gpu():
+    # benchmarks/kernel_regs.py: a real sm_90a build and ptxas report on the CPU (a compiler run, so outside the
+    # interpreter this suite sets): both split-decode variants get plausible registers, shared memory and an
+    # occupancy that follows from them.
+    import os
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    cmd = [sys.executable, os.path.join(root, "benchmarks", "kernel_regs.py"), "--tiles", "64,4,2"]
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, check=True).stdout
+    rows = [line.split() for line in out.splitlines() if line.startswith("split decode")]
+    assert len(rows) == 2, out
+    for *_, tiles, regs, _spill, smem, per_sm in rows:
+        regs, smem, per_sm = int(regs), float(smem), int(per_sm)
+        assert tiles == "64,4,2" and 32 <= regs <= 255 and smem > 0
+        assert per_sm == min(65536 // (-(-regs * 32 // 256) * 256 * 4), int(228 // (smem + 1)), 16)

@@ -1,0 +1,100 @@
+"""Registers, spills, shared memory and programs per SM of our decode attention kernel on an H100/H200 (sm_90a),
+computed on any machine, no GPU needed: ``triton.compile`` for the target with the integer hints the JIT gives
+at run time (16-divisible strides), then ``ptxas -v`` (shipped with Triton).
+
+    python benchmarks/kernel_regs.py
+
+Why: a memory-bound kernel's speed follows how many of its programs an SM holds at once. A stream decode tried in
+log 14c needed 168 registers where the split decode needs 118, so an SM held 3 of its programs instead of 4
+(docs/PERF.md). The local Triton may differ from the device's (3.6): install that version to a separate target
+and put it first on PYTHONPATH to count for the device.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import triton  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.backends.nvidia.compiler import get_ptxas  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+
+from kernels import triton_attention  # noqa: E402
+
+SM90 = GPUTarget("cuda", 90, 32)
+REGS_PER_SM, SMEM_PER_SM, THREADS_PER_SM, PROGRAMS_PER_SM = 65536, 228 * 1024, 2048, 32
+HALF_PTRS = {"q_ptr", "k_cache_ptr", "v_cache_ptr", "out_ptr", "final_ptr"}
+FLOAT_PTRS = {"lse_ptr"}
+
+
+def compile_sm90(
+    fn, constexprs: dict, unhinted: set[str], num_warps: int, num_stages: int, maxnreg: int | None = None
+) -> dict:
+    """Compile ``fn`` for sm_90a; every pointer and integer not in ``unhinted`` gets the JIT's 16-divisibility hint."""
+    sig = {}
+    for name in fn.arg_names:
+        if name in constexprs:
+            sig[name] = "constexpr"
+        elif name.endswith("_ptr"):
+            sig[name] = "*bf16" if name in HALF_PTRS else "*fp32" if name in FLOAT_PTRS else "*i32"
+        else:
+            sig[name] = "fp32" if name == "qk_scale" else "i32"
+    hints = {
+        (i,): [["tt.divisibility", 16]]
+        for i, name in enumerate(fn.arg_names)
+        if sig[name] not in ("constexpr", "fp32") and name not in unhinted
+    }
+    consts = {(fn.arg_names.index(k),): v for k, v in constexprs.items()}
+    kernel = triton.compile(
+        ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=hints),
+        target=SM90,
+        options={"num_warps": num_warps, "num_stages": num_stages, "maxnreg": maxnreg},
+    )
+    ptxas = get_ptxas(90)
+    with tempfile.TemporaryDirectory() as tmp:
+        ptx = os.path.join(tmp, "k.ptx")
+        with open(ptx, "w") as f:
+            f.write(kernel.asm["ptx"])
+        cmd = [getattr(ptxas, "path", ptxas), "-v", "--gpu-name=sm_90a", ptx, "-o", os.path.join(tmp, "k.cubin")]
+        report = subprocess.run(cmd, capture_output=True, text=True, check=True).stderr
+    regs = int(re.search(r"Used (\d+) registers", report).group(1))
+    spill = re.search(r"(\d+) bytes spill stores", report)
+    smem = kernel.metadata.shared
+    threads = 32 * num_warps
+    fit = min(
+        REGS_PER_SM // (regs * threads),
+        SMEM_PER_SM // max(smem, 1),
+        THREADS_PER_SM // threads,
+        PROGRAMS_PER_SM,
+    )
+    return {"regs": regs, "spill": int(spill.group(1)) if spill else 0, "smem": smem, "per_sm": fit}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument(
+        "--tiles", nargs="+", default=["64,4,2", "128,4,2", "64,8,2", "128,8,2"], help="keys,warps,stages"
+    )
+    tilings = [tuple(int(x) for x in t.split(",")) for t in parser.parse_args().tiles]
+    common = dict(GROUP=4, PAGE=16, HEAD_DIM=128, BLOCK_D=128, BLOCK_H=16, NUM_KV=4, USE_PDL=True)  # 8B at TP=2
+    split = triton_attention._decode_split_kernel
+    unhinted = {"stride_os", "stride_lb", "stride_lh", "stride_bt", "num_splits"}  # its do_not_specialize
+    print(f"{'kernel':34s} {'tiles':>10s} {'regs':>5s} {'spill B':>8s} {'smem KB':>8s} {'per SM':>7s}")
+    for block_n, warps, stages in tilings:
+        for direct in (True, False):
+            consts = {**common, "BLOCK_N": block_n, "DIRECT_OUT": direct, "HEADS_FIRST": True}
+            r = compile_sm90(split, {k: v for k, v in consts.items() if k in split.arg_names}, unhinted, warps, stages)
+            label = "split decode, " + ("one split" if direct else "several")
+            tiles = f"{block_n},{warps},{stages}"
+            print(f"{label:34s} {tiles:>10s} {r['regs']:5d} {r['spill']:8d} {r['smem'] / 1024:8.1f} {r['per_sm']:7d}")
+
+
+if __name__ == "__main__":
+    main()
