@@ -86,14 +86,20 @@ def main() -> None:
     common = dict(GROUP=4, PAGE=16, HEAD_DIM=128, BLOCK_D=128, BLOCK_H=16, NUM_KV=4, USE_PDL=True)  # 8B at TP=2
     split = triton_attention._decode_split_kernel
     unhinted = {"stride_os", "stride_lb", "stride_lh", "stride_bt", "num_splits"}  # its do_not_specialize
-    print(f"{'kernel':34s} {'tiles':>10s} {'regs':>5s} {'spill B':>8s} {'smem KB':>8s} {'per SM':>7s}")
+    print(f"{'kernel':38s} {'tiles':>10s} {'regs':>5s} {'spill B':>8s} {'smem KB':>8s} {'per SM':>7s}")
     for block_n, warps, stages in tilings:
         for direct in (True, False):
-            consts = {**common, "BLOCK_N": block_n, "DIRECT_OUT": direct, "HEADS_FIRST": True}
+            consts = {
+                **common,
+                "BLOCK_N": block_n,
+                "DIRECT_OUT": direct,
+                "HEADS_FIRST": True,
+                "FUSED_MERGE": not direct,
+            }
             r = compile_sm90(split, {k: v for k, v in consts.items() if k in split.arg_names}, unhinted, warps, stages)
             label = "split decode, " + ("one split" if direct else "several")
             tiles = f"{block_n},{warps},{stages}"
-            print(f"{label:34s} {tiles:>10s} {r['regs']:5d} {r['spill']:8d} {r['smem'] / 1024:8.1f} {r['per_sm']:7d}")
+            print(f"{label:38s} {tiles:>10s} {r['regs']:5d} {r['spill']:8d} {r['smem'] / 1024:8.1f} {r['per_sm']:7d}")
 
 
 if __name__ == "__main__":
