@@ -67,11 +67,11 @@ def compile_sm90(
     regs = int(re.search(r"Used (\d+) registers", report).group(1))
     spill = re.search(r"(\d+) bytes spill stores", report)
     smem = kernel.metadata.shared
-    threads = 32 * num_warps
+    warp_regs = -(-regs * 32 // 256) * 256  # registers are handed out per warp in units of 256
     fit = min(
-        REGS_PER_SM // (regs * threads),
-        SMEM_PER_SM // max(smem, 1),
-        THREADS_PER_SM // threads,
+        REGS_PER_SM // (warp_regs * num_warps),
+        SMEM_PER_SM // (smem + 1024),  # the driver reserves 1 KB of shared memory per program
+        THREADS_PER_SM // (32 * num_warps),
         PROGRAMS_PER_SM,
     )
     return {"regs": regs, "spill": int(spill.group(1)) if spill else 0, "smem": smem, "per_sm": fit}
