@@ -34,10 +34,10 @@ HALF_PTRS = {"q_ptr", "k_cache_ptr", "v_cache_ptr", "out_ptr", "final_ptr"}
 FLOAT_PTRS = {"lse_ptr"}
 
 
-def compile_sm90(
-    fn, constexprs: dict, unhinted: set[str], num_warps: int, num_stages: int, maxnreg: int | None = None
-) -> dict:
-    """Compile ``fn`` for sm_90a; every pointer and integer not in ``unhinted`` gets the JIT's 16-divisibility hint."""
+def compile_sm90(fn, constexprs: dict, num_warps: int, num_stages: int, maxnreg: int | None = None) -> dict:
+    """Compile ``fn`` for sm_90a; every pointer and integer the kernel does not exempt (``do_not_specialize``)
+    gets the 16-divisibility hint the JIT gives such values at run time."""
+    unhinted = {p.name for p in fn.params if p.do_not_specialize}
     sig = {}
     for name in fn.arg_names:
         if name in constexprs:
@@ -85,7 +85,6 @@ def main() -> None:
     tilings = [tuple(int(x) for x in t.split(",")) for t in parser.parse_args().tiles]
     common = dict(GROUP=4, PAGE=16, HEAD_DIM=128, BLOCK_D=128, BLOCK_H=16, NUM_KV=4, USE_PDL=True)  # 8B at TP=2
     split = triton_attention._decode_split_kernel
-    unhinted = {"stride_os", "stride_lb", "stride_lh", "stride_bt", "num_splits"}  # its do_not_specialize
     print(f"{'kernel':38s} {'tiles':>10s} {'regs':>5s} {'spill B':>8s} {'smem KB':>8s} {'per SM':>7s}")
     for block_n, warps, stages in tilings:
         for direct in (True, False):
@@ -96,7 +95,7 @@ def main() -> None:
                 "HEADS_FIRST": True,
                 "FUSED_MERGE": not direct,
             }
-            r = compile_sm90(split, {k: v for k, v in consts.items() if k in split.arg_names}, unhinted, warps, stages)
+            r = compile_sm90(split, {k: v for k, v in consts.items() if k in split.arg_names}, warps, stages)
             label = "split decode, " + ("one split" if direct else "several")
             tiles = f"{block_n},{warps},{stages}"
             print(f"{label:38s} {tiles:>10s} {r['regs']:5d} {r['spill']:8d} {r['smem'] / 1024:8.1f} {r['per_sm']:7d}")
