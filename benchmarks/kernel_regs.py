@@ -30,20 +30,23 @@ from kernels import triton_attention  # noqa: E402
 
 SM90 = GPUTarget("cuda", 90, 32)
 REGS_PER_SM, SMEM_PER_SM, THREADS_PER_SM, PROGRAMS_PER_SM = 65536, 228 * 1024, 2048, 32
-HALF_PTRS = {"q_ptr", "k_cache_ptr", "v_cache_ptr", "out_ptr", "final_ptr"}
+HALF_PTRS = {"q_ptr", "k_cache_ptr", "v_cache_ptr", "out_ptr"}
 FLOAT_PTRS = {"lse_ptr"}
 
 
-def compile_sm90(fn, constexprs: dict, num_warps: int, num_stages: int, maxnreg: int | None = None) -> dict:
+def compile_sm90(
+    fn, constexprs: dict, num_warps: int, num_stages: int, maxnreg: int | None = None, float_ptrs=FLOAT_PTRS
+) -> dict:
     """Compile ``fn`` for sm_90a; every pointer and integer the kernel does not exempt (``do_not_specialize``)
-    gets the 16-divisibility hint the JIT gives such values at run time."""
+    gets the 16-divisibility hint the JIT gives such values at run time. Pointers in ``float_ptrs`` are fp32, other
+    pointers named in HALF_PTRS bf16, the rest int32."""
     unhinted = {p.name for p in fn.params if p.do_not_specialize}
     sig = {}
     for name in fn.arg_names:
         if name in constexprs:
             sig[name] = "constexpr"
         elif name.endswith("_ptr"):
-            sig[name] = "*bf16" if name in HALF_PTRS else "*fp32" if name in FLOAT_PTRS else "*i32"
+            sig[name] = "*fp32" if name in float_ptrs else "*bf16" if name in HALF_PTRS else "*i32"
         else:
             sig[name] = "fp32" if name == "qk_scale" else "i32"
     hints = {
@@ -88,14 +91,9 @@ def main() -> None:
     print(f"{'kernel':38s} {'tiles':>10s} {'regs':>5s} {'spill B':>8s} {'smem KB':>8s} {'per SM':>7s}")
     for block_n, warps, stages in tilings:
         for direct in (True, False):
-            consts = {
-                **common,
-                "BLOCK_N": block_n,
-                "DIRECT_OUT": direct,
-                "HEADS_FIRST": True,
-                "FUSED_MERGE": not direct,
-            }
-            r = compile_sm90(split, {k: v for k, v in consts.items() if k in split.arg_names}, warps, stages)
+            consts = {**common, "BLOCK_N": block_n, "DIRECT_OUT": direct, "HEADS_FIRST": True}
+            consts = {k: v for k, v in consts.items() if k in split.arg_names}
+            r = compile_sm90(split, consts, warps, stages)
             label = "split decode, " + ("one split" if direct else "several")
             tiles = f"{block_n},{warps},{stages}"
             print(f"{label:38s} {tiles:>10s} {r['regs']:5d} {r['spill']:8d} {r['smem'] / 1024:8.1f} {r['per_sm']:7d}")
