@@ -93,7 +93,9 @@ def main() -> None:
         for direct in (True, False):
             consts = {**common, "BLOCK_N": block_n, "DIRECT_OUT": direct, "HEADS_FIRST": True}
             consts = {k: v for k, v in consts.items() if k in split.arg_names}
-            r = compile_sm90(split, consts, warps, stages)
+            # several splits write fp32 partials through out_ptr; one split writes the bf16 output
+            float_ptrs = FLOAT_PTRS if direct else FLOAT_PTRS | {"out_ptr"}
+            r = compile_sm90(split, consts, warps, stages, float_ptrs=float_ptrs)
             label = "split decode, " + ("one split" if direct else "several")
             tiles = f"{block_n},{warps},{stages}"
             print(f"{label:38s} {tiles:>10s} {r['regs']:5d} {r['spill']:8d} {r['smem'] / 1024:8.1f} {r['per_sm']:7d}")
