@@ -107,18 +107,28 @@ def test_bf16_decode_graphs_on_cublaslt_choices_close_to_hf(bf16_ckpt, monkeypat
     monkeypatch.setattr(cublaslt, "tune", functools.partial(cublaslt.tune, min_gain=-1.0))
     monkeypatch.delenv("NANOSERVE_LT_TUNE", raising=False)
     rng = np.random.default_rng(2)
-    prompts = [rng.integers(0, 500, n).tolist() for n in (60, 17, 5)]
+    # 20 sequences: the decode graph of 32 rows, where cuBLAS (not our <= 16-row kernels) takes every product
+    prompts = [rng.integers(0, 500, n).tolist() for n in rng.integers(1, 40, 20)]
     forced = [rng.integers(0, 500, 6).tolist() for _ in prompts]
     cublaslt._chosen.clear()
     try:
-        cfg = worker_config(bf16_ckpt, dtype="bfloat16", attention_backend="triton", device="cuda", max_model_len=512)
+        cfg = worker_config(
+            bf16_ckpt,
+            dtype="bfloat16",
+            attention_backend="triton",
+            device="cuda",
+            max_model_len=512,
+            max_num_seqs=32,
+            enforce_eager=False,
+        )
         runner = ModelRunner(cfg, torch.device("cuda"))
         runner.allocate_kv(64)
         runner.capture_graphs()
-        assert cublaslt._chosen and runner.graphs is not None
+        assert any(rows == 32 for rows, *_ in cublaslt._chosen) and runner.graphs is not None
         first = [
-            dict(slot=i, tokens=p, start=0, new_blocks=list(range(i * 8, (i + 1) * 8))) for i, p in enumerate(prompts)
+            dict(slot=i, tokens=p, start=0, new_blocks=[3 * i, 3 * i + 1, 3 * i + 2]) for i, p in enumerate(prompts)
         ]
+        first.sort(key=lambda s: len(s["tokens"]) == 1)  # multi-token rows first
         runner.forward_logits(make_step(first))
         ours = [
             runner.forward_logits(make_step([dict(slot=i, tokens=[f[j]]) for i, f in enumerate(forced)], step_id=j + 1))
