@@ -1,10 +1,10 @@
 """``x @ w.T`` through cuBLASLt with an algorithm of our choosing (CUDA only).
 
-torch runs each matmul with the first algorithm of cuBLASLt's heuristic, which is tuned for common shapes; the
-decode products (16-256 rows against one rank's weight shard) fill 132 SMs in awkward waves, and another of the
-heuristic's candidates (tile, split-K, cluster, stages) can be faster. This module calls the library torch
-already loaded, through ctypes, so the candidates can be listed, timed and run. The Python cost of a call (~10 us
-of ctypes) is paid once, when a CUDA graph captures it.
+torch's matmul runs the library's default choice (the first of cuBLASLt's heuristic times the same), tuned for
+common shapes; the decode products (16-256 rows against one rank's weight shard) fill 132 SMs in awkward waves,
+and another of the heuristic's candidates (tile, split-K, cluster, stages) can be faster. This module calls the
+library torch already loaded, through ctypes, so the candidates can be listed, timed and run. The Python cost of a
+call (~10 us of ctypes) is paid once, when a CUDA graph captures it.
 """
 
 from __future__ import annotations
@@ -128,7 +128,7 @@ def problem(m: int, n: int, k: int, dtype: torch.dtype) -> Problem:
 
 
 def heuristic_algos(m: int, n: int, k: int, dtype: torch.dtype, count: int = 32) -> list[Algo]:
-    """cuBLASLt's candidates for this product, its first choice first (the one torch runs)."""
+    """cuBLASLt's candidates for this product, its first choice first (as fast as torch's matmul, log 16b)."""
     p = problem(m, n, k, dtype)
     pref = ctypes.c_void_p()
     _call("cublasLtMatmulPreferenceCreate", ctypes.byref(pref))
