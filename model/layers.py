@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kernels import fused
+from kernels import cublaslt, fused
 from kernels.attention import AttentionBackend, AttentionMetadata
 from kernels.decode_gemm import decode_linear, decode_linear_tiles
 from model.context import get_context
@@ -52,6 +52,9 @@ class LinearBase(nn.Module):
             tiles = decode_linear_tiles(x, self.weight)
             if tiles is not None:
                 return decode_linear(x, self.weight, tiles, out)
+            algo = cublaslt.chosen_algo(x, self.weight) if x.is_cuda else None
+            if algo is not None and (out is None or out.is_contiguous()):
+                return cublaslt.lt_linear(x, self.weight, algo, out)
         if out is None:
             return F.linear(x, self.weight, self.bias)
         if self.bias is None:

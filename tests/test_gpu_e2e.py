@@ -1,6 +1,8 @@
 """On CUDA: the full engine (Triton kernels, CUDA graphs) against HF transformers on the same checkpoint.
 float32: greedy tokens identical. bf16: teacher-forced logits within bf16 tolerance."""
 
+import functools
+
 import numpy as np
 import pytest
 import torch
@@ -93,6 +95,55 @@ def test_bf16_teacher_forced_logits_close_to_hf(bf16_ckpt):
         top1 = (mine.argmax(-1) == ref.argmax(-1)).float().mean().item()
         assert rel < 2e-2, rel
         assert top1 > 0.9, top1
+
+
+def test_bf16_decode_graphs_on_cublaslt_choices_close_to_hf(bf16_ckpt, monkeypatch):
+    """Decode steps replayed from CUDA graphs whose layer products run cuBLASLt's chosen algorithms (every product
+    forced onto its fastest candidate, however small the gain) give HF's teacher-forced logits within bf16
+    tolerance."""
+    from kernels import cublaslt
+    from worker.model_runner import ModelRunner
+
+    monkeypatch.setattr(cublaslt, "tune", functools.partial(cublaslt.tune, min_gain=-1.0))
+    monkeypatch.delenv("NANOSERVE_LT_TUNE", raising=False)
+    rng = np.random.default_rng(2)
+    # 20 sequences: the decode graph of 32 rows, where cuBLAS (not our <= 16-row kernels) takes every product
+    prompts = [rng.integers(0, 500, n).tolist() for n in rng.integers(1, 40, 20)]
+    forced = [rng.integers(0, 500, 6).tolist() for _ in prompts]
+    cublaslt._chosen.clear()
+    try:
+        cfg = worker_config(
+            bf16_ckpt,
+            dtype="bfloat16",
+            attention_backend="triton",
+            device="cuda",
+            max_model_len=512,
+            max_num_seqs=32,
+            enforce_eager=False,
+        )
+        runner = ModelRunner(cfg, torch.device("cuda"))
+        runner.allocate_kv(64)
+        runner.capture_graphs()
+        assert any(rows == 32 for rows, *_ in cublaslt._chosen) and runner.graphs is not None
+        first = [
+            dict(slot=i, tokens=p, start=0, new_blocks=[3 * i, 3 * i + 1, 3 * i + 2]) for i, p in enumerate(prompts)
+        ]
+        first.sort(key=lambda s: len(s["tokens"]) == 1)  # multi-token rows first
+        runner.forward_logits(make_step(first))
+        ours = [
+            runner.forward_logits(make_step([dict(slot=i, tokens=[f[j]]) for i, f in enumerate(forced)], step_id=j + 1))
+            for j in range(len(forced[0]))
+        ]
+    finally:
+        cublaslt._chosen.clear()
+    hf = AutoModelForCausalLM.from_pretrained(bf16_ckpt, dtype=torch.bfloat16).cuda().eval()
+    for i, (p, f) in enumerate(zip(prompts, forced)):
+        with torch.no_grad():
+            ref = hf(torch.tensor([p + f], device="cuda")).logits[0, len(p) :].float()
+        mine = torch.stack([step[i] for step in ours]).float()
+        rel = ((mine - ref).norm() / ref.norm()).item()
+        assert rel < 2e-2, rel
+        assert (mine.argmax(-1) == ref.argmax(-1)).float().mean().item() > 0.8
 
 
 def test_prefill_graphs_match_eager_on_mixed_steps(tiny_untied):

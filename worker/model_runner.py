@@ -4,21 +4,25 @@ samples. Per-sequence state lives in slot-indexed numpy arrays so every step is 
 from __future__ import annotations
 
 import os
+import sys
+import time
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
+from kernels import cublaslt
 from kernels.attention import AttentionMetadata, get_backend
+from kernels.decode_gemm import decode_linear_tiles
 from kernels.sampling import warmup as sampling_warmup
 from kernels.triton_attention import TritonAttentionBackend
 from model.config import ModelConfig, parse_dtype
 from model.context import forward_context
-from model.layers import PagedAttention
+from model.layers import LinearBase, PagedAttention
 from model.loader import load_model
 from model.parallel import all_gather_stack, broadcast_from_rank0, tp_rank, tp_size
 from protocol.messages import StepCommand, WorkerConfig
-from worker.cuda_graphs import DecodeGraphs, PrefillGraphs
+from worker.cuda_graphs import DecodeGraphs, PrefillGraphs, batch_buckets
 from worker.sampler import (
     SamplingTensors,
     pick_across_shards,
@@ -573,11 +577,43 @@ class ModelRunner:
         self._warmup_prefill(num_seqs, seq_len, blocks_per_seq)  # writes KV only into blocks no sequence owns yet
         torch.cuda.synchronize(self.device)
 
+    def _tune_decode_gemms(self) -> None:
+        """Choose cuBLASLt algorithms for the layer products at each decode graph's row count, where one beats
+        torch's pick (kernels/cublaslt.py). NANOSERVE_LT_TUNE=0 keeps torch's matmul (A/B runs)."""
+        if os.environ.get("NANOSERVE_LT_TUNE") == "0" or self.dtype not in (torch.bfloat16, torch.float16):
+            return
+        weights: dict[tuple[int, int], list[torch.Tensor]] = {}
+        for module in self.model.modules():
+            if isinstance(module, LinearBase) and module.bias is None:
+                weights.setdefault(tuple(module.weight.shape), []).append(module.weight)
+        start = time.perf_counter()
+        with torch.inference_mode():
+            records = cublaslt.tune(
+                weights, batch_buckets(self.cfg.max_num_seqs), skip=lambda x, w: decode_linear_tiles(x, w) is not None
+            )
+        torch.cuda.synchronize(self.device)
+        if tp_rank() == 0:  # what the tuning predicts for a step's layer products, per row count
+            per_rows: dict[int, list[float]] = {}
+            for r in records:
+                layers = len(weights[r.n, r.k])
+                step = per_rows.setdefault(r.rows, [0.0, 0.0])
+                step[0] += r.torch_us * layers
+                step[1] += (r.best_us if r.config else r.torch_us) * layers
+            changed = sum(r.config is not None for r in records)
+            summary = " ".join(f"{m}:{t / 1e3:.3f}->{b / 1e3:.3f}" for m, (t, b) in sorted(per_rows.items()))
+            print(
+                f"nanoserve[gemm tuning]: {changed} of {len(records)} products on cuBLASLt's other algorithms "
+                f"({time.perf_counter() - start:.1f} s); layer GEMM ms per step by rows: {summary}",
+                file=sys.stderr,
+                flush=True,
+            )
+
     def capture_graphs(self) -> None:
         """CUDA graphs for decode-only steps and, at TP 1 with the Triton backend, piecewise ones for steps with
         prefill tokens (after the KV pool exists); no-op on CPU or with enforce_eager."""
         if self.device.type != "cuda" or self.cfg.enforce_eager:
             return
+        self._tune_decode_gemms()
         self.graphs = DecodeGraphs(
             self.model,
             self.backend,

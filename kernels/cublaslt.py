@@ -1,0 +1,323 @@
+"""``x @ w.T`` through cuBLASLt with an algorithm of our choosing (CUDA only).
+
+torch's matmul runs the library's default choice (the first of cuBLASLt's heuristic times the same), tuned for
+common shapes; the decode products (16-256 rows against one rank's weight shard) fill 132 SMs in awkward waves,
+and another of the heuristic's candidates (tile, split-K, cluster, stages) can be faster. This module calls the
+library torch already loaded, through ctypes, so the candidates can be listed, timed and run. The Python cost of a
+call (~10 us of ctypes) is paid once, when a CUDA graph captures it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+# cublasLt.h / library_types.h constants
+_COMPUTE_32F = 68
+_R_32F, _R_16F, _R_16BF = 0, 2, 14
+_OP_N, _OP_T = 0, 1
+_DESC_TRANSA, _DESC_TRANSB = 3, 4
+_PREF_MAX_WORKSPACE_BYTES = 1
+_CONFIG_ATTRS = {"algo": 0, "tile": 1, "split_k": 2, "reduction": 3, "swizzle": 4, "stages": 6, "cluster": 8}
+_REDUCTION_COMPUTE_TYPE = 2  # split-K partials summed in fp32 in the workspace (deterministic)
+WORKSPACE_BYTES = 32 << 20
+
+
+class Algo(ctypes.Structure):
+    """cublasLtMatmulAlgo_t: opaque, 8 x uint64."""
+
+    _fields_ = [("data", ctypes.c_uint64 * 8)]
+
+
+class _HeuristicResult(ctypes.Structure):
+    _fields_ = [
+        ("algo", Algo),
+        ("workspace_size", ctypes.c_size_t),
+        ("state", ctypes.c_int),
+        ("waves_count", ctypes.c_float),
+        ("reserved", ctypes.c_int * 4),
+    ]
+
+
+def _find_library() -> ctypes.CDLL:
+    """The libcublasLt torch loaded (found in this process's memory map after a first bf16 matmul)."""
+    a = torch.ones(16, 16, device="cuda", dtype=torch.bfloat16)
+    torch.mm(a, a)
+    torch.cuda.synchronize()
+    with open("/proc/self/maps") as f:
+        paths = {line.split()[-1] for line in f if "libcublasLt" in line}
+    for path in sorted(paths):
+        lib = ctypes.CDLL(path)
+        if hasattr(lib, "cublasLtMatmul"):
+            return lib
+    raise RuntimeError("libcublasLt is not loaded in this process (a CUDA build of torch loads it for bf16 matmuls)")
+
+
+_lib: ctypes.CDLL | None = None
+_handle = ctypes.c_void_p()
+_workspace: dict[int, torch.Tensor] = {}
+
+
+def _call(fn: str, *args) -> None:
+    status = getattr(_lib, fn)(*args)
+    if status != 0:
+        raise RuntimeError(f"{fn} failed with cublasStatus {status}")
+
+
+def _init() -> None:
+    global _lib
+    if _lib is None:
+        _lib = _find_library()
+        _call("cublasLtCreate", ctypes.byref(_handle))
+
+
+@dataclass(slots=True)
+class Problem:
+    """Descriptors of one product shape: y[m, n] = x[m, k] @ w[n, k].T, row-major (column-major: w.T @ x.T)."""
+
+    m: int
+    n: int
+    k: int
+    desc: ctypes.c_void_p
+    a_layout: ctypes.c_void_p
+    b_layout: ctypes.c_void_p
+    c_layout: ctypes.c_void_p
+
+
+_problems: dict[tuple[int, int, int, torch.dtype], Problem] = {}
+_ALPHA, _BETA = ctypes.c_float(1.0), ctypes.c_float(0.0)
+
+
+def _dtype_code(dtype: torch.dtype) -> int:
+    if dtype == torch.bfloat16:
+        return _R_16BF
+    if dtype == torch.float16:
+        return _R_16F
+    raise ValueError(f"cuBLASLt path takes bfloat16 or float16, not {dtype}")
+
+
+def problem(m: int, n: int, k: int, dtype: torch.dtype) -> Problem:
+    key = (m, n, k, dtype)
+    if key in _problems:
+        return _problems[key]
+    _init()
+    code = _dtype_code(dtype)
+    desc = ctypes.c_void_p()
+    _call("cublasLtMatmulDescCreate", ctypes.byref(desc), ctypes.c_int(_COMPUTE_32F), ctypes.c_int(_R_32F))
+    for attr, op in ((_DESC_TRANSA, _OP_T), (_DESC_TRANSB, _OP_N)):
+        value = ctypes.c_int32(op)
+        _call("cublasLtMatmulDescSetAttribute", desc, ctypes.c_int(attr), ctypes.byref(value), ctypes.c_size_t(4))
+    layouts = []
+    for rows, cols, ld in ((k, n, k), (k, m, k), (n, m, n)):  # A = w (k x n, op T), B = x (k x m), C = y (n x m)
+        layout = ctypes.c_void_p()
+        _call(
+            "cublasLtMatrixLayoutCreate",
+            ctypes.byref(layout),
+            ctypes.c_int(code),
+            ctypes.c_uint64(rows),
+            ctypes.c_uint64(cols),
+            ctypes.c_int64(ld),
+        )
+        layouts.append(layout)
+    _problems[key] = Problem(m, n, k, desc, *layouts)
+    return _problems[key]
+
+
+def heuristic_algos(m: int, n: int, k: int, dtype: torch.dtype, count: int = 32) -> list[Algo]:
+    """cuBLASLt's candidates for this product, its first choice first (as fast as torch's matmul, log 16b)."""
+    p = problem(m, n, k, dtype)
+    pref = ctypes.c_void_p()
+    _call("cublasLtMatmulPreferenceCreate", ctypes.byref(pref))
+    size = ctypes.c_uint64(WORKSPACE_BYTES)
+    _call(
+        "cublasLtMatmulPreferenceSetAttribute",
+        pref,
+        ctypes.c_int(_PREF_MAX_WORKSPACE_BYTES),
+        ctypes.byref(size),
+        ctypes.c_size_t(8),
+    )
+    results = (_HeuristicResult * count)()
+    returned = ctypes.c_int(0)
+    _call(
+        "cublasLtMatmulAlgoGetHeuristic",
+        _handle,
+        p.desc,
+        p.a_layout,
+        p.b_layout,
+        p.c_layout,
+        p.c_layout,
+        pref,
+        ctypes.c_int(count),
+        results,
+        ctypes.byref(returned),
+    )
+    _lib.cublasLtMatmulPreferenceDestroy(pref)
+    return [Algo.from_buffer_copy(results[i].algo) for i in range(returned.value) if results[i].state == 0]
+
+
+def algo_config(algo: Algo) -> dict[str, int]:
+    """The algorithm's id, tile, split-K, reduction, swizzle, stages and cluster ids (cublasLt enums)."""
+    _init()
+    config = {}
+    for name, attr in _CONFIG_ATTRS.items():
+        size = ctypes.c_size_t(0)  # asked first: the library checks the buffer size against the attribute's
+        _lib.cublasLtMatmulAlgoConfigGetAttribute(ctypes.byref(algo), ctypes.c_int(attr), None, 0, ctypes.byref(size))
+        if not 0 < size.value <= 8:
+            continue
+        value, written = ctypes.c_uint64(0), ctypes.c_size_t(0)
+        status = _lib.cublasLtMatmulAlgoConfigGetAttribute(
+            ctypes.byref(algo), ctypes.c_int(attr), ctypes.byref(value), size, ctypes.byref(written)
+        )
+        if status == 0:
+            config[name] = int(value.value) & ((1 << (8 * written.value)) - 1)
+    return config
+
+
+def split_k_variants(algo: Algo, m: int, n: int, k: int, dtype: torch.dtype, splits=(2, 3, 4, 6, 8)) -> list[Algo]:
+    """``algo`` with other split-K counts (fp32 partials reduced in the workspace), those the library accepts."""
+    p = problem(m, n, k, dtype)
+    variants = []
+    own = algo_config(algo).get("split_k", 1)
+    for split in splits:
+        if split == own:
+            continue
+        variant = Algo.from_buffer_copy(algo)
+        ok = True
+        for attr, value in ((_CONFIG_ATTRS["split_k"], split), (_CONFIG_ATTRS["reduction"], _REDUCTION_COMPUTE_TYPE)):
+            v = ctypes.c_uint32(value)
+            status = _lib.cublasLtMatmulAlgoConfigSetAttribute(
+                ctypes.byref(variant), ctypes.c_int(attr), ctypes.byref(v), ctypes.c_size_t(4)
+            )
+            ok = ok and status == 0
+        result = _HeuristicResult()
+        if ok and 0 == _lib.cublasLtMatmulAlgoCheck(
+            _handle, p.desc, p.a_layout, p.b_layout, p.c_layout, p.c_layout, ctypes.byref(variant), ctypes.byref(result)
+        ):
+            if result.workspace_size <= WORKSPACE_BYTES:
+                variants.append(variant)
+    return variants
+
+
+def lt_linear(x: torch.Tensor, w: torch.Tensor, algo: Algo, out: torch.Tensor | None = None) -> torch.Tensor:
+    """``x @ w.T`` with ``algo`` on the current stream; x [m, k] and w [n, k] contiguous, same dtype."""
+    m, k = x.shape
+    n = w.shape[0]
+    if out is None:
+        out = torch.empty(m, n, device=x.device, dtype=x.dtype)
+    p = problem(m, n, k, x.dtype)
+    device = x.device.index
+    if device not in _workspace:
+        _workspace[device] = torch.empty(WORKSPACE_BYTES, device=x.device, dtype=torch.uint8)
+    _call(
+        "cublasLtMatmul",
+        _handle,
+        p.desc,
+        ctypes.byref(_ALPHA),
+        ctypes.c_void_p(w.data_ptr()),
+        p.a_layout,
+        ctypes.c_void_p(x.data_ptr()),
+        p.b_layout,
+        ctypes.byref(_BETA),
+        ctypes.c_void_p(out.data_ptr()),
+        p.c_layout,
+        ctypes.c_void_p(out.data_ptr()),
+        p.c_layout,
+        ctypes.byref(algo),
+        ctypes.c_void_p(_workspace[device].data_ptr()),
+        ctypes.c_size_t(WORKSPACE_BYTES),
+        ctypes.c_void_p(torch.cuda.current_stream(x.device).cuda_stream),
+    )
+    return out
+
+
+# (rows, n, k, dtype) -> the algorithm CUDA graphs capture for that product (filled by ``tune``)
+_chosen: dict[tuple[int, int, int, torch.dtype], Algo] = {}
+
+
+def chosen_algo(x: torch.Tensor, w: torch.Tensor) -> Algo | None:
+    """The tuned algorithm for ``x @ w.T`` while a CUDA graph is being captured, else None (torch's matmul:
+    eager calls would pay ctypes' ~10 us each)."""
+    if not _chosen or x.dim() != 2:
+        return None
+    algo = _chosen.get((x.shape[0], w.shape[0], w.shape[1], x.dtype))
+    if algo is None or not torch.cuda.is_current_stream_capturing():
+        return None
+    if x.stride() != (x.shape[1], 1) or not w.is_contiguous():
+        return None
+    return algo
+
+
+def _graph_us(product: Callable, x: torch.Tensor, weights: list[torch.Tensor], replays: int = 5) -> float:
+    """Microseconds per ``product(x, w)`` over ``weights``, replayed in a CUDA graph; the median replay."""
+
+    def run() -> None:
+        for w in weights:
+            product(x, w)
+
+    run()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        run()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(replays + 1):
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / len(weights))
+    del graph
+    return sorted(times[1:])[replays // 2]
+
+
+@dataclass(slots=True)
+class TunedProduct:
+    rows: int
+    n: int
+    k: int
+    torch_us: float
+    best_us: float
+    config: dict[str, int] | None  # None: torch's matmul kept
+
+
+def tune(
+    weights: dict[tuple[int, int], list[torch.Tensor]],
+    rows: Iterable[int],
+    min_gain: float = 0.02,
+    with_split_k: bool = True,
+    skip: Callable[[torch.Tensor, torch.Tensor], bool] | None = None,
+) -> list[TunedProduct]:
+    """For each weight shape (n, k) and row count, time torch's matmul and cuBLASLt's candidates (the first two also
+    with other split-K counts) over that shape's weights (one per layer: more than the L2 holds, as a decode step
+    reads them) in a CUDA graph; where a candidate is ``min_gain`` faster and matches torch's result, graphs captured
+    later run it.
+    ``skip(x, w)``: products another kernel takes."""
+    records = []
+    for (n, k), ws in weights.items():
+        dtype, device = ws[0].dtype, ws[0].device
+        for m in rows:
+            x = torch.randn(m, k, device=device, dtype=dtype)
+            if skip is not None and skip(x, ws[0]):
+                continue
+            ref = F.linear(x, ws[0]).float()
+            tol = 1e-2 * ref.abs().max().item() + 1e-3
+            torch_us = _graph_us(F.linear, x, ws)
+            best = (torch_us, None)
+            candidates = heuristic_algos(m, n, k, dtype)
+            if with_split_k:
+                candidates += [v for a in candidates[:2] for v in split_k_variants(a, m, n, k, dtype)]
+            for algo in candidates:
+                if (lt_linear(x, ws[0], algo).float() - ref).abs().max().item() > tol:
+                    continue
+                us = _graph_us(lambda x, w, algo=algo: lt_linear(x, w, algo), x, ws)
+                if us < best[0]:
+                    best = (us, algo)
+            won = best[1] is not None and best[0] < torch_us * (1 - min_gain)
+            if won:
+                _chosen[m, n, k, dtype] = best[1]
+            records.append(TunedProduct(m, n, k, torch_us, best[0], algo_config(best[1]) if won else None))
+    return records

@@ -1,0 +1,62 @@
+"""cuBLASLt algorithm choice (kernels/cublaslt.py): every candidate computes x @ w.T, the tuner only routes
+captured products, and a captured layer replays with new inputs like torch's matmul."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from kernels import cublaslt
+
+
+def _rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    return ((out.float() - ref).norm() / ref.norm()).item()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rows,n,k", [(16, 3072, 4096), (96, 4096, 6144), (224, 3072, 4096), (256, 12288, 4096)])
+def test_every_candidate_and_split_k_variant_computes_the_product(rows, n, k):
+    g = torch.Generator(device="cuda").manual_seed(rows + n)
+    x = torch.randn(rows, k, device="cuda", generator=g).bfloat16()
+    w = (torch.randn(n, k, device="cuda", generator=g) * k**-0.5).bfloat16()
+    ref = F.linear(x.float(), w.float())
+    algos = cublaslt.heuristic_algos(rows, n, k, torch.bfloat16)
+    assert algos, "the heuristic offered no algorithm"
+    variants = [v for a in algos[:2] for v in cublaslt.split_k_variants(a, rows, n, k, torch.bfloat16)]
+    assert any(cublaslt.algo_config(v).get("split_k", 1) > 1 for v in variants)
+    for algo in algos + variants:
+        out = cublaslt.lt_linear(x, w, algo)
+        assert _rel_err(out, ref) < 5e-3, cublaslt.algo_config(algo)
+        assert torch.equal(out, cublaslt.lt_linear(x, w, algo)), "not deterministic"
+
+
+@pytest.mark.gpu
+def test_tuned_products_run_only_inside_a_capture_and_replay_new_inputs():
+    from model.layers import LinearBase
+
+    rows, n, k = 96, 4096, 6144
+    layer = LinearBase(k, n, bias=False).cuda().bfloat16()
+    torch.nn.init.normal_(layer.weight, std=k**-0.5)
+    others = [torch.randn_like(layer.weight) * k**-0.5 for _ in range(7)]
+    cublaslt._chosen.clear()
+    try:
+        records = cublaslt.tune({(n, k): [layer.weight, *others]}, [rows], min_gain=-1.0)  # take the fastest
+        assert len(records) == 1 and records[0].config is not None
+        x = torch.randn(rows, k, device="cuda").bfloat16()
+        assert cublaslt.chosen_algo(x, layer.weight) is None  # eager: torch's matmul
+        assert cublaslt.chosen_algo(x[:, : k // 2], layer.weight[:, : k // 2]) is None
+        into = torch.empty(2 * rows * n, device="cuda", dtype=torch.bfloat16)[rows * n :].view(rows, n)
+        with torch.inference_mode():
+            layer(x)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                out = layer(x)
+                layer(x, into)  # as a row-parallel layer writes the all-reduce's buffer
+            for seed in range(3):
+                x.copy_(torch.randn(rows, k, device="cuda", generator=torch.Generator("cuda").manual_seed(seed)))
+                graph.replay()
+                ref = F.linear(x.float(), layer.weight.float())
+                assert _rel_err(out, ref) < 5e-3 and _rel_err(into, ref) < 5e-3
+    finally:
+        cublaslt._chosen.clear()
