@@ -79,9 +79,6 @@ def _init() -> None:
 class Problem:
     """Descriptors of one product shape: y[m, n] = x[m, k] @ w[n, k].T, row-major (column-major: w.T @ x.T)."""
 
-    m: int
-    n: int
-    k: int
     desc: ctypes.c_void_p
     a_layout: ctypes.c_void_p
     b_layout: ctypes.c_void_p
@@ -123,7 +120,7 @@ def problem(m: int, n: int, k: int, dtype: torch.dtype) -> Problem:
             ctypes.c_int64(ld),
         )
         layouts.append(layout)
-    _problems[key] = Problem(m, n, k, desc, *layouts)
+    _problems[key] = Problem(desc, *layouts)
     return _problems[key]
 
 
@@ -279,6 +276,7 @@ class TunedProduct:
     rows: int
     n: int
     k: int
+    layers: int  # weights of this shape: the product runs this many times per step
     torch_us: float
     best_us: float
     config: dict[str, int] | None  # None: torch's matmul kept
@@ -288,7 +286,6 @@ def tune(
     weights: dict[tuple[int, int], list[torch.Tensor]],
     rows: Iterable[int],
     min_gain: float = 0.02,
-    with_split_k: bool = True,
     skip: Callable[[torch.Tensor, torch.Tensor], bool] | None = None,
 ) -> list[TunedProduct]:
     """For each weight shape (n, k) and row count, time torch's matmul and cuBLASLt's candidates (the first two also
@@ -308,8 +305,7 @@ def tune(
             torch_us = _graph_us(F.linear, x, ws)
             best = (torch_us, None)
             candidates = heuristic_algos(m, n, k, dtype)
-            if with_split_k:
-                candidates += [v for a in candidates[:2] for v in split_k_variants(a, m, n, k, dtype)]
+            candidates += [v for a in candidates[:2] for v in split_k_variants(a, m, n, k, dtype)]
             for algo in candidates:
                 if (lt_linear(x, ws[0], algo).float() - ref).abs().max().item() > tol:
                     continue
@@ -319,5 +315,18 @@ def tune(
             won = best[1] is not None and best[0] < torch_us * (1 - min_gain)
             if won:
                 _chosen[m, n, k, dtype] = best[1]
-            records.append(TunedProduct(m, n, k, torch_us, best[0], algo_config(best[1]) if won else None))
+            records.append(TunedProduct(m, n, k, len(ws), torch_us, best[0], algo_config(best[1]) if won else None))
     return records
+
+
+def summary(records: list[TunedProduct]) -> str:
+    """How many products changed, and the layer products' ms per step before -> after, by row count."""
+    per_rows: dict[int, list[float]] = {}
+    for r in records:
+        step = per_rows.setdefault(r.rows, [0.0, 0.0])
+        step[0] += r.torch_us * r.layers
+        step[1] += (r.best_us if r.config else r.torch_us) * r.layers
+    changed = sum(r.config is not None for r in records)
+    by_rows = " ".join(f"{m}:{t / 1e3:.3f}->{b / 1e3:.3f}" for m, (t, b) in sorted(per_rows.items()))
+    changed_text = f"{changed} of {len(records)} products on cuBLASLt's other algorithms"
+    return f"{changed_text}; layer GEMM ms per step by rows: {by_rows}"

@@ -60,3 +60,15 @@ def test_tuned_products_run_only_inside_a_capture_and_replay_new_inputs():
                 assert _rel_err(out, ref) < 5e-3 and _rel_err(into, ref) < 5e-3
     finally:
         cublaslt._chosen.clear()
+
+
+def test_summary_totals_each_row_count_over_every_layer():
+    # what rank 0 prints after tuning: a kept product counts at torch's time, a changed one at its candidate's
+    records = [
+        cublaslt.TunedProduct(16, 3072, 4096, 36, 12.0, 11.0, None),
+        cublaslt.TunedProduct(16, 4096, 2048, 36, 8.0, 6.0, {"tile": 15}),
+        cublaslt.TunedProduct(64, 3072, 4096, 36, 20.0, 10.0, {"tile": 16}),
+    ]
+    text = cublaslt.summary(records)
+    assert text.startswith("2 of 3 products")
+    assert "16:0.720->0.648" in text and "64:0.720->0.360" in text

@@ -593,20 +593,8 @@ class ModelRunner:
             )
         torch.cuda.synchronize(self.device)
         if tp_rank() == 0:  # what the tuning predicts for a step's layer products, per row count
-            per_rows: dict[int, list[float]] = {}
-            for r in records:
-                layers = len(weights[r.n, r.k])
-                step = per_rows.setdefault(r.rows, [0.0, 0.0])
-                step[0] += r.torch_us * layers
-                step[1] += (r.best_us if r.config else r.torch_us) * layers
-            changed = sum(r.config is not None for r in records)
-            summary = " ".join(f"{m}:{t / 1e3:.3f}->{b / 1e3:.3f}" for m, (t, b) in sorted(per_rows.items()))
-            print(
-                f"nanoserve[gemm tuning]: {changed} of {len(records)} products on cuBLASLt's other algorithms "
-                f"({time.perf_counter() - start:.1f} s); layer GEMM ms per step by rows: {summary}",
-                file=sys.stderr,
-                flush=True,
-            )
+            took = time.perf_counter() - start
+            print(f"nanoserve[gemm tuning] ({took:.1f} s): {cublaslt.summary(records)}", file=sys.stderr, flush=True)
 
     def capture_graphs(self) -> None:
         """CUDA graphs for decode-only steps and, at TP 1 with the Triton backend, piecewise ones for steps with
