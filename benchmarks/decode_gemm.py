@@ -19,10 +19,9 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from timing import graph_replay_us  # noqa: E402  (benchmarks/, the script's folder)
-
 from kernels import fused  # noqa: E402
 from kernels.decode_gemm import GEMV_MAX_ROWS, MAX_ROWS, Tiles, decode_linear, decode_linear_tiles  # noqa: E402
+from kernels.graph_timing import graph_replay_us  # noqa: E402
 
 SHAPES = {  # per layer (N, K): qkv, o, gate_up, down; and the layer count
     "qwen3-0.6b": ([(4096, 1024), (1024, 2048), (6144, 1024), (1024, 3072)], 28),

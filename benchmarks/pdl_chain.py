@@ -21,8 +21,7 @@ import triton.language as tl
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from timing import graph_replay_us  # noqa: E402  (benchmarks/, the script's folder)
-
+from kernels.graph_timing import graph_replay_us  # noqa: E402
 from kernels.pdl import pdl_enter  # noqa: E402
 
 

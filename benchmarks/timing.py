@@ -1,31 +1,8 @@
-"""Device time of a CUDA-graph replay: how the benchmarks time chains of kernels without launch overhead."""
+"""Device time of an already captured CUDA graph (kernels/graph_timing.py captures and times a chain of calls)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
-
-
-def graph_replay_us(run: Callable[[], None], calls: int, replays: int = 10) -> float:
-    """Microseconds per call of ``run`` (which makes ``calls`` calls), captured once into a CUDA graph after a
-    warm-up (compiles) and replayed ``replays`` times; the median replay counts."""
-    run()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        run()
-    graph.replay()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    for _ in range(replays):
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / calls)
-    return sorted(times)[len(times) // 2]
 
 
 def replay_ms(graph: torch.cuda.CUDAGraph, replays: int = 40) -> float:

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from kernels.graph_timing import graph_replay_us
+
 # cublasLt.h / library_types.h constants
 _COMPUTE_32F = 68
 _R_32F, _R_16F, _R_16BF = 0, 2, 14
@@ -248,27 +250,14 @@ def chosen_algo(x: torch.Tensor, w: torch.Tensor) -> Algo | None:
     return algo
 
 
-def _graph_us(product: Callable, x: torch.Tensor, weights: list[torch.Tensor], replays: int = 5) -> float:
-    """Microseconds per ``product(x, w)`` over ``weights``, replayed in a CUDA graph; the median replay."""
+def _graph_us(product: Callable, x: torch.Tensor, weights: list[torch.Tensor]) -> float:
+    """Microseconds per ``product(x, w)`` over ``weights``, replayed in a CUDA graph."""
 
     def run() -> None:
         for w in weights:
             product(x, w)
 
-    run()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        run()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    for _ in range(replays + 1):
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / len(weights))
-    del graph
-    return sorted(times[1:])[replays // 2]
+    return graph_replay_us(run, len(weights), replays=5)
 
 
 @dataclass(slots=True)
