@@ -8,14 +8,11 @@ import argparse
 import dataclasses
 import json
 import logging
-import os
 import signal
 import sys
 
-ROOT = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, ROOT)
-
-from coordinator.config import EngineConfig  # noqa: E402
+from coordinator.config import EngineConfig
+from protocol.settings import settings
 
 log = logging.getLogger("nanoserve.launch")
 
@@ -59,8 +56,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--port", type=int, default=8765, help="port (default 8765; 0 = pick a free one)")
     s.add_argument(
         "--token",
-        default=os.environ.get("NANOSERVE_TOKEN"),
-        help="shared secret every request must carry; required for a non-loopback --host (env NANOSERVE_TOKEN)",
+        default=settings().api_key,
+        help="shared secret every request must carry; required for a non-loopback --host (env NANOSERVE_API_KEY)",
     )
     s.add_argument("--max-pending-requests", type=int, default=4096, help="past this, requests are refused")
     s.add_argument("--max-message-bytes", type=int, default=8 << 20, help="larger client frames are refused")

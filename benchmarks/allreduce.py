@@ -8,7 +8,7 @@ each timed eagerly and inside a CUDA graph of back-to-back calls (as decode runs
 Every result is checked against NCCL's sum of the ranks' random tensors and against the float64 truth. The
 benchmark's `auto` column is model.parallel.all_reduce with its real thresholds (ONE_SHOT_MAX_BYTES,
 TWO_SHOT_MAX_BYTES); the JSON line suggests thresholds from the graph timings. If symmetric memory cannot be set
-up, it says why and times NCCL alone. NANOSERVE_DISABLE_SYMM_MEM=1 forces that.
+up, it says why and times NCCL alone. NANOSERVE_SYMM_MEM=0 forces that.
 """
 
 from __future__ import annotations

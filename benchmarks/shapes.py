@@ -15,6 +15,8 @@ import json
 import os
 from pathlib import Path
 
+from protocol.settings import settings
+
 _QWEN3_COMMON = {
     "architectures": ["Qwen3ForCausalLM"],
     "model_type": "qwen3",
@@ -89,7 +91,7 @@ DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 
 
 def shapes_dir() -> Path:
-    return Path(os.environ.get("NANOSERVE_CACHE", Path.home() / ".cache" / "nanoserve")) / "shapes"
+    return settings().cache_dir / "shapes"
 
 
 def _specials(vocab_size: int) -> dict[str, int]:

@@ -12,13 +12,14 @@ from client.client import DEFAULT_ADDRESS, Client  # noqa: E402
 from protocol.codec import ProtocolError  # noqa: E402
 from protocol.errors import EngineDeadError, OverloadedError, RequestError  # noqa: E402
 from protocol.sampling_params import SamplingParams  # noqa: E402
+from protocol.settings import settings
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m client", description="Stream a completion from a nanoserve server.")
     p.add_argument("prompt", nargs="+", help="the prompt (several words are joined with spaces)")
-    p.add_argument("--address", default=os.environ.get("NANOSERVE_ADDRESS", DEFAULT_ADDRESS))
-    p.add_argument("--token", default=os.environ.get("NANOSERVE_TOKEN"), help="the server's shared secret")
+    p.add_argument("--address", default=settings().address or DEFAULT_ADDRESS)
+    p.add_argument("--token", default=settings().api_key, help="the server's shared secret")
     p.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for each reply (default 60)")
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--temperature", type=float, default=1.0)

@@ -16,7 +16,6 @@ do not vary from run to run. ``decode_linear_tiles`` decides which shapes take t
 
 from __future__ import annotations
 
-import os
 from typing import NamedTuple
 
 import torch
@@ -24,12 +23,12 @@ import triton
 import triton.language as tl
 
 from kernels.pdl import pdl_enter, use_pdl
+from protocol.settings import settings
 
 MAX_ROWS = 16  # tl.dot's smallest M; more rows go to cuBLAS
 GEMV_MAX_ROWS = 8  # the GEMV kernel unrolls its rows
 _GEMV_SLICE = 8192  # weight elements per GEMV program (16 KB in bf16): the best of 8-32 KB on an H200
-DISABLE_ENV = "NANOSERVE_DISABLE_DECODE_GEMM"  # "1": cuBLAS for every shape (A/B runs)
-_DISABLED = os.environ.get(DISABLE_ENV) == "1"
+_DISABLED = not settings().decode_gemm  # NANOSERVE_DECODE_GEMM=0: cuBLAS for every shape
 
 
 @triton.jit(do_not_specialize=["M"])

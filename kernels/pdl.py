@@ -7,25 +7,25 @@ data. Measured on an H200 inside a CUDA graph: 1.08 -> 0.62 us per short kernel 
 
 Every PDL kernel calls ``pdl_enter`` before its first access to memory a predecessor may write (it may read
 its own weights earlier), so a chain of them is ordered exactly as without PDL. Kernels not launched with PDL
-(cuBLAS, torch ops) keep the normal stream order. ``NANOSERVE_DISABLE_PDL=1`` turns it off (A/B runs).
+(cuBLAS, torch ops) keep the normal stream order. ``NANOSERVE_PDL=0`` turns it off.
 """
 
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
 import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-DISABLE_ENV = "NANOSERVE_DISABLE_PDL"
+from protocol.settings import settings
 
 
 @functools.cache
 def _device_supports(index: int) -> bool:
-    if os.environ.get(DISABLE_ENV) == "1" or os.environ.get("TRITON_INTERPRET") == "1":
+    s = settings()
+    if not s.pdl or s.triton_interpret:
         return False
     return torch.cuda.get_device_capability(index)[0] >= 9
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-SUPPORTED_ARCHITECTURES = ("Qwen3ForCausalLM",)
+from model.registry import ARCHITECTURES
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -35,10 +35,8 @@ class ModelConfig:
     def from_dict(cls, raw: dict, source: str = "config") -> ModelConfig:
         archs = raw.get("architectures") or [raw.get("model_type", "?")]
         arch = archs[0]
-        if arch not in SUPPORTED_ARCHITECTURES:
-            raise ValueError(
-                f"{source}: unsupported architecture {arch!r}; nanoserve supports {SUPPORTED_ARCHITECTURES}"
-            )
+        if arch not in ARCHITECTURES:
+            raise ValueError(f"{source}: unsupported architecture {arch!r}; nanoserve supports {sorted(ARCHITECTURES)}")
         # transformers 5.x writes rope_parameters/dtype; 4.x checkpoints carry rope_theta/torch_dtype.
         rope = raw.get("rope_parameters") or {}
         rope_theta = rope.get("rope_theta", raw.get("rope_theta", 10000.0))

@@ -1,5 +1,5 @@
-"""Tensor-parallel-ready layers. Each parameter carries a ``weight_loader`` that takes the full checkpoint
-tensor and copies this rank's shard into place, so loading needs no knowledge of the sharding scheme."""
+"""Embedding, LM head, RMSNorm, activation and paged attention: the layers every family shares (linear layers live in
+model/linear.py, rotary embeddings in model/rotary.py)."""
 
 from __future__ import annotations
 
@@ -7,141 +7,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kernels import cublaslt, fused
+from kernels import fused
 from kernels.attention import AttentionBackend, AttentionMetadata
-from kernels.decode_gemm import decode_linear, decode_linear_tiles
 from model.context import get_context
-from model.parallel import all_reduce, all_reduce_add_rmsnorm, gather_to_rank0, partial_sum_buffer, tp_rank, tp_size
-
-
-def _check_shape(param: torch.Tensor, loaded: torch.Tensor, what: str = "") -> None:
-    if param.shape != loaded.shape:
-        raise ValueError(
-            f"shape mismatch{what}: checkpoint has {tuple(loaded.shape)}, model expects {tuple(param.shape)}"
-        )
-
-
-def default_weight_loader(param: nn.Parameter, loaded: torch.Tensor) -> None:
-    _check_shape(param, loaded)
-    param.data.copy_(loaded)
-
-
-def _shard_rows(loaded: torch.Tensor, dim: int, rank: int, size: int, name: str) -> torch.Tensor:
-    if loaded.shape[dim] % size:
-        raise ValueError(f"shape mismatch: dimension {dim} of {tuple(loaded.shape)} does not split into {size} {name}")
-    return loaded.chunk(size, dim)[rank]
-
-
-class LinearBase(nn.Module):
-    def __init__(self, in_features: int, out_features: int, bias: bool) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.empty(out_features, in_features), requires_grad=False)
-        self.weight.weight_loader = self.weight_loader
-        if bias:
-            self.bias = nn.Parameter(torch.empty(out_features), requires_grad=False)
-            self.bias.weight_loader = self.weight_loader
-        else:
-            self.register_parameter("bias", None)
-
-    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: object = None) -> None:
-        default_weight_loader(param, loaded)
-
-    def forward(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-        """``x @ weight.T (+ bias)``, into ``out`` when given (a contiguous [rows, out_features] tensor)."""
-        if self.bias is None:
-            tiles = decode_linear_tiles(x, self.weight)
-            if tiles is not None:
-                return decode_linear(x, self.weight, tiles, out)
-            algo = cublaslt.chosen_algo(x, self.weight) if x.is_cuda else None
-            if algo is not None and (out is None or out.is_contiguous()):
-                return cublaslt.lt_linear(x, self.weight, algo, out)
-        if out is None:
-            return F.linear(x, self.weight, self.bias)
-        if self.bias is None:
-            return torch.mm(x, self.weight.t(), out=out)
-        return torch.addmm(self.bias, x, self.weight.t(), out=out)
-
-
-class ColumnParallelLinear(LinearBase):
-    """Output features split across ranks; no communication."""
-
-    def __init__(self, in_features: int, out_features: int, bias: bool = False) -> None:
-        if out_features % tp_size():
-            raise ValueError(f"output size {out_features} is not divisible by tensor parallel size {tp_size()}")
-        super().__init__(in_features, out_features // tp_size(), bias)
-
-    def weight_loader(self, param, loaded, shard_id=None):
-        default_weight_loader(param, _shard_rows(loaded, 0, tp_rank(), tp_size(), "output rows"))
-
-
-class MergedColumnParallelLinear(ColumnParallelLinear):
-    """Several column-parallel projections of one input stored as one matrix (gate_up)."""
-
-    def __init__(self, in_features: int, out_sizes: list[int], bias: bool = False) -> None:
-        self.out_sizes = out_sizes
-        super().__init__(in_features, sum(out_sizes), bias)
-
-    def weight_loader(self, param, loaded, shard_id=None):
-        size = self.out_sizes[shard_id] // tp_size()
-        offset = sum(self.out_sizes[:shard_id]) // tp_size()
-        shard = _shard_rows(loaded, 0, tp_rank(), tp_size(), "output rows")
-        default_weight_loader(param.data.narrow(0, offset, size), shard)
-
-
-class QKVParallelLinear(ColumnParallelLinear):
-    """q, k and v projections in one matrix. With fewer kv heads than ranks, kv heads are replicated."""
-
-    def __init__(self, hidden: int, head_dim: int, num_heads: int, num_kv_heads: int, bias: bool = False) -> None:
-        tp = tp_size()
-        if num_heads % tp:
-            raise ValueError(f"num_attention_heads={num_heads} is not divisible by tensor parallel size {tp}")
-        if num_kv_heads % tp and tp % num_kv_heads:
-            raise ValueError(f"num_key_value_heads={num_kv_heads} and tensor parallel size {tp} do not divide")
-        self.head_dim = head_dim
-        self.total_kv_heads = num_kv_heads
-        self.num_heads = num_heads // tp
-        self.num_kv_heads = max(1, num_kv_heads // tp)
-        LinearBase.__init__(self, hidden, (self.num_heads + 2 * self.num_kv_heads) * head_dim, bias)
-
-    def weight_loader(self, param, loaded, shard_id=None):
-        q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        if shard_id == "q":
-            offset, size = 0, q_size
-            shard = _shard_rows(loaded, 0, tp_rank(), tp_size(), "q heads")
-        else:
-            offset, size = q_size + (kv_size if shard_id == "v" else 0), kv_size
-            if loaded.shape[0] != self.total_kv_heads * self.head_dim:
-                raise ValueError(
-                    f"shape mismatch: {shard_id}_proj has {loaded.shape[0]} rows, "
-                    f"model expects {self.total_kv_heads} kv heads x {self.head_dim}"
-                )
-            # rank r serves kv heads from r * total_kv // tp (several ranks share one when kv heads < tp)
-            kv_head = tp_rank() * self.total_kv_heads // tp_size()
-            shard = loaded.narrow(0, kv_head * self.head_dim, kv_size)
-        default_weight_loader(param.data.narrow(0, offset, size), shard)
-
-
-class RowParallelLinear(LinearBase):
-    """Input features split across ranks; partial outputs summed by an all-reduce, or, with
-    ``reduce_results=False``, returned unsummed for the consumer to reduce (``RMSNorm.forward_partial``)."""
-
-    def __init__(self, in_features: int, out_features: int, bias: bool = False, reduce_results: bool = True) -> None:
-        if in_features % tp_size():
-            raise ValueError(f"input size {in_features} is not divisible by tensor parallel size {tp_size()}")
-        super().__init__(in_features // tp_size(), out_features, bias)
-        self.reduce_results = reduce_results
-
-    def weight_loader(self, param, loaded, shard_id=None):
-        if param.dim() == 1:  # bias is added once, on rank 0 only
-            default_weight_loader(param, loaded if tp_rank() == 0 else torch.zeros_like(loaded))
-            return
-        default_weight_loader(param, _shard_rows(loaded, 1, tp_rank(), tp_size(), "input columns"))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.reduce_results:
-            return all_reduce(super().forward(x))
-        out = partial_sum_buffer(x.shape[0], self.weight.shape[0], x.dtype, x.device) if x.dim() == 2 else None
-        return super().forward(x, out)
+from model.linear import check_shape
+from model.parallel import all_reduce, all_reduce_add_rmsnorm, gather_to_rank0, tp_rank, tp_size
+from model.rotary import RotaryEmbedding, qk_norm_rope
 
 
 class VocabParallelEmbedding(nn.Module):
@@ -156,7 +27,7 @@ class VocabParallelEmbedding(nn.Module):
         self.weight.weight_loader = self.weight_loader
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: object = None) -> None:
-        _check_shape(torch.empty(self.vocab_size, param.shape[1], device="meta"), loaded)
+        check_shape(torch.empty(self.vocab_size, param.shape[1], device="meta"), loaded)
         rows = loaded[self.start : self.start + self.shard_size]
         param.data.zero_()
         param.data[: rows.shape[0]].copy_(rows)
@@ -211,34 +82,6 @@ class RMSNorm(nn.Module):
         if fused_out is not None:
             return fused_out
         return self.forward(all_reduce(x), residual)
-
-
-class RotaryEmbedding(nn.Module):
-    """Neox-style RoPE (rotate halves), cos/sin cached per position."""
-
-    def __init__(self, head_dim: int, max_position: int, theta: float) -> None:
-        super().__init__()
-        inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
-        freqs = torch.outer(torch.arange(max_position, dtype=torch.float32), inv_freq)
-        self.register_buffer("cos_sin", torch.cat([freqs.cos(), freqs.sin()], dim=-1), persistent=False)
-
-    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
-        cos, sin = self.cos_sin[positions].unsqueeze(1).chunk(2, dim=-1)
-        return _rotate(q, cos, sin), _rotate(k, cos, sin)
-
-
-def qk_norm_rope(
-    positions: torch.Tensor, qk: torch.Tensor, num_q_heads: int, q_norm: RMSNorm, k_norm: RMSNorm, rope: RotaryEmbedding
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-head RMSNorm of q and k, then RoPE (torch). ``qk``: [tokens, q heads + k heads, head_dim], the q and k
-    part of the qkv projection. On CUDA, PagedAttention.forward_qk_norm_rope does this in one fused kernel."""
-    return rope(positions, q_norm(qk[:, :num_q_heads]), k_norm(qk[:, num_q_heads:]))
-
-
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    x1, x2 = x.chunk(2, dim=-1)
-    cos, sin = cos.to(x.dtype), sin.to(x.dtype)
-    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
 
 
 class SiluAndMul(nn.Module):

@@ -10,7 +10,7 @@ from safetensors import safe_open
 from torch import nn
 
 from model.config import ModelConfig
-from model.qwen3 import MODEL_CLASSES
+from model.registry import model_class
 
 
 def checkpoint_files(model_dir: Path) -> list[Path]:
@@ -34,7 +34,7 @@ def build_model(cfg: ModelConfig, device: torch.device, dtype: torch.dtype) -> n
     torch.set_default_dtype(dtype)
     try:
         with torch.device(device):
-            model = MODEL_CLASSES[cfg.architecture](cfg)
+            model = model_class(cfg.architecture)(cfg)
     finally:
         torch.set_default_dtype(prev)
     return model

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from protocol.settings import settings
+
 
 @dataclass(slots=True)
 class TPState:
@@ -32,7 +34,6 @@ _TP = TPState()
 # buffer: less NVLink traffic, 19 us at 2 MiB vs 31) to ~32 MiB; NCCL wins at 64 MiB (prefill-sized messages).
 ONE_SHOT_MAX_BYTES = 512 * 1024
 TWO_SHOT_MAX_BYTES = 16 * 1024 * 1024
-DISABLE_ENV = "NANOSERVE_DISABLE_SYMM_MEM"  # "1": keep NCCL for every all-reduce (A/B benchmarks)
 _SYMM_DTYPES = (torch.bfloat16, torch.float32)  # what the symm_mem reduction kernels dispatch on
 
 _SYMM: SymmAllReduce | None = None
@@ -41,7 +42,6 @@ _FUSED: FusedAllReduceNorm | None = None
 # two-shot kernel) and then the norm kernel. Measured on 2 H200s (docs/PERF.md log 12a): 1.5-1.9x faster than
 # the unfused pair at decode sizes, still 1.13x at 64 MiB (an 8,192-token prefill step of Qwen3-8B).
 FUSED_MAX_BYTES = 64 * 1024 * 1024
-FUSED_DISABLE_ENV = "NANOSERVE_DISABLE_FUSED_ALL_REDUCE"  # "1": all-reduce and norm as two kernels (A/B runs)
 
 
 def set_tp(rank: int, size: int, group: object | None = None) -> None:
@@ -331,11 +331,11 @@ def init_custom_all_reduce(
     if dist.get_backend(group) != "nccl":
         return False
     # From here on every rank runs the same collectives (the votes), whatever fails locally.
-    disabled = os.environ.get(DISABLE_ENV, "0") not in ("", "0")
+    disabled = not settings().symm_mem
     policy = disabled or dtype not in _SYMM_DTYPES  # the same on every rank: rank 0 alone says so
     symm, buf = None, None
     if disabled:
-        reason = f"{DISABLE_ENV}={os.environ[DISABLE_ENV]}"
+        reason = "NANOSERVE_SYMM_MEM=0"
     elif dtype not in _SYMM_DTYPES:
         reason = f"the symm_mem kernels do not reduce {dtype}"
     else:
@@ -369,8 +369,8 @@ def _init_fused(nbytes: int, dtype: torch.dtype, device: torch.device, group) ->
     set up (symmetric memory itself works here: init_custom_all_reduce got this far)."""
     global _FUSED
     reason = None
-    if os.environ.get(FUSED_DISABLE_ENV, "0") not in ("", "0"):
-        reason = f"{FUSED_DISABLE_ENV}={os.environ[FUSED_DISABLE_ENV]}"
+    if not settings().fused_all_reduce:
+        reason = "NANOSERVE_FUSED_ALL_REDUCE=0"
     buf, fused = None, None
     if reason is None:
         buf, reason = _allocate(2 * nbytes, dtype, device)

@@ -6,17 +6,9 @@ import torch
 from torch import nn
 
 from model.config import ModelConfig
-from model.layers import (
-    MergedColumnParallelLinear,
-    PagedAttention,
-    ParallelLMHead,
-    QKVParallelLinear,
-    RMSNorm,
-    RotaryEmbedding,
-    RowParallelLinear,
-    SiluAndMul,
-    VocabParallelEmbedding,
-)
+from model.layers import PagedAttention, ParallelLMHead, RMSNorm, SiluAndMul, VocabParallelEmbedding
+from model.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
+from model.rotary import RotaryEmbedding
 
 
 class Qwen3Attention(nn.Module):
@@ -119,6 +111,3 @@ class Qwen3ForCausalLM(nn.Module):
     def compute_shard_logits(self, hidden: torch.Tensor) -> tuple[torch.Tensor, int]:
         """This rank's vocabulary shard of the logits for the given rows, and the shard's first token id."""
         return self.lm_head.shard(hidden)
-
-
-MODEL_CLASSES = {"Qwen3ForCausalLM": Qwen3ForCausalLM}

@@ -12,6 +12,8 @@ import sysconfig
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from protocol.settings import settings
+
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
@@ -120,7 +122,7 @@ def write_tiny_checkpoint(out_dir: str | Path, spec: TinySpec | None = None) -> 
 
 def default_model_dir() -> Path:
     """The embedded default model, written once into the user's cache (a few seconds, offline)."""
-    base = Path(os.environ.get("NANOSERVE_CACHE", Path.home() / ".cache" / "nanoserve"))
+    base = settings().cache_dir
     path = base / "tiny-qwen3"
     if not (path / "model.safetensors").is_file():
         tmp = base / f"tiny-qwen3.tmp{os.getpid()}"

@@ -21,6 +21,9 @@ class SamplingParams:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
+    n: int = 1  # completions of the same prompt; they share its KV blocks
+    skip_special_tokens: bool = True  # leave special tokens out of the text
+    include_stop_str_in_output: bool = False  # keep the stop string that ended the text
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -71,6 +74,9 @@ class SamplingParams:
             "frequency_penalty",
             "must be in [-2, 2]",
         )
+        need(is_int(self.n) and 1 <= self.n <= 128, "n", "must be an int in [1, 128]")
+        need(isinstance(self.skip_special_tokens, bool), "skip_special_tokens", "must be a bool")
+        need(isinstance(self.include_stop_str_in_output, bool), "include_stop_str_in_output", "must be a bool")
         need(
             is_num(self.repetition_penalty) and 0 < self.repetition_penalty <= 10,
             "repetition_penalty",

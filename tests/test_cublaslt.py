@@ -33,7 +33,7 @@ def test_every_candidate_and_split_k_variant_computes_the_product(rows, n, k):
 
 @pytest.mark.gpu
 def test_tuned_products_run_only_inside_a_capture_and_replay_new_inputs():
-    from model.layers import LinearBase
+    from model.linear import LinearBase
 
     rows, n, k = 96, 4096, 6144
     layer = LinearBase(k, n, bias=False).cuda().bfloat16()

@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from kernels import fused
-from model.layers import RMSNorm, RotaryEmbedding
+from model.layers import RMSNorm
+from model.rotary import RotaryEmbedding
 
 ON_GPU = torch.cuda.is_available()  # without CUDA, conftest.py runs the kernels in the Triton interpreter
 DEVICE = "cuda" if ON_GPU else "cpu"

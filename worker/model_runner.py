@@ -3,7 +3,6 @@ samples. Per-sequence state lives in slot-indexed numpy arrays so every step is 
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 from dataclasses import dataclass
@@ -18,10 +17,12 @@ from kernels.sampling import warmup as sampling_warmup
 from kernels.triton_attention import TritonAttentionBackend
 from model.config import ModelConfig, parse_dtype
 from model.context import forward_context
-from model.layers import LinearBase, PagedAttention
+from model.layers import PagedAttention
+from model.linear import LinearBase
 from model.loader import load_model
 from model.parallel import all_gather_stack, broadcast_from_rank0, tp_rank, tp_size
 from protocol.messages import StepCommand, WorkerConfig
+from protocol.settings import settings
 from worker.cuda_graphs import DecodeGraphs, PrefillGraphs, batch_buckets
 from worker.sampler import (
     SamplingTensors,
@@ -550,25 +551,20 @@ class ModelRunner:
         sampling_warmup(self.model_config.vocab_size, self.dtype, self.device)  # every rank samples its shard
         # The LM head runs eagerly, at the step's number of sampled rows (the decode graphs end at the hidden
         # states). Without this pass, each prefill step that sampled a row count not seen before blocked the host
-        # for about the step's whole device time (cuBLAS loading that size's kernel on first use, we suspect); W1's
-        # prefill steps are exactly that (docs/PERF.md log 11). NANOSERVE_NO_LM_HEAD_WARMUP=1 skips it (A/B runs).
-        if os.environ.get("NANOSERVE_NO_LM_HEAD_WARMUP") != "1":
-            rows = torch.zeros(
-                self.cfg.max_num_seqs, self.model_config.hidden_size, dtype=self.dtype, device=self.device
-            )
-            with torch.inference_mode():
-                for n in range(1, self.cfg.max_num_seqs + 1):
-                    self.model.compute_logits(rows[:n])
-                    if tp_size() > 1:  # the shard sampler's product (the last shard may be narrower)
-                        self.model.compute_shard_logits(rows[:n])
+        # for about the step's whole device time (cuBLAS loading that size's kernel on first use, we suspect).
+        rows = torch.zeros(self.cfg.max_num_seqs, self.model_config.hidden_size, dtype=self.dtype, device=self.device)
+        with torch.inference_mode():
+            for n in range(1, self.cfg.max_num_seqs + 1):
+                self.model.compute_logits(rows[:n])
+                if tp_size() > 1:  # the shard sampler's product (the last shard may be narrower)
+                    self.model.compute_shard_logits(rows[:n])
         torch.cuda.synchronize(self.device)
 
     def warm_prefill_pool(self) -> None:
         """The KV sizing's prefill once more, after graph capture and before the first real one: it compiles the
         prefill attention kernel, and either replays the prefill graphs once or leaves the eager activations'
-        blocks in the caching allocator (the KV sizing released them). ``NANOSERVE_NO_WARM_PREFILL=1`` skips it
-        (A/B runs, docs/PERF.md log 10a)."""
-        if self.device.type != "cuda" or os.environ.get("NANOSERVE_NO_WARM_PREFILL") == "1":
+        blocks in the caching allocator (the KV sizing released them)."""
+        if self.device.type != "cuda":
             return
         num_seqs, seq_len, blocks_per_seq = self._largest_prefill()  # the shape the KV sizing profiled
         num_seqs = min(num_seqs, self.num_blocks // blocks_per_seq)
@@ -579,8 +575,8 @@ class ModelRunner:
 
     def _tune_decode_gemms(self) -> None:
         """Choose cuBLASLt algorithms for the layer products at each decode graph's row count, where one beats
-        torch's pick (kernels/cublaslt.py). NANOSERVE_LT_TUNE=0 keeps torch's matmul (A/B runs)."""
-        if os.environ.get("NANOSERVE_LT_TUNE") == "0" or self.dtype not in (torch.bfloat16, torch.float16):
+        torch's pick (kernels/cublaslt.py). NANOSERVE_LT_TUNE=0 keeps torch's matmul (a faster start)."""
+        if not settings().lt_tune or self.dtype not in (torch.bfloat16, torch.float16):
             return
         weights: dict[tuple[int, int], list[torch.Tensor]] = {}
         for module in self.model.modules():
@@ -615,11 +611,7 @@ class ModelRunner:
         # Prefill pieces replay attention with the Triton backend's ``out`` argument. Under tensor parallelism
         # their prefill-sized all-reduces would be NCCL collectives inside graphs, not yet checked on the
         # device; TP prefill steps are device-bound anyway (docs/PERF.md log 7).
-        if (
-            isinstance(self.backend, TritonAttentionBackend)
-            and tp_size() == 1
-            and os.environ.get("NANOSERVE_NO_PREFILL_GRAPHS") != "1"
-        ):
+        if isinstance(self.backend, TritonAttentionBackend) and tp_size() == 1:
             attn = self.attn_layers[0]
             self.prefill_graphs = PrefillGraphs(
                 self.model, self.cfg.max_num_batched_tokens, attn.num_heads, attn.head_dim, self.dtype, self.device

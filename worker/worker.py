@@ -29,6 +29,7 @@ from protocol.messages import (
     WorkerHello,
     WorkerReady,
 )
+from protocol.settings import distributed_env, settings
 from protocol.transport import WatchedSocket
 
 POLL_MS = 1000
@@ -109,7 +110,7 @@ class Worker:
         self.runner.warmup_kernels()
         self.runner.capture_graphs()
         self.runner.warm_prefill_pool()
-        trace_path = os.environ.get("NANOSERVE_STEP_TRACE")
+        trace_path = settings().step_trace
         if trace_path and self.rank == 0 and device.type == "cuda":
             from worker.step_trace import StepTrace
 
@@ -160,7 +161,7 @@ class Worker:
             device = torch.device("cpu")
             backend = "gloo"
             # ranks on one host share its cores; oversubscribed intra-op threads make gloo collectives crawl
-            local_world = int(os.environ.get("LOCAL_WORLD_SIZE", self.world_size))
+            local_world = distributed_env(world_size=self.world_size).local_world_size
             torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))
         init = cfg.dist_init_method or "env://"
         kwargs = {"device_id": device} if backend == "nccl" else {}
@@ -185,9 +186,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--local-rank", type=int, default=None, help="default: $LOCAL_RANK (torchrun)")
     p.add_argument("--parent-pid", type=int, default=0, help="exit when this process is no longer our parent")
     args = p.parse_args(argv)
-    rank = args.rank if args.rank is not None else int(os.environ.get("RANK", 0))
-    world = args.world_size if args.world_size is not None else int(os.environ.get("WORLD_SIZE", 1))
-    local = args.local_rank if args.local_rank is not None else int(os.environ.get("LOCAL_RANK", rank))
+    env = distributed_env(args.rank, args.world_size, args.local_rank)
+    rank, world, local = env.rank, env.world_size, env.local_rank
     if args.parent_pid:
         _die_with_parent()
         if os.getppid() != args.parent_pid:

@@ -1,0 +1,18 @@
+"""Which module builds each Hugging Face architecture (config.json's ``architectures``): adding a family is one file in
+model/ plus one line here. Modules are imported on first use, so reading a config never loads a model file."""
+
+from __future__ import annotations
+
+import importlib
+
+from torch import nn
+
+# architecture name -> "module:class"
+ARCHITECTURES: dict[str, str] = {
+    "Qwen3ForCausalLM": "model.qwen3:Qwen3ForCausalLM",
+}
+
+
+def model_class(architecture: str) -> type[nn.Module]:
+    module, _, name = ARCHITECTURES[architecture].partition(":")
+    return getattr(importlib.import_module(module), name)

@@ -1,0 +1,72 @@
+"""Every environment variable nanoserve reads, in one typed place (the README lists them).
+
+Switches share one polarity: a feature is on unless its variable is "0". Values are read at call time, so a test or
+a launcher can set a variable before the process that uses it starts; hot paths cache what they read.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+PREFIX = "NANOSERVE_"
+
+
+def _switch(name: str) -> bool:
+    return os.environ.get(PREFIX + name, "1").strip() != "0"
+
+
+def _text(name: str) -> str | None:
+    value = os.environ.get(PREFIX + name, "").strip()
+    return value or None
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    cache_dir: Path  # NANOSERVE_CACHE: where the embedded default model and benchmark checkpoints are written
+    api_key: str | None  # NANOSERVE_API_KEY: the server's shared secret (clients send it, servers require it)
+    address: str | None  # NANOSERVE_ADDRESS: the ZMQ address `python -m client` talks to
+    step_trace: str | None  # NANOSERVE_STEP_TRACE: rank 0 writes each step's device and idle time to this file
+    symm_mem: bool  # NANOSERVE_SYMM_MEM=0: every all-reduce through NCCL, no symmetric memory
+    fused_all_reduce: bool  # NANOSERVE_FUSED_ALL_REDUCE=0: all-reduce and RMSNorm as two kernels
+    pdl: bool  # NANOSERVE_PDL=0: launch our Triton kernels without programmatic dependent launch
+    decode_gemm: bool  # NANOSERVE_DECODE_GEMM=0: every linear layer through cuBLAS
+    lt_tune: bool  # NANOSERVE_LT_TUNE=0: skip the start-up choice of cuBLASLt algorithms (faster start)
+    triton_interpret: bool  # TRITON_INTERPRET=1: Triton kernels run on CPU tensors (tests)
+
+
+def settings() -> Settings:
+    """The current environment's settings."""
+    return Settings(
+        cache_dir=Path(_text("CACHE") or Path.home() / ".cache" / "nanoserve"),
+        api_key=_text("API_KEY"),
+        address=_text("ADDRESS"),
+        step_trace=_text("STEP_TRACE"),
+        symm_mem=_switch("SYMM_MEM"),
+        fused_all_reduce=_switch("FUSED_ALL_REDUCE"),
+        pdl=_switch("PDL"),
+        decode_gemm=_switch("DECODE_GEMM"),
+        lt_tune=_switch("LT_TUNE"),
+        triton_interpret=os.environ.get("TRITON_INTERPRET", "0") == "1",
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class DistributedEnv:
+    """torchrun's variables (rank, world size, local rank, ranks on this host); ``default`` fills what is unset."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+
+
+def distributed_env(
+    rank: int | None = None, world_size: int | None = None, local_rank: int | None = None
+) -> DistributedEnv:
+    """Arguments win over torchrun's environment, which wins over a single-process default."""
+    r = rank if rank is not None else int(os.environ.get("RANK", 0))
+    w = world_size if world_size is not None else int(os.environ.get("WORLD_SIZE", 1))
+    lr = local_rank if local_rank is not None else int(os.environ.get("LOCAL_RANK", r))
+    return DistributedEnv(r, w, lr, int(os.environ.get("LOCAL_WORLD_SIZE", w)))
