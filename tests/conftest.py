@@ -1,23 +1,15 @@
 import os
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
+from model.tiny import TinySpec, write_tiny_checkpoint
+
 # Without CUDA, Triton kernels run in its interpreter (CPU tensors). The switch is read when a kernel is
-# decorated, so it must be on before any test module imports one.
+# decorated, so it must be on before any test module imports one (model.tiny imports none).
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
-
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-# Child processes (smoke scripts, workers) import the repo too, beside whatever PYTHONPATH already holds (the
-# device machines put pyzmq there).
-os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
-
-from model.tiny import TinySpec, write_tiny_checkpoint  # noqa: E402
-
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 

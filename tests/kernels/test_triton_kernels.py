@@ -367,7 +367,9 @@ def test_kernel_regs_counts_an_sm90_build_without_a_gpu():
     import subprocess
     import sys
 
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    from tests.support.processes import ROOT
+
+    root = str(ROOT)
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     cmd = [sys.executable, os.path.join(root, "benchmarks", "kernel_regs.py"), "--tiles", "64,4,2"]
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, check=True).stdout

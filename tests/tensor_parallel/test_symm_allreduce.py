@@ -5,14 +5,12 @@ fallback rules run."""
 
 import os
 import subprocess
-from pathlib import Path
 
 import pytest
 import torch
 
 from model import parallel
-
-ROOT = Path(__file__).resolve().parent.parent
+from tests.support.processes import ROOT, torchrun_cmd
 
 
 def test_fallback_without_cuda_tp_group():
@@ -33,12 +31,9 @@ def test_fallback_without_cuda_tp_group():
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs")
 def test_symm_all_reduce_matches_nccl_under_torchrun():
-    from tp_smoke import torchrun_cmd
-
-    cmd = torchrun_cmd(2, "unused")
-    cmd = cmd[: cmd.index("-m")] + [str(ROOT / "benchmarks" / "allreduce.py"), "--check"]
+    cmd = torchrun_cmd(2, "benchmarks.allreduce", "--check")
     env = dict(os.environ)
-    env.pop(parallel.DISABLE_ENV, None)
+    env.pop("NANOSERVE_SYMM_MEM", None)
     out = subprocess.run(cmd, env=env, cwd=str(ROOT), capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]
     assert '"symm": true' in out.stdout and '"ok": true' in out.stdout, out.stdout[-4000:]
@@ -48,14 +43,11 @@ def test_symm_all_reduce_matches_nccl_under_torchrun():
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs")
 def test_fused_all_reduce_norm_matches_unfused_under_torchrun():
     # eagerly and in a replayed graph of chained calls (both buffer halves), ragged row counts, both tile heights
-    from tp_smoke import torchrun_cmd
-
-    cmd = torchrun_cmd(2, "unused")
-    cmd = cmd[: cmd.index("-m")] + [str(ROOT / "benchmarks" / "allreduce.py"), "--fused-norm"]
+    cmd = torchrun_cmd(2, "benchmarks.allreduce", "--fused-norm")
     cmd += ["--sizes", "1,7,64,300,2049", "--graph-calls", "2", "--replays", "2"]
     env = dict(os.environ)
-    env.pop(parallel.DISABLE_ENV, None)
-    env.pop(parallel.FUSED_DISABLE_ENV, None)
+    env.pop("NANOSERVE_SYMM_MEM", None)  # switches on unless "0" (protocol/settings.py)
+    env.pop("NANOSERVE_FUSED_ALL_REDUCE", None)
     out = subprocess.run(cmd, env=env, cwd=str(ROOT), capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]
     assert '"bench": "fused_norm"' in out.stdout and '"ok": true' in out.stdout, out.stdout[-4000:]

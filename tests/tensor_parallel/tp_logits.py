@@ -1,6 +1,6 @@
 """Teacher-forced logits of a TP group against HF transformers, one process per rank, started by torchrun:
 
-    torchrun --nproc-per-node 2 tests/tp_logits.py --model DIR [--device cuda] [--dtype bfloat16]
+    torchrun --nproc-per-node 2 -m tests.tensor_parallel.tp_logits --model DIR [--device cuda] [--dtype bfloat16]
 
 Rank 0 gathers the vocabulary shards, compares with HF on the same checkpoint and prints one JSON line; the exit
 code says whether the relative error is within tolerance (1e-4 in float32, 2e-2 in bf16)."""
@@ -11,18 +11,13 @@ import argparse
 import json
 import os
 import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
+import numpy as np
+import torch
+import torch.distributed as dist
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
-from helpers import make_step, worker_config  # noqa: E402
-
-from model.parallel import set_tp  # noqa: E402
+from model.parallel import set_tp
+from tests.support.builders import make_step, worker_config
 
 
 def main() -> int:

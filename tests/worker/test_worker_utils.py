@@ -91,10 +91,10 @@ def test_step_loop_reports_finished_steps_before_launching_the_next():
     import time
 
     import zmq
-    from helpers import make_step
 
     from protocol.codec import decode, encode
     from protocol.messages import Shutdown
+    from tests.support.builders import make_step
     from worker.model_runner import PendingTokens
     from worker.worker import Worker
 

@@ -10,28 +10,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from helpers import vllm_penalized
-from test_e2e_parity import prompts_with_shared_prefixes
 from transformers import AutoModelForCausalLM
 
 from client import LLM, SamplingParams
+from tests.support.controls import MAX_TOKENS, check_completion, params_for
+from tests.support.oracle import prompts_with_shared_prefixes
 
-MAX_TOKENS = 24
-CASES = [  # cycled over the prompts, so one batch mixes all of them
-    dict(),
-    dict(repetition_penalty=1.5),
-    dict(frequency_penalty=0.8),
-    dict(presence_penalty=1.5, repetition_penalty=0.8),
-    dict(presence_penalty=-0.5, frequency_penalty=0.5, repetition_penalty=1.2, logprobs=3),
-    dict(logprobs=5),
-    dict(repetition_penalty=10.0, logprobs=0),
-]
 ROOMY = dict(max_model_len=256, num_kv_blocks=256, block_size=16)
 TIGHT = dict(max_model_len=160, num_kv_blocks=18, block_size=8, max_num_batched_tokens=32)
-
-
-def params_for(i: int) -> SamplingParams:
-    return SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True, **CASES[i % len(CASES)])
 
 
 @pytest.fixture(scope="module")
@@ -45,38 +31,6 @@ def hf(tiny_tied):
         return out.double().numpy()
 
     return logits
-
-
-def check_completion(hf, prompt: list[int], params: SamplingParams, comp, tol: float = 1e-4) -> None:
-    """``tol``: 1e-4 on the CPU; float32 on CUDA computes attention dots in tf32 (~1e-3)."""
-    out = comp.token_ids
-    assert len(out) == MAX_TOKENS and comp.prompt_token_ids == prompt
-    logits = hf(prompt, out)
-    for t, tok in enumerate(out):
-        pen = vllm_penalized(
-            logits[t], prompt, out[:t], params.presence_penalty, params.frequency_penalty, params.repetition_penalty
-        )
-        assert pen[tok] >= pen.max() - tol, f"token {t}: {tok} is not the argmax of the penalized logits"
-    if params.logprobs is None:
-        assert comp.logprobs is None
-        return
-    n = params.logprobs
-    assert len(comp.logprobs) == len(out)
-    raw = torch.from_numpy(logits).log_softmax(-1).numpy()
-    for t, (tok, d) in enumerate(zip(out, comp.logprobs)):
-        # vLLM's layout: the sampled token first, then the top N in descending order (the sampled token is not
-        # repeated when it is among them: N or N + 1 entries)
-        items = list(d.items())
-        assert items[0][0] == tok and abs(items[0][1] - raw[t, tok]) < tol  # the sampled token's logprob
-        assert max(1, n) <= len(d) <= n + 1
-        rest = [v for _, v in items[1:]]
-        assert rest == sorted(rest, reverse=True)
-        top = sorted(items, key=lambda kv: -kv[1])[:n]
-        np.testing.assert_allclose([v for _, v in top], np.sort(raw[t])[::-1][:n], atol=tol)
-        for tid, v in items:
-            assert abs(v - raw[t, tid]) < tol
-        if n and len(d) == n + 1:  # the sampled token is outside the top N
-            assert raw[t, tok] <= top[-1][1] + tol
 
 
 def repeats(prompt: list[int], out: list[int]) -> int:

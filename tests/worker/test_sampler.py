@@ -7,8 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from helpers import make_step, vllm_penalized, worker_config
 
+from tests.support.builders import make_step, vllm_penalized, worker_config
 from worker.sampler import SamplingTensors, sample, seeded_uniform
 
 V = 48

@@ -18,15 +18,15 @@ import msgpack
 import numpy as np
 import pytest
 import zmq
-from helpers import make_step, worker_config
 
 import protocol
 import protocol.messages
 from protocol import codec
 from protocol.codec import ProtocolError, decode, encode
 from protocol.messages import PROTOCOL_VERSION, Shutdown, StepCommand, StepResult, WorkerHello
+from tests.support.builders import make_step, worker_config
+from tests.support.processes import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 ARRAY_DTYPES = {"I32": "<i4", "I64": "<i8", "F32": "<f4"}
 SCALAR_TYPES = {"int": int, "float": float, "str": str, "bool": bool, "bytes": bytes}
 

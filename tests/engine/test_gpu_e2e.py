@@ -6,12 +6,13 @@ import functools
 import numpy as np
 import pytest
 import torch
-from helpers import make_step, worker_config
-from test_e2e_parity import hf_greedy, prompts_with_shared_prefixes
 from transformers import AutoModelForCausalLM
 
 from client import LLM, SamplingParams
 from model.tiny import TinySpec, write_tiny_checkpoint
+from tests.support.builders import make_step, worker_config
+from tests.support.controls import MAX_TOKENS, check_completion, params_for
+from tests.support.oracle import hf_greedy, prompts_with_shared_prefixes
 
 pytestmark = pytest.mark.gpu
 
@@ -30,8 +31,6 @@ def test_float32_greedy_tokens_match_hf(tiny_untied, enforce_eager):
 def test_float32_penalties_min_tokens_logprobs_on_cuda(tiny_tied, enforce_eager):
     """The sampling controls on the device (decode steps through CUDA graphs when not eager, sampling outside
     them): penalized greedy tokens and raw logprobs against HF, min_tokens bans, pinned logprob copies."""
-    from test_sampling_controls import MAX_TOKENS, check_completion, params_for
-
     model = AutoModelForCausalLM.from_pretrained(tiny_tied, dtype=torch.float32).eval()
 
     def hf(prompt, output):

@@ -1,7 +1,7 @@
 """Torchrun-style TP smoke test: a coordinator waits for an external worker group started by torchrun, generates
 greedily, and checks the tokens against tensor_parallel_size=1 (spawned workers). Runs on CPU (gloo) or CUDA (NCCL).
 
-    python tests/tp_smoke.py --model DIR [--device cuda] [--tp 2] [--dtype float32]
+    python -m tests.tensor_parallel.tp_smoke --model DIR [--device cuda] [--tp 2] [--dtype float32]
 
 It starts ``torchrun --nproc-per-node TP -m worker --coordinator tcp://127.0.0.1:PORT`` itself and exits 0 when
 the tokens match (prints one JSON line with the result).
@@ -11,40 +11,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import shutil
-import socket
 import subprocess
 import sys
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-
-def free_port() -> int:
-    # Only for the test's private endpoints; the coordinator binds it right away (ZMQ fails loudly if taken).
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def torchrun_cmd(tp: int, address: str) -> list[str]:
-    exe = shutil.which("torchrun", path=os.path.dirname(sys.executable)) or shutil.which("torchrun")
-    base = [exe] if exe else [sys.executable, "-m", "torch.distributed.run"]
-    return base + [
-        "--nproc-per-node",
-        str(tp),
-        "--master-addr",
-        "127.0.0.1",
-        "--master-port",
-        str(free_port()),
-        "-m",
-        "worker",
-        "--coordinator",
-        address,
-    ]
+from tests.support.processes import ROOT, free_port, torchrun_cmd
 
 
 def prompts() -> list[list[int]]:
@@ -63,8 +34,8 @@ def run(model: str, device: str, tp: int, dtype: str, max_tokens: int) -> dict:
         ref = [c.token_ids for c in llm.generate(prompts(), params, use_tqdm=False)]
 
     address = f"tcp://127.0.0.1:{free_port()}"
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
-    group = subprocess.Popen(torchrun_cmd(tp, address), cwd=str(ROOT), env=env, stdin=subprocess.DEVNULL)
+    cmd = torchrun_cmd(tp, "worker", "--coordinator", address)
+    group = subprocess.Popen(cmd, cwd=str(ROOT), stdin=subprocess.DEVNULL)
     try:
         t0 = time.monotonic()
         llm = LLM(model, tensor_parallel_size=tp, external_workers=True, worker_address=address, **engine_args)

@@ -6,12 +6,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_e2e_parity import hf_greedy, prompts_with_shared_prefixes
 
 from client import LLM, SamplingParams
 from model.tiny import TinySpec, write_tiny_checkpoint
-
-ROOT = Path(__file__).resolve().parent.parent
+from tests.support.oracle import hf_greedy, prompts_with_shared_prefixes
+from tests.support.processes import ROOT, free_port, torchrun_cmd
 
 
 @pytest.fixture(scope="module")
@@ -44,17 +43,14 @@ def test_tp_that_cannot_divide_heads_is_refused(tiny_tied):
 
 def test_torchrun_worker_group(tiny_untied):
     env = dict(os.environ)
-    cmd = [sys.executable, str(ROOT / "tests" / "tp_smoke.py"), "--model", str(tiny_untied), "--tp", "2"]
+    cmd = [sys.executable, "-m", "tests.tensor_parallel.tp_smoke", "--model", str(tiny_untied), "--tp", "2"]
     out = subprocess.run(cmd, env=env, cwd=str(ROOT), capture_output=True, text=True, timeout=180)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
     assert '"match": true' in out.stdout
 
 
 def test_tp2_teacher_forced_logits_under_torchrun(tiny_untied):
-    from tp_smoke import torchrun_cmd
-
-    cmd = torchrun_cmd(2, "unused")
-    cmd = cmd[: cmd.index("-m")] + [str(ROOT / "tests" / "tp_logits.py"), "--model", str(tiny_untied)]
+    cmd = torchrun_cmd(2, "tests.tensor_parallel.tp_logits", "--model", str(tiny_untied))
     env = dict(os.environ)
     out = subprocess.run(cmd, env=env, cwd=str(ROOT), capture_output=True, text=True, timeout=180)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
@@ -62,8 +58,6 @@ def test_tp2_teacher_forced_logits_under_torchrun(tiny_untied):
 
 
 def _external_worker(address: str) -> subprocess.Popen:
-    from tp_smoke import free_port
-
     env = dict(os.environ, RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
     env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
     cmd = [sys.executable, "-m", "worker", "--coordinator", address]
@@ -73,8 +67,6 @@ def _external_worker(address: str) -> subprocess.Popen:
 def test_external_worker_killed_is_detected(tiny_tied):
     """No process handle for a worker started elsewhere: its dropped connection is what tells us."""
     import time
-
-    from tp_smoke import free_port
 
     from protocol.errors import EngineDeadError
 
@@ -98,17 +90,15 @@ def test_external_worker_exits_when_its_coordinator_dies(tiny_tied):
     import signal
     import time
 
-    from tp_smoke import free_port
-
     address = f"tcp://127.0.0.1:{free_port()}"
     script = (
-        "import sys, time; sys.path.insert(0, sys.argv[1]);"
-        "from client import LLM; llm = LLM(sys.argv[2], external_workers=True, worker_address=sys.argv[3],"
+        "import sys, time;"
+        "from client import LLM; llm = LLM(sys.argv[1], external_workers=True, worker_address=sys.argv[2],"
         " max_model_len=256, num_kv_blocks=32); print('ready', flush=True); time.sleep(600)"
     )
     env = dict(os.environ)
     coordinator = subprocess.Popen(
-        [sys.executable, "-c", script, str(ROOT), str(tiny_tied), address], env=env, stdout=subprocess.PIPE, text=True
+        [sys.executable, "-c", script, str(tiny_tied), address], env=env, cwd=ROOT, stdout=subprocess.PIPE, text=True
     )
     worker = _external_worker(address)
     try:
@@ -126,8 +116,6 @@ def test_external_worker_exits_when_its_coordinator_dies(tiny_tied):
 def test_start_names_the_ranks_that_never_joined(tiny_tied):
     """tp=2 with external workers, but only rank 0 is started: the start fails in time, naming rank 1."""
     import time
-
-    from tp_smoke import free_port
 
     address = f"tcp://127.0.0.1:{free_port()}"
     env = dict(os.environ, RANK="0", WORLD_SIZE="2", LOCAL_RANK="0")

@@ -17,7 +17,8 @@ import pytest
 
 from client import Client, EngineDeadError, SamplingParams
 from protocol.codec import ProtocolError
-from tests.test_serving import ROOT, ServerProcess, children_of, pid_alive, wait_gone
+from tests.support.processes import ROOT, children_of, pid_alive, wait_gone
+from tests.support.server import ServerProcess
 
 LONG_CONTEXT = ["--max-model-len", "2048", "--num-kv-blocks", "1024"]
 LONG = SamplingParams(temperature=0, max_tokens=1900, ignore_eos=True)  # seconds of work: still running when hit

@@ -10,13 +10,10 @@ import asyncio
 import math
 import os
 import random
-import selectors
-import signal
 import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 
 import msgpack
 import numpy as np
@@ -26,105 +23,12 @@ import zmq
 from client import AsyncClient, Client, EngineDeadError, OverloadedError, RequestError, SamplingParams
 from protocol.client_messages import CLIENT_PROTOCOL_VERSION, Abort, Error, Generate, Health
 from protocol.codec import ProtocolError, decode, encode
+from tests.support.processes import ROOT
+from tests.support.server import ENGINE_KWARGS, ServerProcess
 
-ROOT = Path(__file__).resolve().parent.parent
-ENGINE_ARGS = [
-    "--device", "cpu", "--dtype", "float32", "--max-model-len", "1024", "--num-kv-blocks", "256",
-    "--max-num-seqs", "64", "--max-num-batched-tokens", "1024",
-]  # fmt: skip
-ENGINE_KWARGS = dict(
-    device="cpu", dtype="float32", max_model_len=1024, num_kv_blocks=256, max_num_seqs=64, max_num_batched_tokens=1024
-)
 MAX_PENDING = 300
 MAX_MESSAGE_BYTES = 1 << 20
 GREEDY = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
-
-
-# ---- a server in a subprocess ----------------------------------------------------------------------------
-
-
-def children_of(pid: int) -> list[int]:
-    """Direct children of ``pid``, from /proc (no psutil)."""
-    out = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[1]) == pid:
-            out.append(int(stat.parent.name))
-    return out
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
-
-
-def wait_gone(pids, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if not any(pid_alive(p) for p in pids):
-            return True
-        time.sleep(0.05)
-    return False
-
-
-class ServerProcess:
-    """``python launch.py --port 0 ...``; ``address`` from its "listening" line. Always ``stop()`` it."""
-
-    def __init__(self, model_dir, log_path: Path, *extra: str, timeout: float = 90) -> None:
-        cmd = [sys.executable, str(ROOT / "launch.py"), "--port", "0", "--model", str(model_dir), *ENGINE_ARGS]
-        cmd += list(extra)
-        self.log_path = log_path
-        self.log = open(log_path, "w")
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
-        self.proc = subprocess.Popen(
-            cmd, cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=self.log, text=True
-        )
-        self.address = None
-        sel = selectors.DefaultSelector()
-        sel.register(self.proc.stdout, selectors.EVENT_READ)
-        deadline = time.monotonic() + timeout
-        try:
-            while self.address is None:
-                if self.proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"server did not start:\n{self.stderr()}")
-                if sel.select(0.2):
-                    line = self.proc.stdout.readline()
-                    if line.startswith("nanoserve listening on "):
-                        self.address = line.split()[-1]
-        except BaseException:
-            self.stop()
-            raise
-        finally:
-            sel.close()
-        self.workers = children_of(self.proc.pid)
-
-    def stderr(self) -> str:
-        self.log.flush()
-        return self.log_path.read_text()
-
-    def stop(self) -> None:
-        """SIGTERM (a graceful exit removes the worker socket's files), SIGKILL if that takes over 10 s."""
-        pids = children_of(self.proc.pid) if self.proc.poll() is None else []
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-        self.proc.wait()
-        for pid in pids + getattr(self, "workers", []):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
-        self.proc.stdout.close()
-        self.log.close()
 
 
 @pytest.fixture(scope="module")

@@ -3,9 +3,9 @@
 import numpy as np
 import pytest
 import torch
-from helpers import make_step, worker_config
 from transformers import AutoModelForCausalLM
 
+from tests.support.builders import make_step, worker_config
 from worker.model_runner import ModelRunner
 
 

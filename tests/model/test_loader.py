@@ -13,14 +13,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from helpers import make_step, worker_config
 from safetensors.torch import load_file, save_file
 
 from model.config import ModelConfig
 from model.loader import checkpoint_files, load_model
+from tests.support.builders import make_step, worker_config
+from tests.support.processes import ROOT
 from worker.model_runner import ModelRunner
 
-ROOT = Path(__file__).resolve().parent.parent
 CPU = torch.device("cpu")
 
 

@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 from coordinator.config import EngineConfig
-from tests.test_serving import ROOT
+from tests.support.processes import ROOT
 
 LAUNCH = [sys.executable, str(ROOT / "launch.py")]
 

@@ -1,0 +1,75 @@
+"""A ``python launch.py`` server in a subprocess, and the small CPU engine every server test runs."""
+
+from __future__ import annotations
+
+import os
+import selectors
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from tests.support.processes import ROOT, children_of
+
+ENGINE_ARGS = [
+    "--device", "cpu", "--dtype", "float32", "--max-model-len", "1024", "--num-kv-blocks", "256",
+    "--max-num-seqs", "64", "--max-num-batched-tokens", "1024",
+]  # fmt: skip
+ENGINE_KWARGS = dict(
+    device="cpu", dtype="float32", max_model_len=1024, num_kv_blocks=256, max_num_seqs=64, max_num_batched_tokens=1024
+)
+
+
+class ServerProcess:
+    """``python launch.py --port 0 ...``; ``address`` from its "listening" line. Always ``stop()`` it."""
+
+    def __init__(self, model_dir, log_path: Path, *extra: str, timeout: float = 90) -> None:
+        cmd = [sys.executable, str(ROOT / "launch.py"), "--port", "0", "--model", str(model_dir), *ENGINE_ARGS]
+        cmd += list(extra)
+        self.log_path = log_path
+        self.log = open(log_path, "w")
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        self.proc = subprocess.Popen(
+            cmd, cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=self.log, text=True
+        )
+        self.address = None
+        sel = selectors.DefaultSelector()
+        sel.register(self.proc.stdout, selectors.EVENT_READ)
+        deadline = time.monotonic() + timeout
+        try:
+            while self.address is None:
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"server did not start:\n{self.stderr()}")
+                if sel.select(0.2):
+                    line = self.proc.stdout.readline()
+                    if line.startswith("nanoserve listening on "):
+                        self.address = line.split()[-1]
+        except BaseException:
+            self.stop()
+            raise
+        finally:
+            sel.close()
+        self.workers = children_of(self.proc.pid)
+
+    def stderr(self) -> str:
+        self.log.flush()
+        return self.log_path.read_text()
+
+    def stop(self) -> None:
+        """SIGTERM (a graceful exit removes the worker socket's files), SIGKILL if that takes over 10 s."""
+        pids = children_of(self.proc.pid) if self.proc.poll() is None else []
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        self.proc.wait()
+        for pid in pids + getattr(self, "workers", []):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        self.proc.stdout.close()
+        self.log.close()
