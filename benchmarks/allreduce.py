@@ -1,9 +1,9 @@
 """All-reduce on one host: NCCL against the symmetric-memory one-shot and two-shot kernels of model/parallel.py,
 each timed eagerly and inside a CUDA graph of back-to-back calls (as decode runs them: no launch overhead).
 
-    torchrun --nproc-per-node 2 benchmarks/allreduce.py            # table on rank 0, then one JSON line
-    torchrun --nproc-per-node 2 benchmarks/allreduce.py --check    # correctness only; exit 0 if all correct
-    torchrun --nproc-per-node 2 benchmarks/allreduce.py --fused-norm   # all-reduce + add + RMSNorm: fused vs not
+    torchrun --nproc-per-node 2 -m benchmarks.allreduce            # table on rank 0, then one JSON line
+    torchrun --nproc-per-node 2 -m benchmarks.allreduce --check    # correctness only; exit 0 if all correct
+    torchrun --nproc-per-node 2 -m benchmarks.allreduce --fused-norm   # all-reduce + add + RMSNorm: fused vs not
 
 Every result is checked against NCCL's sum of the ranks' random tensors and against the float64 truth. The
 benchmark's `auto` column is model.parallel.all_reduce with its real thresholds (ONE_SHOT_MAX_BYTES,
@@ -17,16 +17,12 @@ import argparse
 import json
 import os
 import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+import torch
+import torch.distributed as dist
 
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
-from timing import replay_ms  # noqa: E402
-
-from model import parallel  # noqa: E402
+from benchmarks.timing import replay_ms
+from model import parallel
 
 KB, MB = 1024, 1024 * 1024
 BENCH_SIZES = [8 * KB, 64 * KB, 256 * KB, 512 * KB, 1 * MB, 2 * MB, 8 * MB, 32 * MB, 64 * MB]

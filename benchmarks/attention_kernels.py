@@ -1,10 +1,10 @@
 """Check and time the Triton attention kernels against the torch reference at Qwen3-8B-like sizes (GPU only).
 
-    python benchmarks/attention_kernels.py [--block-sizes 16 256] [--dtype bf16] [--seed 0]
-    python benchmarks/attention_kernels.py --sweep-decode    # decode tilings x split counts on W1/W2-like batches
-    python benchmarks/attention_kernels.py --sweep-decode --cases 16,64,700,2000    # q heads, batch, context range
-    python benchmarks/attention_kernels.py --sweep-decode --tilings 128,8,2 64,4,3    # keys per tile, warps, stages
-    python benchmarks/attention_kernels.py --sweep-decode --kv-layout hnd --page 64    # the cache's layout, block size
+    python -m benchmarks.attention_kernels [--block-sizes 16 256] [--dtype bf16] [--seed 0]
+    python -m benchmarks.attention_kernels --sweep-decode    # decode tilings x split counts on W1/W2-like batches
+    python -m benchmarks.attention_kernels --sweep-decode --cases 16,64,700,2000    # q heads, batch, context range
+    python -m benchmarks.attention_kernels --sweep-decode --tilings 128,8,2 64,4,3    # keys per tile, warps, stages
+    python -m benchmarks.attention_kernels --sweep-decode --kv-layout hnd --page 64    # the cache's layout, block size
 
 Each case is first checked (relative error ||out - ref|| / ||ref|| against ``TorchAttentionBackend``), then timed
 with ``triton.testing.do_bench`` (median). Decode reports GB/s of K+V read; prefill reports causal TFLOP/s
@@ -17,14 +17,11 @@ import argparse
 import functools
 import itertools
 import math
-import os
 import sys
 
 import torch
 import triton
 import triton.testing
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from kernels.attention import AttentionMetadata, TorchAttentionBackend
 from kernels.triton_attention import TritonAttentionBackend

@@ -1,6 +1,6 @@
 """cuBLAS (F.linear) vs kernels/decode_gemm.py on Qwen3 linear shapes at decode batch sizes (GPU only).
 
-    python benchmarks/decode_gemm.py [--shape qwen3-0.6b|qwen3-8b|qwen3-8b-tp2] [--rows 1 16] [--whole-slices]
+    python -m benchmarks.decode_gemm [--shape qwen3-0.6b|qwen3-8b|qwen3-8b-tp2] [--rows 1 16] [--whole-slices]
 
 Each GEMM is timed inside a CUDA graph of (RMSNorm, GEMM) pairs over one layer's weight per model layer (more
 than the L2 holds), as a decode step runs them; our kernel with PDL on, as the model launches it. Prints the best
@@ -11,17 +11,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import sys
 
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from kernels import fused  # noqa: E402
-from kernels.decode_gemm import GEMV_MAX_ROWS, MAX_ROWS, Tiles, decode_linear, decode_linear_tiles  # noqa: E402
-from kernels.graph_timing import graph_replay_us  # noqa: E402
+from kernels import fused
+from kernels.decode_gemm import GEMV_MAX_ROWS, MAX_ROWS, Tiles, decode_linear, decode_linear_tiles
+from kernels.graph_timing import graph_replay_us
 
 SHAPES = {  # per layer (N, K): qkv, o, gate_up, down; and the layer count
     "qwen3-0.6b": ([(4096, 1024), (1024, 2048), (6144, 1024), (1024, 3072)], 28),

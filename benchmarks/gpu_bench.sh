@@ -12,7 +12,7 @@ for spec in "$@"; do
   workload=$1; shift; rest="$*"
   log="$OUT/$(echo "$spec" | tr -c 'A-Za-z0-9.-' '_').log"
   echo "=== $spec" | tee -a "$OUT/bench.jsonl.log"
-  timeout "$LIMIT" env "${envs[@]}" python3 benchmarks/throughput.py --workload $workload $rest >"$log" 2>&1
+  timeout "$LIMIT" env "${envs[@]}" python3 -m benchmarks.throughput --workload $workload $rest >"$log" 2>&1
   echo "rc=$? $spec" >>"$OUT/bench.jsonl.log"
   tail -n 1 "$log" | grep '^{' | python3 -c "import json,sys; d=json.loads(sys.stdin.read()); d['spec']=sys.argv[1]; print(json.dumps(d))" "$spec" >>"$OUT/bench.jsonl" || tail -n 5 "$log"
 done

@@ -5,5 +5,5 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv,noheader
-python3 -m pytest -q -x tests/test_triton_kernels.py tests/test_gpu_e2e.py "$@" 2>&1 | tee "$OUT/gpu_tests.log" | tail -30
-python3 benchmarks/attention_kernels.py 2>&1 | tee "$OUT/attention_kernels.log" | tail -40
+python3 -m pytest -q -x tests/kernels/test_triton_kernels.py tests/engine/test_gpu_e2e.py "$@" 2>&1 | tee "$OUT/gpu_tests.log" | tail -30
+python3 -m benchmarks.attention_kernels 2>&1 | tee "$OUT/attention_kernels.log" | tail -40

@@ -7,10 +7,10 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 T0=$(date +%s)
 stamp() { echo "--- $1 ($(( $(date +%s) - T0 )) s)"; }
 stamp "GPU tests"
-timeout 200 python3 -m pytest -q -x "${@:-tests/test_fused_kernels.py}" 2>&1 | tee "$OUT/gpu_tests.log" | tail -4
+timeout 200 python3 -m pytest -q -x "${@:-tests/kernels/test_fused_kernels.py}" 2>&1 | tee "$OUT/gpu_tests.log" | tail -4
 if [ "${SWEEP:-1}" = 1 ]; then
   stamp "decode sweep"
-  timeout 200 python3 benchmarks/attention_kernels.py --sweep-decode 2>&1 | tee "$OUT/decode_sweep.log" | grep -v '^  ('
+  timeout 200 python3 -m benchmarks.attention_kernels --sweep-decode 2>&1 | tee "$OUT/decode_sweep.log" | grep -v '^  ('
 fi
 stamp "workloads"
 eval "LIMIT=150 bash benchmarks/gpu_bench.sh $BENCH" | tail -8

@@ -1,8 +1,8 @@
 """Where a decode step's time goes inside one worker (no coordinator, no ZMQ): times ModelRunner.execute for
 single-sequence and batched decode, then prints the profiler's top CPU and CUDA ops.
 
-    python benchmarks/profile_step.py --shape qwen3-0.6b [--batch 1 256] [--context 128] [--enforce-eager]
-    torchrun --nproc-per-node 2 benchmarks/profile_step.py --shape qwen3-8b    # a TP=2 step (rank 0 prints)
+    python -m benchmarks.profile_step --shape qwen3-0.6b [--batch 1 256] [--context 128] [--enforce-eager]
+    torchrun --nproc-per-node 2 -m benchmarks.profile_step --shape qwen3-8b    # a TP=2 step (rank 0 prints)
 
 --context sets the prompt length each sequence has before the timed decode steps (W1's contexts average ~1,100).
 """
@@ -14,16 +14,11 @@ import os
 import statistics
 import sys
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
+import numpy as np
+import torch
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-
-from protocol.messages import StepCommand, WorkerConfig  # noqa: E402
+from protocol.messages import StepCommand, WorkerConfig
 
 
 def i32(x):
@@ -146,7 +141,7 @@ def host_profile(runner, slots, prompt: int, blocks, temperature: float, decode_
 
 
 def main() -> None:
-    from shapes import load_config, write_shape
+    from benchmarks.shapes import load_config, write_shape
 
     p = argparse.ArgumentParser()
     p.add_argument("--shape", default="qwen3-0.6b")

@@ -1,6 +1,6 @@
 """Real model shapes for benchmarking without weights: config.json fields, a stand-in tokenizer, size arithmetic.
 
-    python benchmarks/shapes.py [NAME ...]     # write the shape dirs and print their sizes
+    python -m benchmarks.shapes [NAME ...]     # write the shape dirs and print their sizes
 
 ``write_shape(name)`` writes ``config.json`` and a tokenizer into ``$NANOSERVE_CACHE/shapes/NAME`` (default
 ``~/.cache/nanoserve/shapes/NAME``) and returns the directory; run the engine on it with ``load_format="dummy"``.

@@ -1,10 +1,10 @@
 """End-to-end throughput of nanoserve on the REFERENCE.md workloads, against a roofline floor (and HF, optionally).
 
-    python benchmarks/throughput.py --workload W1|W2|W3 (--model DIR | --shape qwen3-0.6b|qwen3-8b|tiny)
+    python -m benchmarks.throughput --workload W1|W2|W3 (--model DIR | --shape qwen3-0.6b|qwen3-8b|tiny)
         [--tp N] [--enforce-eager] [--compare hf] [--num-prompts N] [--hf-num-prompts N] [--repeat N]
         [--device cuda|cpu] [--dtype bfloat16] [--max-num-seqs N] [--max-num-batched-tokens N] [--block-size N]
         [--gpu-memory-utilization F] [--num-kv-blocks N] [--scale S] [--hbm-tbs X] [--tflops X]
-    python benchmarks/throughput.py --check-floors     # W1/W2/W3 floors at REFERENCE.md's H200 ceilings (CPU only)
+    python -m benchmarks.throughput --check-floors     # W1/W2/W3 floors at REFERENCE.md's H200 ceilings (CPU only)
 
 Workloads (REFERENCE.md, "Benchmark workloads"):
   W1  nano-vllm's bench.py: random.seed(0); 256 prompts of randint(0, 10000) ids, lengths randint(100, 1024); then
@@ -63,11 +63,7 @@ from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from benchmarks.shapes import SHAPES, load_config, model_stats, write_shape  # noqa: E402
+from benchmarks.shapes import SHAPES, load_config, model_stats, write_shape
 
 REF_HBM_TBS, REF_TFLOPS = 4.25, 791.0  # REFERENCE.md, one H200
 MAX_MODEL_LEN = 4096

@@ -1,7 +1,7 @@
 """flash-attn as the attention backend, where it is installed and supports the case (CUDA, fp16/bf16, cache
 blocks of a multiple of 256 tokens). The KV write stays our Triton kernel; prefill and decode call flash-attn's
 paged varlen and kvcache entry points. flash-attn cannot be installed on the machines we test on, so
-tests/test_flash_attention.py (skipped without it) is this path's only check: run it where flash-attn exists.
+tests/kernels/test_flash_attention.py (skipped without it) is this path's only check: run it where flash-attn exists.
 """
 
 from __future__ import annotations
