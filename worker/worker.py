@@ -48,12 +48,25 @@ class CoordinatorGone(Exception):
     pass
 
 
+class CoordinatorUnreachable(Exception):
+    pass
+
+
 class Worker:
-    def __init__(self, address: str, rank: int, world_size: int, local_rank: int, parent_pid: int) -> None:
+    def __init__(
+        self,
+        address: str,
+        rank: int,
+        world_size: int,
+        local_rank: int,
+        parent_pid: int,
+        connect_timeout_s: float = 60.0,
+    ) -> None:
         self.rank, self.world_size, self.local_rank, self.parent_pid = rank, world_size, local_rank, parent_pid
+        self.address, self.connect_timeout_s = address, connect_timeout_s
         self.ctx = zmq.Context()
         # losing the coordinator's connection (it died, or its host did) ends this worker: no orphan holds a GPU
-        self.channel = WatchedSocket(self.ctx, zmq.DEALER, linger_ms=1000)
+        self.channel = WatchedSocket(self.ctx, zmq.DEALER, linger_ms=1000, watch_handshakes=True)
         self.sock = self.channel.sock
         self.sock.setsockopt(zmq.IDENTITY, f"rank{rank}".encode())
         self.sock.connect(address)
@@ -74,10 +87,30 @@ class Worker:
             if self.parent_pid and os.getppid() != self.parent_pid:
                 raise CoordinatorGone("parent process exited")
 
+    def wait_for_coordinator(self) -> None:
+        """Until a coordinator completes the handshake; says where it waits, gives up after connect_timeout_s."""
+        deadline = time.monotonic() + self.connect_timeout_s if self.connect_timeout_s > 0 else float("inf")
+        said = False
+        while True:
+            has_message, dropped = self.channel.poll(POLL_MS)
+            if self.channel.connected or has_message or dropped:
+                return  # recv() takes it from here
+            if self.parent_pid and os.getppid() != self.parent_pid:
+                raise CoordinatorGone("parent process exited")
+            if time.monotonic() > deadline:
+                raise CoordinatorUnreachable(
+                    f"no coordinator answered at {self.address} within {self.connect_timeout_s:g} s; is it running, "
+                    "and can this host reach that address? (wait longer with --connect-timeout)"
+                )
+            if not said:  # once, and only when the coordinator was not there within the first poll
+                print(f"worker rank {self.rank}: waiting for the coordinator at {self.address}", file=sys.stderr)
+                said = True
+
     def run(self) -> int:
         import torch
 
         self.send(WorkerHello(PROTOCOL_VERSION, self.rank, self.world_size, "", os.getpid(), socket.gethostname()))
+        self.wait_for_coordinator()
         cfg = self.recv()
         if isinstance(cfg, Shutdown):
             return 1
@@ -179,12 +212,19 @@ class Worker:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m worker", description="nanoserve worker process")
+    p = argparse.ArgumentParser(prog="python -m worker", description="nanoserve worker process", allow_abbrev=False)
     p.add_argument("--coordinator", required=True, help="ZMQ address of the coordinator, e.g. tcp://host:port")
     p.add_argument("--rank", type=int, default=None, help="default: $RANK (torchrun)")
     p.add_argument("--world-size", type=int, default=None, help="default: $WORLD_SIZE (torchrun)")
     p.add_argument("--local-rank", type=int, default=None, help="default: $LOCAL_RANK (torchrun)")
     p.add_argument("--parent-pid", type=int, default=0, help="exit when this process is no longer our parent")
+    p.add_argument(
+        "--connect-timeout",
+        type=float,
+        default=60.0,
+        metavar="SECONDS",
+        help="give up when no coordinator answers at --coordinator within this long (default 60; 0 = wait forever)",
+    )
     args = p.parse_args(argv)
     env = distributed_env(args.rank, args.world_size, args.local_rank)
     rank, world, local = env.rank, env.world_size, env.local_rank
@@ -192,11 +232,14 @@ def main(argv: list[str] | None = None) -> int:
         _die_with_parent()
         if os.getppid() != args.parent_pid:
             return 1
-    worker = Worker(args.coordinator, rank, world, local, args.parent_pid)
+    worker = Worker(args.coordinator, rank, world, local, args.parent_pid, args.connect_timeout)
     code = 1
     try:
         code = worker.run()
     except CoordinatorGone:
+        code = 1
+    except CoordinatorUnreachable as e:
+        print(f"worker rank {rank}: error: {e}", file=sys.stderr)
         code = 1
     except KeyboardInterrupt:
         code = 130

@@ -56,3 +56,13 @@ def wait_gone(pids, timeout: float) -> bool:
             return True
         time.sleep(0.05)
     return False
+
+
+def wait_for_text(log_path: Path, text: str, proc, timeout: float = 300) -> None:
+    """Until ``text`` appears in the file ``proc`` writes; fails at once if ``proc`` exits first (the timeout only
+    stops a hang)."""
+    deadline = time.monotonic() + timeout
+    while text not in log_path.read_text():
+        assert proc.poll() is None, f"exited with {proc.returncode} before saying {text!r}:\n{log_path.read_text()}"
+        assert time.monotonic() < deadline, f"no {text!r} in {timeout} s:\n{log_path.read_text()}"
+        time.sleep(0.05)
