@@ -11,37 +11,28 @@ import logging
 import signal
 import sys
 
-from coordinator.config import EngineConfig
+from coordinator.config import EngineArgError, EngineConfig
 from protocol.settings import settings
 
 log = logging.getLogger("nanoserve.launch")
 
-_HELP = {
-    "model": "model directory (HF layout); default: the embedded tiny model",
-    "tensor_parallel_size": "number of worker processes (tensor-parallel ranks)",
-    "device": "cpu or cuda; default: cuda when available",
-    "max_model_len": "longest prompt + output in tokens; 0 = the model's limit",
-    "num_kv_blocks": "KV blocks per rank; 0 = size from memory",
-    "external_workers": "do not spawn workers: they join with `torchrun ... -m worker --coordinator ADDR`",
-    "worker_address": "ZMQ address the workers connect to (needed with --external-workers)",
-    "worker_timeout_s": "start-up: seconds to wait for every rank",
-    "async_depth": "async scheduling: steps sent ahead of the oldest result not yet read back (1 or 2)",
-}
 _TYPES = {"int": int, "float": float, "str": str}
 
 
 def _engine_flag(parser: argparse._ActionGroup, f: dataclasses.Field) -> None:
     flag = "--" + f.name.replace("_", "-")
-    default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
     names = [flag, "--tp"] if f.name == "tensor_parallel_size" else [flag]
-    help_ = f"{_HELP.get(f.name, f.name)} (default: {default!r})"
+    help_ = f.metadata["help"] + (f" (default: {f.default!r})" if f.default != "" else "")
     # default=SUPPRESS: only flags given on the command line reach EngineConfig, the rest keep its defaults
     kw = dict(dest=f.name, default=argparse.SUPPRESS, help=help_)
+    if f.metadata["choices"]:
+        kw["choices"] = f.metadata["choices"]
     ann = str(f.type).replace(" ", "")
     if ann == "bool":
         parser.add_argument(*names, action=argparse.BooleanOptionalAction, **kw)
     elif ann in _TYPES:
-        parser.add_argument(*names, type=_TYPES[ann], metavar=ann.upper(), **kw)
+        metavar = None if f.metadata["choices"] else ann.upper()  # with choices argparse lists them instead
+        parser.add_argument(*names, type=_TYPES[ann], metavar=metavar, **kw)
     else:  # a structured field: JSON on the command line
         parser.add_argument(*names, type=json.loads, metavar="JSON", **kw)
 
@@ -50,6 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python launch.py",
         description="Serve a model to nanoserve clients over ZMQ (or, with --prompt, print completions and exit).",
+        allow_abbrev=False,
     )
     s = p.add_argument_group("server")
     s.add_argument("--host", default="127.0.0.1", help="interface to listen on (default 127.0.0.1)")
@@ -59,9 +51,19 @@ def build_parser() -> argparse.ArgumentParser:
         default=settings().api_key,
         help="shared secret every request must carry; required for a non-loopback --host (env NANOSERVE_API_KEY)",
     )
-    s.add_argument("--max-pending-requests", type=int, default=4096, help="past this, requests are refused")
-    s.add_argument("--max-message-bytes", type=int, default=8 << 20, help="larger client frames are refused")
-    s.add_argument("--log-level", default="INFO", help="logging level (stderr)")
+    s.add_argument(
+        "--max-pending-requests", type=int, default=4096, help="past this, requests are refused (default 4096)"
+    )
+    s.add_argument(
+        "--max-message-bytes", type=int, default=8 << 20, help="larger client frames are refused (default 8 MiB)"
+    )
+    s.add_argument(
+        "--log-level",
+        default="INFO",
+        type=str.upper,
+        choices=["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"],
+        help="logging level on stderr (default INFO)",
+    )
     o = p.add_argument_group("offline (no server)")
     o.add_argument("--prompt", action="extend", nargs="+", help="print completions of these prompts and exit")
     o.add_argument("--max-tokens", type=int, default=32, help="--prompt: tokens to generate (default 32)")
@@ -113,8 +115,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         try:
             cfg = EngineConfig.from_kwargs(**kwargs)
-        except (TypeError, ValueError) as e:
-            print(f"error: {e}", file=sys.stderr)
+        except EngineArgError as e:  # before any worker starts
+            print(f"error: argument --{e.name.replace('_', '-')}: {e}", file=sys.stderr)
             return 2
         if args.prompt:
             return _offline(args, kwargs)

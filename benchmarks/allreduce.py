@@ -21,6 +21,7 @@ import sys
 import torch
 import torch.distributed as dist
 
+from benchmarks.gpu import require_cuda
 from benchmarks.timing import replay_ms
 from model import parallel
 
@@ -148,17 +149,20 @@ def suggest(rows: list[dict]) -> dict:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     p.add_argument("--check", action="store_true", help="correctness only (exit 1 on any mismatch or no symm)")
     p.add_argument("--fused-norm", action="store_true", help="check and time the fused all-reduce + add + RMSNorm")
     p.add_argument("--hidden", type=int, default=4096, help="--fused-norm: row width")
     p.add_argument("--sweep", action="store_true", help="--fused-norm: time every launch configuration too")
-    p.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPES))
+    p.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPES), help="tensor dtype (default bfloat16)")
     p.add_argument("--sizes", default="", help="comma-separated byte sizes, e.g. 8K,1M (default: the usual set)")
     p.add_argument("--graph-calls", type=int, default=20, help="all-reduces per captured graph")
-    p.add_argument("--replays", type=int, default=20)
+    p.add_argument("--replays", type=int, default=20, help="graph replays timed per size")
     p.add_argument("--iters", type=int, default=200, help="eager calls timed per size")
     a = p.parse_args()
+    require_cuda(2)
+    if "RANK" not in os.environ:
+        sys.exit("benchmarks.allreduce runs one process per GPU: torchrun --nproc-per-node 2 -m benchmarks.allreduce")
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank)))
     torch.cuda.set_device(device)

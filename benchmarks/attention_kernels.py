@@ -23,6 +23,7 @@ import torch
 import triton
 import triton.testing
 
+from benchmarks.gpu import require_cuda
 from kernels.attention import AttentionMetadata, TorchAttentionBackend
 from kernels.triton_attention import TritonAttentionBackend
 
@@ -277,11 +278,13 @@ def sweep_prefill(dtype: torch.dtype, seed: int, cases: list[tuple[int, ...]]) -
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--block-sizes", type=int, nargs="+", default=[16, 256])
-    parser.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--sweep-decode", action="store_true")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False
+    )
+    parser.add_argument("--block-sizes", type=int, nargs="+", default=[16, 256], help="cache block sizes to check")
+    parser.add_argument("--dtype", choices=sorted(DTYPES), default="bf16", help="q/k/v dtype (default bf16)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
+    parser.add_argument("--sweep-decode", action="store_true", help="decode tilings x split counts")
     parser.add_argument("--sweep-prefill", action="store_true", help="prefill tilings on W1-like prompts")
     parser.add_argument(
         "--cases",
@@ -295,8 +298,7 @@ def main() -> None:
     parser.add_argument("--kv-layout", choices=["nhd", "hnd"], default="nhd", help="sweep: the cache's memory layout")
     parser.add_argument("--page", type=int, default=16, help="sweep: the cache's block size")
     args = parser.parse_args()
-    if not torch.cuda.is_available():
-        sys.exit("needs a CUDA GPU")
+    require_cuda()
     dtype = DTYPES[args.dtype]
     if args.sweep_prefill:
         return sweep_prefill(dtype, args.seed, [(16, 4, 15, 100, 1024), (16, 8, 15, 100, 1024), (32, 8, 15, 100, 1024)])

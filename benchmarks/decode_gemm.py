@@ -15,6 +15,7 @@ import json
 import torch
 import torch.nn.functional as F
 
+from benchmarks.gpu import require_cuda
 from kernels import fused
 from kernels.decode_gemm import GEMV_MAX_ROWS, MAX_ROWS, Tiles, decode_linear, decode_linear_tiles
 from kernels.graph_timing import graph_replay_us
@@ -60,11 +61,12 @@ def tilings(n: int, k: int, m: int, whole_slices: bool):
 
 
 def main() -> None:
-    p = argparse.ArgumentParser()
-    p.add_argument("--shape", default="qwen3-0.6b", choices=list(SHAPES))
-    p.add_argument("--rows", type=int, nargs="+", default=[1, 16])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
+    p.add_argument("--shape", default="qwen3-0.6b", choices=list(SHAPES), help="model whose linear layers to time")
+    p.add_argument("--rows", type=int, nargs="+", default=[1, 16], help="decode batch sizes (rows per GEMM)")
     p.add_argument("--whole-slices", action="store_true", help="sweep the GEMV kernel's whole-slice tiles")
     a = p.parse_args()
+    require_cuda()
     shapes, layers = SHAPES[a.shape]
     dt = torch.bfloat16
     assert max(a.rows) <= MAX_ROWS

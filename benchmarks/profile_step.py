@@ -141,14 +141,15 @@ def host_profile(runner, slots, prompt: int, blocks, temperature: float, decode_
 
 
 def main() -> None:
-    from benchmarks.shapes import load_config, write_shape
+    from benchmarks.gpu import require_cuda
+    from benchmarks.shapes import SHAPES, load_config, write_shape
 
-    p = argparse.ArgumentParser()
-    p.add_argument("--shape", default="qwen3-0.6b")
-    p.add_argument("--batch", type=int, nargs="+", default=[1, 256])
-    p.add_argument("--enforce-eager", action="store_true")
-    p.add_argument("--temperature", type=float, default=0.0)
-    p.add_argument("--context", type=int, default=128)
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
+    p.add_argument("--shape", default="qwen3-0.6b", choices=list(SHAPES), help="model shape (random weights)")
+    p.add_argument("--batch", type=int, nargs="+", default=[1, 256], help="decode batch sizes to time")
+    p.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
+    p.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (default 0 = greedy)")
+    p.add_argument("--context", type=int, default=128, help="prompt tokens per sequence before the timed steps")
     p.add_argument("--prefill", action="store_true", help="also print the kernel ledger of the prefill steps")
     p.add_argument(
         "--host-profile",
@@ -156,6 +157,7 @@ def main() -> None:
         help="time the host launch of a prefill step (plus a decode row per other sequence) and cProfile it",
     )
     a = p.parse_args()
+    require_cuda(int(os.environ.get("WORLD_SIZE", 1)))
     import torch.distributed as dist
 
     from model.parallel import init_custom_all_reduce, set_tp

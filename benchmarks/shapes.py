@@ -176,9 +176,15 @@ def model_stats(cfg: dict, dtype: str | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    import sys
+    import argparse
 
-    for shape in sys.argv[1:] or list(SHAPES):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
+    p.add_argument("names", nargs="*", metavar="NAME", help=f"shapes to write: {', '.join(SHAPES)} (default: all)")
+    names = p.parse_args().names
+    for name in names:
+        if name not in SHAPES:  # argparse's choices refuse an empty list for nargs="*" on Python < 3.12
+            p.error(f"argument NAME: invalid choice: {name!r} (choose from {', '.join(SHAPES)})")
+    for shape in names or list(SHAPES):
         st = model_stats(SHAPES[shape])
         print(
             f"{shape:12s} {write_shape(shape)}  params {st['total_params'] / 1e9:.3f} B  "

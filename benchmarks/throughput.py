@@ -63,7 +63,9 @@ from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
+from benchmarks.gpu import require_cuda
 from benchmarks.shapes import SHAPES, load_config, model_stats, write_shape
+from coordinator.config import ATTENTION_BACKENDS, DTYPES
 
 REF_HBM_TBS, REF_TFLOPS = 4.25, 791.0  # REFERENCE.md, one H200
 MAX_MODEL_LEN = 4096
@@ -415,28 +417,32 @@ def hf_single_stream(ctx: dict, prompts: list[list[int]], m: int) -> dict:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--workload", choices=["W1", "W2", "W3"])
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter, allow_abbrev=False
+    )
+    p.add_argument("--workload", choices=["W1", "W2", "W3"], help="the workload (see the module docstring)")
     src = p.add_mutually_exclusive_group()
     src.add_argument("--model", help="a Hugging Face checkpoint directory (Qwen3)")
     src.add_argument("--shape", choices=list(SHAPES), help="a real model shape with random weights")
     p.add_argument("--load-format", choices=["auto", "dummy"], help="default: dummy for --shape, auto for --model")
-    p.add_argument("--tp", type=int, default=1)
-    p.add_argument("--enforce-eager", action="store_true")
+    p.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks (default 1)")
+    p.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
     p.add_argument("--no-async-scheduling", action="store_true", help="wait for each step before the next")
-    p.add_argument("--async-depth", type=int, default=2, help="steps sent ahead of the results read back (1 or 2)")
-    p.add_argument("--compare", choices=["hf"])
+    p.add_argument(
+        "--async-depth", type=int, default=2, choices=[1, 2], help="steps sent ahead of the results read back"
+    )
+    p.add_argument("--compare", choices=["hf"], help="also run the Hugging Face peer on the same workload")
     p.add_argument("--num-prompts", type=int, help="W1/W3: keep the first N requests (smoke runs)")
     p.add_argument("--repeat", type=int, default=1, help="W1: run the workload N times in one engine (median too)")
     p.add_argument("--hf-num-prompts", type=int, default=64, help="W1/W3: requests given to the HF peer (first N)")
-    p.add_argument("--device", choices=["cuda", "cpu"])
-    p.add_argument("--dtype", default="auto")
-    p.add_argument("--max-num-seqs", type=int)
-    p.add_argument("--max-num-batched-tokens", type=int)
-    p.add_argument("--block-size", type=int)
-    p.add_argument("--gpu-memory-utilization", type=float)
-    p.add_argument("--num-kv-blocks", type=int)
-    p.add_argument("--attention-backend")
+    p.add_argument("--device", choices=["cuda", "cpu"], help="default: cuda when available, else cpu")
+    p.add_argument("--dtype", default="auto", choices=DTYPES, help="default: auto (the checkpoint's)")
+    p.add_argument("--max-num-seqs", type=int, help="engine argument (default: the engine's)")
+    p.add_argument("--max-num-batched-tokens", type=int, help="engine argument (default: the engine's)")
+    p.add_argument("--block-size", type=int, help="engine argument (default: the engine's)")
+    p.add_argument("--gpu-memory-utilization", type=float, help="engine argument (default: the engine's)")
+    p.add_argument("--num-kv-blocks", type=int, help="engine argument (default: sized from memory)")
+    p.add_argument("--attention-backend", choices=ATTENTION_BACKENDS, help="engine argument (default: auto)")
     p.add_argument("--scale", type=int, help="divide all workload lengths by S (default 8 for --shape tiny, else 1)")
     p.add_argument("--hbm-tbs", type=float, help="use this bandwidth (TB/s) instead of measuring")
     p.add_argument("--tflops", type=float, help="use this matmul rate (TFLOP/s) instead of measuring")
@@ -444,8 +450,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = p.parse_args(argv)
     aliases = {"bf16": "bfloat16", "fp16": "float16", "half": "float16", "fp32": "float32", "float": "float32"}
     args.dtype = aliases.get(args.dtype, args.dtype)
-    if args.dtype not in ("auto", "bfloat16", "float16", "float32"):
-        p.error(f"--dtype {args.dtype!r}: choose auto, bfloat16, float16 or float32")
     if not args.check_floors:
         if not args.workload:
             p.error("--workload is required")
@@ -514,6 +518,8 @@ def main(argv=None) -> dict:
     import torch
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cuda":
+        require_cuda(args.tp)
     if args.shape:
         model_dir, shape = write_shape(args.shape), args.shape
         load_format = args.load_format or "dummy"

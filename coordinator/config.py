@@ -1,9 +1,20 @@
-"""Engine arguments (vLLM's names where vLLM has one). An unknown argument is an error, never dropped."""
+"""Engine arguments (vLLM's names where vLLM has one). An unknown argument is an error, never dropped; a bad value
+is refused here, before any worker starts. Each field carries its description and, where the set is fixed, its
+choices: launch.py turns both into its flags."""
 
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+DTYPES = ("auto", "bfloat16", "float16", "float32", "bf16", "fp16", "half", "fp32", "float")  # model/config.py
+ATTENTION_BACKENDS = ("auto", "torch", "triton", "flash")  # kernels/attention.py get_backend
+DEVICES = ("cpu", "cuda")
+LOAD_FORMATS = ("auto", "dummy")
+
+
+def _arg(default, help: str, choices: tuple = ()):
+    return field(default=default, metadata={"help": help, "choices": choices})
 
 
 def _default_device() -> str:
@@ -12,36 +23,55 @@ def _default_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
+class EngineArgError(ValueError):
+    """A bad engine argument; ``name`` is its field (launch.py's flag: --name-with-dashes)."""
+
+    def __init__(self, name: str, message: str) -> None:
+        super().__init__(message)
+        self.name = name
+
+
 @dataclass(slots=True)
 class EngineConfig:
-    model: str = ""  # "" = the embedded tiny default model
-    tensor_parallel_size: int = 1
-    device: str = ""  # "" = cuda when available, else cpu
-    dtype: str = "auto"
-    max_model_len: int = 0  # 0 = the model's max_position_embeddings
-    max_num_seqs: int = 256
-    max_num_batched_tokens: int = 8192
-    block_size: int = 16
-    num_kv_blocks: int = 0  # > 0 overrides memory-based sizing
-    gpu_memory_utilization: float = 0.9
-    kv_cache_memory_bytes: int = 1 << 30  # CPU KV budget when num_kv_blocks is 0
-    enable_prefix_caching: bool = True
-    enforce_eager: bool = False
-    load_format: str = "auto"
-    seed: int = 0
-    attention_backend: str = "auto"
-    async_scheduling: bool = True  # schedule step N+1 while the workers run step N
-    async_depth: int = 2  # steps sent ahead of the oldest unapplied result: 2 also sends N+2 before N is read
-    external_workers: bool = False  # workers join by themselves (torchrun) instead of being spawned
-    worker_address: str = ""  # where workers connect; "" = a private ipc socket
-    worker_timeout_s: float = 120.0  # start-up: how long to wait for every rank
+    model: str = _arg("", "model directory (HF layout); default: the embedded tiny model")
+    tensor_parallel_size: int = _arg(1, "worker processes, one per device (tensor-parallel ranks)")
+    device: str = _arg("", "default: cuda when available, else cpu", DEVICES)
+    dtype: str = _arg("auto", "weights and activations; auto = the checkpoint's", DTYPES)
+    max_model_len: int = _arg(0, "longest prompt + output in tokens; 0 = the model's limit")
+    max_num_seqs: int = _arg(256, "sequences in one step at most")
+    max_num_batched_tokens: int = _arg(8192, "tokens in one step at most (prefills are chunked to fit)")
+    block_size: int = _arg(16, "tokens per KV-cache block (a power of 2)")
+    num_kv_blocks: int = _arg(0, "KV blocks per rank; 0 = size from memory")
+    gpu_memory_utilization: float = _arg(0.9, "share of device memory for weights, activations and the KV cache")
+    kv_cache_memory_bytes: int = _arg(1 << 30, "KV-cache budget on the CPU when num_kv_blocks is 0")
+    enable_prefix_caching: bool = _arg(True, "reuse the KV blocks of a prompt prefix seen before")
+    enforce_eager: bool = _arg(False, "no CUDA graphs: every step runs eagerly")
+    load_format: str = _arg(
+        "auto", "auto = the checkpoint's weights; dummy = random weights of its shape", LOAD_FORMATS
+    )
+    seed: int = _arg(0, "seed of random sampling for requests without their own seed (and of dummy weights)")
+    attention_backend: str = _arg("auto", "auto = flash-attn or Triton on CUDA, torch on the CPU", ATTENTION_BACKENDS)
+    async_scheduling: bool = _arg(True, "schedule step N+1 while the workers run step N")
+    async_depth: int = _arg(
+        2, "steps sent ahead of the oldest result not yet read back (the workers' rings hold 2 + 2)", (1, 2)
+    )
+    external_workers: bool = _arg(False, "do not spawn workers: they join with `torchrun ... -m worker --coordinator`")
+    worker_address: str = _arg(
+        "", "ZMQ address the workers connect to (required with external workers), e.g. tcp://0.0.0.0:29600"
+    )
+    worker_timeout_s: float = _arg(120.0, "start-up: seconds to wait for every rank")
 
     def __post_init__(self) -> None:
         if not self.device:
             self.device = _default_device()
+        for f in dataclasses.fields(self):
+            choices, value = f.metadata["choices"], getattr(self, f.name)
+            if choices and value not in choices:
+                names = [str(c) for c in choices]
+                options = " or ".join(names) if len(names) == 2 else "one of " + ", ".join(names)
+                raise EngineArgError(f.name, f"{f.name} must be {options}, got {value!r}")
         checks = [
             (self.tensor_parallel_size >= 1, "tensor_parallel_size", "must be >= 1"),
-            (self.device in ("cpu", "cuda"), "device", "must be 'cpu' or 'cuda'"),
             (self.max_model_len >= 0, "max_model_len", "must be >= 0"),
             (self.max_num_seqs >= 1, "max_num_seqs", "must be >= 1"),
             (self.max_num_batched_tokens >= 1, "max_num_batched_tokens", "must be >= 1"),
@@ -52,12 +82,15 @@ class EngineConfig:
             ),
             (self.num_kv_blocks >= 0, "num_kv_blocks", "must be >= 0"),
             (0 < self.gpu_memory_utilization <= 1, "gpu_memory_utilization", "must be in (0, 1]"),
-            (self.load_format in ("auto", "dummy"), "load_format", "must be 'auto' or 'dummy'"),
-            (self.async_depth in (1, 2), "async_depth", "must be 1 or 2"),  # the workers' rings hold 2 + 2
+            (self.worker_timeout_s > 0, "worker_timeout_s", "must be > 0"),
         ]
         for ok, name, what in checks:
             if not ok:
-                raise ValueError(f"{name} {what}, got {getattr(self, name)!r}")
+                raise EngineArgError(name, f"{name} {what}, got {getattr(self, name)!r}")
+        if self.external_workers and not self.worker_address:
+            raise EngineArgError(
+                "worker_address", "worker_address is required with external_workers, e.g. tcp://0.0.0.0:29600"
+            )
 
     @classmethod
     def from_kwargs(cls, **kwargs) -> EngineConfig:

@@ -80,7 +80,9 @@ def compile_sm90(
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False
+    )
     parser.add_argument(
         "--tiles", nargs="+", default=["64,4,2", "128,4,2", "64,8,2", "128,8,2"], help="keys,warps,stages"
     )

@@ -19,17 +19,19 @@ import torch
 import torch.nn.functional as F
 
 from benchmarks.decode_gemm import SHAPES, graph_us
+from benchmarks.gpu import require_cuda
 from kernels import cublaslt
 
 
 def main() -> None:
-    p = argparse.ArgumentParser()
-    p.add_argument("--shape", default="qwen3-8b-tp2", choices=list(SHAPES))
-    p.add_argument("--rows", type=int, nargs="+", default=[16, 32, 64, 96, 128, 192, 256])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
+    p.add_argument("--shape", default="qwen3-8b-tp2", choices=list(SHAPES), help="model whose products to time")
+    p.add_argument("--rows", type=int, nargs="+", default=[16, 32, 64, 96, 128, 192, 256], help="decode batch sizes")
     p.add_argument("--count", type=int, default=32, help="heuristic candidates to time")
     p.add_argument("--split-k", action="store_true", help="also the top 4 candidates with other split-K counts")
     p.add_argument("--out", help="JSON of every cell (written after each)")
     a = p.parse_args()
+    require_cuda()
     shapes, layers = SHAPES[a.shape]
     dt = torch.bfloat16
     totals = {m: [0.0, 0.0] for m in a.rows}

@@ -18,6 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
+from benchmarks.gpu import require_cuda
 from kernels.graph_timing import graph_replay_us
 from kernels.pdl import pdl_enter
 
@@ -45,10 +46,11 @@ def chain_us(x: torch.Tensor, y: torch.Tensor, kernels: int, pdl: bool) -> float
 
 
 def main() -> None:
-    p = argparse.ArgumentParser()
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     p.add_argument("--width", type=int, default=4096, help="elements per kernel (one decode row of hidden size)")
-    p.add_argument("--kernels", type=int, default=400)
+    p.add_argument("--kernels", type=int, default=400, help="kernels in the timed chain")
     a = p.parse_args()
+    require_cuda()
     x = torch.randn(a.width, device="cuda", dtype=torch.bfloat16)
     y = torch.empty_like(x)
     plain, pdl = chain_us(x, y, a.kernels, False), chain_us(x, y, a.kernels, True)

@@ -6,6 +6,8 @@ import dataclasses
 import subprocess
 import sys
 
+import pytest
+
 from coordinator.config import EngineConfig
 from tests.support.processes import ROOT
 
@@ -41,7 +43,22 @@ def test_unknown_flag_errors():
 def test_bad_engine_value_errors():
     out = run("--block-size", "3", "--port", "0", timeout=60)
     assert out.returncode == 2
-    assert "block_size" in out.stderr
+    assert "argument --block-size: block_size must be a power of 2" in out.stderr
+
+
+@pytest.mark.parametrize(
+    "args, refusal",
+    [
+        (["--dtype", "float33"], "argument --dtype: invalid choice: 'float33'"),
+        (["--attention-backend", "cudnn"], "argument --attention-backend: invalid choice: 'cudnn'"),
+        (["--external-workers"], "argument --worker-address: worker_address is required with external_workers"),
+        (["--max-tok", "3"], "unrecognized arguments: --max-tok"),  # abbreviations are refused
+    ],
+)
+def test_a_bad_flag_is_refused_by_name_before_any_worker_starts(args, refusal):
+    out = run(*args, "--port", "0", "--device", "cpu", timeout=60)
+    assert out.returncode == 2 and refusal in out.stderr, out.stderr
+    assert "listening" not in out.stdout
 
 
 def test_every_engine_field_is_a_flag():
