@@ -7,12 +7,16 @@ last input token, and norm weights of exactly 1.0 hide norm bugs.
 
 from __future__ import annotations
 
+import logging
 import os
+import shutil
 import sysconfig
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from protocol.settings import settings
+
+log = logging.getLogger("nanoserve.model")
 
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
@@ -125,9 +129,13 @@ def default_model_dir() -> Path:
     base = settings().cache_dir
     path = base / "tiny-qwen3"
     if not (path / "model.safetensors").is_file():
+        log.warning("first start: writing the embedded default model to %s (once, a few seconds)", path)
         tmp = base / f"tiny-qwen3.tmp{os.getpid()}"
         write_tiny_checkpoint(tmp)
-        tmp.replace(path) if not path.exists() else None
+        if path.exists():  # another process wrote it meanwhile
+            shutil.rmtree(tmp, ignore_errors=True)
+        else:
+            tmp.replace(path)
     return path
 
 
