@@ -360,7 +360,7 @@ def test_warmup_compiles_every_decode_variant_without_error():
 
 
 def test_kernel_regs_counts_an_sm90_build_without_a_gpu():
-    # benchmarks/kernel_regs.py: a real sm_90a build and ptxas report on the CPU (a compiler run, so outside the
+    # benchmarks/probes/kernel_regs.py: a real sm_90a build and ptxas report on the CPU (a compiler run, so outside the
     # interpreter this suite sets): both split-decode variants get plausible registers, shared memory and an
     # occupancy that follows from them.
     import os
@@ -369,7 +369,7 @@ def test_kernel_regs_counts_an_sm90_build_without_a_gpu():
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    cmd = [sys.executable, os.path.join(root, "benchmarks", "kernel_regs.py"), "--tiles", "64,4,2"]
+    cmd = [sys.executable, os.path.join(root, "benchmarks", "probes", "kernel_regs.py"), "--tiles", "64,4,2"]
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, check=True).stdout
     rows = [line.split() for line in out.splitlines() if line.startswith("split decode")]
     assert len(rows) == 2, out

@@ -1,13 +1,15 @@
-"""Registers, spills, shared memory and programs per SM of our decode attention kernel on an H100/H200 (sm_90a),
-computed on any machine, no GPU needed: ``triton.compile`` for the target with the integer hints the JIT gives
-at run time (16-divisible strides), then ``ptxas -v`` (shipped with Triton).
+"""How many decode-attention programs fit on an sm_90a SM? Answered for Triton 3.6 in docs/PERFORMANCE_LOG.md log 14e.
 
-    python benchmarks/kernel_regs.py
+Registers, spills, shared memory and programs per SM of our split decode kernel on an H100/H200, computed on any
+machine, no GPU needed: ``triton.compile`` for the target with the integer hints the JIT gives at run time
+(16-divisible strides), then ``ptxas -v`` (shipped with Triton).
 
-Why: a memory-bound kernel's speed follows how many of its programs an SM holds at once. A stream decode tried in
-log 14c needed 168 registers where the split decode needs 118, so an SM held 3 of its programs instead of 4
-(docs/PERF.md). The local Triton may differ from the device's (3.6): install that version to a separate target
-and put it first on PYTHONPATH to count for the device.
+    python -m benchmarks.probes.kernel_regs [--tiles 64,4,2 ...]
+
+Why: a memory-bound kernel's speed follows how many of its programs an SM holds at once (a stream decode that
+needed 168 registers where the split decode needs 118 held 3 programs per SM instead of 4 and lost). Re-run it
+after changing a decode kernel. The local Triton may differ from the device's (3.6): install that version to a
+separate target and put it first on PYTHONPATH to count for the device.
 """
 
 from __future__ import annotations
@@ -16,17 +18,14 @@ import argparse
 import os
 import re
 import subprocess
-import sys
 import tempfile
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.backends.nvidia.compiler import get_ptxas
+from triton.compiler import ASTSource
 
-import triton  # noqa: E402
-from triton.backends.compiler import GPUTarget  # noqa: E402
-from triton.backends.nvidia.compiler import get_ptxas  # noqa: E402
-from triton.compiler import ASTSource  # noqa: E402
-
-from kernels import triton_attention  # noqa: E402
+from kernels import triton_attention
 
 SM90 = GPUTarget("cuda", 90, 32)
 REGS_PER_SM, SMEM_PER_SM, THREADS_PER_SM, PROGRAMS_PER_SM = 65536, 228 * 1024, 2048, 32

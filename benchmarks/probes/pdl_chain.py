@@ -1,28 +1,25 @@
-"""Does programmatic dependent launch (PDL) pay for decode at small batch? (GPU only, sm90+)
+"""Does PDL still pay for a chain of short kernels? Answered in docs/PERFORMANCE_LOG.md logs 7d and 17c. (GPU, sm90+)
 
 A batch-1 decode step is a chain of ~400 short kernels; each pays a launch gap, a ramp and a tail. With PDL a
 kernel may be scheduled while its predecessor finishes. This times a chain of 400 one-row elementwise kernels
-inside a CUDA graph, launched plainly and with PDL (kernels/pdl.py's enter sequence). Measured on an H200
-(docs/PERF.md log 7): 1.08 -> 0.62 us per kernel. benchmarks/decode_gemm.py compares the GEMMs.
+inside a CUDA graph, launched plainly and with PDL (kernels/pdl.py's enter sequence). Measured on an H200:
+1.08 -> 0.62 us per kernel. Re-run it on a new GPU, driver or Triton before relying on NANOSERVE_PDL's default;
+benchmarks/decode_gemm.py compares the GEMMs.
 
-    python benchmarks/pdl_chain.py [--width 4096] [--kernels 400]
+    python -m benchmarks.probes.pdl_chain [--width 4096] [--kernels 400]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
-import sys
 
 import torch
 import triton
 import triton.language as tl
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from kernels.graph_timing import graph_replay_us  # noqa: E402
-from kernels.pdl import pdl_enter  # noqa: E402
+from kernels.graph_timing import graph_replay_us
+from kernels.pdl import pdl_enter
 
 
 @triton.jit

@@ -1,11 +1,12 @@
-"""Does another of cuBLASLt's algorithms beat torch's pick on the decode products? (GPU only)
+"""Does another cuBLASLt algorithm beat torch's pick on the decode products? Answered in docs/PERFORMANCE_LOG.md log 16.
 
 For each layer shape of one rank and each row count, times torch's matmul (cuBLAS) and every candidate of
 cuBLASLt's heuristic (kernels/cublaslt.py), each as (RMSNorm, GEMM) pairs over one weight per model layer inside a
 CUDA graph (benchmarks/decode_gemm.py's ``graph_us``, as a decode step runs them). Prints us per GEMM, the best
-candidate's rank in the heuristic's list and its config, and per-step totals.
+candidate's rank in the heuristic's list and its config, and per-step totals. GPU only; the engine makes the same
+choice at start (NANOSERVE_LT_TUNE), so re-run this for a new shape, dtype or cuBLAS version.
 
-    python benchmarks/lt_algos.py [--shape qwen3-8b-tp2] [--rows 16 32 64 128 256] [--count 32] [--split-k]
+    python -m benchmarks.probes.lt_algos [--shape qwen3-8b-tp2] [--rows 16 32 64 128 256] [--count 32] [--split-k]
         [--out FILE]
 """
 
@@ -13,17 +14,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import sys
 
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from decode_gemm import SHAPES, graph_us  # noqa: E402  (benchmarks/, the script's folder)
-
-from kernels import cublaslt  # noqa: E402
+from benchmarks.decode_gemm import SHAPES, graph_us
+from kernels import cublaslt
 
 
 def main() -> None:
