@@ -41,9 +41,9 @@ def graph_us(fn, weights, x) -> float:
 
 
 def tilings(n: int, k: int, m: int, whole_slices: bool):
-    """Candidate tiles. Default: the split-K ``tl.dot`` tilings of log 7. ``whole_slices``: the GEMV kernel (up
-    to GEMV_MAX_ROWS rows) with 8, 16 or 32 KB of weight per program, loaded before the PDL wait. (Whole slices
-    through ``tl.dot`` lost 1.5-2.7x to cuBLAS in log 8.)"""
+    """Candidate tiles. Default: the split-K ``tl.dot`` tilings (docs/PERFORMANCE_LOG.md log 7). ``whole_slices``:
+    the GEMV kernel (up to GEMV_MAX_ROWS rows) with 8, 16 or 32 KB of weight per program, loaded before the PDL
+    wait. (Whole slices through ``tl.dot`` lost 1.5-2.7x to cuBLAS, log 8.)"""
     if not whole_slices:
         for bn in (32, 64, 128):
             for bk in (64, 128):

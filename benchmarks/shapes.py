@@ -4,7 +4,7 @@
 
 ``write_shape(name)`` writes ``config.json`` and a tokenizer into ``$NANOSERVE_CACHE/shapes/NAME`` (default
 ``~/.cache/nanoserve/shapes/NAME``) and returns the directory; run the engine on it with ``load_format="dummy"``.
-The shapes are copied from the hub config.json files (see REFERENCE.md, "Real model shapes"). The tokenizer is a
+The shapes are copied from the hub config.json files (benchmarks/WORKLOADS.md, "Model shapes"). The tokenizer is a
 word-level stand-in that covers every id of the model's vocabulary (``t0``, ``t1``, ...; Qwen's special tokens at
 their real ids), so any sampled id decodes; the benchmarks feed token-id prompts and never depend on its text.
 """

@@ -1,19 +1,20 @@
-"""End-to-end throughput of nanoserve on the REFERENCE.md workloads, against a roofline floor (and HF, optionally).
+"""End-to-end throughput of nanoserve on the workloads of WORKLOADS.md, against a roofline floor (and HF, optionally).
 
     python -m benchmarks.throughput --workload W1|W2|W3 (--model DIR | --shape qwen3-0.6b|qwen3-8b|tiny)
         [--tp N] [--enforce-eager] [--compare hf] [--num-prompts N] [--hf-num-prompts N] [--repeat N]
         [--device cuda|cpu] [--dtype bfloat16] [--max-num-seqs N] [--max-num-batched-tokens N] [--block-size N]
         [--gpu-memory-utilization F] [--num-kv-blocks N] [--scale S] [--hbm-tbs X] [--tflops X]
-    python -m benchmarks.throughput --check-floors     # W1/W2/W3 floors at REFERENCE.md's H200 ceilings (CPU only)
+    python -m benchmarks.throughput --check-floors     # W1/W2/W3 floors at the nominal H200 ceilings (CPU only)
 
-Workloads (REFERENCE.md, "Benchmark workloads"):
+Workloads (benchmarks/WORKLOADS.md):
   W1  nano-vllm's bench.py: random.seed(0); 256 prompts of randint(0, 10000) ids, lengths randint(100, 1024); then
       per prompt SamplingParams(temperature=0.6, ignore_eos=True, max_tokens=randint(100, 1024)); max_model_len 4096;
       one small warm-up generate, then one timed generate of all. tok/s = sum(max_tokens) / seconds.
       --num-prompts N keeps the first N (all 256 are drawn first, so the first N are the same prompts).
       --repeat N times it N times in the same engine, round r with every id shifted by r + 1 (no round hits another's
       prefix cache; same lengths): tok_s stays the first round's, tok_s_rounds and tok_s_median are added. The
-      runs of one code path spread ~1% between calls (docs/PERF.md log 13a); rounds cost seconds, not a start-up.
+      runs of one code path spread ~1% between calls (docs/PERFORMANCE_LOG.md log 13a); rounds cost seconds, not a
+      start-up.
   W2  single stream: 1 request, 128 prompt ids, 512 output tokens, greedy (ignore_eos). TTFT = median of 3
       max_tokens=1 runs; ms/token = (time of the 512-token run - TTFT) / 511. Every run uses a fresh random prompt,
       so the prefix cache never shortens a later prefill.
@@ -28,9 +29,9 @@ Workloads (REFERENCE.md, "Benchmark workloads"):
 the same random draws; it defaults to 8 for --shape tiny (W1 prompts 12-128 ids, outputs 12-128 tokens) and 1
 otherwise. The floor is computed for the lengths actually run.
 
-Roofline floor (REFERENCE.md, "Yardsticks"): ceilings measured at start on CUDA (device-to-device copy of 2 x 1 GiB:
-bytes read + written / time; bf16 8192^3 matmul) on GPU 0, or --hbm-tbs/--tflops; on CPU, REFERENCE.md's H200
-figures are used as nominal values (so the CPU "fraction" means nothing). Floor = prefill + decode:
+Roofline floor (benchmarks/WORKLOADS.md): ceilings measured at start on CUDA (device-to-device copy of 2 x 1 GiB:
+bytes read + written / time; bf16 8192^3 matmul) on GPU 0, or --hbm-tbs/--tflops; on CPU, one H200's nominal
+figures (4.25 TB/s, 791 TFLOP/s) are used (so the CPU "fraction" means nothing). Floor = prefill + decode:
   prefill: (2 x layer params x prompt ids + 2 x lm_head params per sequence + causal attention FLOPs
            4 x head_dim x q_heads x layers x visible (query, key) pairs) / TFLOP/s; prefix-cached ids cost nothing
            but are visible keys.
@@ -38,7 +39,7 @@ figures are used as nominal values (so the CPU "fraction" means nothing). Floor 
            waiting one); step k reads all weights (decoder layers + lm_head) plus the KV of every running sequence
            at its context length prompt + k, at the measured bandwidth; a sequence runs max_tokens steps.
   TP divides both by tp (perfect sharding). fraction = floor_s / seconds.
-This reproduces REFERENCE.md's W1 floors at 4.25 TB/s and 791 TFLOP/s: 3.72 s (0.6B), 10.39 s (8B), 5.19 s (8B, TP=2).
+At 4.25 TB/s and 791 TFLOP/s this gives WORKLOADS.md's W1 floors: 3.72 s (0.6B), 10.39 s (8B), 5.19 s (8B, TP=2).
 
 --compare hf runs transformers' continuous batching (benchmarks/hf_peer.py) in the same process after nanoserve's
 engine has been closed (so both get the whole GPU), on one GPU whatever --tp is, on the first --hf-num-prompts
@@ -67,9 +68,9 @@ from benchmarks.gpu import require_cuda
 from benchmarks.shapes import SHAPES, load_config, model_stats, write_shape
 from coordinator.config import ATTENTION_BACKENDS, DTYPES
 
-REF_HBM_TBS, REF_TFLOPS = 4.25, 791.0  # REFERENCE.md, one H200
+REF_HBM_TBS, REF_TFLOPS = 4.25, 791.0  # one H200's nominal ceilings (benchmarks/WORKLOADS.md)
 MAX_MODEL_LEN = 4096
-W1_REFERENCE_FLOORS = {("qwen3-0.6b", 1): 3.72, ("qwen3-8b", 1): 10.39, ("qwen3-8b", 2): 5.19}
+W1_YARDSTICK_FLOORS = {("qwen3-0.6b", 1): 3.72, ("qwen3-8b", 1): 10.39, ("qwen3-8b", 2): 5.19}
 
 # ---- workloads ---------------------------------------------------------------------------------------------------
 
@@ -158,9 +159,9 @@ def roofline(
 
 
 def check_floors(hbm_tbs: float = REF_HBM_TBS, tflops: float = REF_TFLOPS) -> list[dict]:
-    """Floors at the given ceilings for the real shapes; W1 next to REFERENCE.md's yardsticks."""
+    """Floors at the given ceilings for the real shapes; W1 next to the yardsticks of benchmarks/WORKLOADS.md."""
     rows = []
-    print(f"floors at {hbm_tbs} TB/s, {tflops} TFLOP/s (W1 yardsticks from REFERENCE.md)")
+    print(f"floors at {hbm_tbs} TB/s, {tflops} TFLOP/s (W1 yardsticks from benchmarks/WORKLOADS.md)")
     for shape, tp in [("qwen3-0.6b", 1), ("qwen3-8b", 1), ("qwen3-8b", 2)]:
         st = model_stats(SHAPES[shape])
         kw = {"hbm_tbs": hbm_tbs, "tflops": tflops, "tp": tp}
@@ -169,7 +170,7 @@ def check_floors(hbm_tbs: float = REF_HBM_TBS, tflops: float = REF_TFLOPS) -> li
         w2 = roofline(st, [Request(ps[0], m)], **kw)
         w3_on = roofline(st, w3_requests(prefix_cached=True), **kw)
         w3_off = roofline(st, w3_requests(prefix_cached=False), **kw)
-        ref = W1_REFERENCE_FLOORS.get((shape, tp))
+        ref = W1_YARDSTICK_FLOORS.get((shape, tp))
         w1_out = sum(r.max_tokens for r in w1_requests())
         row = {
             "shape": shape,
@@ -199,7 +200,7 @@ def measure_ceilings(device: str, hbm_tbs: float | None, tflops: float | None) -
         return {
             "hbm_tbs": hbm_tbs or REF_HBM_TBS,
             "tflops": tflops or REF_TFLOPS,
-            "source": "nominal (REFERENCE.md H200 figures, not measured: the fraction means nothing on CPU)",
+            "source": "nominal (one H200's figures, not measured: the fraction means nothing on CPU)",
         }
     import torch
 
@@ -446,7 +447,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--scale", type=int, help="divide all workload lengths by S (default 8 for --shape tiny, else 1)")
     p.add_argument("--hbm-tbs", type=float, help="use this bandwidth (TB/s) instead of measuring")
     p.add_argument("--tflops", type=float, help="use this matmul rate (TFLOP/s) instead of measuring")
-    p.add_argument("--check-floors", action="store_true", help="print the floors at REFERENCE.md's H200 ceilings")
+    p.add_argument("--check-floors", action="store_true", help="print the floors at the nominal H200 ceilings")
     args = p.parse_args(argv)
     aliases = {"bf16": "bfloat16", "fp16": "float16", "half": "float16", "fp32": "float32", "float": "float32"}
     args.dtype = aliases.get(args.dtype, args.dtype)

@@ -127,7 +127,7 @@ def problem(m: int, n: int, k: int, dtype: torch.dtype) -> Problem:
 
 
 def heuristic_algos(m: int, n: int, k: int, dtype: torch.dtype, count: int = 32) -> list[Algo]:
-    """cuBLASLt's candidates for this product, its first choice first (as fast as torch's matmul, log 16b)."""
+    """cuBLASLt's candidates for this product, its first choice first (as fast as torch's matmul)."""
     p = problem(m, n, k, dtype)
     pref = ctypes.c_void_p()
     _call("cublasLtMatmulPreferenceCreate", ctypes.byref(pref))

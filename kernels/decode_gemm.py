@@ -2,13 +2,13 @@
 
 At batch 1-16 a linear layer is a read of its weight. For narrow outputs (Qwen3-0.6B's o_proj and down_proj,
 1,024 columns) cuBLAS runs few programs and spends 6-13 us on 4-6 MB of weights; splitting K over four times
-more programs takes 4.5-5.5 us (benchmarks/decode_gemm.py, docs/PERF.md log 7). The kernel is launched with PDL
+more programs takes 4.5-5.5 us (benchmarks/decode_gemm.py, H200). The kernel is launched with PDL
 (kernels/pdl.py) and loads its first weight tile, which no kernel of the step writes, before waiting on the
 kernel in front of it.
 
 One or two rows (W2, a small batch) take a GEMV kernel instead: each program multiplies one 16 KB weight slice,
 loaded whole before the wait, by each row and sums along K; so every program resident while the kernel in front
-still runs has its weight in flight (8B qkv/o/gate_up at one row: 0.83-0.96x cuBLAS's time, log 8).
+still runs has its weight in flight (8B qkv/o/gate_up at one row: 0.83-0.96x cuBLAS's time).
 
 Each split writes its fp32 partial sums to a workspace; a second launch adds them in a fixed order, so results
 do not vary from run to run. ``decode_linear_tiles`` decides which shapes take this path; the rest use cuBLAS.
@@ -128,7 +128,7 @@ class Tiles(NamedTuple):
 def decode_linear_tiles(x: torch.Tensor, w: torch.Tensor) -> Tiles | None:
     """The tiles when ``x @ w.T`` should take one of our kernels, else None (cuBLAS).
 
-    From the H200 sweeps (benchmarks/decode_gemm.py, docs/PERF.md logs 7-8):
+    From the H200 sweeps of benchmarks/decode_gemm.py:
     - the GEMV kernel, 16 KB of weight per program loaded before the PDL wait, for K <= 4096 at one or two rows
       (8B qkv/o/gate_up at one row: 0.83-0.96x cuBLAS's time, at two: 0.90-0.98x; 0.6B: 0.22-0.95x) and for
       narrow outputs at up to four rows (0.6B o/down: 0.48-0.92x). Its per-row cost grows with the rows: at

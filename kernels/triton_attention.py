@@ -355,7 +355,7 @@ class TritonAttentionBackend(AttentionBackend):
     for any lengths: a CUDA graph captured with one value replays correctly for all lengths.
     """
 
-    # Decode regimes by programs per split (batch x kv heads), measured on an H200 (docs/PERF.md log 9):
+    # Decode regimes by programs per split (batch x kv heads), measured on an H200:
     # from DIRECT_PROGRAMS_PER_SM x SMs up, one 128-key program per (sequence, kv head) streams at the copy
     # ceiling; from MID_MIN_PROGRAMS up, 64-key programs split so that ~MID_PROGRAMS_PER_SM x SMs programs run
     # beat it by 3-8%; below that, the long-context few-sequence case, splits fill the GPU as before.
@@ -381,7 +381,7 @@ class TritonAttentionBackend(AttentionBackend):
         # benchmarks/attention_kernels.py --sweep-decode measures the alternatives.
         self.decode_tiles = decode_tiles
         # Grid order (kv heads, splits, batch): the programs of one sequence's kv heads run side by side and
-        # read the interleaved head slices of the same cache pages together (W1 0.6B +2-4%, PERF.md log 9).
+        # read the interleaved head slices of the same cache pages together (W1 0.6B +2-4% on an H200).
         self.decode_heads_first = decode_heads_first
         # CUDA prefill tiling (queries per tile, keys per tile, warps, stages); None = the default below
         # (benchmarks/attention_kernels.py --sweep-prefill measures the alternatives).
@@ -454,7 +454,7 @@ class TritonAttentionBackend(AttentionBackend):
         pdl = use_pdl(q)
         if q.is_cuda:
             # head_dim <= 128: 64 x 64 tiles, 4 warps, 1.24-1.27x faster than 128 x 64 with 8 warps on W1-like
-            # prompts of 100-1,024 tokens (H200, docs/PERF.md log 12); smaller tiles for wide heads (registers).
+            # prompts of 100-1,024 tokens (H200); smaller tiles for wide heads (registers).
             default = (64, 64, 4, 2) if block_d <= 128 else (64, 32, 4, 2)
             block_m, block_n, num_warps, num_stages = self.prefill_tiles or default
         else:
@@ -562,9 +562,9 @@ class TritonAttentionBackend(AttentionBackend):
         pdl = use_pdl(q)
         block_h = max(16, triton.next_power_of_2(group))
         if q.is_cuda:
-            # 128-key tiles: 3-4% faster than 64 at batch 256 on an H200 (docs/PERF.md log 6); two stages of
-            # K and V tiles then take 128 KB of shared memory at head_dim 128 in 16-bit types (64 keys in fp32).
-            # The split programs of the mid regime (see num_decode_splits) take 64 keys (log 9).
+            # 128-key tiles: 3-4% faster than 64 at batch 256 on an H200; two stages of K and V tiles then take
+            # 128 KB of shared memory at head_dim 128 in 16-bit types (64 keys in fp32). The split programs of the
+            # mid regime take 64 keys, the best tiling there in the H200 sweeps (see num_decode_splits).
             mid = num_splits > 1 and batch * num_kv_heads >= self.MID_MIN_PROGRAMS
             wide = block_d <= 128 and k_cache.element_size() <= 2 and not mid
             block_n = 128 if wide else (64 if block_d <= 128 else 32)

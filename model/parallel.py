@@ -29,9 +29,9 @@ class TPState:
 _TP = TPState()
 
 # Size cut-offs of the symmetric-memory all-reduce, in bytes per rank, from benchmarks/allreduce.py (2 NVLink
-# H200s, bf16, in CUDA graphs; docs/PERF.md log 6d): one-shot (every rank reads each peer's whole buffer: lowest
-# latency, 6.7 us at 8 KB vs NCCL's 11.9) wins to ~1 MiB, two-shot (reduce-scatter + all-gather through the
-# buffer: less NVLink traffic, 19 us at 2 MiB vs 31) to ~32 MiB; NCCL wins at 64 MiB (prefill-sized messages).
+# H200s, bf16, in CUDA graphs): one-shot (every rank reads each peer's whole buffer: lowest latency, 6.7 us at
+# 8 KB vs NCCL's 11.9) wins to ~1 MiB, two-shot (reduce-scatter + all-gather through the buffer: less NVLink
+# traffic, 19 us at 2 MiB vs 31) to ~32 MiB; NCCL wins at 64 MiB (prefill-sized messages).
 ONE_SHOT_MAX_BYTES = 512 * 1024
 TWO_SHOT_MAX_BYTES = 16 * 1024 * 1024
 _SYMM_DTYPES = (torch.bfloat16, torch.float32)  # what the symm_mem reduction kernels dispatch on
@@ -39,8 +39,8 @@ _SYMM_DTYPES = (torch.bfloat16, torch.float32)  # what the symm_mem reduction ke
 _SYMM: SymmAllReduce | None = None
 _FUSED: FusedAllReduceNorm | None = None
 # The fused all-reduce + add + RMSNorm (kernels/allreduce_norm.py) up to this size per call; above it, NCCL (or the
-# two-shot kernel) and then the norm kernel. Measured on 2 H200s (docs/PERF.md log 12a): 1.5-1.9x faster than
-# the unfused pair at decode sizes, still 1.13x at 64 MiB (an 8,192-token prefill step of Qwen3-8B).
+# two-shot kernel) and then the norm kernel. Measured on 2 H200s: 1.5-1.9x faster than the unfused pair at decode
+# sizes, still 1.13x at 64 MiB (an 8,192-token prefill step of Qwen3-8B).
 FUSED_MAX_BYTES = 64 * 1024 * 1024
 
 
