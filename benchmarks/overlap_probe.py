@@ -43,6 +43,7 @@ def main() -> None:
     dist.init_process_group("nccl", init_method="tcp://127.0.0.1:29556", rank=0, world_size=1)
     torch.cuda.set_device(0)
     set_tp(0, 1)
+    from worker import startup
     from worker.model_runner import ModelRunner
 
     max_bs = max(a.batch)
@@ -50,12 +51,12 @@ def main() -> None:
     num_blocks = max_bs * blocks_per_seq
     cfg = WorkerConfig(
         str(write_shape(a.shape)), "cuda", "auto", "dummy", 16, max_bs, 8192, 4096, num_blocks, 0.9, 0, False, 0,
-        "auto", "",
+        "auto", "", [],
     )  # fmt: skip
     runner = ModelRunner(cfg, torch.device("cuda", 0))
     runner.allocate_kv(num_blocks)
-    runner.warmup_kernels()
-    runner.capture_graphs()
+    startup.warmup_kernels(runner)
+    startup.capture_graphs(runner)
     g = runner.graphs
     model, backend = runner.model, runner.backend
     rows = []

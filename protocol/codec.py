@@ -3,7 +3,9 @@
 A record is a slots dataclass registered with a tag. It travels as ``[tag, field values...]``; fields
 annotated ``I32``/``I64``/``F32`` are numpy arrays that travel as packed little-endian bytes, so encode and
 decode of a whole batch is one ``tobytes``/``frombuffer`` per array. Decoding checks every field's type, so a
-malformed frame raises ``ProtocolError`` instead of reaching the engine.
+malformed frame raises ``ProtocolError`` instead of reaching the engine; a record whose own validation rejects a
+value raises its subclass ``InvalidValue``. Records nest: a field annotated with a record's class name (or a list
+of them) travels as that record's list.
 """
 
 from __future__ import annotations
@@ -23,6 +25,11 @@ _SCALARS = {"int": (int,), "float": (float, int), "str": (str,), "bool": (bool,)
 
 class ProtocolError(ValueError):
     """A frame that is not a valid message."""
+
+
+class InvalidValue(ProtocolError):
+    """A well-formed record whose own validation rejected a value (e.g. SamplingParams' ranges); the message
+    names the field."""
 
 
 @dataclasses.dataclass(slots=True)
@@ -138,7 +145,10 @@ def _from_wire(raw, expect: type | None = None):
                 values.append(_from_wire(v, target))
         else:
             values.append(v)
-    return cls(*values)
+    try:
+        return cls(*values)
+    except (ValueError, TypeError) as e:  # the record's own validation (__post_init__)
+        raise InvalidValue(str(e)) from None
 
 
 def encode(msg) -> bytes:
@@ -155,5 +165,5 @@ def decode(data: bytes, expect: type | None = None):
         return _from_wire(raw, expect)
     except ProtocolError:
         raise
-    except Exception as e:  # a constructor's own validation (e.g. __post_init__)
+    except Exception as e:  # anything else a garbled frame trips over
         raise ProtocolError(str(e)) from None

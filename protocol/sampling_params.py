@@ -1,10 +1,17 @@
-"""SamplingParams (vLLM's names and defaults), validated at construction: an error names the field."""
+"""SamplingParams (vLLM's names and defaults), validated at construction: an error names the field.
+
+The one shape of a request's sampling settings: it travels as a record (tag 10) inside ``Generate`` (client to
+server) and ``StepCommand.new_params`` (coordinator to workers), and decoding it runs the same validation.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from protocol.codec import record
 
+
+@record(10)
 @dataclass(slots=True)
 class SamplingParams:
     temperature: float = 1.0
