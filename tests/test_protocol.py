@@ -253,6 +253,26 @@ def test_wrong_expected_type_is_a_protocol_error():
         decode(encode(Shutdown("bye")), expect=StepCommand)
 
 
+def test_nested_sampling_params_are_validated_on_decode():
+    """A well-formed SamplingParams with a value out of range, alone or inside a Generate: InvalidValue (a
+    ProtocolError) naming the field; types are checked on every decode, also once a signature is known."""
+    from protocol.client_messages import CLIENT_PROTOCOL_VERSION, Generate
+
+    for name, bad in [("temperature", -1.0), ("top_p", 0.0), ("seed", -3), ("min_tokens", 99), ("logprobs", 21)]:
+        params = SamplingParams(max_tokens=8)
+        setattr(params, name, bad)  # after construction: the bad value reaches the wire unvalidated
+        for msg in (params, Generate(CLIENT_PROTOCOL_VERSION, "r1", None, "hi", False, params)):
+            with pytest.raises(codec.InvalidValue, match=name):
+                decode(encode(msg))
+    good = msgpack.unpackb(encode(SamplingParams(temperature=1, stop_token_ids=[4])), raw=False)
+    for _ in range(2):  # the second decode takes the known-signature path
+        back = decode(pack(good))
+        assert type(back.temperature) is float and back.temperature == 1.0 and back.stop_token_ids == [4]
+        bad = with_field(good, 1 + _PARAM_NAMES.index("stop_token_ids"), [True])
+        with pytest.raises(ProtocolError, match="stop_token_ids"):
+            decode(pack(bad))
+
+
 def test_fuzzed_frames_raise_only_protocol_error():
     """Random corruptions of valid frames either decode or raise ProtocolError, never anything else."""
     rng = np.random.default_rng(0)
