@@ -324,6 +324,7 @@ def test_decode_step_at_256_sequences_is_under_4_kib():
     step = decode_step(256)
     size = len(encode(step))
     assert size < 4096, f"decode StepCommand at 256 sequences is {size} bytes"
+    assert size <= 3188, f"{size} bytes: more than before the per-start settings became records (3,188)"
     # a decode step lists no per-row token counts and no sample rows: every row computes and samples one token
     assert len(step.prefill_num_tokens) == 0 and len(step.skip_sample_rows) == 0
 
