@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from protocol.messages import StepCommand, WorkerConfig
+from protocol.sampling_params import SamplingParams
 
 
 def i32(x):
@@ -40,21 +41,10 @@ def step(step_id, slots, tokens_per_seq, tokens, new_blocks, new=None):
         skip_sample_rows=i32([]),
         new_slots=i32(new.get("slots", [])),
         new_start_pos=i32([0] * num_new),
-        new_temperature=np.asarray([new.get("temperature", 0.0)] * num_new, np.float32),
-        new_top_p=np.ones(num_new, np.float32),
-        new_top_k=i32([0] * num_new),
-        new_min_p=np.zeros(num_new, np.float32),
-        new_seed=np.full(num_new, -1, np.int64),
-        new_min_tokens=i32([0] * num_new),
-        new_stop_id_counts=i32([0] * num_new),
-        new_stop_ids=i32([]),
-        new_presence_penalty=np.zeros(num_new, np.float32),
-        new_frequency_penalty=np.zeros(num_new, np.float32),
-        new_repetition_penalty=np.ones(num_new, np.float32),
-        new_penalty_prompt_lens=i32([0] * num_new),
-        new_penalty_output_lens=i32([0] * num_new),
-        new_penalty_token_ids=i32([]),
-        new_logprobs=i32([-1] * num_new),
+        new_params=[SamplingParams(temperature=new.get("temperature", 0.0)) for _ in range(num_new)],
+        new_num_outputs=i32([0] * num_new),
+        new_prompt_lens=i32([0] * num_new),
+        new_past_token_ids=i32([]),
         freed_slots=i32([]),
     )
 
@@ -176,6 +166,7 @@ def main() -> None:
         init_custom_all_reduce(8192 * hidden * 2, torch.bfloat16, torch.device("cuda", rank))
     if rank:
         sys.stdout = open(os.devnull, "w")  # rank 0 reports
+    from worker import startup
     from worker.model_runner import ModelRunner
 
     max_bs = max(a.batch)
@@ -197,11 +188,12 @@ def main() -> None:
         0,
         "auto",
         "",
+        [],
     )
     runner = ModelRunner(cfg, torch.device("cuda", rank))
     runner.allocate_kv(num_blocks)
-    runner.warmup_kernels()
-    runner.capture_graphs()
+    startup.warmup_kernels(runner)
+    startup.capture_graphs(runner)
     rows = []
     for bs in a.batch:
         slots = list(range(bs))

@@ -88,27 +88,7 @@ def _generate_msg(request_id: str, token: str | None, prompt, params: SamplingPa
     p = params or SamplingParams()
     if not isinstance(p, SamplingParams):
         raise RequestError(f"params must be a SamplingParams, got {type(p).__name__}")
-    return Generate(
-        protocol_version=CLIENT_PROTOCOL_VERSION,
-        request_id=request_id,
-        token=token,
-        prompt=_prompt(prompt),
-        stream=stream,
-        temperature=float(p.temperature),
-        top_p=float(p.top_p),
-        top_k=p.top_k,
-        min_p=float(p.min_p),
-        max_tokens=p.max_tokens,
-        min_tokens=p.min_tokens,
-        stop=list(p.stop),
-        stop_token_ids=list(p.stop_token_ids),
-        ignore_eos=p.ignore_eos,
-        seed=p.seed,
-        logprobs=p.logprobs,
-        presence_penalty=float(p.presence_penalty),
-        frequency_penalty=float(p.frequency_penalty),
-        repetition_penalty=float(p.repetition_penalty),
-    )
+    return Generate(CLIENT_PROTOCOL_VERSION, request_id, token, _prompt(prompt), stream, p)
 
 
 def _prompts_list(prompts) -> list:

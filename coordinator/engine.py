@@ -79,6 +79,7 @@ class Engine:
             seed=cfg.seed,
             attention_backend=cfg.attention_backend,
             dist_init_method="",
+            eos_token_ids=sorted(t for t in self.eos_token_ids if 0 <= t < self.vocab_size),
         )
         self.workers = WorkerGroup(
             worker_config,
@@ -103,7 +104,6 @@ class Engine:
             cfg.max_num_batched_tokens,
             max_model_len=self.max_model_len,
             async_scheduling=cfg.async_scheduling,
-            eos_token_ids=frozenset(t for t in self.eos_token_ids if 0 <= t < self.vocab_size),
         )
         self._in_flight: deque[ScheduledBatch] = deque()  # sent, results not applied yet (oldest first)
         self.requests: dict[str, Sequence] = {}

@@ -38,7 +38,6 @@ class Scheduler:
     max_num_batched_tokens: int
     max_model_len: int = 1 << 30
     async_scheduling: bool = False  # sampled tokens become placeholders until their step's result arrives
-    eos_token_ids: frozenset[int] = frozenset()  # masked (unless ignore_eos) until a sequence has min_tokens
     waiting: deque[Sequence] = field(default_factory=deque)
     running: list[Sequence] = field(default_factory=list)
     stats: SchedulerStats = field(default_factory=SchedulerStats)
@@ -179,13 +178,9 @@ class Scheduler:
             skip_sample_rows=np.array(skip_sample_rows, np.int32),
             new_slots=np.array([s.slot for s in new], np.int32),
             new_start_pos=np.array([s.num_computed_tokens for s in new], np.int32),
-            new_temperature=np.array([s.params.temperature for s in new], np.float32),
-            new_top_p=np.array([s.params.top_p for s in new], np.float32),
-            new_top_k=np.array([min(s.params.top_k, 2**31 - 1) for s in new], np.int32),  # any k >= vocab: all
-            new_min_p=np.array([s.params.min_p for s in new], np.float32),
-            new_seed=np.array([-1 if s.params.seed is None else s.params.seed for s in new], np.int64),
+            new_params=[s.params for s in new],
             freed_slots=np.array(self.freed_slots, np.int32),
-            **self._new_controls(new),
+            **self._past_tokens(new),
         )
         self.step_id += 1
         self.freed_slots.clear()
@@ -198,40 +193,25 @@ class Scheduler:
                 seq.num_pending += 1
         return ScheduledBatch(seqs, num_tokens, sampled, step)
 
-    def _new_controls(self, new: list[Sequence]) -> dict:
-        """min_tokens masks, penalties and logprobs of the sequences (re)starting in a slot. A sequence is only
-        admitted with every token known (a preempted one's in-flight token resolves before it is readmitted),
-        so its outputs so far are exact."""
-        min_left, stop_counts, stop_ids = [], [], []
-        prompt_lens, output_lens, pen_ids = [], [], []
+    @staticmethod
+    def _past_tokens(new: list[Sequence]) -> dict:
+        """The tokens the sequences (re)starting in a slot already have, which only the coordinator knows: their
+        outputs so far (after a preemption; min_tokens and penalties count them) and, under a repetition
+        penalty, their prompt (prefix-cache hits are never computed on the workers). A sequence is only admitted
+        with every token known (a preempted one's in-flight token resolves before it is readmitted), so its
+        outputs so far are exact."""
+        num_outputs, prompt_lens, past = [], [], []
         for s in new:
-            p = s.params
             outputs = s.output_token_ids
-            left = max(0, p.min_tokens - len(outputs))
-            masked = sorted(set(p.stop_token_ids) | (set() if p.ignore_eos else self.eos_token_ids)) if left else []
-            min_left.append(left if masked else 0)
-            stop_counts.append(len(masked))
-            stop_ids.extend(masked)
-            if p.presence_penalty or p.frequency_penalty or p.repetition_penalty != 1:
-                prompt = s.token_ids[: s.num_prompt_tokens] if p.repetition_penalty != 1 else []
-                prompt_lens.append(len(prompt))
-                output_lens.append(len(outputs))
-                pen_ids.extend(prompt)
-                pen_ids.extend(outputs)
-            else:
-                prompt_lens.append(0)
-                output_lens.append(0)
+            prompt = s.token_ids[: s.num_prompt_tokens] if s.params.repetition_penalty != 1 else []
+            num_outputs.append(len(outputs))
+            prompt_lens.append(len(prompt))
+            past.extend(prompt)
+            past.extend(outputs)
         return dict(
-            new_min_tokens=np.array(min_left, np.int32),
-            new_stop_id_counts=np.array(stop_counts, np.int32),
-            new_stop_ids=np.array(stop_ids, np.int32),
-            new_presence_penalty=np.array([s.params.presence_penalty for s in new], np.float32),
-            new_frequency_penalty=np.array([s.params.frequency_penalty for s in new], np.float32),
-            new_repetition_penalty=np.array([s.params.repetition_penalty for s in new], np.float32),
-            new_penalty_prompt_lens=np.array(prompt_lens, np.int32),
-            new_penalty_output_lens=np.array(output_lens, np.int32),
-            new_penalty_token_ids=np.array(pen_ids, np.int32),
-            new_logprobs=np.array([-1 if s.params.logprobs is None else s.params.logprobs for s in new], np.int32),
+            new_num_outputs=np.array(num_outputs, np.int32),
+            new_prompt_lens=np.array(prompt_lens, np.int32),
+            new_past_token_ids=np.array(past, np.int32),
         )
 
     def _key_full_blocks(self, seq: Sequence, num_computed: int) -> None:

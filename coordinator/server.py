@@ -58,9 +58,8 @@ from protocol.client_messages import (
     StatsReply,
     TokenLogprobs,
 )
-from protocol.codec import ProtocolError, decode, encode
+from protocol.codec import InvalidValue, ProtocolError, decode, encode
 from protocol.errors import RequestError
-from protocol.sampling_params import SamplingParams
 
 log = logging.getLogger("nanoserve.server")
 
@@ -68,22 +67,6 @@ IDLE_POLL_MS = 50
 WORKER_CHECK_S = 1.0
 RATE_WINDOW_S = 5.0
 MAX_REQUEST_ID_LEN = 256
-_PARAM_FIELDS = [
-    "temperature",
-    "top_p",
-    "top_k",
-    "min_p",
-    "max_tokens",
-    "min_tokens",
-    "stop",
-    "stop_token_ids",
-    "ignore_eos",
-    "seed",
-    "logprobs",
-    "presence_penalty",
-    "frequency_penalty",
-    "repetition_penalty",
-]
 
 
 class PortInUseError(OSError):
@@ -431,11 +414,14 @@ class Server:
             if not self._token_ok(raw[3]):
                 self._unauthorized(identity, raw[2])
                 return
+            kind = PROTOCOL
             if raw[1] != CLIENT_PROTOCOL_VERSION:
                 why = f"protocol_version {raw[1]!r} is not supported; the server speaks {CLIENT_PROTOCOL_VERSION}"
+            elif isinstance(e, InvalidValue):  # well-formed, but e.g. a sampling setting out of range
+                kind, why = REQUEST_ERROR, str(e)
             else:
                 why = f"malformed request: {e}"
-            self._error(identity, raw[2], PROTOCOL, why)
+            self._error(identity, raw[2], kind, why)
             return
         self._drop(identity, str(e))
 
@@ -452,7 +438,7 @@ class Server:
             return
         try:
             prompt = self._check_prompt(msg.prompt)
-            params = self._params(msg)
+            params = msg.params  # validated when the frame was decoded
             engine_id = str(next(self._ids))
             seq = self.engine.add_request(prompt, params, engine_id)
         except RequestError as e:
@@ -485,13 +471,6 @@ class Server:
                 raise RequestError("prompt must be a string or a list of int token ids")
             return prompt
         raise RequestError(f"prompt must be a string or a list of token ids, got {type(prompt).__name__}")
-
-    @staticmethod
-    def _params(msg: Generate) -> SamplingParams:
-        try:
-            return SamplingParams(**{name: getattr(msg, name) for name in _PARAM_FIELDS})
-        except (ValueError, TypeError) as e:
-            raise RequestError(str(e)) from None
 
     def _abort(self, identity: bytes, rid: str) -> None:
         engine_id = self.by_client.get((identity, rid))

@@ -11,8 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from protocol.codec import record
+from protocol.sampling_params import SamplingParams
 
-CLIENT_PROTOCOL_VERSION = 2
+CLIENT_PROTOCOL_VERSION = 3
 
 # Error.kind values
 REQUEST_ERROR = "RequestError"  # a bad request; the message names the field
@@ -33,20 +34,7 @@ class Generate:
     token: str | None
     prompt: object  # str | list[int]
     stream: bool  # True: a Delta per step; False: one Delta when finished
-    temperature: float
-    top_p: float
-    top_k: int
-    min_p: float
-    max_tokens: int
-    min_tokens: int
-    stop: list[str]
-    stop_token_ids: list[int]
-    ignore_eos: bool
-    seed: int | None
-    logprobs: int | None
-    presence_penalty: float
-    frequency_penalty: float
-    repetition_penalty: float
+    params: SamplingParams  # decoding validates it: a bad value is an InvalidValue naming the field
 
 
 @record(21)

@@ -3,12 +3,15 @@
 A record is a slots dataclass registered with a tag. It travels as ``[tag, field values...]``; fields
 annotated ``I32``/``I64``/``F32`` are numpy arrays that travel as packed little-endian bytes, so encode and
 decode of a whole batch is one ``tobytes``/``frombuffer`` per array. Decoding checks every field's type, so a
-malformed frame raises ``ProtocolError`` instead of reaching the engine.
+malformed frame raises ``ProtocolError`` instead of reaching the engine; a record whose own validation rejects a
+value raises its subclass ``InvalidValue``. Records nest: a field annotated with a record's class name (or a list
+of them) travels as that record's list.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import operator
 
 import msgpack
 import numpy as np
@@ -25,6 +28,11 @@ class ProtocolError(ValueError):
     """A frame that is not a valid message."""
 
 
+class InvalidValue(ProtocolError):
+    """A well-formed record whose own validation rejected a value (e.g. SamplingParams' ranges); the message
+    names the field."""
+
+
 @dataclasses.dataclass(slots=True)
 class _FieldSpec:
     name: str
@@ -34,23 +42,55 @@ class _FieldSpec:
     optional: bool = False
     record: type | None = None
     is_list: bool = False
+    # decoding checks exact types (msgpack yields only exact ones; a bool is never taken for an int)
+    exact: frozenset = frozenset()  # a scalar's accepted types, NoneType included when optional
+    elements: frozenset | None = None  # a list[scalar]'s accepted element types
+    to_float: bool = False  # a float field: an int on the wire becomes a float
+
+
+@dataclasses.dataclass(slots=True)
+class _Plain:
+    """A record of scalars only (SamplingParams: once per new sequence) travels without a per-field loop: out,
+    one getter call; in, one look-up of its values' type signature among those already checked."""
+
+    getter: operator.attrgetter
+    lists: tuple[int, ...]  # list[scalar] fields: their elements are checked on every decode
+    signatures: dict[tuple, tuple[int, ...]]  # accepted type signature -> fields whose int becomes a float
+
+
+_MAX_SIGNATURES = 256  # per record class: float fields sent as int and optional ones as None make a few
 
 
 _BY_TAG: dict[int, type] = {}
 _TAG_OF: dict[type, int] = {}
 _SPECS: dict[type, list[_FieldSpec]] = {}
+_PLAIN: dict[type, _Plain | None] = {}
 
 
 def _spec_for(name: str, ann: str) -> _FieldSpec:
     ann = ann.replace(" ", "")
     optional = ann.endswith("|None")
     base = ann.removesuffix("|None")
+    none = {type(None)} if optional else set()
     if base in _ARRAY_DTYPES:
         return _FieldSpec(name, "array", dtype=_ARRAY_DTYPES[base], optional=optional)
     if base in _SCALARS:
-        return _FieldSpec(name, "scalar", types=_SCALARS[base], optional=optional)
+        exact = frozenset(_SCALARS[base]) | none
+        return _FieldSpec(
+            name, "scalar", types=_SCALARS[base], optional=optional, exact=exact, to_float=base == "float"
+        )
     if base.startswith("list[") and base[5:-1] in _SCALARS:
-        return _FieldSpec(name, "scalar", types=(list,), optional=optional, is_list=True, record=base[5:-1])
+        inner = base[5:-1]
+        return _FieldSpec(
+            name,
+            "scalar",
+            types=(list,),
+            optional=optional,
+            is_list=True,
+            record=inner,
+            exact=frozenset({list}) | none,
+            elements=frozenset(_SCALARS[inner]),
+        )
     if base.startswith("list[") or base in _RECORD_NAMES:
         inner = base[5:-1] if base.startswith("list[") else base
         return _FieldSpec(name, "record", optional=optional, record=inner, is_list=base.startswith("list["))
@@ -78,13 +118,21 @@ def _specs(cls: type) -> list[_FieldSpec]:
     specs = _SPECS.get(cls)
     if specs is None:
         specs = _SPECS[cls] = [_spec_for(f.name, f.type) for f in dataclasses.fields(cls)]
+        _PLAIN[cls] = None
+        if len(specs) > 1 and all(spec.kind in ("scalar", "any") for spec in specs):
+            lists = tuple(i for i, spec in enumerate(specs) if spec.elements is not None)
+            _PLAIN[cls] = _Plain(operator.attrgetter(*(spec.name for spec in specs)), lists, {})
     return specs
 
 
 def _to_wire(obj):
     cls = type(obj)
+    specs = _specs(cls)
+    plain = _PLAIN[cls]
+    if plain is not None:  # scalars travel as they are
+        return [_TAG_OF[cls], *plain.getter(obj)]
     out = [_TAG_OF[cls]]
-    for spec in _specs(cls):
+    for spec in specs:
         v = getattr(obj, spec.name)
         if v is None:
             out.append(None)
@@ -95,6 +143,33 @@ def _to_wire(obj):
         else:
             out.append(v)
     return out
+
+
+def _scalar(cls: type, spec: _FieldSpec, v):
+    """A scalar field's value (an int in a float field becomes a float), or a ProtocolError naming the field."""
+    if type(v) not in spec.exact:
+        what = "missing value" if v is None else f"expected {spec.types[0].__name__}, got {type(v).__name__}"
+        raise ProtocolError(f"{cls.__name__}.{spec.name}: {what}")
+    if spec.elements is not None and v and not all(type(x) in spec.elements for x in v):
+        raise ProtocolError(f"{cls.__name__}.{spec.name}: expected a list of {spec.record}")
+    return float(v) if spec.to_float and type(v) is int else v
+
+
+def _plain_values(cls: type, specs: list[_FieldSpec], plain: _Plain, values: list) -> list:
+    signature = tuple(map(type, values))
+    floats = plain.signatures.get(signature)
+    if floats is None:  # first time this signature: check each field
+        values = [v if spec.kind == "any" else _scalar(cls, spec, v) for spec, v in zip(specs, values)]
+        if len(plain.signatures) < _MAX_SIGNATURES:
+            plain.signatures[signature] = tuple(i for i, t in enumerate(signature) if t is int and specs[i].to_float)
+        return values
+    for i in plain.lists:
+        v = values[i]
+        if v and not all(type(x) in specs[i].elements for x in v):
+            raise ProtocolError(f"{cls.__name__}.{specs[i].name}: expected a list of {specs[i].record}")
+    for i in floats:
+        values[i] = float(values[i])
+    return values
 
 
 def _from_wire(raw, expect: type | None = None):
@@ -108,27 +183,21 @@ def _from_wire(raw, expect: type | None = None):
     specs = _specs(cls)
     if len(raw) != len(specs) + 1:
         raise ProtocolError(f"{cls.__name__}: expected {len(specs)} fields, got {len(raw) - 1}")
-    values = []
-    for spec, v in zip(specs, raw[1:]):
-        if v is None:
+    plain = _PLAIN[cls]
+    values = _plain_values(cls, specs, plain, raw[1:]) if plain is not None else []
+    for spec, v in zip(specs, raw[1:]) if plain is None else ():
+        kind = spec.kind
+        if kind == "scalar":
+            values.append(_scalar(cls, spec, v))
+        elif v is None:
             if not spec.optional:
                 raise ProtocolError(f"{cls.__name__}.{spec.name}: missing value")
             values.append(None)
-        elif spec.kind == "array":
+        elif kind == "array":
             if not isinstance(v, bytes) or len(v) % spec.dtype.itemsize:
                 raise ProtocolError(f"{cls.__name__}.{spec.name}: expected packed {spec.dtype} bytes")
             values.append(np.frombuffer(v, dtype=spec.dtype))
-        elif spec.kind == "scalar":
-            if not isinstance(v, spec.types) or (isinstance(v, bool) and bool not in spec.types):
-                raise ProtocolError(
-                    f"{cls.__name__}.{spec.name}: expected {spec.types[0].__name__}, got {type(v).__name__}"
-                )
-            if spec.is_list and not all(
-                isinstance(x, _SCALARS[spec.record]) and (spec.record == "bool" or not isinstance(x, bool)) for x in v
-            ):
-                raise ProtocolError(f"{cls.__name__}.{spec.name}: expected a list of {spec.record}")
-            values.append(float(v) if float in spec.types and not isinstance(v, bool) else v)
-        elif spec.kind == "record":
+        elif kind == "record":
             target = _RECORD_NAMES[spec.record]
             if spec.is_list:
                 if not isinstance(v, list):
@@ -138,7 +207,10 @@ def _from_wire(raw, expect: type | None = None):
                 values.append(_from_wire(v, target))
         else:
             values.append(v)
-    return cls(*values)
+    try:
+        return cls(*values)
+    except (ValueError, TypeError) as e:  # the record's own validation (__post_init__)
+        raise InvalidValue(str(e)) from None
 
 
 def encode(msg) -> bytes:
@@ -155,5 +227,5 @@ def decode(data: bytes, expect: type | None = None):
         return _from_wire(raw, expect)
     except ProtocolError:
         raise
-    except Exception as e:  # a constructor's own validation (e.g. __post_init__)
+    except Exception as e:  # anything else a garbled frame trips over
         raise ProtocolError(str(e)) from None

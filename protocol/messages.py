@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from protocol.codec import F32, I32, I64, record
+from protocol.codec import F32, I32, record
+from protocol.sampling_params import SamplingParams
 
-PROTOCOL_VERSION = 2
+PROTOCOL_VERSION = 3
 
 
 # ---- coordinator <-> worker --------------------------------------------------------------------------
@@ -45,6 +46,7 @@ class WorkerConfig:
     seed: int
     attention_backend: str
     dist_init_method: str  # "" = take the rendezvous from the environment (torchrun)
+    eos_token_ids: list[int]  # masked (unless ignore_eos) while a sequence's min_tokens are pending
 
 
 @record(3)
@@ -86,12 +88,16 @@ class WorkerError:
 @dataclass(slots=True)
 class StepCommand:
     """Coordinator -> every worker, once per step. Workers keep each running sequence's state in a *slot*
-    (block table, computed length, sampling controls), so a step carries only what changed.
+    (block table, computed length, sampling state), so a step carries only what changed.
 
     Scheduled sequences are listed prefill-first: the leading ``len(prefill_num_tokens)`` rows compute more than
     one token each, every later row computes exactly one (a decode, or a one-token prefill chunk). Every row's
     last token is sampled except those in ``skip_sample_rows`` (chunks that end inside a prompt), so a decode
     step carries three int32 per sequence: slot, input token, new-block count.
+
+    A sequence that starts (or restarts after a preemption) in a slot brings its ``SamplingParams`` and the
+    facts only the coordinator knows: the outputs it already has and, under a repetition penalty, its prompt.
+    The worker derives everything else (min_tokens still pending, masked ids, seeds) from the record.
     """
 
     step_id: int
@@ -101,27 +107,14 @@ class StepCommand:
     new_block_counts: I32  # [n] blocks appended to each sequence's table before this step
     new_block_ids: I32  # [sum(new_block_counts)]
     skip_sample_rows: I32  # rows whose last token is NOT sampled (partial prefill chunks), ascending
-    # sequences that start (or restart after preemption) in a slot this step
+    # sequences that start (or restart after preemption) in a slot this step, one entry each
     new_slots: I32
     new_start_pos: I32  # first position computed (> 0 after a prefix-cache hit)
-    new_temperature: F32
-    new_top_p: F32
-    new_top_k: I32
-    new_min_p: F32
-    new_seed: I64  # -1 = unseeded
-    new_min_tokens: I32  # tokens still to sample before new_stop_ids may be (min_tokens - outputs so far)
-    new_stop_id_counts: I32  # [len(new_slots)] ids masked while min_tokens is pending (0 when it is not)
-    new_stop_ids: I32  # [sum(new_stop_id_counts)] EOS ids (unless ignore_eos) and stop_token_ids
-    new_presence_penalty: F32
-    new_frequency_penalty: F32
-    new_repetition_penalty: F32
-    # the tokens a penalized sequence already has: its prompt (repetition penalty only) and, after a
-    # preemption, its outputs so far; per sequence, new_penalty_prompt_lens prompt ids then
-    # new_penalty_output_lens output ids, concatenated in new_penalty_token_ids
-    new_penalty_prompt_lens: I32
-    new_penalty_output_lens: I32
-    new_penalty_token_ids: I32
-    new_logprobs: I32  # top-N logprobs to return with each sampled token; -1 = none
+    new_params: list[SamplingParams]
+    new_num_outputs: I32  # output tokens it already has (> 0 only after a preemption)
+    new_prompt_lens: I32  # prompt ids in new_past_token_ids (only a repetition penalty needs them; else 0)
+    # per new sequence, concatenated: new_prompt_lens[i] prompt ids, then its new_num_outputs[i] outputs so far
+    new_past_token_ids: I32
     freed_slots: I32  # sequences that finished or were preempted since the last step
 
 

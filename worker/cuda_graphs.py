@@ -141,7 +141,7 @@ class PrefillGraphs:
     """Piecewise CUDA graphs for steps with prefill tokens, one list of pieces per token-count bucket.
 
     Eagerly, such a step launches ~400 kernels, and on the H200 hosts launching them took longer than the device
-    needed to run them (docs/PERF.md log 10). Here a forward is captured as L + 1 pieces around its L attention
+    needed to run them. Here a forward is captured as L + 1 pieces around its L attention
     calls: piece i ends by copying layer i's queries into a static buffer; at replay, the layer's attention
     runs eagerly from there (with the step's own metadata) into a static output buffer, which piece i + 1
     starts from. The q/k norm, RoPE and KV store stay inside the pieces (they read the static positions and

@@ -2,11 +2,11 @@
 
 A pageable host->device copy larger than the driver's inline limit (~64 KB: a batch-256 block table, a prefill's
 slot mapping) waits for the work already queued on the stream before it returns, so the worker could not
-prepare step N+1 while step N runs (measured: pipelined batch-256 steps slower than synchronous ones, docs/PERF.md
-log 6). ``HostStager`` copies each larger array into a slot of a pinned ring allocated once and issues a truly
+prepare step N+1 while step N runs (measured: pipelined batch-256 steps were slower than synchronous ones).
+``HostStager`` copies each larger array into a slot of a pinned ring allocated once and issues a truly
 asynchronous copy from there; small arrays, which the driver sends inline without waiting, keep the cheaper
 pageable copy. ``pin_memory()`` per array avoids the wait too but allocates every time, which costs more host
-time than it saves (log 5).
+time than it saves.
 """
 
 from __future__ import annotations

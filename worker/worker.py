@@ -118,6 +118,7 @@ class Worker:
             raise ProtocolError(f"expected WorkerConfig, got {type(cfg).__name__}")
         device = self._init_device_and_group(cfg)
         from model.parallel import set_tp
+        from worker import startup
         from worker.model_runner import ModelRunner
 
         set_tp(self.rank, self.world_size)
@@ -131,7 +132,7 @@ class Worker:
             tokens = max(cfg.max_num_batched_tokens, cfg.max_num_seqs)
             init_custom_all_reduce(tokens * mc.hidden_size * dtype.itemsize, dtype, device)
         self.runner = ModelRunner(cfg, device)
-        blocks = self.runner.available_kv_blocks()
+        blocks = startup.available_kv_blocks(self.runner)
         name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
         self.send(WorkerReady(self.rank, blocks, self.runner.kv_block_bytes, name))
         alloc = self.recv()
@@ -139,18 +140,14 @@ class Worker:
             return 0
         if not isinstance(alloc, AllocateKV):
             raise ProtocolError(f"expected AllocateKV, got {type(alloc).__name__}")
-        self.runner.allocate_kv(alloc.num_blocks)
-        self.runner.warmup_kernels()
-        self.runner.capture_graphs()
-        self.runner.warm_prefill_pool()
+        startup.prepare_for_steps(self.runner, alloc.num_blocks)
         trace_path = settings().step_trace
         if trace_path and self.rank == 0 and device.type == "cuda":
             from worker.step_trace import StepTrace
 
             self.trace = StepTrace(trace_path)
         # Move everything built so far (torch, the model, graphs) out of the collector's reach: a full collection
-        # walks every tracked object and stalls the step loop meanwhile (the coordinator's took ~100 ms, PERF.md
-        # log 9g).
+        # walks every tracked object and stalls the step loop meanwhile (the coordinator's took ~100 ms).
         gc.collect()
         gc.freeze()
         self.send(WorkerAck(self.rank, "kv_allocated"))
@@ -161,7 +158,7 @@ class Worker:
         done (the device never waits on this loop). Finished steps are reported before the next command is
         launched: the coordinator schedules step N + 2 from step N's tokens, and launching a step with prefill
         tokens holds this loop for ~20 ms, so a report held back behind it can leave the workers without a
-        queued step (docs/PERF.md log 10)."""
+        queued step."""
         in_flight: deque = deque()
         while True:
             while in_flight and in_flight[0].ready():

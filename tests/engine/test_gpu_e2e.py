@@ -13,6 +13,7 @@ from model.tiny import TinySpec, write_tiny_checkpoint
 from tests.support.builders import make_step, worker_config
 from tests.support.controls import MAX_TOKENS, check_completion, params_for
 from tests.support.oracle import hf_greedy, prompts_with_shared_prefixes
+from worker.startup import capture_graphs
 
 pytestmark = pytest.mark.gpu
 
@@ -122,7 +123,7 @@ def test_bf16_decode_graphs_on_cublaslt_choices_close_to_hf(bf16_ckpt, monkeypat
         )
         runner = ModelRunner(cfg, torch.device("cuda"))
         runner.allocate_kv(64)
-        runner.capture_graphs()
+        capture_graphs(runner)
         assert any(rows == 32 for rows, *_ in cublaslt._chosen) and runner.graphs is not None
         first = [
             dict(slot=i, tokens=p, start=0, new_blocks=[3 * i, 3 * i + 1, 3 * i + 2]) for i, p in enumerate(prompts)
@@ -173,7 +174,7 @@ def test_prefill_graphs_match_eager_on_mixed_steps(tiny_untied):
         )
         runner = ModelRunner(cfg, torch.device("cuda"))
         runner.allocate_kv(64)
-        runner.capture_graphs()
+        capture_graphs(runner)
         assert (runner.prefill_graphs is None) == eager
         if not eager:
             assert runner.prefill_graphs.buckets == [256, 512]  # 60 and 302 tokens: both steps are padded

@@ -24,6 +24,7 @@ import protocol.messages
 from protocol import codec
 from protocol.codec import ProtocolError, decode, encode
 from protocol.messages import PROTOCOL_VERSION, Shutdown, StepCommand, StepResult, WorkerHello
+from protocol.sampling_params import SamplingParams
 from tests.support.builders import make_step, worker_config
 from tests.support.processes import ROOT
 
@@ -33,6 +34,7 @@ SCALAR_TYPES = {"int": int, "float": float, "str": str, "bool": bool, "bytes": b
 # every module of the protocol package, so that every registered message type is covered below
 PROTOCOL_MODULES = [importlib.import_module(f"protocol.{m.name}") for m in pkgutil.iter_modules(protocol.__path__)]
 REGISTRY = sorted(codec._BY_TAG.items())
+STEP_FIELDS = [f.name for f in dataclasses.fields(StepCommand)]
 
 
 def test_registry_covers_every_message_class():
@@ -81,13 +83,42 @@ def random_value(ann: str, rng: np.random.Generator, depth: int = 0):
     if ann in ("object", "Any"):  # untyped on the wire: whatever msgpack carries
         kind = int(rng.integers(0, 3))
         return [random_value("str", rng), random_value("int", rng), random_value("list[int]", rng)][kind]
+    if ann == "SamplingParams":  # validated at construction: random values within its ranges
+        return random_sampling_params(rng)
     if ann in codec._RECORD_NAMES:
         return random_message(codec._RECORD_NAMES[ann], rng, depth + 1)
     raise AssertionError(f"test cannot build a value for annotation {ann!r}: extend random_value")
 
 
+def random_sampling_params(rng: np.random.Generator) -> SamplingParams:
+    max_tokens = int(rng.integers(1, 1 << 20))
+    kw = dict(
+        temperature=float(rng.uniform(0, 100)),
+        top_p=float(rng.uniform(1e-6, 1)),
+        top_k=int(rng.integers(-1, 1 << 40)),
+        min_p=float(rng.uniform(0, 1)),
+        max_tokens=max_tokens,
+        min_tokens=int(rng.integers(0, max_tokens + 1)),
+        stop=[random_value("str", rng) + "x" for _ in range(int(rng.integers(0, 3)))],
+        stop_token_ids=[int(t) for t in rng.integers(0, 1 << 31, int(rng.integers(0, 4)))],
+        ignore_eos=bool(rng.integers(0, 2)),
+        seed=None if rng.random() < 0.3 else int(rng.integers(0, 2**63 - 1)),
+        logprobs=None if rng.random() < 0.3 else int(rng.integers(0, 21)),
+        presence_penalty=float(rng.uniform(-2, 2)),
+        frequency_penalty=float(rng.uniform(-2, 2)),
+        repetition_penalty=float(rng.uniform(1e-3, 10)),
+        n=int(rng.integers(1, 129)),
+        skip_special_tokens=bool(rng.integers(0, 2)),
+        include_stop_str_in_output=bool(rng.integers(0, 2)),
+    )
+    assert set(kw) == {f.name for f in dataclasses.fields(SamplingParams)}, "a new field: give it a random value"
+    return SamplingParams(**kw)
+
+
 def random_message(cls: type, rng: np.random.Generator, depth: int = 0):
     assert depth < 5
+    if cls is SamplingParams:
+        return random_sampling_params(rng)
     return cls(**{f.name: random_value(f.type, rng, depth) for f in dataclasses.fields(cls)})
 
 
@@ -141,12 +172,14 @@ def test_array_byte_order_and_dtype_conversion():
     assert raw == [8, 3, 0, b"\x01\x00\x00\x00" + b"\x00\x01\x00\x00" + b"\xfe\xff\xff\xff", None, None]
     back = decode(encode(msg))
     assert back.token_ids.dtype == np.dtype("<i4") and back.token_ids.tolist() == [1, 256, -2]
-    step = make_step([dict(slot=2, tokens=[7], start=5, temperature=0.5, seed=2**40 + 1)])
+    step = make_step([dict(slot=2, tokens=[7], start=5, temperature=0.5, seed=2**40 + 1, outputs=[258])])
     raw = msgpack.unpackb(encode(step), raw=False)
-    fields = [f.name for f in dataclasses.fields(StepCommand)]
-    assert raw[1 + fields.index("new_seed")] == (2**40 + 1).to_bytes(8, "little")
-    assert raw[1 + fields.index("new_temperature")] == np.float32(0.5).tobytes() == b"\x00\x00\x00\x3f"
-    assert raw[1 + fields.index("new_start_pos")] == b"\x05\x00\x00\x00"
+    assert raw[1 + STEP_FIELDS.index("new_start_pos")] == b"\x05\x00\x00\x00"
+    assert raw[1 + STEP_FIELDS.index("new_past_token_ids")] == b"\x02\x01\x00\x00"
+    params = raw[1 + STEP_FIELDS.index("new_params")][0]  # a nested record: [tag, field values...]
+    assert params[0] == codec._TAG_OF[SamplingParams] and params[1] == 0.5
+    assert params[1 + _PARAM_NAMES.index("seed")] == 2**40 + 1
+    assert decode(encode(step)).new_params == step.new_params
 
 
 # ---- malformed frames ----------------------------------------------------------------------------------
@@ -194,18 +227,19 @@ MALFORMED = {
     "list for array": pack(with_field(step_raw(), 2, [0])),
     "str for array": pack(with_field(step_raw(), 2, "\x00\x00\x00\x00")),
     "int32 array of 5 bytes": pack(with_field(step_raw(), 3, b"\x01\x00\x00\x00\x02")),
-    "int64 array of 12 bytes": pack(with_field(step_raw(), 14, b"\x00" * 12)),
-    "float32 array of 3 bytes": pack(with_field(step_raw(), 10, b"\x00" * 3)),
+    "int32 array of 6 bytes": pack(with_field(step_raw(), 1 + STEP_FIELDS.index("new_past_token_ids"), b"\x00" * 6)),
+    "float32 array of 3 bytes": pack([8, 0, 0, b"", b"", b"\x00" * 3]),  # StepResult.logprobs
+    "int for a record": pack(with_field(step_raw(), 1 + STEP_FIELDS.index("new_params"), [5])),
+    "wrong record in a list": pack(with_field(step_raw(), 1 + STEP_FIELDS.index("new_params"), [valid_hello_raw()])),
     "map with int keys": pack([1, {1: 2}, 0, 1, "cpu", 1, "h"]),
     "ext type": msgpack.packb([9, msgpack.ExtType(5, b"xx")]),
 }
-if "Generate" in codec._RECORD_NAMES:  # list fields: elements are checked too (a bool is not an int)
-    _gen = codec._RECORD_NAMES["Generate"]
-    _names = [f.name for f in dataclasses.fields(_gen)]
-    _raw = msgpack.unpackb(encode(random_message(_gen, np.random.default_rng(0))), raw=False)
-    MALFORMED["bool in list[int]"] = pack(with_field(_raw, 1 + _names.index("stop_token_ids"), [1, True]))
-    MALFORMED["int in list[str]"] = pack(with_field(_raw, 1 + _names.index("stop"), ["a", 3]))
-    MALFORMED["str for list"] = pack(with_field(_raw, 1 + _names.index("stop"), "a"))
+# list fields: elements are checked too (a bool is not an int)
+_PARAM_NAMES = [f.name for f in dataclasses.fields(SamplingParams)]
+_params_raw = msgpack.unpackb(encode(SamplingParams()), raw=False)
+MALFORMED["bool in list[int]"] = pack(with_field(_params_raw, 1 + _PARAM_NAMES.index("stop_token_ids"), [1, True]))
+MALFORMED["int in list[str]"] = pack(with_field(_params_raw, 1 + _PARAM_NAMES.index("stop"), ["a", 3]))
+MALFORMED["str for list"] = pack(with_field(_params_raw, 1 + _PARAM_NAMES.index("stop"), "a"))
 
 
 @pytest.mark.parametrize("name", list(MALFORMED))
@@ -217,6 +251,26 @@ def test_malformed_frames_raise_protocol_error(name):
 def test_wrong_expected_type_is_a_protocol_error():
     with pytest.raises(ProtocolError, match="expected StepCommand, got Shutdown"):
         decode(encode(Shutdown("bye")), expect=StepCommand)
+
+
+def test_nested_sampling_params_are_validated_on_decode():
+    """A well-formed SamplingParams with a value out of range, alone or inside a Generate: InvalidValue (a
+    ProtocolError) naming the field; types are checked on every decode, also once a signature is known."""
+    from protocol.client_messages import CLIENT_PROTOCOL_VERSION, Generate
+
+    for name, bad in [("temperature", -1.0), ("top_p", 0.0), ("seed", -3), ("min_tokens", 99), ("logprobs", 21)]:
+        params = SamplingParams(max_tokens=8)
+        setattr(params, name, bad)  # after construction: the bad value reaches the wire unvalidated
+        for msg in (params, Generate(CLIENT_PROTOCOL_VERSION, "r1", None, "hi", False, params)):
+            with pytest.raises(codec.InvalidValue, match=name):
+                decode(encode(msg))
+    good = msgpack.unpackb(encode(SamplingParams(temperature=1, stop_token_ids=[4])), raw=False)
+    for _ in range(2):  # the second decode takes the known-signature path
+        back = decode(pack(good))
+        assert type(back.temperature) is float and back.temperature == 1.0 and back.stop_token_ids == [4]
+        bad = with_field(good, 1 + _PARAM_NAMES.index("stop_token_ids"), [True])
+        with pytest.raises(ProtocolError, match="stop_token_ids"):
+            decode(pack(bad))
 
 
 def test_fuzzed_frames_raise_only_protocol_error():
@@ -270,6 +324,7 @@ def test_decode_step_at_256_sequences_is_under_4_kib():
     step = decode_step(256)
     size = len(encode(step))
     assert size < 4096, f"decode StepCommand at 256 sequences is {size} bytes"
+    assert size <= 3188, f"{size} bytes: more than before the per-start settings became records (3,188)"
     # a decode step lists no per-row token counts and no sample rows: every row computes and samples one token
     assert len(step.prefill_num_tokens) == 0 and len(step.skip_sample_rows) == 0
 

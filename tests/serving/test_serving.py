@@ -435,14 +435,12 @@ def _random_value(rng: random.Random, depth: int = 0):
 
 
 def _valid_generate(rid: str, **kw) -> Generate:
-    fields = dict(
-        protocol_version=CLIENT_PROTOCOL_VERSION, request_id=rid, token=None, prompt="hello", stream=False,
-        temperature=0.0, top_p=1.0, top_k=0, min_p=0.0, max_tokens=4, min_tokens=0, stop=[], stop_token_ids=[],
-        ignore_eos=False, seed=None, logprobs=None, presence_penalty=0.0, frequency_penalty=0.0,
-        repetition_penalty=1.0,
-    )  # fmt: skip
-    fields.update(kw)
-    return Generate(**fields)
+    """A Generate frame; keyword arguments override its fields or its params' (set after construction, so that
+    bad values reach the wire unvalidated)."""
+    msg = Generate(CLIENT_PROTOCOL_VERSION, rid, None, "hello", False, SamplingParams(temperature=0.0, max_tokens=4))
+    for name, value in kw.items():
+        setattr(msg if hasattr(msg, name) and name != "params" else msg.params, name, value)
+    return msg
 
 
 # (field overrides, what the error must mention): each is a well-formed frame with one bad value
@@ -494,12 +492,6 @@ BAD_VALUES = [
 ]
 
 
-def _encode_raw(msg: Generate, extra: list | None = None, drop: int = 0) -> bytes:
-    raw = msgpack.unpackb(encode(msg), raw=False)
-    raw = raw[: len(raw) - drop] + list(extra or [])
-    return msgpack.packb(raw, use_bin_type=True)
-
-
 def test_fuzz_client_endpoint(server, offline):
     rng = random.Random(20240611)
     ctx = zmq.Context()
@@ -529,18 +521,22 @@ def test_fuzz_client_endpoint(server, offline):
                 )
             elif kind in (3, 4, 5):  # one bad value in an otherwise valid Generate: an error naming it
                 overrides, field = BAD_VALUES[(i // 12 * 3 + kind - 3) % len(BAD_VALUES)]
-                frame = _encode_raw(_valid_generate(rid, **overrides))
+                frame = encode(_valid_generate(rid, **overrides))
                 expect_error[rid] = field
-            elif kind == 6:  # unknown (extra) or missing fields
-                if rng.random() < 0.5:
-                    frame = _encode_raw(_valid_generate(rid), extra=[_random_value(rng) for _ in range(3)])
-                else:
-                    frame = _encode_raw(_valid_generate(rid), drop=rng.randint(1, 15))
-                expect_error[rid] = "fields"
-            elif kind == 7:  # a valid Generate with one field replaced by random garbage
+            elif kind == 6:  # unknown (extra) or missing fields, in the request or in its params record
                 raw = msgpack.unpackb(encode(_valid_generate(rid)), raw=False)
-                j = rng.randint(4, len(raw) - 1)
-                raw[j] = _random_value(rng)
+                where = raw if rng.random() < 0.5 else raw[-1]
+                if rng.random() < 0.5:
+                    where += [_random_value(rng) for _ in range(3)]
+                else:  # the request keeps its tag, version, request_id and token: the error can name it
+                    del where[len(where) - rng.randint(1, min(len(where) - 4, 15)) :]
+                frame = msgpack.packb(raw, use_bin_type=True)
+                expect_error[rid] = "fields"
+            elif kind == 7:  # a valid Generate with one field (or one of its params) replaced by random garbage
+                raw = msgpack.unpackb(encode(_valid_generate(rid)), raw=False)
+                where = raw if rng.random() < 0.5 else raw[-1]
+                j = rng.randint(4 if where is raw else 1, len(where) - 1)
+                where[j] = _random_value(rng)
                 frame = msgpack.packb(raw, use_bin_type=True)
             elif kind == 8:  # control messages with odd ids (including unknown aborts)
                 frame = encode(Abort(CLIENT_PROTOCOL_VERSION, rng.choice(["", "nope", "x" * 300, rid]), None))

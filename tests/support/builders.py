@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from protocol.messages import StepCommand
+from protocol.sampling_params import SamplingParams
 
 
 def i32(xs) -> np.ndarray:
@@ -17,15 +20,14 @@ def make_step(
     freed: list[int] = (),
 ) -> StepCommand:
     """seqs: dicts with slot, tokens, new_blocks (and sample=False for a row whose last token is not sampled);
-    for a sequence new to its slot: start, temperature, top_p, top_k, min_p, seed, and the optional controls
-    min_tokens + stop_ids (ids masked until min_tokens more tokens were sampled), presence_penalty,
-    frequency_penalty, repetition_penalty, penalty_prompt / penalty_output (token ids it already has),
-    logprobs. Rows with several tokens must come first (prefill-first, as the scheduler sends them)."""
+    for a sequence new to its slot: start, its SamplingParams fields (temperature defaults to 0 here; max_tokens
+    is raised to fit min_tokens), and what only the coordinator knows: penalty_prompt (the prompt ids a
+    repetition penalty needs) and outputs (the output ids it already has, after a preemption). Rows with several
+    tokens must come first (prefill-first, as the scheduler sends them)."""
     lens = [len(s["tokens"]) for s in seqs]
     num_prefills = next((i for i, n in enumerate(lens) if n == 1), len(lens))
     assert all(n == 1 for n in lens[num_prefills:]), "multi-token rows must come first"
     new = [s for s in seqs if "start" in s]
-    stop_ids = [list(s.get("stop_ids", [])) if s.get("min_tokens", 0) else [] for s in new]
     return StepCommand(
         step_id=step_id,
         slots=i32([s["slot"] for s in seqs]),
@@ -36,25 +38,21 @@ def make_step(
         skip_sample_rows=i32([i for i, s in enumerate(seqs) if not s.get("sample", True)]),
         new_slots=i32([s["slot"] for s in new]),
         new_start_pos=i32([s["start"] for s in new]),
-        new_temperature=np.asarray([s.get("temperature", 0.0) for s in new], np.float32),
-        new_top_p=np.asarray([s.get("top_p", 1.0) for s in new], np.float32),
-        new_top_k=i32([s.get("top_k", 0) for s in new]),
-        new_min_p=np.asarray([s.get("min_p", 0.0) for s in new], np.float32),
-        new_seed=np.asarray([s.get("seed", -1) for s in new], np.int64),
-        new_min_tokens=i32([s.get("min_tokens", 0) if ids else 0 for s, ids in zip(new, stop_ids)]),
-        new_stop_id_counts=i32([len(ids) for ids in stop_ids]),
-        new_stop_ids=i32([t for ids in stop_ids for t in ids]),
-        new_presence_penalty=np.asarray([s.get("presence_penalty", 0.0) for s in new], np.float32),
-        new_frequency_penalty=np.asarray([s.get("frequency_penalty", 0.0) for s in new], np.float32),
-        new_repetition_penalty=np.asarray([s.get("repetition_penalty", 1.0) for s in new], np.float32),
-        new_penalty_prompt_lens=i32([len(s.get("penalty_prompt", [])) for s in new]),
-        new_penalty_output_lens=i32([len(s.get("penalty_output", [])) for s in new]),
-        new_penalty_token_ids=i32(
-            [t for s in new for t in [*s.get("penalty_prompt", []), *s.get("penalty_output", [])]]
-        ),
-        new_logprobs=i32([-1 if s.get("logprobs") is None else s["logprobs"] for s in new]),
+        new_params=[sampling_params(s) for s in new],
+        new_num_outputs=i32([len(s.get("outputs", [])) for s in new]),
+        new_prompt_lens=i32([len(s.get("penalty_prompt", [])) for s in new]),
+        new_past_token_ids=i32([t for s in new for t in [*s.get("penalty_prompt", []), *s.get("outputs", [])]]),
         freed_slots=i32(freed),
     )
+
+
+def sampling_params(seq: dict) -> SamplingParams:
+    """The SamplingParams fields of a make_step dict (greedy unless it says otherwise)."""
+    names = {f.name for f in dataclasses.fields(SamplingParams)}
+    kw = {k: v for k, v in seq.items() if k in names}
+    kw.setdefault("temperature", 0.0)
+    kw["max_tokens"] = max(kw.get("max_tokens", 16), kw.get("min_tokens", 0))
+    return SamplingParams(**kw)
 
 
 def vllm_penalized(logits, prompt_tokens, output_tokens, presence: float, frequency: float, repetition: float):
@@ -88,6 +86,7 @@ def worker_config(model_dir, **kw):
         seed=0,
         attention_backend="torch",
         dist_init_method="",
+        eos_token_ids=[],
     )
     base.update(kw)
     return WorkerConfig(**base)

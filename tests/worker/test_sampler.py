@@ -443,56 +443,59 @@ def test_runner_penalty_state_and_min_tokens_through_steps(tiny_tied):
     arrives, filled from the tokens the new record carries (prefix-cache hits and a preemption's outputs),
     counting every sampled token, and reset when the slot is reused; min_tokens bans lift after N samples."""
     r = _runner(tiny_tied)
+    state = r.sampling
     rng = np.random.default_rng(5)
     plain = dict(slot=0, tokens=rng.integers(0, 500, 9).tolist(), start=0, new_blocks=[0])
     r.execute(make_step([plain]))
-    assert r.output_counts is None and r.prompt_mask is None and not r.any_controls  # nothing used, nothing paid
+    assert state.output_counts is None and state.prompt_mask is None and not state.any_controls  # nothing used
 
     # slot 3 restarts after a preemption: 20 tokens of prompt (the first 16 hit the prefix cache: start=16),
     # 4 outputs so far; it recomputes from position 16
     prompt, outputs = rng.integers(0, 500, 20).tolist(), [7, 7, 9, 450]
     pen = dict(
         slot=3, tokens=(prompt + outputs)[16:], start=16, new_blocks=[10, 11], frequency_penalty=0.5,
-        repetition_penalty=1.3, penalty_prompt=prompt, penalty_output=outputs,
+        repetition_penalty=1.3, penalty_prompt=prompt, outputs=outputs,
     )  # fmt: skip
     tok = r.execute(make_step([pen, dict(slot=0, tokens=[1])])).tolist()[:1]
-    assert r.output_counts.shape == (8, 512) and r.output_counts.dtype == torch.int32
+    assert state.output_counts.shape == (8, 512) and state.output_counts.dtype == torch.int32
     expect = np.bincount(outputs + [tok[0]], minlength=512)
-    np.testing.assert_array_equal(r.output_counts[3].numpy(), expect)
-    np.testing.assert_array_equal(np.flatnonzero(r.prompt_mask[3].numpy()), sorted(set(prompt)))
-    assert r.output_counts[0].sum() == 0  # the unpenalized slot is not counted
+    np.testing.assert_array_equal(state.output_counts[3].numpy(), expect)
+    np.testing.assert_array_equal(np.flatnonzero(state.prompt_mask[3].numpy()), sorted(set(prompt)))
+    assert state.output_counts[0].sum() == 0  # the unpenalized slot is not counted
     for _ in range(3):
         tok += r.execute(make_step([dict(slot=3, tokens=[tok[-1]])])).tolist()
-    np.testing.assert_array_equal(r.output_counts[3].numpy(), np.bincount(outputs + tok, minlength=512))
+    np.testing.assert_array_equal(state.output_counts[3].numpy(), np.bincount(outputs + tok, minlength=512))
 
     # the slot is reused by a sequence with min_tokens: counts and mask reset, the ban holds for 2 samples
     greedy_next = r.execute(make_step([dict(slot=0, tokens=[2])])).tolist()[0]
     fresh = dict(slot=3, tokens=plain["tokens"] + [1, 2], start=0, new_blocks=[20], presence_penalty=0.1)
     again = make_step([fresh], freed=[3])
     assert r.execute(again).tolist()[0] == greedy_next  # penalties of an empty history change nothing
-    assert r.output_counts[3].sum() == 1 and not r.prompt_mask[3].any()
-    ban = dict(slot=5, tokens=plain["tokens"] + [1, 2], start=0, new_blocks=[30], min_tokens=2, stop_ids=[greedy_next])
+    assert state.output_counts[3].sum() == 1 and not state.prompt_mask[3].any()
+    ban = dict(
+        slot=5, tokens=plain["tokens"] + [1, 2], start=0, new_blocks=[30], min_tokens=2, stop_token_ids=[greedy_next]
+    )
     first = r.execute(make_step([ban])).tolist()[0]
-    assert first != greedy_next and r.min_tokens_left[5] == 1
+    assert first != greedy_next and state.min_tokens_left[5] == 1
     r.execute(make_step([dict(slot=5, tokens=[first])]))
-    assert r.min_tokens_left[5] == 0
+    assert state.min_tokens_left[5] == 0
     r.execute(make_step([dict(slot=3, tokens=[1])], freed=[5]))
-    assert r.num_logprobs[5] == -1 and not r.has_penalty[5]
+    assert state.num_logprobs[5] == -1 and not state.has_penalty[5]
 
 
 def test_sampling_tensors_copy_only_the_controls_the_chosen_path_reads(tiny_tied):
-    r = _runner(tiny_tied)
+    state = _runner(tiny_tied).sampling
     slots, positions = np.array([0, 1]), np.array([5, 6])
-    r.temperature[:2] = [0.6, 0.0]
-    st = r.sampling_tensors(slots, positions)  # CPU: the torch sampler reads every control
+    state.temperature[:2] = [0.6, 0.0]
+    st = state.tensors(slots, positions)  # CPU: the torch sampler reads every control
     assert all(x is not None for x in (st.temperature, st.top_k, st.top_p, st.min_p, st.seed, st.position))
-    r.device = torch.device("cuda")  # decide as a CUDA worker would (no CUDA op runs in sampling_tensors)
-    st = r.sampling_tensors(slots, positions)  # the fused kernel: the temperature alone
+    state.on_cuda = True  # decide as a CUDA worker would (no CUDA op runs in tensors)
+    st = state.tensors(slots, positions)  # the fused kernel: the temperature alone
     assert st.temperature.tolist() == pytest.approx([0.6, 0.0])
     assert all(x is None for x in (st.top_k, st.top_p, st.min_p, st.seed, st.position))
-    r.top_p[1] = 0.9  # one top-p row takes the batch to the torch sampler, which needs everything
-    st = r.sampling_tensors(slots, positions)
+    state.top_p[1] = 0.9  # one top-p row takes the batch to the torch sampler, which needs everything
+    st = state.tensors(slots, positions)
     assert st.any_top_p and st.top_p.tolist() == pytest.approx([1.0, 0.9]) and st.position.tolist() == [5, 6]
-    r.temperature[:2], r.top_p[1] = 0.0, 1.0
-    st = r.sampling_tensors(slots, positions)  # all greedy: an argmax reads no control
+    state.temperature[:2], state.top_p[1] = 0.0, 1.0
+    st = state.tensors(slots, positions)  # all greedy: an argmax reads no control
     assert st.all_greedy and st.temperature is None and st.top_k is None

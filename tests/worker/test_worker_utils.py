@@ -95,7 +95,7 @@ def test_step_loop_reports_finished_steps_before_launching_the_next():
     from protocol.codec import decode, encode
     from protocol.messages import Shutdown
     from tests.support.builders import make_step
-    from worker.model_runner import PendingTokens
+    from worker.results import PendingTokens
     from worker.worker import Worker
 
     ctx = zmq.Context()

@@ -1,0 +1,83 @@
+"""A launched step's sampled ids (and logprobs) on their way to the host, without waiting for the device."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+_MAX_LOGPROB_ENTRIES = 21  # per sequence: the sampled token and the top 20 (logprobs <= 20)
+
+
+@dataclass(slots=True)
+class PendingTokens:
+    """A launched step's sampled ids: valid in ``host`` (and the logprob arrays, when some row asked for
+    logprobs) once ``event`` (None = already done) has completed."""
+
+    step_id: int
+    event: torch.cuda.Event | None
+    host: np.ndarray
+    logprob_token_ids: np.ndarray | None = None
+    logprobs: np.ndarray | None = None
+
+    def ready(self) -> bool:
+        return self.event is None or self.event.query()
+
+    def wait(self) -> np.ndarray:
+        if self.event is not None:
+            self.event.synchronize()
+        return self.host
+
+
+def no_tokens(step_id: int) -> PendingTokens:
+    """A step that sampled nothing here (partial prefill chunks only, or a rank other than 0)."""
+    return PendingTokens(step_id, None, np.zeros(0, dtype=np.int32))
+
+
+class ResultRing:
+    """Asynchronous device->host copies of each step's results into pinned buffers used in turn (allocating
+    pinned memory per step is slow): a step's tokens are read before the fourth step after it launches, since at
+    most three are in flight (coordinator async_depth <= 2). On CPU the results are simply converted."""
+
+    def __init__(self, max_num_seqs: int, device: torch.device, num_buffers: int = 4) -> None:
+        self.max_num_seqs, self.on_cuda = max_num_seqs, device.type == "cuda"
+        self._tokens = [
+            torch.empty(max_num_seqs, dtype=torch.int32, pin_memory=self.on_cuda) for _ in range(num_buffers)
+        ]
+        self._logprobs: list[tuple[torch.Tensor, torch.Tensor]] = []  # allocated when a row first asks
+        self._index = 0
+
+    def pending(
+        self,
+        step_id: int,
+        tokens: torch.Tensor,
+        lp_ids: torch.Tensor | None = None,
+        lp_values: torch.Tensor | None = None,
+    ) -> PendingTokens:
+        if not self.on_cuda:
+            if lp_ids is not None:
+                lp_ids, lp_values = lp_ids.numpy(), lp_values.numpy()
+            return PendingTokens(step_id, None, tokens.to(torch.int32).numpy(), lp_ids, lp_values)
+        self._index = (self._index + 1) % len(self._tokens)
+        host = self._tokens[self._index][: len(tokens)]
+        host.copy_(tokens, non_blocking=True)
+        if lp_ids is not None:
+            lp_ids, lp_values = self._logprobs_to_host(lp_ids, lp_values)
+        event = torch.cuda.Event()
+        event.record()
+        return PendingTokens(step_id, event, host.numpy(), lp_ids, lp_values)
+
+    def _logprobs_to_host(self, ids: torch.Tensor, values: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
+        """Asynchronous copies of a step's logprobs into the ring slot of its tokens."""
+        if not self._logprobs:
+            size = self.max_num_seqs * _MAX_LOGPROB_ENTRIES
+            self._logprobs = [
+                (torch.empty(size, dtype=torch.int32, pin_memory=True), torch.empty(size, pin_memory=True))
+                for _ in self._tokens
+            ]
+        host_ids, host_values = self._logprobs[self._index]
+        host_ids, host_values = host_ids[: len(ids)], host_values[: len(values)]
+        host_ids.copy_(ids, non_blocking=True)
+        host_values.copy_(values, non_blocking=True)
+        return host_ids.numpy(), host_values.numpy()
