@@ -11,7 +11,8 @@ import numpy as np
 import torch
 
 from kernels import cublaslt
-from kernels.attention import AttentionMetadata, get_backend
+from kernels.attention import AttentionMetadata
+from kernels.backends import get_backend
 from kernels.decode_gemm import decode_linear_tiles
 from kernels.sampling import warmup as sampling_warmup
 from kernels.triton_attention import TritonAttentionBackend
