@@ -22,8 +22,12 @@ def __getattr__(name):
         from client.llm import LLM
 
         return LLM
-    if name in ("Client", "AsyncClient"):  # zmq only; loaded on first use
-        from client import client as _client
+    if name == "Client":  # zmq only; loaded on first use
+        from client.client import Client
 
-        return getattr(_client, name)
+        return Client
+    if name == "AsyncClient":
+        from client.async_client import AsyncClient
+
+        return AsyncClient
     raise AttributeError(name)

@@ -3,15 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from client.client import DEFAULT_ADDRESS, Client  # noqa: E402
-from protocol.codec import ProtocolError  # noqa: E402
-from protocol.errors import EngineDeadError, OverloadedError, RequestError  # noqa: E402
-from protocol.sampling_params import SamplingParams  # noqa: E402
+from client.client import DEFAULT_ADDRESS, Client
+from protocol.codec import ProtocolError
+from protocol.errors import EngineDeadError, OverloadedError, RequestError
+from protocol.sampling_params import SamplingParams
 from protocol.settings import settings
 
 

@@ -1,6 +1,6 @@
-"""Clients for a running nanoserve server (``python launch.py``): ``Client`` (blocking) and ``AsyncClient``
-(asyncio). Both talk msgpack records (protocol/client_messages.py) over one ZMQ DEALER socket and keep any
-number of requests in flight at once; replies are matched to requests by request id.
+"""Clients for a running nanoserve server (``python launch.py``): ``Client`` (blocking, here) and ``AsyncClient``
+(asyncio, client/async_client.py). Both talk msgpack records (protocol/client_messages.py) over one ZMQ DEALER
+socket and keep any number of requests in flight at once; replies are matched to requests by request id.
 
     with Client("tcp://127.0.0.1:8765") as c:
         print(c.generate("Hello", SamplingParams(max_tokens=32)).text)
@@ -15,24 +15,18 @@ and the built-in ``TimeoutError`` for a client-side timeout. Neither client is t
 
 from __future__ import annotations
 
-import asyncio
 import collections
 import dataclasses
 import itertools
-import logging
 import time
 import uuid
 from collections.abc import Sequence as _Seq
 
 import zmq
-import zmq.asyncio
 
+from client.replies import Accumulator, StreamState, decode_reply, raise_error
 from protocol.client_messages import (
     CLIENT_PROTOCOL_VERSION,
-    ENGINE_DEAD,
-    OVERLOADED,
-    PROTOCOL,
-    REQUEST_ERROR,
     Abort,
     Delta,
     Error,
@@ -41,37 +35,16 @@ from protocol.client_messages import (
     Info,
     Stats,
 )
-from protocol.codec import ProtocolError, decode, encode
-from protocol.errors import EngineDeadError, OverloadedError, RequestError
+from protocol.codec import encode
+from protocol.errors import RequestError
 from protocol.outputs import Completion
 from protocol.sampling_params import SamplingParams
 
-__all__ = ["Client", "AsyncClient", "Stream", "AsyncStream", "Delta", "DEFAULT_ADDRESS"]
+__all__ = ["Client", "Stream", "Delta", "DEFAULT_ADDRESS"]
 
-log = logging.getLogger("nanoserve.client")
 DEFAULT_ADDRESS = "tcp://127.0.0.1:8765"
-_EXCEPTIONS = {
-    REQUEST_ERROR: RequestError,
-    ENGINE_DEAD: EngineDeadError,
-    OVERLOADED: OverloadedError,
-    PROTOCOL: ProtocolError,
-}
 _POLL_MS = 200
 _CLOSE_LINGER_MS = 500  # time for queued aborts to reach the server when a client closes
-
-
-def _raise(err: Error):
-    raise _EXCEPTIONS.get(err.kind, RuntimeError)(err.message)
-
-
-def _decode_reply(data: bytes) -> tuple[object, str | None]:
-    """A reply and the request id it answers; a malformed reply is logged and answers no request (None)."""
-    try:
-        msg = decode(data)
-    except ProtocolError as e:
-        log.warning("dropping a malformed reply: %s", e)
-        return None, None
-    return msg, getattr(msg, "request_id", None)
 
 
 def _prompt(prompt) -> str | list[int]:
@@ -110,35 +83,6 @@ def _as_dict(reply) -> dict:
     d = dataclasses.asdict(reply)
     d.pop("request_id", None)
     return d
-
-
-class _Accumulator:
-    """Builds a Completion from a request's deltas."""
-
-    __slots__ = ("request_id", "token_ids", "text", "logprobs")
-
-    def __init__(self, request_id: str) -> None:
-        self.request_id, self.token_ids, self.text = request_id, [], []
-        self.logprobs: list[dict[int, float]] | None = None  # stays None unless the request asked for logprobs
-
-    def add(self, d: Delta) -> Completion | None:
-        self.token_ids.extend(d.token_ids)
-        self.text.append(d.text)
-        if d.logprobs is not None:
-            if self.logprobs is None:
-                self.logprobs = []
-            self.logprobs.extend(t.as_dict() for t in d.logprobs)
-        if d.finish_reason is None:
-            return None
-        return Completion(
-            request_id=self.request_id,
-            prompt_token_ids=list(d.prompt_token_ids or []),
-            token_ids=self.token_ids,
-            text="".join(self.text),
-            finish_reason=d.finish_reason,
-            stop_reason=d.stop_reason,
-            logprobs=self.logprobs,
-        )
 
 
 class _Base:
@@ -207,7 +151,7 @@ class Client(_Base):
         return q.popleft()
 
     def _dispatch(self, data: bytes) -> None:
-        msg, rid = _decode_reply(data)
+        msg, rid = decode_reply(data)
         q = self._inbox.get(rid)
         if q is not None:
             q.append(msg)  # else: a late reply to a request we gave up on (or a malformed one)
@@ -226,7 +170,7 @@ class Client(_Base):
         finally:
             self._inbox.pop(rid, None)
         if isinstance(reply, Error):
-            _raise(reply)
+            raise_error(reply)
         return _as_dict(reply)
 
     # ---- API -------------------------------------------------------------------------------------------------
@@ -241,8 +185,8 @@ class Client(_Base):
             raise
         self._inbox.pop(rid, None)
         if isinstance(reply, Error):
-            _raise(reply)
-        return _Accumulator(rid).add(reply)
+            raise_error(reply)
+        return Accumulator(rid).add(reply)
 
     def generate_many(self, prompts: list, params=None) -> list[Completion]:
         """Completions in input order; every request is sent before the first reply is awaited."""
@@ -256,8 +200,8 @@ class Client(_Base):
                 reply = self._next(rid)
                 self._inbox.pop(rid, None)
                 if isinstance(reply, Error):
-                    _raise(reply)
-                out.append(_Accumulator(rid).add(reply))
+                    raise_error(reply)
+                out.append(Accumulator(rid).add(reply))
         except BaseException:
             for rid in rids:
                 self._abort_quietly(rid)
@@ -296,40 +240,7 @@ class Client(_Base):
         self.close()
 
 
-class _StreamState:
-    """What a sync and an async stream share: accumulating deltas, retiring the request's reply queue
-    (``replies``: the client's table of them) once done, aborting it when left early."""
-
-    def __init__(self, client: Client | AsyncClient, request_id: str, replies: dict) -> None:
-        self.client, self.request_id, self._replies = client, request_id, replies
-        self.completion: Completion | None = None
-        self._acc = _Accumulator(request_id)
-        self._done = False
-
-    def _take(self, msg: Delta | Error) -> Delta:
-        if isinstance(msg, Error):
-            self._done = True
-            self._replies.pop(self.request_id, None)
-            _raise(msg)
-        self.completion = self._acc.add(msg)
-        if self.completion is not None:
-            self._done = True
-            self._replies.pop(self.request_id, None)
-        return msg
-
-    def _close(self) -> None:
-        if not self._done:
-            self._done = True
-            self.client._abort_quietly(self.request_id)
-
-    def __del__(self) -> None:
-        try:
-            self._close()
-        except Exception:
-            pass
-
-
-class Stream(_StreamState):
+class Stream(StreamState):
     """The deltas of one streaming request. Closing it (or dropping it, or leaving a ``for``/``with`` early)
     before the last delta aborts the request on the server. ``completion`` holds the whole result once done."""
 
@@ -357,192 +268,3 @@ class Stream(_StreamState):
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-
-# ---- asyncio client ----------------------------------------------------------------------------------------
-
-
-class AsyncClient(_Base):
-    """asyncio client: one receiver task dispatches replies to per-request queues, so any number of
-    requests (from any number of tasks) can be in flight. Cancelling a task that awaits a request aborts it.
-    ``timeout`` works as in ``Client``."""
-
-    def __init__(self, address: str = DEFAULT_ADDRESS, token: str | None = None, timeout: float | None = None):
-        super().__init__(token)
-        self.address, self.timeout = address, timeout
-        self._ctx = zmq.asyncio.Context()
-        self._sock = self._socket(self._ctx, address)
-        self._queues: dict[str, asyncio.Queue] = {}
-        self._receiver: asyncio.Task | None = None
-
-    # ---- plumbing --------------------------------------------------------------------------------------------
-
-    def _ensure_receiver(self) -> None:
-        if self._receiver is None or self._receiver.done():
-            self._receiver = asyncio.get_running_loop().create_task(self._receive_loop())
-
-    async def _receive_loop(self) -> None:
-        try:
-            while True:
-                msg, rid = _decode_reply(await self._sock.recv())
-                q = self._queues.get(rid)
-                if q is not None:
-                    q.put_nowait(msg)
-        except asyncio.CancelledError:
-            raise
-        except Exception as e:  # the socket broke: fail every waiter rather than leave it hanging
-            for q in self._queues.values():
-                q.put_nowait(e)
-
-    def _send_now(self, msg) -> None:
-        """Send without awaiting (ordered with other sends; usable from sync code running in the loop)."""
-        fut = self._sock.send(encode(msg))
-        fut.add_done_callback(lambda f: f.cancelled() or f.exception())
-
-    def _open(self, msg) -> tuple[str, asyncio.Queue]:
-        self._ensure_receiver()
-        q = self._queues[msg.request_id] = asyncio.Queue()
-        self._send_now(msg)
-        return msg.request_id, q
-
-    async def _next(self, rid: str, q: asyncio.Queue):
-        try:
-            if self.timeout is None:
-                msg = await q.get()
-            else:
-                msg = await asyncio.wait_for(q.get(), self.timeout)
-        except asyncio.TimeoutError:
-            raise TimeoutError(f"no reply from {self.address} within {self.timeout} s (request {rid})") from None
-        if isinstance(msg, BaseException):
-            raise msg
-        return msg
-
-    def _abort_quietly(self, rid: str) -> None:
-        if self._queues.pop(rid, None) is not None and not self._sock.closed:
-            try:
-                self._send_now(self._control(Abort, rid))
-            except Exception:
-                pass
-
-    async def _call(self, cls) -> dict:
-        rid, q = self._open(self._control(cls, self._new_id()))
-        try:
-            reply = await self._next(rid, q)
-        finally:
-            self._queues.pop(rid, None)
-        if isinstance(reply, Error):
-            _raise(reply)
-        return _as_dict(reply)
-
-    # ---- API -------------------------------------------------------------------------------------------------
-
-    async def generate(self, prompt, params: SamplingParams | None = None) -> Completion:
-        rid, q = self._open(_generate_msg(self._new_id(), self.token, prompt, params, stream=False))
-        try:
-            reply = await self._next(rid, q)
-        except BaseException:  # CancelledError included: the request must not run on without a reader
-            self._abort_quietly(rid)
-            raise
-        self._queues.pop(rid, None)
-        if isinstance(reply, Error):
-            _raise(reply)
-        return _Accumulator(rid).add(reply)
-
-    async def generate_many(self, prompts: list, params=None) -> list[Completion]:
-        """Completions in input order; every request is sent at once."""
-        prompts = _prompts_list(prompts)
-        params = _params_list(prompts, params)
-        opened = [
-            self._open(_generate_msg(self._new_id(), self.token, p, sp, stream=False)) for p, sp in zip(prompts, params)
-        ]
-        out = []
-        try:
-            for rid, q in opened:
-                reply = await self._next(rid, q)
-                self._queues.pop(rid, None)
-                if isinstance(reply, Error):
-                    _raise(reply)
-                out.append(_Accumulator(rid).add(reply))
-        except BaseException:
-            for rid, _ in opened:
-                self._abort_quietly(rid)
-            raise
-        return out
-
-    def stream(self, prompt, params: SamplingParams | None = None) -> AsyncStream:
-        """Send the request now (call from a running event loop); ``async for`` over the result."""
-        rid, q = self._open(_generate_msg(self._new_id(), self.token, prompt, params, stream=True))
-        return AsyncStream(self, rid, q)
-
-    async def abort(self, request_id: str) -> None:
-        """As ``Client.abort``."""
-        self._ensure_receiver()
-        await self._sock.send(encode(self._control(Abort, request_id)))
-
-    async def health(self) -> dict:
-        return await self._call(Health)
-
-    async def info(self) -> dict:
-        return await self._call(Info)
-
-    async def stats(self) -> dict:
-        return await self._call(Stats)
-
-    def close(self) -> None:
-        if self._receiver is not None and not self._receiver.done():
-            self._receiver.cancel()
-        if not self._sock.closed:
-            self._sock.close()
-            self._ctx.term()
-
-    async def aclose(self) -> None:
-        if self._receiver is not None and not self._receiver.done():
-            self._receiver.cancel()
-            try:
-                await self._receiver
-            except (asyncio.CancelledError, Exception):
-                pass
-        self.close()
-
-    async def __aenter__(self) -> AsyncClient:
-        return self
-
-    async def __aexit__(self, *exc) -> None:
-        await self.aclose()
-
-    def __enter__(self) -> AsyncClient:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-
-class AsyncStream(_StreamState):
-    """Async iterator over one streaming request's deltas; leaving early (``aclose()``, ``async with``,
-    cancellation, garbage collection) aborts the request."""
-
-    def __init__(self, client: AsyncClient, request_id: str, queue: asyncio.Queue) -> None:
-        super().__init__(client, request_id, client._queues)
-        self._queue = queue
-
-    def __aiter__(self) -> AsyncStream:
-        return self
-
-    async def __anext__(self) -> Delta:
-        if self._done:
-            raise StopAsyncIteration
-        try:
-            msg = await self.client._next(self.request_id, self._queue)
-        except BaseException:
-            self._close()
-            raise
-        return self._take(msg)
-
-    async def aclose(self) -> None:
-        self._close()
-
-    async def __aenter__(self) -> AsyncStream:
-        return self
-
-    async def __aexit__(self, *exc) -> None:
-        self._close()

@@ -1,7 +1,8 @@
 """The offline API, vLLM-style: ``LLM(model).generate(prompts, params)``.
 
 The coordinator runs in this process and drives worker processes over the same ZMQ/msgpack protocol that
-``launch.py`` uses: there is no shortcut path.
+``launch.py`` uses: there is no shortcut path. Completions come from the engine's output processor, as the server's
+replies do.
 """
 
 from __future__ import annotations
@@ -40,37 +41,36 @@ class LLM:
         if len(sampling_params) != len(prompts):
             raise ValueError(f"got {len(sampling_params)} sampling_params for {len(prompts)} prompts")
         engine = self.engine
-        seqs = []
+        request_ids: list[str] = []
         try:
             for prompt, params in zip(prompts, sampling_params):
-                seqs.append(engine.add_request(prompt, params))
+                request_ids.append(engine.add_request(prompt, params))
         except BaseException:
-            for seq in seqs:
-                engine.abort(seq.request_id)
+            for rid in request_ids:
+                engine.abort(rid)
             raise
-        bar = _progress(len(seqs)) if use_tqdm else None
+        done: dict[str, Completion | None] = dict.fromkeys(request_ids)
+        left = len(request_ids)
+        bar = _Progress(engine, left) if use_tqdm else None
         try:
-            while any(not s.is_finished for s in seqs):
+            while left:
                 t0 = time.perf_counter()
-                prompt_before, output_before = engine.num_prompt_tokens_computed, engine.num_output_tokens
-                outputs = engine.step()
+                finished = 0
+                for out in engine.step():  # a request that is not streamed has one output: its last
+                    if out.request_id in done:
+                        done[out.request_id] = out.completion()
+                        finished += 1
+                left -= finished
                 if bar is not None:
-                    dt = max(time.perf_counter() - t0, 1e-9)
-                    prefill = engine.num_prompt_tokens_computed - prompt_before
-                    decode = engine.num_output_tokens - output_before
-                    if prefill:
-                        bar.set_postfix_str(f"prefill {prefill / dt:,.0f} tok/s", refresh=False)
-                    elif decode:
-                        bar.set_postfix_str(f"decode {decode / dt:,.0f} tok/s", refresh=False)
-                    bar.update(sum(o.finished for o in outputs))
+                    bar.update(time.perf_counter() - t0, finished)
         except BaseException:
-            for seq in seqs:
-                engine.abort(seq.request_id)
+            for rid in request_ids:
+                engine.abort(rid)
             raise
         finally:
             if bar is not None:
                 bar.close()
-        return [engine.completion(s) for s in seqs]
+        return [done[rid] for rid in request_ids]
 
     def stats(self) -> dict:
         return self.engine.stats()
@@ -86,7 +86,28 @@ class LLM:
         self.close()
 
 
-def _progress(total: int):
-    from tqdm.auto import tqdm
+class _Progress:
+    """A tqdm bar of finished requests, with the last step's prefill or decode rate."""
 
-    return tqdm(total=total, desc="Generating", dynamic_ncols=True)
+    def __init__(self, engine: Engine, total: int) -> None:
+        from tqdm.auto import tqdm
+
+        self.engine = engine
+        self.bar = tqdm(total=total, desc="Generating", dynamic_ncols=True)
+        s = engine.stats()
+        self.prompt_tokens, self.output_tokens = s["prompt_tokens"], s["output_tokens"]
+
+    def update(self, seconds: float, finished: int) -> None:
+        """One step took ``seconds`` and finished ``finished`` requests."""
+        s = self.engine.stats()
+        prefill, decode = s["prompt_tokens"] - self.prompt_tokens, s["output_tokens"] - self.output_tokens
+        self.prompt_tokens, self.output_tokens = s["prompt_tokens"], s["output_tokens"]
+        dt = max(seconds, 1e-9)
+        if prefill:
+            self.bar.set_postfix_str(f"prefill {prefill / dt:,.0f} tok/s", refresh=False)
+        elif decode:
+            self.bar.set_postfix_str(f"decode {decode / dt:,.0f} tok/s", refresh=False)
+        self.bar.update(finished)
+
+    def close(self) -> None:
+        self.bar.close()

@@ -1,27 +1,36 @@
-"""The coordinator's engine: tokenizer, scheduler, block manager and the step loop that drives the workers."""
+"""The coordinator's engine: tokenizer, scheduler, block manager, output processor and the step loop that drives the
+workers.
+
+Its interface is narrow; ``LLM`` (client/llm.py) and the server (coordinator/server.py) use nothing else:
+``add_request`` / ``abort`` / ``step`` (returns ``RequestOutput``s) / ``has_unfinished`` / ``stats`` / ``info`` /
+``health`` / ``shutdown``.
+"""
 
 from __future__ import annotations
 
 import gc
 import itertools
 import logging
+import os
 import time
 from collections import deque
-from dataclasses import dataclass
 
 from coordinator.block_manager import BlockManager
 from coordinator.config import EngineConfig
-from coordinator.detokenizer import decode_delta
+from coordinator.output_processor import OutputProcessor, TokenStop
 from coordinator.scheduler import ScheduledBatch, Scheduler
 from coordinator.sequence import SeqStatus, Sequence
 from coordinator.worker_group import WorkerGroup
 from model.config import ModelConfig
-from protocol.errors import RequestError
+from protocol.errors import EngineDeadError, RequestError
 from protocol.messages import StepResult, WorkerConfig
-from protocol.outputs import Completion
+from protocol.outputs import RequestOutput
 from protocol.sampling_params import SamplingParams
 
 log = logging.getLogger("nanoserve.engine")
+
+_EOS: TokenStop = ("stop", None)
+_LENGTH: TokenStop = ("length", None)
 
 
 def _setup_logging() -> None:
@@ -32,17 +41,6 @@ def _setup_logging() -> None:
         handler.setFormatter(logging.Formatter("%(asctime)s %(name)s: %(message)s", "%H:%M:%S"))
         root.addHandler(handler)
         root.setLevel(logging.INFO)
-
-
-@dataclass(slots=True)
-class StepOutput:
-    """What one step changed, for streaming: a sequence and the tokens and text it gained."""
-
-    seq: Sequence
-    new_token_ids: list[int]
-    new_text: str
-    finished: bool
-    new_logprobs: list[dict[int, float]] | None = None  # one dict per new token, when the request asked
 
 
 class Engine:
@@ -63,6 +61,9 @@ class Engine:
         self.eos_token_ids = set(mc.eos_token_id)
         if self.tokenizer.eos_token_id is not None:
             self.eos_token_ids.add(self.tokenizer.eos_token_id)
+        longest_token = max((len(t) for t in self.tokenizer.get_vocab()), default=16)
+        # a string longer than this cannot fit in max_model_len tokens: refused before it is tokenized
+        self.max_prompt_chars = self.max_model_len * max(16, 2 * longest_token)
         worker_config = WorkerConfig(
             model=cfg.model,
             device=cfg.device,
@@ -105,34 +106,29 @@ class Engine:
             max_model_len=self.max_model_len,
             async_scheduling=cfg.async_scheduling,
         )
+        self.output_processor = OutputProcessor(self.tokenizer)
         self._in_flight: deque[ScheduledBatch] = deque()  # sent, results not applied yet (oldest first)
-        self.requests: dict[str, Sequence] = {}
+        self.requests: dict[str, Sequence] = {}  # unfinished requests
         self._ids = itertools.count()
         self.num_prompt_tokens_computed = 0
         self.num_output_tokens = 0
         self.closed = False
         # Keep start-up objects (the tokenizer, transformers, one Block per KV block) out of every later full
-        # collection: one took ~100 ms when 256 requests arrived at once (docs/PERF.md log 9g).
+        # collection: one took ~100 ms when 256 requests arrived at once.
         gc.collect()
         gc.freeze()
 
     # ---- requests ----------------------------------------------------------------------------------------
 
-    def tokenize(self, prompt: str | list[int]) -> list[int]:
-        if isinstance(prompt, str):
-            return self.tokenizer.encode(prompt, add_special_tokens=False)
-        # type/min/max run at C speed: W1's 256 prompts (143k ids) were ~10 ms of per-id Python checks
-        if isinstance(prompt, (list, tuple)) and set(map(type, prompt)) <= {int}:
-            if prompt and not (min(prompt) >= 0 and max(prompt) < self.vocab_size):
-                bad = [t for t in prompt if not 0 <= t < self.vocab_size]
-                raise RequestError(f"prompt token ids out of vocabulary [0, {self.vocab_size}): {bad[:5]}")
-            return list(prompt)
-        raise RequestError("prompt must be a string or a list of token ids")
-
     def add_request(
-        self, prompt: str | list[int], params: SamplingParams | None = None, request_id: str | None = None
-    ) -> Sequence:
-        """Validate and queue a request. Raises RequestError naming the problem; nothing is queued then."""
+        self,
+        prompt: str | list[int],
+        params: SamplingParams | None = None,
+        request_id: str | None = None,
+        stream: bool = False,
+    ) -> str:
+        """Validate and queue a request; returns its id. Raises RequestError naming the problem; nothing is queued
+        then. A streamed request gets a RequestOutput every step it gains tokens in, any other one only at its end."""
         params = params or SamplingParams()
         if not isinstance(params, SamplingParams):
             raise RequestError("sampling_params must be a SamplingParams")
@@ -140,7 +136,9 @@ class Engine:
             params.validate()  # again: the dataclass is mutable after construction
         except ValueError as e:
             raise RequestError(str(e)) from None
-        ids = self.tokenize(prompt)
+        if params.n != 1:
+            raise RequestError(f"n must be 1 (several completions of one prompt are not supported yet), got {params.n}")
+        ids = self._prompt_ids(prompt)
         if not ids:
             raise RequestError("prompt is empty")
         total = len(ids) + params.max_tokens
@@ -160,24 +158,46 @@ class Engine:
         if request_id in self.requests:
             raise RequestError(f"request_id {request_id!r} is already in flight")
         seq = Sequence(request_id, ids, len(ids), params, time.monotonic())
+        seq.every_token = self.output_processor.add(seq, stream)
         self.requests[request_id] = seq
         self.scheduler.add(seq)
-        return seq
+        return request_id
 
-    def abort(self, request_id: str) -> Sequence | None:
+    def _prompt_ids(self, prompt: str | list[int]) -> list[int]:
+        if isinstance(prompt, str):
+            if len(prompt) > self.max_prompt_chars:
+                raise RequestError(
+                    f"prompt ({len(prompt)} characters) cannot fit in max_model_len ({self.max_model_len}) tokens"
+                )
+            return self.tokenizer.encode(prompt, add_special_tokens=False)
+        # type/min/max run at C speed: W1's 256 prompts (143k ids) were ~10 ms of per-id Python checks
+        if isinstance(prompt, (list, tuple)) and set(map(type, prompt)) <= {int}:
+            if len(prompt) > self.max_model_len:
+                raise RequestError(f"prompt ({len(prompt)} tokens) exceeds max_model_len ({self.max_model_len})")
+            if prompt and not (min(prompt) >= 0 and max(prompt) < self.vocab_size):
+                bad = [t for t in prompt if not 0 <= t < self.vocab_size]
+                raise RequestError(f"prompt token ids out of vocabulary [0, {self.vocab_size}): {bad[:5]}")
+            return list(prompt)
+        raise RequestError("prompt must be a string or a list of token ids")
+
+    def abort(self, request_id: str) -> RequestOutput | None:
+        """End an unfinished request (its blocks and slot are freed); returns its last output, or None when no
+        such request is unfinished."""
         seq = self.requests.pop(request_id, None)
-        if seq is not None and not seq.is_finished:
-            self.scheduler.finish(seq, "abort")
-        return seq
+        if seq is None:
+            return None
+        self.scheduler.finish(seq, "abort")
+        return self.output_processor.finish(seq, "abort")
 
     @property
     def has_unfinished(self) -> bool:
+        """Requests to run or steps in flight: ``step`` has work."""
         return self.scheduler.has_work or bool(self._in_flight)
 
     # ---- the step ----------------------------------------------------------------------------------------
 
-    def step(self) -> list[StepOutput]:
-        """Advance the engine by one step and return what it changed.
+    def step(self) -> list[RequestOutput]:
+        """Advance the engine by one step and return the output processor's outputs of it.
 
         With async scheduling, step N+1 (up to N + async_depth) is scheduled and sent before step N's tokens
         are read back, so the workers go straight from one step to the next while this process applies
@@ -197,13 +217,14 @@ class Engine:
             return self._apply(done, self.workers.recv_result(done.step.step_id))
         return []
 
-    def _apply(self, batch: ScheduledBatch, result: StepResult) -> list[StepOutput]:
+    def _apply(self, batch: ScheduledBatch, result: StepResult) -> list[RequestOutput]:
         tokens = result.token_ids.tolist()
         self.num_prompt_tokens_computed += sum(n for n in batch.num_tokens if n > 1)
         self.num_output_tokens += len(tokens)
         lp_ids = lp_values = None
         if result.logprob_token_ids is not None:
             lp_ids, lp_values, offset = result.logprob_token_ids.tolist(), result.logprobs.tolist(), 0
+        processor = self.output_processor
         outputs = []
         for seq, token in zip(batch.sampled, tokens):
             logprobs = None
@@ -218,74 +239,31 @@ class Engine:
                 seq.resolve_pending(token)
             else:
                 seq.token_ids.append(token)
-            if logprobs is not None:
-                seq.logprobs.append(logprobs)
-            reason = self._check_stop(seq, token)
-            new_text = self._update_text(seq) if self._wants_text(seq) else ""
-            if reason in (None, "length") and seq.params.stop:  # a stop string on the last token still counts
-                reason = self._check_stop_strings(seq) or reason
-            if reason is not None:
-                self.scheduler.finish(seq, reason)
+            stop = self._check_stop(seq, token)
+            if stop is None and not seq.every_token:
+                continue  # the output processor only needs this request's last token
+            out = processor.update(seq, token, logprobs, stop)
+            if out is None:
+                continue
+            if out.finish_reason is not None:  # a token-level stop, or a stop string the processor found
+                self.scheduler.finish(seq, out.finish_reason)
                 self.requests.pop(seq.request_id, None)
-                # now, while the workers run the steps already sent, rather than for every request at the end
-                seq.final_text = self._text(seq)
-            new_logprobs = None if logprobs is None else [logprobs]
-            outputs.append(StepOutput(seq, [token], new_text, reason is not None, new_logprobs))
+            outputs.append(out)
         return outputs
 
-    def _check_stop(self, seq: Sequence, token: int) -> str | None:
+    def _check_stop(self, seq: Sequence, token: int) -> TokenStop | None:
         p = seq.params
         num_output = seq.num_known_tokens - seq.num_prompt_tokens
         if num_output >= p.min_tokens:
             if token in p.stop_token_ids:
-                seq.stop_reason = token
-                return "stop"
+                return ("stop", token)
             if not p.ignore_eos and token in self.eos_token_ids:
-                return "stop"
+                return _EOS
         if num_output >= p.max_tokens or seq.num_known_tokens >= self.max_model_len:
-            return "length"
+            return _LENGTH
         return None
 
-    def _wants_text(self, seq: Sequence) -> bool:
-        return seq.stream or bool(seq.params.stop)
-
-    def _update_text(self, seq: Sequence) -> str:
-        out = seq.output_token_ids
-        delta, seq.text_prefix_offset, seq.text_read_offset = decode_delta(
-            self.tokenizer, out, seq.text_prefix_offset, seq.text_read_offset
-        )
-        seq.text += delta
-        return delta
-
-    def _check_stop_strings(self, seq: Sequence) -> str | None:
-        if seq.num_known_tokens - seq.num_prompt_tokens < seq.params.min_tokens:
-            return None
-        for stop in seq.params.stop:
-            idx = seq.text.find(stop)
-            if idx >= 0:
-                seq.text = seq.text[:idx]
-                seq.stop_reason = stop
-                return "stop"
-        return None
-
-    def _text(self, seq: Sequence) -> str:
-        # a stop string cut .text short; otherwise decode once (most requests never need .text earlier)
-        return seq.text if isinstance(seq.stop_reason, str) else self.decode(seq.output_token_ids)
-
-    def completion(self, seq: Sequence) -> Completion:
-        text = seq.final_text if seq.final_text is not None else self._text(seq)
-        return Completion(
-            request_id=seq.request_id,
-            prompt_token_ids=seq.token_ids[: seq.num_prompt_tokens],
-            token_ids=seq.output_token_ids,
-            text=text,
-            finish_reason=seq.finish_reason,
-            stop_reason=seq.stop_reason,
-            logprobs=list(seq.logprobs) if seq.params.logprobs is not None else None,
-        )
-
-    def decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=True)
+    # ---- state -------------------------------------------------------------------------------------------
 
     def stats(self) -> dict:
         s = self.scheduler.stats
@@ -301,6 +279,30 @@ class Engine:
             "prompt_tokens": self.num_prompt_tokens_computed,
             "output_tokens": self.num_output_tokens,
         }
+
+    def info(self) -> dict:
+        """What is served, how: the fields of the client protocol's InfoReply."""
+        cfg, bm = self.config, self.block_manager
+        return {
+            "model": cfg.model,
+            "max_model_len": self.max_model_len,
+            "tensor_parallel_size": cfg.tensor_parallel_size,
+            "device": cfg.device,
+            "vocab_size": self.vocab_size,
+            "block_size": bm.block_size,
+            "kv_blocks_total": bm.num_blocks,
+            "kv_capacity_tokens": bm.num_blocks * bm.block_size,
+            "max_num_seqs": cfg.max_num_seqs,
+            "worker_pids": [p.pid for p in self.workers.procs],
+            "coordinator_pid": os.getpid(),
+        }
+
+    def health(self) -> None:
+        """Returns when the engine can serve; raises EngineDeadError naming the problem otherwise (a worker died,
+        or the engine was shut down)."""
+        if self.closed:
+            raise EngineDeadError("the engine was shut down")
+        self.workers.check_alive()
 
     def shutdown(self) -> None:
         if not self.closed:

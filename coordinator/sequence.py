@@ -1,4 +1,5 @@
-"""A request's state, in one place: its tokens, how many are in the KV cache, its blocks and its slot."""
+"""A request's scheduling state, in one place: its tokens, how many are in the KV cache, its blocks and its slot.
+Its output text is the output processor's (coordinator/output_processor.py)."""
 
 from __future__ import annotations
 
@@ -32,14 +33,7 @@ class Sequence:
     slot: int = -1  # worker state slot while running
     new_in_slot: bool = False  # workers must (re)start this sequence in its slot
     finish_reason: str | None = None
-    stop_reason: str | int | None = None
-    stream: bool = False  # the caller wants text deltas as tokens arrive
-    text: str = ""  # decoded output so far (kept only for streaming and stop strings)
-    text_prefix_offset: int = 0  # incremental detokenizer state, over the output tokens
-    text_read_offset: int = 0
-    final_text: str | None = None  # the whole output's text, decoded in the step that finished the sequence
-    error: str | None = None
-    logprobs: list[dict[int, float]] = field(default_factory=list)  # per output token, when params.logprobs
+    every_token: bool = False  # the output processor takes each new token (streaming, stop strings, logprobs)
 
     @property
     def num_tokens(self) -> int:

@@ -1,15 +1,16 @@
 """The coordinator's client endpoint: a ZMQ ROUTER socket that serves Generate/Abort/Health/Info/Stats requests
-(protocol/client_messages.py) and drives the engine.
+(protocol/client_messages.py) over the engine's interface (add_request, abort, step, has_unfinished, stats, info,
+health, shutdown). It is transport, authentication and the request table; the engine's output processor owns every
+token and character it sends.
 
 One thread runs one loop:
 
 1. receive: drain the client socket without blocking (at most ``max_drain`` frames per turn, so a flood cannot
-   starve the engine), decode and validate each frame, then ``engine.add_request`` / ``engine.abort`` or answer
-   Health/Info/Stats on the spot. A frame that cannot be attributed to a request is logged and dropped; a
-   malformed frame that names a request gets an ``Error`` reply.
-2. step: when the engine has work, run one ``engine.step()`` and send each request's new tokens (streaming)
-   or its completion (non-streaming).
-3. when idle, block in ``poll`` for a short while (and check that the workers are alive now and then).
+   starve the engine), read each frame (coordinator/client_frames.py), then ``engine.add_request`` /
+   ``engine.abort`` or answer Health/Info/Stats on the spot. A frame that cannot be attributed to a request is
+   logged and dropped; a malformed frame that names a request gets an ``Error`` reply.
+2. step: when the engine has work, run one ``engine.step()`` and send each of its outputs as a ``Delta``.
+3. when idle, block in ``poll`` for a short while (and check the engine's health now and then).
 
 Sends never block: ROUTER_MANDATORY is off and every send is non-blocking, so a reply to a vanished client is
 dropped and a slow client only loses replies past its high-water mark; neither stalls the loop.
@@ -25,26 +26,18 @@ in-flight requests then end with finish_reason "abort".
 from __future__ import annotations
 
 import collections
-import hmac
-import ipaddress
-import itertools
 import logging
-import os
 import signal
 import time
-from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import msgpack
-import zmq
-
-from coordinator.sequence import Sequence
+from coordinator.client_frames import RateLimitedLog, read_frame
+from coordinator.client_socket import ClientSocket, is_loopback
+from coordinator.request_table import ClientRequest, RequestTable
 from protocol.client_messages import (
     CLIENT_PROTOCOL_VERSION,
-    CLIENT_REQUEST_TAGS,
-    CLIENT_REQUESTS,
     ENGINE_DEAD,
     OVERLOADED,
-    PROTOCOL,
     REQUEST_ERROR,
     Abort,
     Delta,
@@ -58,57 +51,18 @@ from protocol.client_messages import (
     StatsReply,
     TokenLogprobs,
 )
-from protocol.codec import InvalidValue, ProtocolError, decode, encode
+from protocol.codec import encode
 from protocol.errors import RequestError
+from protocol.outputs import RequestOutput
+
+if TYPE_CHECKING:  # the engine pulls in torch; binding the socket must not wait for it
+    from coordinator.engine import Engine
 
 log = logging.getLogger("nanoserve.server")
 
 IDLE_POLL_MS = 50
-WORKER_CHECK_S = 1.0
+HEALTH_CHECK_S = 1.0
 RATE_WINDOW_S = 5.0
-MAX_REQUEST_ID_LEN = 256
-
-
-class PortInUseError(OSError):
-    pass
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
-
-
-@dataclass(slots=True, eq=False)
-class _Request:
-    identity: bytes
-    request_id: str  # the client's id (unique per client connection)
-    seq: Sequence
-    stream: bool
-    holdback: int  # streaming: characters held back because they may start a stop string
-    sent_chars: int = 0
-
-
-class _RateLimitedLog:
-    """At most ``per_s`` warnings a second, so a flood of garbage cannot flood the log."""
-
-    def __init__(self, per_s: int = 10) -> None:
-        self.per_s, self.window, self.count, self.suppressed = per_s, 0, 0, 0
-
-    def __call__(self, msg: str, *args) -> None:
-        now = int(time.monotonic())
-        if now != self.window:
-            if self.suppressed:
-                log.warning("... %d more dropped-frame warning(s) suppressed", self.suppressed)
-            self.window, self.count, self.suppressed = now, 0, 0
-        if self.count < self.per_s:
-            self.count += 1
-            log.warning(msg, *args)
-        else:
-            self.suppressed += 1
 
 
 class Server:
@@ -132,38 +86,17 @@ class Server:
         self.token = token.encode() if token else None
         self.max_pending_requests = max_pending_requests
         self.max_drain = max_drain
-        self.ctx = zmq.Context()
-        self.sock = self.ctx.socket(zmq.ROUTER)
-        self.sock.setsockopt(zmq.ROUTER_MANDATORY, 0)  # replies to vanished clients are dropped, never raise
-        self.sock.setsockopt(zmq.SNDHWM, send_hwm)  # past this, a slow client's replies are dropped
-        self.sock.setsockopt(zmq.MAXMSGSIZE, max_message_bytes)  # a peer sending more is disconnected
-        self.sock.setsockopt(zmq.LINGER, 0)
-        bare = host.strip("[]")
-        if ":" in bare:
-            self.sock.setsockopt(zmq.IPV6, 1)
-            endpoint = f"tcp://[{bare}]:{port or '*'}"
-        else:
-            endpoint = f"tcp://{bare}:{port or '*'}"
-        try:
-            self.sock.bind(endpoint)
-        except zmq.ZMQError as e:
-            self.sock.close(linger=0)
-            self.ctx.term()
-            if e.errno == zmq.EADDRINUSE:
-                raise PortInUseError(f"port {port} on {host} is already in use") from None
-            raise OSError(f"cannot listen on {endpoint}: {e}") from None
-        self.address = self.sock.getsockopt_string(zmq.LAST_ENDPOINT)
-        self.port = int(self.address.rsplit(":", 1)[1])
+        self.socket = ClientSocket(host, port, max_message_bytes, send_hwm)
+        self.address, self.port = self.socket.address, self.socket.port
 
-        self.engine = None
-        self.requests: dict[str, _Request] = {}  # engine request id -> request
-        self.by_client: dict[tuple[bytes, str], str] = {}  # (identity, client request id) -> engine request id
-        self._ids = itertools.count()
+        self.engine: Engine | None = None
+        self.requests = RequestTable()
         self.healthy = True
         self.dead_reason = ""
         self._stopping = False
-        self._warn = _RateLimitedLog()
+        self._warn = RateLimitedLog()
         self._rate: collections.deque[tuple[float, int]] = collections.deque()  # (time, tokens) per step
+        self._output_tokens = 0
         self._started = time.monotonic()
         self.requests_finished = 0
         self.requests_aborted = 0
@@ -181,49 +114,34 @@ class Server:
         signal.signal(signal.SIGINT, self.stop)
         signal.signal(signal.SIGTERM, self.stop)
 
-    def serve(self, engine) -> None:
+    def serve(self, engine: Engine) -> None:
         """Run until ``stop()``; then end every in-flight request with finish_reason "abort". The caller shuts
         the engine down and closes the server."""
         self.engine = engine
-        self.max_model_len = engine.max_model_len
-        vocab = engine.tokenizer.get_vocab()
-        longest_token = max((len(t) for t in vocab), default=16)
-        # a string longer than this cannot fit in max_model_len tokens: reject it before tokenizing it
-        self.max_prompt_chars = engine.max_model_len * max(16, 2 * longest_token)
+        self._output_tokens = engine.stats()["output_tokens"]
         self._started = time.monotonic()
         last_check = time.monotonic()
         while not self._stopping:
-            busy = self.healthy and engine.has_unfinished
-            if not busy:
-                try:
-                    self.sock.poll(IDLE_POLL_MS)
-                except zmq.ZMQError:  # interrupted by a signal: look at the stop flag
-                    continue
+            if not (self.healthy and engine.has_unfinished):
+                self.socket.poll(IDLE_POLL_MS)
             self._drain()
             if self._stopping:
                 break
             if self.healthy and engine.has_unfinished:
                 self._step()
-            elif self.healthy and time.monotonic() - last_check > WORKER_CHECK_S:
+            elif self.healthy and time.monotonic() - last_check > HEALTH_CHECK_S:
                 last_check = time.monotonic()
-                self._check_workers()
+                self._check_health()
         self._abort_all("server shutting down")
 
     def close(self, linger_ms: int = 1000) -> None:
         """Close the socket, giving queued replies (e.g. the final "abort" deltas) ``linger_ms`` to go out."""
-        if not self.sock.closed:
-            self.sock.close(linger=linger_ms)
-        self.ctx.term()
+        self.socket.close(linger_ms)
 
     def _drain(self) -> None:
         for _ in range(self.max_drain):
-            try:
-                frames = self.sock.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
-                return
-            except zmq.ZMQError as e:  # e.g. interrupted by a signal
-                if e.errno != zmq.EINTR:
-                    log.warning("receive failed: %s", e)
+            frames = self.socket.recv()
+            if frames is None:
                 return
             try:
                 self._handle(frames)
@@ -232,31 +150,26 @@ class Server:
                 self.frames_dropped += 1
 
     def _step(self) -> None:
-        engine = self.engine
         try:
-            outputs = engine.step()
+            outputs = self.engine.step()
+            output_tokens = self.engine.stats()["output_tokens"]
         except Exception as e:  # EngineDeadError, a hang (TimeoutError), or anything else: the state is unknown
             self._engine_died(e)
             return
         now = time.monotonic()
-        self._rate.append((now, len(outputs)))
+        self._rate.append((now, output_tokens - self._output_tokens))
+        self._output_tokens = output_tokens
         while self._rate and self._rate[0][0] < now - RATE_WINDOW_S:
             self._rate.popleft()
         for out in outputs:
-            req = self.requests.get(out.seq.request_id)
-            if req is None:
-                continue
-            if out.finished:
-                self._finish(req, out.new_token_ids if req.stream else None, out.new_logprobs)
-            elif req.stream:
-                self._stream_delta(req, out.new_token_ids, out.new_logprobs)
+            req = self.requests.get(out.request_id)
+            if req is not None:
+                self._reply(req, out)
 
     # ---- replies -------------------------------------------------------------------------------------------
 
     def _send(self, identity: bytes, msg) -> None:
-        try:
-            self.sock.send_multipart([identity, encode(msg)], zmq.NOBLOCK)
-        except zmq.ZMQError:  # Again (full) or a vanished peer: drop, never stall
+        if not self.socket.send(identity, encode(msg)):
             self.replies_dropped += 1
 
     def _error(self, identity: bytes, request_id: str, kind: str, message: str) -> None:
@@ -264,183 +177,89 @@ class Server:
             self.requests_rejected += 1
         self._send(identity, Error(request_id, kind, message))
 
-    @staticmethod
-    def _logprobs(seq: Sequence, logprobs: list[dict[int, float]] | None) -> list[TokenLogprobs] | None:
-        if seq.params.logprobs is None:
-            return None
-        return [TokenLogprobs.from_dict(d) for d in logprobs or []]
-
-    def _stream_delta(self, req: _Request, new_token_ids: list[int], new_logprobs=None) -> None:
-        seq = req.seq
-        text = ""
-        # before min_tokens a stop string is not matched yet, but would be later, at its earlier position
-        if not (seq.params.stop and len(seq.output_token_ids) < seq.params.min_tokens):
-            ready = len(seq.text) - req.holdback
-            if ready > req.sent_chars:
-                text = seq.text[req.sent_chars : ready]
-                req.sent_chars = ready
-        logprobs = self._logprobs(seq, new_logprobs)
-        self._send(req.identity, Delta(req.request_id, list(new_token_ids), text, None, logprobs=logprobs))
-
-    def _finish(self, req: _Request, new_token_ids: list[int] | None, new_logprobs=None) -> None:
-        """The last Delta: streaming sends the tokens of this step and the rest of the text; non-streaming sends
-        everything."""
-        self.requests.pop(req.seq.request_id, None)
-        self.by_client.pop((req.identity, req.request_id), None)
-        seq = req.seq
-        completion = self.engine.completion(seq)
-        if req.stream:
-            sent = seq.text[: req.sent_chars]
-            rest = completion.text[req.sent_chars :] if completion.text.startswith(sent) else seq.text[req.sent_chars :]
-            token_ids, text, logprobs = list(new_token_ids or []), rest, new_logprobs
-        else:
-            token_ids, text, logprobs = completion.token_ids, completion.text, completion.logprobs
-        reason = completion.finish_reason or "abort"
-        self.requests_finished += 1
-        self.requests_aborted += reason == "abort"
-        self._send(
-            req.identity,
-            Delta(
-                req.request_id,
-                token_ids,
-                text,
-                reason,
-                completion.stop_reason,
-                completion.prompt_token_ids,
-                self._logprobs(seq, logprobs if token_ids else None),
-            ),
+    def _reply(self, req: ClientRequest, out: RequestOutput) -> None:
+        """One engine output as one Delta; the last one retires the request."""
+        if out.finished:
+            self.requests.pop(req.engine_id)
+            self.requests_finished += 1
+            self.requests_aborted += out.finish_reason == "abort"
+        logprobs = None if out.logprobs is None else [TokenLogprobs.from_dict(d) for d in out.logprobs]
+        delta = Delta(
+            req.request_id, out.token_ids, out.text, out.finish_reason, out.stop_reason, out.prompt_token_ids, logprobs
         )
+        self._send(req.identity, delta)
+
+    def _end(self, req: ClientRequest) -> None:
+        """Abort a request in the engine and send its last Delta (finish_reason "abort")."""
+        out = self.engine.abort(req.engine_id) if self.healthy else None
+        self._reply(req, out or RequestOutput(req.engine_id, [], "", finish_reason="abort"))
 
     def _abort_all(self, why: str) -> None:
-        if self.requests:
+        if len(self.requests):
             log.info("%s: aborting %d in-flight request(s)", why, len(self.requests))
-        for engine_id, req in list(self.requests.items()):
-            if self.healthy:
-                self.engine.abort(engine_id)
-            self._finish(req, [])
+        for req in self.requests:
+            self._end(req)
 
     def _engine_died(self, e: BaseException) -> None:
         self.healthy = False
         self.dead_reason = f"{type(e).__name__}: {e}"
         log.error("engine failed, serving as unhealthy from now on: %s", self.dead_reason)
         message = f"the engine is dead: {self.dead_reason}"
-        for req in self.requests.values():
+        for req in self.requests.clear():
             self._send(req.identity, Error(req.request_id, ENGINE_DEAD, message))
-        self.requests.clear()
-        self.by_client.clear()
         try:  # stop the surviving workers (frees their devices); bounded by the worker group's own timeout
             self.engine.shutdown()
         except Exception:
             log.exception("error stopping the workers")
 
-    def _check_workers(self) -> None:
+    def _check_health(self) -> None:
         try:
-            self.engine.workers.check_alive()
+            self.engine.health()
         except Exception as e:
             self._engine_died(e)
 
     # ---- requests ------------------------------------------------------------------------------------------
 
-    def _drop(self, identity: bytes, why: str) -> None:
-        self.frames_dropped += 1
-        self._warn("dropping a frame from client %s: %s", identity.hex()[:16], why)
-
-    def _unauthorized(self, identity: bytes, rid: str) -> None:
-        self._warn("rejecting a request from client %s: missing or wrong token", identity.hex()[:16])
-        self._error(identity, rid[:MAX_REQUEST_ID_LEN], PROTOCOL, "unauthorized: missing or wrong token")
-
-    def _token_ok(self, token) -> bool:
-        if self.token is None:
-            return True
-        return isinstance(token, str) and hmac.compare_digest(token.encode(), self.token)
-
     def _handle(self, frames: list[bytes]) -> None:
-        if len(frames) != 2:
-            self._drop(frames[0] if frames else b"", f"expected 2 frames (identity, message), got {len(frames)}")
-            return
-        identity, data = frames
-        try:
-            msg = decode(data)
-        except ProtocolError as e:
-            self._reject_malformed(identity, data, e)
-            return
-        if not isinstance(msg, CLIENT_REQUESTS):
-            self._drop(identity, f"not a client request: {type(msg).__name__}")
-            return
-        rid = msg.request_id
-        if not self._token_ok(msg.token):
-            self._unauthorized(identity, rid)
-            return
-        if msg.protocol_version != CLIENT_PROTOCOL_VERSION:
-            self._error(
-                identity,
-                rid,
-                PROTOCOL,
-                f"protocol_version {msg.protocol_version} is not supported; the server speaks "
-                f"{CLIENT_PROTOCOL_VERSION}",
-            )
-            return
-        if not rid or len(rid) > MAX_REQUEST_ID_LEN:
-            self._error(identity, rid[:MAX_REQUEST_ID_LEN], REQUEST_ERROR, "request_id must be 1-256 characters")
-            return
-        if isinstance(msg, Generate):
+        frame = read_frame(frames, self.token)
+        identity, msg = frame.identity, frame.request
+        if frame.drop is not None:
+            self.frames_dropped += 1
+            self._warn("dropping a frame from client %s: %s", identity.hex()[:16], frame.drop)
+        elif frame.error is not None:
+            if frame.unauthorized:
+                self._warn("rejecting a request from client %s: missing or wrong token", identity.hex()[:16])
+            self._error(identity, frame.error.request_id, frame.error.kind, frame.error.message)
+        elif isinstance(msg, Generate):
             self._generate(identity, msg)
         elif isinstance(msg, Abort):
-            self._abort(identity, rid)
+            req = self.requests.find(identity, msg.request_id)
+            if req is not None:  # else finished already, or never existed: nothing to free
+                self._end(req)
         elif isinstance(msg, Health):
             if self.healthy:
-                self._check_workers()
-            self._send(identity, HealthReply(rid, self.healthy, "ok" if self.healthy else self.dead_reason))
+                self._check_health()
+            reply = HealthReply(msg.request_id, self.healthy, "ok" if self.healthy else self.dead_reason)
+            self._send(identity, reply)
         elif isinstance(msg, Info):
-            self._send(identity, self._info(rid))
+            self._send(identity, InfoReply(msg.request_id, CLIENT_PROTOCOL_VERSION, **self.engine.info()))
         elif isinstance(msg, Stats):
-            self._send(identity, self._stats(rid))
-
-    def _reject_malformed(self, identity: bytes, data: bytes, e: ProtocolError) -> None:
-        """A frame the codec rejected: answer it if it names a request (tag, version, request_id, token in
-        place), otherwise drop it."""
-        try:
-            raw = msgpack.unpackb(data, raw=False, strict_map_key=True)
-        except Exception:
-            raw = None
-        if (
-            isinstance(raw, list)
-            and len(raw) >= 4
-            and type(raw[0]) is int
-            and raw[0] in CLIENT_REQUEST_TAGS
-            and isinstance(raw[2], str)
-            and 0 < len(raw[2]) <= MAX_REQUEST_ID_LEN
-        ):
-            if not self._token_ok(raw[3]):
-                self._unauthorized(identity, raw[2])
-                return
-            kind = PROTOCOL
-            if raw[1] != CLIENT_PROTOCOL_VERSION:
-                why = f"protocol_version {raw[1]!r} is not supported; the server speaks {CLIENT_PROTOCOL_VERSION}"
-            elif isinstance(e, InvalidValue):  # well-formed, but e.g. a sampling setting out of range
-                kind, why = REQUEST_ERROR, str(e)
-            else:
-                why = f"malformed request: {e}"
-            self._error(identity, raw[2], kind, why)
-            return
-        self._drop(identity, str(e))
+            self._send(identity, self._stats(msg.request_id))
 
     def _generate(self, identity: bytes, msg: Generate) -> None:
         rid = msg.request_id
         if not self.healthy:
             self._error(identity, rid, ENGINE_DEAD, f"the engine is dead: {self.dead_reason}")
             return
-        if (identity, rid) in self.by_client:
+        if self.requests.find(identity, rid) is not None:
             self._error(identity, rid, REQUEST_ERROR, f"request_id {rid!r} is already in flight")
             return
         if len(self.requests) >= self.max_pending_requests:
             self._error(identity, rid, OVERLOADED, f"overloaded: {len(self.requests)} requests pending; retry later")
             return
+        engine_id = self.requests.new_engine_id()
         try:
-            prompt = self._check_prompt(msg.prompt)
-            params = msg.params  # validated when the frame was decoded
-            engine_id = str(next(self._ids))
-            seq = self.engine.add_request(prompt, params, engine_id)
+            self.engine.add_request(msg.prompt, msg.params, engine_id, stream=msg.stream)  # validated when decoded
         except RequestError as e:
             self._error(identity, rid, REQUEST_ERROR, str(e))
             return
@@ -448,58 +267,7 @@ class Server:
             log.warning("request %r rejected: %s: %s", rid, type(e).__name__, e)
             self._error(identity, rid, REQUEST_ERROR, f"invalid request: {type(e).__name__}: {e}")
             return
-        seq.stream = msg.stream
-        holdback = max((len(s) for s in params.stop), default=1) - 1
-        self.requests[engine_id] = _Request(identity, rid, seq, msg.stream, holdback)
-        self.by_client[(identity, rid)] = engine_id
-
-    def _check_prompt(self, prompt) -> str | list[int]:
-        if isinstance(prompt, str):
-            if not prompt:
-                raise RequestError("prompt is empty")
-            if len(prompt) > self.max_prompt_chars:
-                raise RequestError(
-                    f"prompt ({len(prompt)} characters) cannot fit in max_model_len ({self.max_model_len}) tokens"
-                )
-            return prompt
-        if isinstance(prompt, list):
-            if not prompt:
-                raise RequestError("prompt is empty")
-            if len(prompt) > self.max_model_len:
-                raise RequestError(f"prompt ({len(prompt)} tokens) exceeds max_model_len ({self.max_model_len})")
-            if not all(type(t) is int for t in prompt):
-                raise RequestError("prompt must be a string or a list of int token ids")
-            return prompt
-        raise RequestError(f"prompt must be a string or a list of token ids, got {type(prompt).__name__}")
-
-    def _abort(self, identity: bytes, rid: str) -> None:
-        engine_id = self.by_client.get((identity, rid))
-        if engine_id is None:
-            return  # finished already, or never existed: nothing to free
-        req = self.requests[engine_id]
-        self.engine.abort(engine_id)  # frees its KV blocks and its worker slot
-        self._finish(req, [])
-
-    # ---- Info / Stats --------------------------------------------------------------------------------------
-
-    def _info(self, rid: str) -> InfoReply:
-        e = self.engine
-        bm = e.block_manager
-        return InfoReply(
-            request_id=rid,
-            protocol_version=CLIENT_PROTOCOL_VERSION,
-            model=e.config.model,
-            max_model_len=e.max_model_len,
-            tensor_parallel_size=e.config.tensor_parallel_size,
-            device=e.config.device,
-            vocab_size=e.vocab_size,
-            block_size=bm.block_size,
-            kv_blocks_total=bm.num_blocks,
-            kv_capacity_tokens=bm.num_blocks * bm.block_size,
-            max_num_seqs=e.config.max_num_seqs,
-            worker_pids=[p.pid for p in e.workers.procs],
-            coordinator_pid=os.getpid(),
-        )
+        self.requests.add(identity, rid, engine_id)
 
     def _stats(self, rid: str) -> StatsReply:
         s = self.engine.stats()

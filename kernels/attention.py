@@ -1,4 +1,5 @@
 """Attention over a paged KV cache: the backend interface, the per-step metadata and the torch reference.
+kernels/backends.py picks a backend; the Triton and flash-attn backends build on this module, never the reverse.
 
 KV cache layout, per layer: ``k_cache, v_cache: [num_blocks, block_size, num_kv_heads, head_dim]``.
 Token ``i`` of a sequence lives in slot ``block_table[i // block_size] * block_size + i % block_size``;
@@ -113,33 +114,3 @@ class TorchAttentionBackend(AttentionBackend):
         scores = scores.masked_fill(~valid[:, None, None, :], -math.inf)
         out = torch.einsum("bhgk,bkhd->bhgd", scores.softmax(-1), v.float())
         return out.reshape(num_decodes, num_heads, head_dim).to(q.dtype)
-
-
-_BACKENDS: dict[str, type[AttentionBackend]] = {"torch": TorchAttentionBackend}
-
-
-def get_backend(name: str, device: torch.device, block_size: int = 16, dtype: torch.dtype = torch.bfloat16):
-    """``auto``: flash-attn on CUDA where it is installed and supports the case, else our Triton kernels; the
-    torch reference on the CPU."""
-    if name == "auto":
-        from kernels.flash_attention import flash_attn_supports
-
-        if device.type != "cuda":
-            name = "torch"
-        else:
-            name = "flash" if flash_attn_supports(device, block_size, dtype) else "triton"
-    if name == "flash":
-        from kernels.flash_attention import FlashAttentionBackend, flash_attn_supports
-
-        if not flash_attn_supports(device, block_size, dtype):
-            raise ValueError(
-                "attention_backend 'flash' needs flash-attn installed, CUDA, fp16/bf16 and block_size % 256 == 0"
-            )
-        return FlashAttentionBackend()
-    if name == "triton":
-        from kernels.triton_attention import TritonAttentionBackend
-
-        return TritonAttentionBackend()
-    if name not in _BACKENDS:
-        raise ValueError(f"unknown attention backend {name!r}; choose one of auto, torch, triton, flash")
-    return _BACKENDS[name]()

@@ -10,7 +10,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from kernels.attention import AttentionMetadata, get_backend
+from kernels.attention import AttentionMetadata
+from kernels.backends import get_backend
 from model.config import ModelConfig, parse_dtype
 from model.context import forward_context
 from model.layers import PagedAttention

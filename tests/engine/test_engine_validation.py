@@ -46,7 +46,7 @@ def reference(llm):
 
 def assert_engine_clean_and_serving(llm) -> None:
     eng = llm.engine
-    assert not eng.requests and not eng.scheduler.has_work
+    assert not eng.requests and not eng.scheduler.has_work and not eng.output_processor.states
     assert eng.block_manager.num_free_blocks == NUM_BLOCKS
     out = llm.generate([PROMPT], greedy(3, ignore_eos=True), use_tqdm=False)
     assert len(out) == 1 and len(out[0].token_ids) == 3 and out[0].finish_reason == "length"
@@ -298,15 +298,67 @@ def test_engine_freezes_its_start_up_objects_until_shutdown(tiny_tied):
 
 
 def test_text_is_decoded_in_the_step_that_finishes_the_request(llm, reference):
-    """LLM.generate returns without a decoding pass over every request: each output's text is decoded when its
-    sequence finishes, while the worker runs the steps already sent."""
+    """LLM.generate returns without a decoding pass over every request: a request that is not streamed has one
+    output, from the step that finishes it, with its whole text (decoded while the worker runs the steps already
+    sent)."""
     eng = llm.engine
-    seq = eng.add_request(PROMPT, greedy(24, ignore_eos=True))
-    while not seq.is_finished:
-        for out in eng.step():
-            assert (out.seq.final_text is not None) == out.finished
+    rid = eng.add_request(PROMPT, greedy(24, ignore_eos=True))
+    outs = []
+    while not outs:
+        outs = [o for o in eng.step() if o.request_id == rid]
+    (out,) = outs
     text = llm.tokenizer.decode(reference.token_ids, skip_special_tokens=True)
-    assert seq.final_text == text and eng.completion(seq).text == text
+    assert out.finished and out.text == text and out.token_ids == reference.token_ids
+    assert out.completion().text == text and out.prompt_token_ids == PROMPT
     while eng.has_unfinished:  # steps sent past the end (async scheduling) drain
         eng.step()
+    assert_engine_clean_and_serving(llm)
+
+
+def test_streamed_outputs_add_up_to_the_completion(llm, reference):
+    """Through the engine: a streamed request's outputs (one per step) hold its tokens and text, cut at a stop
+    string the output processor found, which also frees the request's blocks in the scheduler."""
+    stop, idx, needed = _stop_string_case(llm, reference)
+    text = llm.tokenizer.decode(reference.token_ids, skip_special_tokens=True)
+    eng = llm.engine
+    rid = eng.add_request(PROMPT, greedy(24, stop=[stop], ignore_eos=True, logprobs=2), stream=True)
+    outs = []
+    while not (outs and outs[-1].finished):
+        outs += [o for o in eng.step() if o.request_id == rid]
+    assert all(len(o.token_ids) == 1 == len(o.logprobs) for o in outs)
+    assert [t for o in outs for t in o.token_ids] == reference.token_ids[:needed]
+    assert "".join(o.text for o in outs) == text[:idx]
+    assert outs[-1].finish_reason == "stop" and outs[-1].stop_reason == stop
+    while eng.has_unfinished:
+        eng.step()
+    assert_engine_clean_and_serving(llm)
+
+
+def test_stop_string_kept_in_output_when_asked(llm, reference):
+    stop, idx, needed = _stop_string_case(llm, reference)
+    text = llm.tokenizer.decode(reference.token_ids, skip_special_tokens=True)
+    params = greedy(24, stop=stop, ignore_eos=True, include_stop_str_in_output=True)
+    out = llm.generate(PROMPT, params, use_tqdm=False)[0]
+    assert out.finish_reason == "stop" and out.text == text[: idx + len(stop)]
+    assert out.token_ids == reference.token_ids[:needed]
+
+
+def test_several_completions_per_prompt_are_refused_clearly(llm):
+    with pytest.raises(RequestError, match=r"n must be 1 .*not supported yet.*got 2"):
+        llm.generate(PROMPT, SamplingParams(n=2), use_tqdm=False)
+    assert_engine_clean_and_serving(llm)
+
+
+def test_abort_returns_the_last_output(llm, reference):
+    eng = llm.engine
+    start = eng.stats()["output_tokens"]
+    rid = eng.add_request(PROMPT, greedy(24, ignore_eos=True))
+    while eng.stats()["output_tokens"] < start + 3:
+        assert not eng.step()  # a request that is not streamed has no output before its end
+    out = eng.abort(rid)
+    n = len(out.token_ids)
+    assert out.finish_reason == "abort" and 0 < n < 24 and out.token_ids == reference.token_ids[:n]
+    assert eng.abort(rid) is None
+    while eng.has_unfinished:
+        assert not eng.step()  # the steps still in flight carry no output for it
     assert_engine_clean_and_serving(llm)

@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from kernels.attention import AttentionMetadata, TorchAttentionBackend, get_backend
+from kernels.attention import AttentionMetadata, TorchAttentionBackend
+from kernels.backends import get_backend
 
 flash_attn = pytest.importorskip("flash_attn")
 pytestmark = pytest.mark.gpu

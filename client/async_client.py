@@ -1,0 +1,203 @@
+"""asyncio client for a running nanoserve server: one receiver task dispatches replies to per-request queues, so
+any number of requests (from any number of tasks) can be in flight. See client/client.py for the protocol."""
+
+from __future__ import annotations
+
+import asyncio
+
+import zmq.asyncio
+
+from client.client import DEFAULT_ADDRESS, _as_dict, _Base, _generate_msg, _params_list, _prompts_list
+from client.replies import Accumulator, StreamState, decode_reply, raise_error
+from protocol.client_messages import Abort, Delta, Error, Health, Info, Stats
+from protocol.codec import encode
+from protocol.outputs import Completion
+from protocol.sampling_params import SamplingParams
+
+__all__ = ["AsyncClient", "AsyncStream"]
+
+
+class AsyncClient(_Base):
+    """asyncio client: one receiver task dispatches replies to per-request queues, so any number of
+    requests (from any number of tasks) can be in flight. Cancelling a task that awaits a request aborts it.
+    ``timeout`` works as in ``Client``."""
+
+    def __init__(self, address: str = DEFAULT_ADDRESS, token: str | None = None, timeout: float | None = None):
+        super().__init__(token)
+        self.address, self.timeout = address, timeout
+        self._ctx = zmq.asyncio.Context()
+        self._sock = self._socket(self._ctx, address)
+        self._queues: dict[str, asyncio.Queue] = {}
+        self._receiver: asyncio.Task | None = None
+
+    # ---- plumbing --------------------------------------------------------------------------------------------
+
+    def _ensure_receiver(self) -> None:
+        if self._receiver is None or self._receiver.done():
+            self._receiver = asyncio.get_running_loop().create_task(self._receive_loop())
+
+    async def _receive_loop(self) -> None:
+        try:
+            while True:
+                msg, rid = decode_reply(await self._sock.recv())
+                q = self._queues.get(rid)
+                if q is not None:
+                    q.put_nowait(msg)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # the socket broke: fail every waiter rather than leave it hanging
+            for q in self._queues.values():
+                q.put_nowait(e)
+
+    def _send_now(self, msg) -> None:
+        """Send without awaiting (ordered with other sends; usable from sync code running in the loop)."""
+        fut = self._sock.send(encode(msg))
+        fut.add_done_callback(lambda f: f.cancelled() or f.exception())
+
+    def _open(self, msg) -> tuple[str, asyncio.Queue]:
+        self._ensure_receiver()
+        q = self._queues[msg.request_id] = asyncio.Queue()
+        self._send_now(msg)
+        return msg.request_id, q
+
+    async def _next(self, rid: str, q: asyncio.Queue):
+        try:
+            if self.timeout is None:
+                msg = await q.get()
+            else:
+                msg = await asyncio.wait_for(q.get(), self.timeout)
+        except asyncio.TimeoutError:
+            raise TimeoutError(f"no reply from {self.address} within {self.timeout} s (request {rid})") from None
+        if isinstance(msg, BaseException):
+            raise msg
+        return msg
+
+    def _abort_quietly(self, rid: str) -> None:
+        if self._queues.pop(rid, None) is not None and not self._sock.closed:
+            try:
+                self._send_now(self._control(Abort, rid))
+            except Exception:
+                pass
+
+    async def _call(self, cls) -> dict:
+        rid, q = self._open(self._control(cls, self._new_id()))
+        try:
+            reply = await self._next(rid, q)
+        finally:
+            self._queues.pop(rid, None)
+        if isinstance(reply, Error):
+            raise_error(reply)
+        return _as_dict(reply)
+
+    # ---- API -------------------------------------------------------------------------------------------------
+
+    async def generate(self, prompt, params: SamplingParams | None = None) -> Completion:
+        rid, q = self._open(_generate_msg(self._new_id(), self.token, prompt, params, stream=False))
+        try:
+            reply = await self._next(rid, q)
+        except BaseException:  # CancelledError included: the request must not run on without a reader
+            self._abort_quietly(rid)
+            raise
+        self._queues.pop(rid, None)
+        if isinstance(reply, Error):
+            raise_error(reply)
+        return Accumulator(rid).add(reply)
+
+    async def generate_many(self, prompts: list, params=None) -> list[Completion]:
+        """Completions in input order; every request is sent at once."""
+        prompts = _prompts_list(prompts)
+        params = _params_list(prompts, params)
+        opened = [
+            self._open(_generate_msg(self._new_id(), self.token, p, sp, stream=False)) for p, sp in zip(prompts, params)
+        ]
+        out = []
+        try:
+            for rid, q in opened:
+                reply = await self._next(rid, q)
+                self._queues.pop(rid, None)
+                if isinstance(reply, Error):
+                    raise_error(reply)
+                out.append(Accumulator(rid).add(reply))
+        except BaseException:
+            for rid, _ in opened:
+                self._abort_quietly(rid)
+            raise
+        return out
+
+    def stream(self, prompt, params: SamplingParams | None = None) -> AsyncStream:
+        """Send the request now (call from a running event loop); ``async for`` over the result."""
+        rid, q = self._open(_generate_msg(self._new_id(), self.token, prompt, params, stream=True))
+        return AsyncStream(self, rid, q)
+
+    async def abort(self, request_id: str) -> None:
+        """As ``Client.abort``."""
+        self._ensure_receiver()
+        await self._sock.send(encode(self._control(Abort, request_id)))
+
+    async def health(self) -> dict:
+        return await self._call(Health)
+
+    async def info(self) -> dict:
+        return await self._call(Info)
+
+    async def stats(self) -> dict:
+        return await self._call(Stats)
+
+    def close(self) -> None:
+        if self._receiver is not None and not self._receiver.done():
+            self._receiver.cancel()
+        if not self._sock.closed:
+            self._sock.close()
+            self._ctx.term()
+
+    async def aclose(self) -> None:
+        if self._receiver is not None and not self._receiver.done():
+            self._receiver.cancel()
+            try:
+                await self._receiver
+            except (asyncio.CancelledError, Exception):
+                pass
+        self.close()
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.aclose()
+
+    def __enter__(self) -> AsyncClient:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class AsyncStream(StreamState):
+    """Async iterator over one streaming request's deltas; leaving early (``aclose()``, ``async with``,
+    cancellation, garbage collection) aborts the request."""
+
+    def __init__(self, client: AsyncClient, request_id: str, queue: asyncio.Queue) -> None:
+        super().__init__(client, request_id, client._queues)
+        self._queue = queue
+
+    def __aiter__(self) -> AsyncStream:
+        return self
+
+    async def __anext__(self) -> Delta:
+        if self._done:
+            raise StopAsyncIteration
+        try:
+            msg = await self.client._next(self.request_id, self._queue)
+        except BaseException:
+            self._close()
+            raise
+        return self._take(msg)
+
+    async def aclose(self) -> None:
+        self._close()
+
+    async def __aenter__(self) -> AsyncStream:
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        self._close()

@@ -1,0 +1,141 @@
+"""The one owner of a request's output text: incremental detokenizing, stop strings (and the streamed text held back
+because it may still become one), special tokens, logprobs per token, and the ``RequestOutput``s a step returns.
+
+Token-level stops (EOS, stop ids, max_tokens, max_model_len) stay with the engine, which schedules by them; a stop
+string found here ends the request too, and the engine then finishes its sequence in the scheduler. ``LLM`` and the
+server both consume these outputs and keep no text state of their own.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from coordinator.detokenizer import decode_delta
+from coordinator.sequence import Sequence
+from protocol.outputs import RequestOutput
+from protocol.sampling_params import SamplingParams
+
+# (finish_reason, stop_reason) of a token-level stop, as the engine found it
+TokenStop = tuple[str, int | None]
+
+
+@dataclass(slots=True, eq=False)
+class _RequestState:
+    request_id: str
+    params: SamplingParams
+    stream: bool  # a RequestOutput every step, with what is new; otherwise one when finished
+    detokenize: bool  # the text is built as tokens arrive (streaming or stop strings)
+    longest_stop: int  # characters of the longest stop string (0: none)
+    holdback: int  # streamed characters held back because they may still start a stop string
+    logprobs: list[dict[int, float]] | None  # one per output token, when the request asked
+    token_ids: list[int] = field(default_factory=list)  # output tokens, when every token comes through here
+    text: str = ""  # complete characters decoded so far, cut at the stop string that ended the request
+    prefix_offset: int = 0  # incremental detokenizer state, over token_ids
+    read_offset: int = 0
+    stop_search_from: int = 0  # no stop string can start before this character: earlier text was searched
+    sent: int = 0  # characters of text already streamed
+    stop_string: str | None = None  # the stop string found in the text
+
+
+class OutputProcessor:
+    """Per-request output state, keyed by the engine's request id."""
+
+    def __init__(self, tokenizer) -> None:
+        self.tokenizer = tokenizer
+        self.states: dict[str, _RequestState] = {}
+
+    def add(self, seq: Sequence, stream: bool) -> bool:
+        """Track a new request. Returns whether it needs ``update`` for every token (streaming, stop strings or
+        logprobs); otherwise only for the token that finishes it."""
+        p = seq.params
+        detokenize = stream or bool(p.stop)
+        longest = max(map(len, p.stop), default=0)
+        # a stop string kept in the output needs no hold-back: text up to its end is shown anyway
+        holdback = 0 if p.include_stop_str_in_output else max(longest - 1, 0)
+        logprobs = [] if p.logprobs is not None else None
+        self.states[seq.request_id] = _RequestState(seq.request_id, p, stream, detokenize, longest, holdback, logprobs)
+        return detokenize or logprobs is not None
+
+    def update(
+        self, seq: Sequence, token: int, logprobs: dict[int, float] | None, stop: TokenStop | None
+    ) -> RequestOutput | None:
+        """``token`` was appended to ``seq``; ``stop`` is its token-level stop, if any. Returns the request's
+        output for this step (None: nothing to tell yet). A finished output's reason may be a stop string's."""
+        st = self.states[seq.request_id]
+        finish_reason, stop_reason = stop if stop is not None else (None, None)
+        if st.detokenize or st.logprobs is not None:  # every token comes through: keep them
+            st.token_ids.append(token)
+            if st.logprobs is not None:
+                st.logprobs.append(logprobs)
+        if st.detokenize:
+            self._detokenize(st)
+            # a stop string on the last allowed token still counts; EOS and stop ids win over it
+            if finish_reason in (None, "length") and st.longest_stop and len(st.token_ids) >= st.params.min_tokens:
+                if self._find_stop_string(st):
+                    finish_reason, stop_reason = "stop", st.stop_string
+        if finish_reason is not None:
+            return self._final(st, seq, finish_reason, stop_reason, [token], [logprobs])
+        if not st.stream:
+            return None
+        new_logprobs = None if st.logprobs is None else [logprobs]
+        return RequestOutput(st.request_id, [token], self._ready_text(st), new_logprobs)
+
+    def finish(self, seq: Sequence, reason: str) -> RequestOutput | None:
+        """The request ended outside a step (abort): its last output, with no new tokens."""
+        st = self.states.get(seq.request_id)
+        return None if st is None else self._final(st, seq, reason, None, [], [])
+
+    # ---- text ----------------------------------------------------------------------------------------------
+
+    def _detokenize(self, st: _RequestState) -> None:
+        delta, st.prefix_offset, st.read_offset = decode_delta(
+            self.tokenizer, st.token_ids, st.prefix_offset, st.read_offset, st.params.skip_special_tokens
+        )
+        st.text += delta
+
+    def _find_stop_string(self, st: _RequestState) -> bool:
+        """Cut the text at the first stop string (in the request's order) and say whether one was found. Only text
+        that could hold a new match is searched: everything before was searched in earlier steps."""
+        p = st.params
+        for stop in p.stop:
+            idx = st.text.find(stop, st.stop_search_from)
+            if idx >= 0:
+                st.text = st.text[: idx + len(stop) if p.include_stop_str_in_output else idx]
+                st.stop_string = stop
+                return True
+        st.stop_search_from = max(0, len(st.text) - st.longest_stop + 1)
+        return False
+
+    def _ready_text(self, st: _RequestState) -> str:
+        """Streamed text not sent yet, less what may still become a stop string."""
+        if st.longest_stop and len(st.token_ids) < st.params.min_tokens:
+            return ""  # stop strings are not matched yet, but would be later, at their earlier position
+        ready = len(st.text) - st.holdback
+        if ready <= st.sent:
+            return ""
+        text = st.text[st.sent : ready]
+        st.sent = ready
+        return text
+
+    def _final(
+        self,
+        st: _RequestState,
+        seq: Sequence,
+        finish_reason: str,
+        stop_reason: str | int | None,
+        new_token_ids: list[int],
+        new_logprobs: list,
+    ) -> RequestOutput:
+        del self.states[st.request_id]
+        if st.stop_string is not None:
+            text = st.text
+        else:  # decoded once, whole: most requests never needed their text before
+            text = self.tokenizer.decode(seq.output_token_ids, skip_special_tokens=st.params.skip_special_tokens)
+        if st.stream:  # the rest of the text; the whole decode wins where it agrees with what was sent
+            sent = st.text[: st.sent]
+            text = text[st.sent :] if text.startswith(sent) else st.text[st.sent :]
+            token_ids, logprobs = new_token_ids, None if st.logprobs is None else new_logprobs
+        else:
+            token_ids, logprobs = seq.output_token_ids, st.logprobs
+        prompt = seq.token_ids[: seq.num_prompt_tokens]
+        return RequestOutput(st.request_id, token_ids, text, logprobs, finish_reason, stop_reason, prompt)

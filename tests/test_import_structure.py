@@ -1,0 +1,82 @@
+"""Which modules import which: a program that only talks to a server loads neither torch nor transformers (the
+remote clients, the command-line client and every protocol module import without them; ``LLM`` is imported only
+when asked for), and the modules of kernels/ import each other in one direction (no circle, lazy imports
+included)."""
+
+from __future__ import annotations
+
+import ast
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+
+PROGRAM = """
+import pkgutil, sys
+import client
+from client import Client, AsyncClient, SamplingParams, Completion, RequestError
+import client.__main__
+import protocol
+for m in pkgutil.iter_modules(protocol.__path__):
+    __import__("protocol." + m.name)
+heavy = sorted(name for name in ("torch", "transformers", "coordinator.engine") if name in sys.modules)
+print("heavy:", heavy)
+from client import LLM  # noqa: the lazy import still works, and it is the one that loads torch
+print("after LLM:", "torch" in sys.modules)
+"""
+
+
+def test_remote_client_imports_without_torch():
+    out = subprocess.run(
+        [sys.executable, "-c", PROGRAM], cwd=ROOT, env=dict(os.environ), capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    assert "heavy: []" in out.stdout, out.stdout
+    assert "after LLM: True" in out.stdout, out.stdout
+
+
+def _kernel_imports() -> dict[str, set[str]]:
+    """kernels module -> the kernels modules it imports anywhere in its source (top level or inside functions)."""
+    graph = {}
+    for path in sorted((ROOT / "kernels").glob("*.py")):
+        deps = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("kernels"):
+                names = [node.module] if node.module != "kernels" else [f"kernels.{a.name}" for a in node.names]
+                deps.update(names)
+            elif isinstance(node, ast.Import):
+                deps.update(a.name for a in node.names if a.name.startswith("kernels."))
+        graph[f"kernels.{path.stem}"] = deps
+    return graph
+
+
+def test_kernels_import_in_one_direction():
+    graph = _kernel_imports()
+    assert "kernels.triton_attention" in graph["kernels.backends"]  # the walk sees lazy imports
+
+    def visit(module: str, path: list[str]) -> None:
+        for dep in sorted(graph.get(module, ())):
+            assert dep not in path, f"import circle: {' -> '.join(path + [dep])}"
+            visit(dep, path + [dep])
+
+    for module in graph:
+        visit(module, [module])
+
+
+def test_backend_selection_on_cpu():
+    from kernels.attention import TorchAttentionBackend
+    from kernels.backends import get_backend
+
+    cpu = torch.device("cpu")
+    assert isinstance(get_backend("auto", cpu), TorchAttentionBackend)
+    assert isinstance(get_backend("torch", cpu), TorchAttentionBackend)
+    assert get_backend("triton", cpu).name == "triton"  # runs on CPU tensors under TRITON_INTERPRET=1
+    with pytest.raises(ValueError, match="unknown attention backend 'tpu'; choose one of auto, torch, triton, flash"):
+        get_backend("tpu", cpu)
+    with pytest.raises(ValueError, match="attention_backend 'flash' needs flash-attn"):
+        get_backend("flash", cpu)
