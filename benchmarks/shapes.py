@@ -68,6 +68,39 @@ SHAPES: dict[str, dict] = {
         "bos_token_id": 151643,
         "eos_token_id": 151645,
     },
+    # meta-llama/Llama-3.1-8B-Instruct's config.json as published (transformers 4.x spelling: rope_scaling beside
+    # rope_theta, torch_dtype; head_dim = hidden / heads = 128)
+    "llama3.1-8b": {
+        "architectures": ["LlamaForCausalLM"],
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "bos_token_id": 128000,
+        "eos_token_id": [128001, 128008, 128009],
+        "hidden_act": "silu",
+        "hidden_size": 4096,
+        "initializer_range": 0.02,
+        "intermediate_size": 14336,
+        "max_position_embeddings": 131072,
+        "mlp_bias": False,
+        "model_type": "llama",
+        "num_attention_heads": 32,
+        "num_hidden_layers": 32,
+        "num_key_value_heads": 8,
+        "pretraining_tp": 1,
+        "rms_norm_eps": 1e-05,
+        "rope_scaling": {
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192,
+            "rope_type": "llama3",
+        },
+        "rope_theta": 500000.0,
+        "tie_word_embeddings": False,
+        "torch_dtype": "bfloat16",
+        "use_cache": True,
+        "vocab_size": 128256,
+    },
     # CPU smoke runs only: float32, and a vocabulary > 10,000 so the workloads' token ids (< 10,000) are valid
     "tiny": {
         **_QWEN3_COMMON,
@@ -153,8 +186,13 @@ def model_stats(cfg: dict, dtype: str | None = None) -> dict:
     vocab = cfg["vocab_size"]
     dtype = dtype if dtype and dtype != "auto" else cfg.get("dtype") or cfg.get("torch_dtype") or "bfloat16"
     nbytes = DTYPE_BYTES[dtype]
-    attn = h * (heads + 2 * kv_heads) * head_dim + heads * head_dim * h + 2 * head_dim
-    mlp = 3 * h * inter
+    arch = (cfg.get("architectures") or ["Qwen3ForCausalLM"])[0]
+    qk_norm = 2 * head_dim if arch.startswith("Qwen3") else 0  # Qwen3's per-head q and k norm weights
+    qkv_bias = cfg.get("attention_bias") or arch.startswith("Qwen2")  # Qwen2 always has q, k, v biases
+    bias = qkv_bias * (heads + 2 * kv_heads) * head_dim + bool(cfg.get("attention_bias")) * h
+    bias += bool(cfg.get("mlp_bias")) * (2 * inter + h)
+    attn = h * (heads + 2 * kv_heads) * head_dim + heads * head_dim * h + qk_norm
+    mlp = 3 * h * inter + bias
     layer = attn + mlp + 2 * h
     layer_params = n_layers * layer + h
     lm_head = vocab * h

@@ -1,6 +1,6 @@
 """End-to-end throughput of nanoserve on the workloads of WORKLOADS.md, against a roofline floor (and HF, optionally).
 
-    python -m benchmarks.throughput --workload W1|W2|W3 (--model DIR | --shape qwen3-0.6b|qwen3-8b|tiny)
+    python -m benchmarks.throughput --workload W1|W2|W3 (--model DIR | --shape qwen3-0.6b|qwen3-8b|llama3.1-8b|tiny)
         [--tp N] [--enforce-eager] [--compare hf] [--num-prompts N] [--hf-num-prompts N] [--repeat N]
         [--device cuda|cpu] [--dtype bfloat16] [--max-num-seqs N] [--max-num-batched-tokens N] [--block-size N]
         [--gpu-memory-utilization F] [--num-kv-blocks N] [--scale S] [--hbm-tbs X] [--tflops X]
@@ -162,7 +162,7 @@ def check_floors(hbm_tbs: float = REF_HBM_TBS, tflops: float = REF_TFLOPS) -> li
     """Floors at the given ceilings for the real shapes; W1 next to the yardsticks of benchmarks/WORKLOADS.md."""
     rows = []
     print(f"floors at {hbm_tbs} TB/s, {tflops} TFLOP/s (W1 yardsticks from benchmarks/WORKLOADS.md)")
-    for shape, tp in [("qwen3-0.6b", 1), ("qwen3-8b", 1), ("qwen3-8b", 2)]:
+    for shape, tp in [("qwen3-0.6b", 1), ("qwen3-8b", 1), ("qwen3-8b", 2), ("llama3.1-8b", 1)]:
         st = model_stats(SHAPES[shape])
         kw = {"hbm_tbs": hbm_tbs, "tflops": tflops, "tp": tp}
         w1 = roofline(st, w1_requests(), **kw)

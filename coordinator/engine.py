@@ -57,6 +57,7 @@ class Engine:
         self.tokenizer = AutoTokenizer.from_pretrained(cfg.model)
         mc = self.model_config
         self.max_model_len = min(cfg.max_model_len or mc.max_position_embeddings, mc.max_position_embeddings)
+        mc.check_max_model_len(self.max_model_len)
         self.vocab_size = mc.vocab_size
         self.eos_token_ids = set(mc.eos_token_id)
         if self.tokenizer.eos_token_id is not None:

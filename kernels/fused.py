@@ -1,7 +1,7 @@
 """Fused Triton kernels for the elementwise chains around the matmuls: residual-add + RMSNorm, per-head q/k
-RMSNorm + RoPE (which also writes K/V into the paged cache), and SiLU-and-mul. In eager torch each chain is 5-20
-tiny kernels per layer; at decode batch sizes those launches, not the bytes, set the step time (measured: ~1,400
-kernels, 3.3 ms per Qwen3-0.6B step).
+RMSNorm (if the family has it) + RoPE (which also writes K/V into the paged cache), and SiLU-and-mul. In eager
+torch each chain is 5-20 tiny kernels per layer; at decode batch sizes those launches, not the bytes, set the
+step time (measured: ~1,400 kernels, 3.3 ms per Qwen3-0.6B step).
 
 Rounding follows HF's Qwen3 (the oracle): the residual sum is rounded to the model dtype, the norm runs in
 float32, is rounded to the model dtype and then scaled by the weight; RoPE uses the rounded normed values.
@@ -106,6 +106,7 @@ def _qk_norm_rope_kernel(
     HALF: tl.constexpr,
     BLOCK_H: tl.constexpr,
     BLOCK_KV: tl.constexpr,
+    HAS_NORM: tl.constexpr,
     STORE_KV: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
@@ -121,13 +122,16 @@ def _qk_norm_rope_kernel(
     base = x_ptr + t * stride_xt + h[:, None] * stride_xh + d[None, :]
     x1 = tl.load(base, mask=hmask, other=0.0).to(tl.float32)
     x2 = tl.load(base + HALF, mask=hmask, other=0.0).to(tl.float32)
-    rstd = 1.0 / tl.sqrt((tl.sum(x1 * x1, axis=1) + tl.sum(x2 * x2, axis=1)) / (2 * HALF) + eps)
     dt = x_ptr.dtype.element_ty
-    is_q = (h < NUM_Q_HEADS)[:, None]
-    w1 = tl.where(is_q, tl.load(wq_ptr + d)[None, :], tl.load(wk_ptr + d)[None, :]).to(tl.float32)
-    w2 = tl.where(is_q, tl.load(wq_ptr + HALF + d)[None, :], tl.load(wk_ptr + HALF + d)[None, :]).to(tl.float32)
-    n1 = ((x1 * rstd[:, None]).to(dt).to(tl.float32) * w1).to(dt).to(tl.float32)
-    n2 = ((x2 * rstd[:, None]).to(dt).to(tl.float32) * w2).to(dt).to(tl.float32)
+    if HAS_NORM:
+        rstd = 1.0 / tl.sqrt((tl.sum(x1 * x1, axis=1) + tl.sum(x2 * x2, axis=1)) / (2 * HALF) + eps)
+        is_q = (h < NUM_Q_HEADS)[:, None]
+        w1 = tl.where(is_q, tl.load(wq_ptr + d)[None, :], tl.load(wk_ptr + d)[None, :]).to(tl.float32)
+        w2 = tl.where(is_q, tl.load(wq_ptr + HALF + d)[None, :], tl.load(wk_ptr + HALF + d)[None, :]).to(tl.float32)
+        n1 = ((x1 * rstd[:, None]).to(dt).to(tl.float32) * w1).to(dt).to(tl.float32)
+        n2 = ((x2 * rstd[:, None]).to(dt).to(tl.float32) * w2).to(dt).to(tl.float32)
+    else:
+        n1, n2 = x1, x2
     cos = tl.load(cos_sin_ptr + pos * stride_cs + d).to(dt).to(tl.float32)
     sin = tl.load(cos_sin_ptr + pos * stride_cs + HALF + d).to(dt).to(tl.float32)
     o1 = (n1 * cos[None, :] - n2 * sin[None, :]).to(dt)
@@ -161,8 +165,8 @@ class KVStore(NamedTuple):
 
 def qk_norm_rope_(
     qk: torch.Tensor,
-    q_weight: torch.Tensor,
-    k_weight: torch.Tensor,
+    q_weight: torch.Tensor | None,
+    k_weight: torch.Tensor | None,
     eps: float,
     cos_sin: torch.Tensor,
     positions: torch.Tensor,
@@ -170,8 +174,9 @@ def qk_norm_rope_(
     kv_store: KVStore | None = None,
 ) -> torch.Tensor:
     """In place: per-head RMSNorm then neox RoPE of ``qk`` [tokens, q heads + k heads, head_dim] (a strided view
-    of the qkv projection is fine): q heads with ``q_weight``, the rest with ``k_weight``. One launch for both,
-    which with ``kv_store`` also writes the finished K and the V rows into the paged KV cache."""
+    of the qkv projection is fine): q heads with ``q_weight``, the rest with ``k_weight`` (both None: RoPE only,
+    for families without q/k norms). One launch for both, which with ``kv_store`` also writes the finished K and
+    the V rows into the paged KV cache."""
     tokens, heads, head_dim = qk.shape
     assert qk.stride(-1) == 1
     if tokens == 0:
@@ -196,10 +201,11 @@ def qk_norm_rope_(
         )
     else:
         store_args = (qk, qk, qk, positions, 0, 0, 0, 0, 0, 0)
+    has_norm = q_weight is not None
     _qk_norm_rope_kernel[(tokens,)](
         qk,
-        q_weight,
-        k_weight,
+        q_weight if has_norm else qk,
+        k_weight if has_norm else qk,
         cos_sin,
         positions,
         *store_args[:4],
@@ -213,6 +219,7 @@ def qk_norm_rope_(
         HALF=head_dim // 2,
         BLOCK_H=triton.next_power_of_2(heads),
         BLOCK_KV=triton.next_power_of_2(num_kv),
+        HAS_NORM=has_norm,
         STORE_KV=kv_store is not None,
         USE_PDL=pdl,
         num_warps=4 if heads <= 32 else 8,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -11,6 +12,91 @@ import torch
 from model.registry import ARCHITECTURES
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+# rope_type -> the parameters it needs (HF's names); these rotate every position the same way at any length
+_ROPE_REQUIRED = {
+    "default": (),
+    "linear": ("factor",),
+    "llama3": ("factor", "low_freq_factor", "high_freq_factor"),
+    "yarn": ("factor",),
+}
+
+
+@dataclass(slots=True, frozen=True)
+class RopeScaling:
+    """A checkpoint's RoPE frequency scaling (HF ``rope_parameters`` / ``rope_scaling``); model/rotary.py turns
+    it into frequencies. ``attention_factor`` scales cos and sin (yarn's mscale; 1.0 for the other types)."""
+
+    rope_type: str = "default"
+    factor: float = 1.0
+    original_max_position_embeddings: int = 0  # llama3, yarn: the pretraining context length
+    low_freq_factor: float = 1.0  # llama3
+    high_freq_factor: float = 4.0  # llama3
+    beta_fast: float = 32.0  # yarn
+    beta_slow: float = 1.0  # yarn
+    truncate: bool = True  # yarn: round the correction range to whole dimensions
+    attention_factor: float = 1.0
+
+    @classmethod
+    def from_dict(cls, params: dict, raw: dict, source: str) -> RopeScaling:
+        rope_type = params.get("rope_type", params.get("type", "default")) or "default"
+        if rope_type not in _ROPE_REQUIRED:
+            raise ValueError(
+                f"{source}: rope_type {rope_type!r} is not supported; nanoserve supports {', '.join(_ROPE_REQUIRED)}"
+            )
+        if float(params.get("partial_rotary_factor", raw.get("partial_rotary_factor")) or 1.0) != 1.0:
+            raise ValueError(f"{source}: partial_rotary_factor other than 1.0 is not supported")
+        missing = [key for key in _ROPE_REQUIRED[rope_type] if params.get(key) is None]
+        if rope_type == "yarn" and missing and params.get("original_max_position_embeddings"):
+            missing = []  # HF derives yarn's factor from the two context lengths
+        if missing:
+            raise ValueError(f"{source}: rope_type {rope_type!r} needs {', '.join(missing)} in its rope parameters")
+        if rope_type == "default":
+            return cls()
+        max_pos = raw.get("max_position_embeddings", 32768)
+        # a top-level original_max_position_embeddings wins over the rope dict's, as in HF
+        original = int(
+            raw.get("original_max_position_embeddings") or params.get("original_max_position_embeddings") or max_pos
+        )
+        factor = float(params["factor"] if params.get("factor") is not None else max_pos / original)
+        kw = {}
+        if rope_type == "llama3":
+            kw = dict(
+                low_freq_factor=float(params["low_freq_factor"]), high_freq_factor=float(params["high_freq_factor"])
+            )
+        elif rope_type == "yarn":
+            kw = dict(
+                beta_fast=float(params.get("beta_fast") or 32.0),
+                beta_slow=float(params.get("beta_slow") or 1.0),
+                truncate=bool(params.get("truncate", True)),
+                attention_factor=_yarn_attention_factor(params, factor),
+            )
+        return cls(rope_type, factor, original, **kw)
+
+
+def _yarn_attention_factor(params: dict, factor: float) -> float:
+    """YaRN's scale of cos/sin: explicit, else 0.1 ln(factor) + 1 (a ratio of two such terms with mscale and
+    mscale_all_dim, DeepSeek's variant)."""
+    if params.get("attention_factor") is not None:
+        return float(params["attention_factor"])
+
+    def mscale(scale: float, m: float = 1.0) -> float:
+        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+    m, m_all = params.get("mscale"), params.get("mscale_all_dim")
+    return float(mscale(factor, m) / mscale(factor, m_all)) if m and m_all else mscale(factor)
+
+
+def _sliding_window(raw: dict) -> int | None:
+    """The attention window a checkpoint's layers use, None when every layer attends to the whole context
+    (Qwen2/Qwen3 carry a window that only ``use_sliding_window`` / ``layer_types`` switch on)."""
+    window = raw.get("sliding_window")
+    if window is None or raw.get("use_sliding_window", True) is False:
+        return None
+    layer_types = raw.get("layer_types")
+    if layer_types is not None and "sliding_attention" not in layer_types:
+        return None
+    return int(window)
 
 
 @dataclass(slots=True, frozen=True)
@@ -30,6 +116,9 @@ class ModelConfig:
     attention_bias: bool
     dtype: torch.dtype
     eos_token_id: tuple[int, ...]
+    rope_scaling: RopeScaling = RopeScaling()
+    mlp_bias: bool = False
+    sliding_window: int | None = None  # tokens each layer attends back over; None = the whole context
 
     @classmethod
     def from_dict(cls, raw: dict, source: str = "config") -> ModelConfig:
@@ -37,13 +126,14 @@ class ModelConfig:
         arch = archs[0]
         if arch not in ARCHITECTURES:
             raise ValueError(f"{source}: unsupported architecture {arch!r}; nanoserve supports {sorted(ARCHITECTURES)}")
-        # transformers 5.x writes rope_parameters/dtype; 4.x checkpoints carry rope_theta/torch_dtype.
-        rope = raw.get("rope_parameters") or {}
-        rope_theta = rope.get("rope_theta", raw.get("rope_theta", 10000.0))
-        scaling = raw.get("rope_scaling") or {}  # older 4.x configs spell its key "type"
-        rope_type = rope.get("rope_type", scaling.get("rope_type", scaling.get("type", "default")))
-        if rope_type not in ("default", None):
-            raise ValueError(f"{source}: rope_type {rope_type!r} is not supported (only default RoPE)")
+        # transformers 5.x writes rope_parameters/dtype; 4.x checkpoints carry rope_scaling (its type under "type"
+        # in older ones), rope_theta and torch_dtype. HF lets a non-empty rope_scaling win, and so do we.
+        rope = raw.get("rope_scaling") or raw.get("rope_parameters") or {}
+        rope_theta = (
+            rope.get("rope_theta")
+            or raw.get("rope_theta")
+            or (raw.get("rope_parameters") or {}).get("rope_theta", 10000.0)
+        )
         dtype_name = raw.get("dtype") or raw.get("torch_dtype") or "bfloat16"
         if dtype_name not in _DTYPES:
             raise ValueError(f"{source}: unsupported dtype {dtype_name!r}")
@@ -66,7 +156,20 @@ class ModelConfig:
             attention_bias=bool(raw.get("attention_bias", False)),
             dtype=_DTYPES[dtype_name],
             eos_token_id=eos_ids,
+            rope_scaling=RopeScaling.from_dict(rope, raw, source),
+            mlp_bias=bool(raw.get("mlp_bias", False)),
+            sliding_window=_sliding_window(raw),
         )
+
+    def check_max_model_len(self, max_model_len: int) -> None:
+        """Refuse a context this model cannot serve exactly: sliding-window attention is not implemented, so a
+        windowed checkpoint is served only while no sequence can reach past its window."""
+        if self.sliding_window is not None and max_model_len > self.sliding_window:
+            raise ValueError(
+                f"{self.architecture} uses sliding-window attention over {self.sliding_window} tokens, which "
+                f"nanoserve does not implement; it is served exactly only with max_model_len <= {self.sliding_window}"
+                f" (got max_model_len={max_model_len}): pass max_model_len={self.sliding_window} or less"
+            )
 
     @classmethod
     def from_pretrained(cls, model_dir: str | Path) -> ModelConfig:

@@ -110,19 +110,19 @@ class PagedAttention(nn.Module):
         positions: torch.Tensor,
         qk: torch.Tensor,
         v: torch.Tensor,
-        q_norm: RMSNorm,
-        k_norm: RMSNorm,
+        q_norm: RMSNorm | None,
+        k_norm: RMSNorm | None,
         rope: RotaryEmbedding,
     ) -> torch.Tensor:
-        """``forward`` for raw q/k projections ([tokens, q heads + k heads, head_dim], see ``qk_norm_rope``): on
-        CUDA the per-head norms, RoPE and the KV store are one kernel, one launch fewer per layer."""
+        """``forward`` for raw q/k projections ([tokens, q heads + k heads, head_dim], see ``qk_norm_rope``; norms
+        None: RoPE only): on CUDA the per-head norms, RoPE and the KV store are one kernel, one launch fewer per
+        layer."""
         if not qk.is_cuda:
             return self.forward(*qk_norm_rope(positions, qk, self.num_heads, q_norm, k_norm, rope), v)
         ctx = get_context()
         store = fused.KVStore(v, self.k_cache, self.v_cache, ctx.meta.slot_mapping)
-        fused.qk_norm_rope_(
-            qk, q_norm.weight, k_norm.weight, q_norm.eps, rope.cos_sin, positions, self.num_heads, store
-        )
+        wq, wk, eps = (None, None, 0.0) if q_norm is None else (q_norm.weight, k_norm.weight, q_norm.eps)
+        fused.qk_norm_rope_(qk, wq, wk, eps, rope.cos_sin, positions, self.num_heads, store)
         return self._attend(qk[:, : self.num_heads], ctx.meta, ctx.backend)
 
     def _attend(self, q: torch.Tensor, meta: AttentionMetadata, backend: AttentionBackend) -> torch.Tensor:

@@ -9,6 +9,9 @@ from torch import nn
 
 # architecture name -> "module:class"
 ARCHITECTURES: dict[str, str] = {
+    "LlamaForCausalLM": "model.llama:LlamaForCausalLM",
+    "MistralForCausalLM": "model.mistral:MistralForCausalLM",
+    "Qwen2ForCausalLM": "model.qwen2:Qwen2ForCausalLM",
     "Qwen3ForCausalLM": "model.qwen3:Qwen3ForCausalLM",
 }
 

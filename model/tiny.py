@@ -1,4 +1,5 @@
-"""Writes a tiny random-weight Qwen3 checkpoint and an offline-trained byte-level BPE tokenizer.
+"""Writes a tiny random-weight checkpoint (Qwen3, or another transformers model class) and an offline-trained
+byte-level BPE tokenizer.
 
 Used by the tests (HF transformers on the same files is the oracle) and as the embedded default model.
 Random weights use std 0.2 and random norm weights: with HF's 0.02 a tied random model just repeats its
@@ -7,6 +8,7 @@ last input token, and norm weights of exactly 1.0 hide norm bugs.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import shutil
@@ -39,7 +41,9 @@ class TinySpec:
     dtype: str = "float32"
     seed: int = 0
     std: float = 0.2
-    extra: dict = field(default_factory=dict)
+    extra: dict = field(default_factory=dict)  # further config fields (they override the ones above)
+    architecture: str = "Qwen3ForCausalLM"  # a transformers model class: its own config class builds the config
+    max_shard_size: str | None = None  # e.g. "200KB": several safetensors files and an index
 
 
 def _corpus(limit_bytes: int = 3_000_000) -> list[str]:
@@ -59,6 +63,7 @@ def _corpus(limit_bytes: int = 3_000_000) -> list[str]:
     return texts
 
 
+@functools.cache
 def build_tokenizer(vocab_size: int):
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
@@ -81,14 +86,15 @@ def build_tokenizer(vocab_size: int):
 def write_tiny_checkpoint(out_dir: str | Path, spec: TinySpec | None = None) -> Path:
     """Write config.json, model.safetensors and tokenizer files into ``out_dir``; returns the path."""
     import torch
-    from transformers import Qwen3Config, Qwen3ForCausalLM
+    import transformers
 
     spec = spec or TinySpec()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     tokenizer = build_tokenizer(spec.vocab_size)
     eos = tokenizer.convert_tokens_to_ids("<|endoftext|>")
-    cfg = Qwen3Config(
+    model_class = getattr(transformers, spec.architecture)
+    fields = dict(
         vocab_size=spec.vocab_size,
         hidden_size=spec.hidden_size,
         intermediate_size=spec.intermediate_size,
@@ -99,18 +105,15 @@ def write_tiny_checkpoint(out_dir: str | Path, spec: TinySpec | None = None) -> 
         tie_word_embeddings=spec.tie_word_embeddings,
         max_position_embeddings=spec.max_position_embeddings,
         rms_norm_eps=1e-6,
-        rope_theta=1_000_000.0,
         rope_parameters={"rope_theta": 1_000_000.0, "rope_type": "default"},
-        attention_bias=False,
-        use_sliding_window=False,
         bos_token_id=eos,
         eos_token_id=eos,
         pad_token_id=eos,
         initializer_range=spec.std,
-        **spec.extra,
     )
+    cfg = model_class.config_class(**{**fields, **spec.extra})
     torch.manual_seed(spec.seed)
-    model = Qwen3ForCausalLM(cfg)
+    model = model_class(cfg)
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith("norm.weight"):
@@ -119,7 +122,7 @@ def write_tiny_checkpoint(out_dir: str | Path, spec: TinySpec | None = None) -> 
                 p.normal_(0.0, spec.std)
     model = model.to(getattr(torch, spec.dtype))
     model.config.dtype = spec.dtype
-    model.save_pretrained(out)
+    model.save_pretrained(out, **({"max_shard_size": spec.max_shard_size} if spec.max_shard_size else {}))
     tokenizer.save_pretrained(out)
     return out
 

@@ -71,20 +71,20 @@ def test_directory_without_config(tmp_path, tiny_tied):
 
 def test_unsupported_architecture(tmp_path, tiny_tied):
     d = copy_checkpoint(tiny_tied, tmp_path / "m")
-    edit_config(d, architectures=["LlamaForCausalLM"])
-    with pytest.raises(ValueError, match="unsupported architecture 'LlamaForCausalLM'"):
+    edit_config(d, architectures=["GemmaForCausalLM"])
+    with pytest.raises(ValueError, match="unsupported architecture 'GemmaForCausalLM'"):
         load_model(d, CPU, torch.float32)
 
 
 def test_unsupported_rope_scaling_is_refused(tmp_path, tiny_tied):
     d = copy_checkpoint(tiny_tied, tmp_path / "m")
-    edit_config(d, rope_parameters={"rope_theta": 1e6, "rope_type": "yarn", "factor": 4.0})
-    with pytest.raises(ValueError, match="rope_type 'yarn'"):
+    edit_config(d, rope_parameters={"rope_theta": 1e6, "rope_type": "dynamic", "factor": 4.0})
+    with pytest.raises(ValueError, match="rope_type 'dynamic' is not supported"):
         ModelConfig.from_pretrained(d)
     # 4.x spelling, including the older "type" key (Qwen2.5-style configs)
-    for scaling in ({"rope_type": "linear", "factor": 2.0}, {"type": "yarn", "factor": 4.0}):
+    for scaling in ({"rope_type": "longrope", "factor": 2.0}, {"type": "dynamic", "factor": 4.0}):
         edit_config(d, rope_parameters=None, rope_theta=1e6, rope_scaling=scaling)
-        with pytest.raises(ValueError, match="rope_type"):
+        with pytest.raises(ValueError, match=f"rope_type '{scaling.get('type', 'longrope')}' is not supported"):
             ModelConfig.from_pretrained(d)
 
 
