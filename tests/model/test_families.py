@@ -10,12 +10,12 @@ import shutil
 import numpy as np
 import pytest
 import torch
-from helpers import make_step, worker_config
-from test_e2e_parity import hf_greedy
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from client import LLM, SamplingParams
 from model.tiny import TinySpec, write_tiny_checkpoint
+from tests.support.builders import make_step, worker_config
+from tests.support.oracle import hf_greedy
 
 MAX_TOKENS = 16
 SHAPE = dict(
