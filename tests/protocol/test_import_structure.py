@@ -9,12 +9,11 @@ import ast
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.support.processes import ROOT
 
 PROGRAM = """
 import pkgutil, sys
