@@ -30,6 +30,13 @@ class ModelConfig:
     attention_bias: bool
     dtype: torch.dtype
     eos_token_id: tuple[int, ...]
+    # mixture of experts (Qwen3-MoE); num_experts 0 = a dense model
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    norm_topk_prob: bool = False
+    mlp_only_layers: tuple[int, ...] = ()
+    decoder_sparse_step: int = 1
 
     @classmethod
     def from_dict(cls, raw: dict, source: str = "config") -> ModelConfig:
@@ -66,6 +73,13 @@ class ModelConfig:
             attention_bias=bool(raw.get("attention_bias", False)),
             dtype=_DTYPES[dtype_name],
             eos_token_id=eos_ids,
+            **_moe_fields(raw, source),
+        )
+
+    def is_moe_layer(self, layer: int) -> bool:
+        """Whether decoder layer ``layer`` has experts (HF's rule) rather than a dense MLP."""
+        return (
+            self.num_experts > 0 and layer not in self.mlp_only_layers and (layer + 1) % self.decoder_sparse_step == 0
         )
 
     @classmethod
@@ -77,6 +91,27 @@ class ModelConfig:
         if not cfg_file.is_file():
             raise FileNotFoundError(f"{cfg_file} is missing: not a Hugging Face checkpoint directory")
         return cls.from_dict(json.loads(cfg_file.read_text()), source=str(cfg_file))
+
+
+def _moe_fields(raw: dict, source: str) -> dict:
+    # transformers 5.x writes num_local_experts, the hub's Qwen3-MoE configs num_experts
+    num_experts = int(raw.get("num_experts", raw.get("num_local_experts")) or 0)
+    if num_experts == 0:
+        return {}
+    top_k = int(raw.get("num_experts_per_tok", 8))
+    step = int(raw.get("decoder_sparse_step", 1))
+    if not 0 < top_k <= num_experts:
+        raise ValueError(f"{source}: num_experts_per_tok={top_k} must be between 1 and num_experts={num_experts}")
+    if step < 1:
+        raise ValueError(f"{source}: decoder_sparse_step={step} must be at least 1")
+    return dict(
+        num_experts=num_experts,
+        num_experts_per_tok=top_k,
+        moe_intermediate_size=int(raw["moe_intermediate_size"]),
+        norm_topk_prob=bool(raw.get("norm_topk_prob", False)),
+        mlp_only_layers=tuple(int(i) for i in raw.get("mlp_only_layers") or ()),
+        decoder_sparse_step=step,
+    )
 
 
 def parse_dtype(name: str | torch.dtype, default: torch.dtype) -> torch.dtype:

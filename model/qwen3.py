@@ -49,10 +49,10 @@ class Qwen3MLP(nn.Module):
 
 
 class Qwen3DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, rope: RotaryEmbedding) -> None:
+    def __init__(self, cfg: ModelConfig, rope: RotaryEmbedding, mlp: nn.Module) -> None:
         super().__init__()
         self.self_attn = Qwen3Attention(cfg, rope)
-        self.mlp = Qwen3MLP(cfg)
+        self.mlp = mlp
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
@@ -69,11 +69,11 @@ class Qwen3DecoderLayer(nn.Module):
 
 
 class Qwen3Model(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, mlps: list[nn.Module]) -> None:
         super().__init__()
         self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size)
         rope = RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta)
-        self.layers = nn.ModuleList(Qwen3DecoderLayer(cfg, rope) for _ in range(cfg.num_hidden_layers))
+        self.layers = nn.ModuleList(Qwen3DecoderLayer(cfg, rope, mlp) for mlp in mlps)
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -93,10 +93,14 @@ class Qwen3ForCausalLM(nn.Module):
         "up_proj": ("gate_up_proj", 1),
     }
 
+    def make_mlp(self, cfg: ModelConfig, layer: int) -> nn.Module:
+        """The MLP of decoder layer ``layer`` (a family with experts overrides this)."""
+        return Qwen3MLP(cfg)
+
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.config = cfg
-        self.model = Qwen3Model(cfg)
+        self.model = Qwen3Model(cfg, [self.make_mlp(cfg, i) for i in range(cfg.num_hidden_layers)])
         self.lm_head = ParallelLMHead(cfg.vocab_size, cfg.hidden_size)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight

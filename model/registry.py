@@ -10,6 +10,7 @@ from torch import nn
 # architecture name -> "module:class"
 ARCHITECTURES: dict[str, str] = {
     "Qwen3ForCausalLM": "model.qwen3:Qwen3ForCausalLM",
+    "Qwen3MoeForCausalLM": "model.qwen3_moe:Qwen3MoeForCausalLM",
 }
 
 

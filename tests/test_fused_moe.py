@@ -1,0 +1,108 @@
+"""The fused MoE Triton kernels (routing, grouping by expert, grouped GEMMs) against the torch path of model/moe.py.
+
+Without CUDA they run in Triton's interpreter (conftest.py), at tiny shapes; tests/test_fused_moe_gpu.py runs the
+same checks at real sizes on a GPU."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernels.fused_moe import MoeTiles, fused_experts, fused_moe, moe_tiles
+from kernels.moe_routing import align_by_expert, max_grouped_rows, route
+from model.moe import experts_torch, route_torch
+
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    return ((out.double() - ref.double()).norm() / ref.double().norm().clamp_min(1e-30)).item()
+
+
+def moe_inputs(tokens: int, hidden: int, inter: int, experts: int, dtype, seed: int = 0, idle: tuple[int, ...] = ()):
+    """x, router logits, w13, w2; the experts in ``idle`` get logits so low that no token picks them."""
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(tokens, hidden, generator=gen)
+    logits = 2 * torch.randn(tokens, experts, generator=gen)
+    logits[:, list(idle)] = -1e4
+    w13 = torch.randn(experts, 2 * inter, hidden, generator=gen) / hidden**0.5
+    w2 = torch.randn(experts, hidden, inter, generator=gen) / inter**0.5
+    return [t.to(dtype).to(DEVICE) for t in (x, logits, w13, w2)]
+
+
+def check_grouping(ids: torch.Tensor, num_experts: int, block_m: int, one_program_max: int) -> None:
+    """Every pair appears once, in a block of its own expert; padding rows hold the pair count."""
+    groups = align_by_expert(ids.to(torch.int32), num_experts, block_m, one_program_max)
+    flat = ids.reshape(-1).long().cpu()
+    num_pairs = flat.numel()
+    rows = int(groups.num_rows.item())
+    counts = torch.bincount(flat, minlength=num_experts)
+    assert rows == int((-(-counts // block_m) * block_m).sum()) <= max_grouped_rows(num_pairs, num_experts, block_m)
+    assert rows <= groups.sorted_pairs.numel() and rows // block_m <= groups.block_experts.numel()
+    pairs = groups.sorted_pairs[:rows].long().cpu()
+    block_expert = groups.block_experts[: rows // block_m].long().cpu().repeat_interleave(block_m)
+    real = pairs < num_pairs
+    assert sorted(pairs[real].tolist()) == list(range(num_pairs))
+    assert (pairs[~real] == num_pairs).all()
+    assert torch.equal(flat[pairs[real]], block_expert[real])
+    assert (torch.diff(block_expert) >= 0).all()  # groups in expert order, as the offsets say
+
+
+@pytest.mark.parametrize("tokens,top_k,num_experts", [(1, 1, 8), (5, 2, 8), (37, 3, 6), (64, 8, 16)])
+@pytest.mark.parametrize("block_m", [16, 32])
+def test_grouping_one_program_and_chunked(tokens, top_k, num_experts, block_m):
+    gen = torch.Generator().manual_seed(tokens * 100 + top_k)
+    ids = torch.stack([torch.randperm(num_experts, generator=gen)[:top_k] for _ in range(tokens)]).to(DEVICE)
+    ids[ids == 1] = 0  # expert 1 receives no token
+    check_grouping(ids, num_experts, block_m, one_program_max=4096)
+    check_grouping(ids, num_experts, block_m, one_program_max=16)  # chunks of 16 pairs: count, offsets, scatter
+
+
+@pytest.mark.parametrize("renormalize", [True, False])
+@pytest.mark.parametrize("num_experts,top_k", [(8, 2), (6, 3), (16, 1)])
+def test_route_matches_torch(renormalize, num_experts, top_k):
+    gen = torch.Generator().manual_seed(num_experts + top_k)
+    logits = torch.randn(37, num_experts, generator=gen).to(DEVICE)
+    weights, ids = route(logits, top_k, renormalize)
+    ref_w, ref_ids = route_torch(logits, top_k, renormalize)
+    assert torch.equal(ids.long(), ref_ids)
+    torch.testing.assert_close(weights, ref_w, rtol=1e-6, atol=1e-7)
+
+
+def check_fused_moe(tokens, hidden, inter, experts, top_k, renormalize, dtype, tol, tiles=None, idle=()):
+    x, logits, w13, w2 = moe_inputs(tokens, hidden, inter, experts, dtype, seed=tokens + experts, idle=idle)
+    ref = experts_torch(x.float(), w13.float(), w2.float(), *route_torch(logits.float(), top_k, renormalize))
+    weights, ids = route(logits, top_k, renormalize)
+    assert not torch.isin(ids, torch.tensor(idle, dtype=ids.dtype, device=ids.device)).any()
+    out = fused_experts(x, w13, w2, weights, ids, tiles=tiles)
+    assert out.shape == (tokens, hidden) and out.dtype == dtype
+    err = rel_err(out, ref)
+    assert err < tol, f"rel err {err:.2e}"
+    # the whole layer (routing inside) into a given buffer gives the same
+    into = torch.full_like(out, float("nan"))
+    fused_moe(x, logits, w13, w2, top_k, renormalize, out=into, tiles=tiles)
+    torch.testing.assert_close(into, out, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("tokens,top_k,renormalize", [(1, 1, False), (3, 2, True), (21, 2, False), (40, 3, True)])
+def test_fused_moe_float32(tokens, top_k, renormalize):
+    # K = 48 is not a multiple of the 32-wide K tile, N = 24 not of the 16-wide N tile; experts 2 and 5 idle
+    tiles = MoeTiles(block_m=16, block_n=16, block_k=32, group_m=2, num_warps=4, num_stages=2)
+    check_fused_moe(tokens, 48, 24, 8, top_k, renormalize, torch.float32, 1e-5, tiles, idle=(2, 5))
+
+
+def test_fused_moe_float16_default_tiles():
+    tiles = moe_tiles(30, 2, 8, torch.float16)
+    assert tiles.block_m == 16
+    check_fused_moe(30, 64, 32, 8, 2, True, torch.float16, 5e-3, idle=(7,))
+
+
+def test_fused_moe_no_tokens():
+    x, logits, w13, w2 = moe_inputs(0, 32, 16, 4, torch.float32)
+    assert fused_moe(x, logits, w13, w2, 2, True).shape == (0, 32)
+
+
+def test_tiles_follow_pairs_per_expert():
+    assert moe_tiles(1, 8, 128, torch.bfloat16).block_m == 16
+    assert moe_tiles(512, 8, 128, torch.bfloat16).block_m == 32
+    assert moe_tiles(8192, 8, 128, torch.bfloat16).block_m == 64
