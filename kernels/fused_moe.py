@@ -48,6 +48,13 @@ def moe_tiles(num_tokens: int, top_k: int, num_experts: int, dtype: torch.dtype)
 
 
 @triton.jit
+def _dot(a, b, acc, IEEE: tl.constexpr):
+    if IEEE:  # float32 models: full precision, so greedy tokens match HF's on GPUs too
+        return tl.dot(a, b, acc, input_precision="ieee")
+    return tl.dot(a, b, acc)
+
+
+@triton.jit(do_not_specialize=["num_pairs", "max_blocks_m"])
 def _moe_gemm_kernel(
     a_ptr,
     w_ptr,
@@ -68,6 +75,7 @@ def _moe_gemm_kernel(
     GATED: tl.constexpr,
     SCALE_BY_ROUTE: tl.constexpr,
     EVEN_K: tl.constexpr,
+    IEEE: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -106,13 +114,13 @@ def _moe_gemm_kernel(
             k_ok = offs_k < K - k0
             a = tl.load(a_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
             w = tl.load(w_ptrs, mask=k_ok[:, None], other=0.0)
-        acc = tl.dot(a, w, acc)
+        acc = _dot(a, w, acc, IEEE)
         if GATED:
             if EVEN_K:
                 up = tl.load(up_ptrs)
             else:
                 up = tl.load(up_ptrs, mask=k_ok[:, None], other=0.0)
-            acc_up = tl.dot(a, up, acc_up)
+            acc_up = _dot(a, up, acc_up, IEEE)
             up_ptrs += BLOCK_K
         a_ptrs += BLOCK_K
         w_ptrs += BLOCK_K
@@ -165,6 +173,7 @@ def grouped_gemm(
         GATED=gated,
         SCALE_BY_ROUTE=route_weights is not None,
         EVEN_K=k % tiles.block_k == 0,
+        IEEE=a.dtype == torch.float32,
         BLOCK_M=tiles.block_m,
         BLOCK_N=tiles.block_n,
         BLOCK_K=tiles.block_k,

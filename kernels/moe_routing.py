@@ -20,10 +20,11 @@ import triton.language as tl
 from kernels.pdl import pdl_enter, use_pdl
 
 ONE_PROGRAM_MAX_PAIRS = 4096  # 512 decode tokens at top-8 still group in one launch
+ONE_PROGRAM_BLOCK = 512  # pairs per loop step there: one compiled variant for every pair count
 CHUNK_PAIRS = 4096  # pairs per program of the multi-kernel grouping
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_tokens"])
 def _route_kernel(
     logits_ptr,
     weights_ptr,
@@ -73,7 +74,7 @@ def route(logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Te
     if num_tokens == 0:
         return weights, ids
     e_pow2 = triton.next_power_of_2(num_experts)
-    block_t = max(1, min(64, 4096 // e_pow2, triton.next_power_of_2(num_tokens)))
+    block_t = max(1, min(32, 4096 // e_pow2))  # fixed per expert count: one compiled variant
     pdl = use_pdl(logits)
     _route_kernel[(triton.cdiv(num_tokens, block_t),)](
         logits,
@@ -84,7 +85,7 @@ def route(logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Te
         E=num_experts,
         E_POW2=e_pow2,
         TOP_K=top_k,
-        K_POW2=triton.next_power_of_2(top_k),
+        K_POW2=max(2, triton.next_power_of_2(top_k)),  # no 1-wide tiles
         RENORMALIZE=renormalize,
         BLOCK_T=block_t,
         USE_PDL=pdl,
@@ -131,7 +132,7 @@ def _group_layout(counts, e, sorted_ptr, block_expert_ptr, num_rows_ptr, num_pai
     return starts
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_pairs"])
 def _group_one_program_kernel(
     ids_ptr,
     sorted_ptr,
@@ -146,20 +147,24 @@ def _group_one_program_kernel(
     USE_PDL: tl.constexpr,
 ):
     pdl_enter(USE_PDL)
-    offs = tl.arange(0, BLOCK_P)
-    ok = offs < num_pairs
-    ids = tl.load(ids_ptr + offs, mask=ok, other=E)  # masked lanes count into bin E, which is dropped
     e = tl.arange(0, E_POW2)
-    starts = _group_layout(
-        tl.histogram(ids, E_POW2), e, sorted_ptr, block_expert_ptr, num_rows_ptr, num_pairs, E, BLOCK_M
-    )
+    counts = tl.zeros((E_POW2,), dtype=tl.int32)
+    for p0 in range(0, num_pairs, BLOCK_P):
+        offs = p0 + tl.arange(0, BLOCK_P)
+        ids = tl.load(ids_ptr + offs, mask=offs < num_pairs, other=E)  # masked lanes count into bin E, dropped
+        counts += tl.histogram(ids, E_POW2)
+    starts = _group_layout(counts, e, sorted_ptr, block_expert_ptr, num_rows_ptr, num_pairs, E, BLOCK_M)
     tl.store(cursor_ptr + e, starts)
     tl.debug_barrier()  # every thread's cursor stores land before any thread's atomics read them
-    row = tl.atomic_add(cursor_ptr + ids, 1, mask=ok)  # order within a group is free: GEMM rows are independent
-    tl.store(sorted_ptr + row, offs, mask=ok)
+    for p0 in range(0, num_pairs, BLOCK_P):
+        offs = p0 + tl.arange(0, BLOCK_P)
+        ok = offs < num_pairs
+        ids = tl.load(ids_ptr + offs, mask=ok, other=0)
+        row = tl.atomic_add(cursor_ptr + ids, 1, mask=ok)  # order within a group is free: GEMM rows are independent
+        tl.store(sorted_ptr + row, offs, mask=ok)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_pairs"])
 def _count_chunks_kernel(ids_ptr, counts_ptr, num_pairs, E, E_POW2: tl.constexpr, CHUNK: tl.constexpr):
     chunk = tl.program_id(0)
     offs = chunk * CHUNK + tl.arange(0, CHUNK)
@@ -167,7 +172,7 @@ def _count_chunks_kernel(ids_ptr, counts_ptr, num_pairs, E, E_POW2: tl.constexpr
     tl.store(counts_ptr + chunk * E_POW2 + tl.arange(0, E_POW2), tl.histogram(ids, E_POW2))
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_chunks", "num_pairs"])
 def _chunk_offsets_kernel(
     counts_ptr,
     sorted_ptr,
@@ -191,7 +196,7 @@ def _chunk_offsets_kernel(
         cursor += mine
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_pairs"])
 def _scatter_chunks_kernel(ids_ptr, cursor_ptr, sorted_ptr, num_pairs, E_POW2: tl.constexpr, CHUNK: tl.constexpr):
     chunk = tl.program_id(0)
     offs = chunk * CHUNK + tl.arange(0, CHUNK)
@@ -228,7 +233,7 @@ def align_by_expert(
             num_pairs,
             num_experts,
             E_POW2=e_pow2,
-            BLOCK_P=triton.next_power_of_2(num_pairs),
+            BLOCK_P=ONE_PROGRAM_BLOCK,
             BLOCK_M=block_m,
             USE_PDL=pdl,
             num_warps=8,

@@ -48,7 +48,8 @@ def check_grouping(ids: torch.Tensor, num_experts: int, block_m: int, one_progra
     assert (torch.diff(block_expert) >= 0).all()  # groups in expert order, as the offsets say
 
 
-@pytest.mark.parametrize("tokens,top_k,num_experts", [(1, 1, 8), (5, 2, 8), (37, 3, 6), (64, 8, 16)])
+# (100, 8, 16): 800 pairs, more than one loop step of the one-program kernel
+@pytest.mark.parametrize("tokens,top_k,num_experts", [(1, 1, 8), (5, 2, 8), (37, 3, 6), (100, 8, 16)])
 @pytest.mark.parametrize("block_m", [16, 32])
 def test_grouping_one_program_and_chunked(tokens, top_k, num_experts, block_m):
     gen = torch.Generator().manual_seed(tokens * 100 + top_k)
