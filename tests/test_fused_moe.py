@@ -85,10 +85,14 @@ def check_fused_moe(tokens, hidden, inter, experts, top_k, renormalize, dtype, t
     torch.testing.assert_close(into, out, rtol=0, atol=0)
 
 
+# hidden K = 48 is a multiple of 16 but not of 32 (both K-loop variants on the gate/up GEMM; the down GEMM's
+# K = 24 is neither), N = 24 is not a multiple of the 16-wide N tile; experts 2 and 5 idle
+TILES = [MoeTiles(16, 16, 32, 2, 4, 2), MoeTiles(32, 16, 16, 4, 4, 2)]
+
+
+@pytest.mark.parametrize("tiles", TILES, ids=["m16k32", "m32k16"])
 @pytest.mark.parametrize("tokens,top_k,renormalize", [(1, 1, False), (3, 2, True), (21, 2, False), (40, 3, True)])
-def test_fused_moe_float32(tokens, top_k, renormalize):
-    # K = 48 is not a multiple of the 32-wide K tile, N = 24 not of the 16-wide N tile; experts 2 and 5 idle
-    tiles = MoeTiles(block_m=16, block_n=16, block_k=32, group_m=2, num_warps=4, num_stages=2)
+def test_fused_moe_float32(tokens, top_k, renormalize, tiles):
     check_fused_moe(tokens, 48, 24, 8, top_k, renormalize, torch.float32, 1e-5, tiles, idle=(2, 5))
 
 
