@@ -215,9 +215,10 @@ def align_by_expert(
     dev = ids.device
     sorted_pairs = torch.empty(max(rows, 1), dtype=torch.int32, device=dev)
     block_experts = torch.empty(max(triton.cdiv(rows, block_m), 1), dtype=torch.int32, device=dev)
-    num_rows = torch.zeros(1, dtype=torch.int32, device=dev)
+    num_rows = torch.empty(1, dtype=torch.int32, device=dev)  # the kernels write it (no memset in the graphs)
     groups = ExpertGroups(sorted_pairs, block_experts, num_rows, block_m)
     if num_pairs == 0:
+        num_rows.zero_()
         return groups
     flat = ids.reshape(-1)
     e_pow2 = triton.next_power_of_2(num_experts + 1)  # one spare bin for masked lanes
