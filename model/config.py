@@ -104,6 +104,8 @@ def _moe_fields(raw: dict, source: str) -> dict:
         raise ValueError(f"{source}: num_experts_per_tok={top_k} must be between 1 and num_experts={num_experts}")
     if step < 1:
         raise ValueError(f"{source}: decoder_sparse_step={step} must be at least 1")
+    if not raw.get("moe_intermediate_size"):
+        raise ValueError(f"{source}: num_experts={num_experts} but no moe_intermediate_size")
     return dict(
         num_experts=num_experts,
         num_experts_per_tok=top_k,

@@ -169,3 +169,5 @@ def test_config_fields(moe_dense_middle):
     assert ModelConfig.from_dict(hub) == cfg
     with pytest.raises(ValueError, match="num_experts_per_tok=9 must be between 1 and num_experts=8"):
         ModelConfig.from_dict(raw | {"num_experts_per_tok": 9})
+    with pytest.raises(ValueError, match="num_experts=8 but no moe_intermediate_size"):
+        ModelConfig.from_dict({k: v for k, v in raw.items() if k != "moe_intermediate_size"})
