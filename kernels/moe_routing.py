@@ -209,7 +209,7 @@ def _scatter_chunks_kernel(ids_ptr, cursor_ptr, sorted_ptr, num_pairs, E_POW2: t
 def align_by_expert(
     ids: torch.Tensor, num_experts: int, block_m: int, one_program_max: int = ONE_PROGRAM_MAX_PAIRS
 ) -> ExpertGroups:
-    """Group the pairs of ``ids`` ([tokens, top_k] int32 expert ids) by expert (see the module docstring)."""
+    """Group the pairs of ``ids`` ([tokens, top_k] expert ids) by expert (see the module docstring)."""
     num_pairs = ids.numel()
     rows = max_grouped_rows(num_pairs, num_experts, block_m)
     dev = ids.device
@@ -220,7 +220,7 @@ def align_by_expert(
     if num_pairs == 0:
         num_rows.zero_()
         return groups
-    flat = ids.reshape(-1)
+    flat = ids.reshape(-1).to(torch.int32)  # tl.histogram counts 32-bit integers only
     e_pow2 = triton.next_power_of_2(num_experts + 1)  # one spare bin for masked lanes
     if num_pairs <= one_program_max:
         cursor = torch.empty(e_pow2, dtype=torch.int32, device=dev)
