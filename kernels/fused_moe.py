@@ -36,13 +36,14 @@ class MoeTiles:
 
 def moe_tiles(num_tokens: int, top_k: int, num_experts: int, dtype: torch.dtype) -> MoeTiles:
     """Tiles for H200-class GPUs (bf16 tl.dot: wgmma from 64 rows up). The row block follows the expected pairs per
-    expert: at decode sizes a 16-row block wastes little on padding and the weights stream through wide K tiles;
-    with many pairs per expert 64-row blocks reuse each weight tile over more rows."""
+    expert so that, at decode sizes, nearly every expert's group fits one block (each weight tile read once; the
+    idle rows cost nothing in a memory-bound product) while the weights stream through wide K tiles; with many
+    pairs per expert 64-row blocks reuse each weight tile over more rows."""
     per_expert = num_tokens * top_k / num_experts
     wide = 1 if dtype.itemsize <= 2 else 2  # float32 tiles take twice the shared memory
-    if per_expert <= 16:
+    if per_expert <= 8:
         return MoeTiles(16, 64, 128 // wide, 1, 4, 4)
-    if per_expert <= 48:
+    if per_expert <= 20:
         return MoeTiles(32, 64, 128 // wide, 4, 4, 4)
     return MoeTiles(64, 128 // wide, 64, 8, 4, 3)
 

@@ -43,7 +43,7 @@ def gemms() -> list[dict]:
     ptrs |= dict.fromkeys(("sorted_ptr", "block_expert_ptr", "num_rows_ptr"), "*i32")
     sizes = ["N", "K", "stride_am", "stride_we", "stride_wn", "stride_om"]
     sig = ptrs | dict.fromkeys([*sizes, "num_pairs", "max_blocks_m"], "i32")
-    for tokens in (1, 512, 8192):  # the three row blocks a Qwen3-30B-A3B layer (128 experts, top-8) gets
+    for tokens in (1, 256, 8192):  # the three row blocks a Qwen3-30B-A3B layer (128 experts, top-8) gets
         t = moe_tiles(tokens, 8, 128, torch.bfloat16)
         for gated in (True, False):
             consts = dict(A_ROWS_PER_PAIR=8 if gated else 1, GATED=gated, SCALE_BY_ROUTE=not gated, EVEN_K=True)
