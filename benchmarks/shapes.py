@@ -101,6 +101,31 @@ SHAPES: dict[str, dict] = {
         "use_cache": True,
         "vocab_size": 128256,
     },
+    "qwen3-30b-a3b": {
+        **_QWEN3_COMMON,
+        "architectures": ["Qwen3MoeForCausalLM"],
+        "model_type": "qwen3_moe",
+        "vocab_size": 151936,
+        "hidden_size": 2048,
+        "intermediate_size": 6144,
+        "moe_intermediate_size": 768,
+        "num_hidden_layers": 48,
+        "max_window_layers": 48,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 4,
+        "head_dim": 128,
+        "num_experts": 128,
+        "num_experts_per_tok": 8,
+        "norm_topk_prob": True,
+        "decoder_sparse_step": 1,
+        "mlp_only_layers": [],
+        "output_router_logits": False,
+        "router_aux_loss_coef": 0.001,
+        "tie_word_embeddings": False,
+        "max_position_embeddings": 40960,
+        "bos_token_id": 151643,
+        "eos_token_id": 151645,
+    },
     # CPU smoke runs only: float32, and a vocabulary > 10,000 so the workloads' token ids (< 10,000) are valid
     "tiny": {
         **_QWEN3_COMMON,
@@ -172,12 +197,23 @@ def load_config(model_dir: str | Path) -> dict:
     return json.loads((Path(model_dir) / "config.json").read_text())
 
 
+def _moe_layers(cfg: dict) -> int:
+    """Decoder layers with experts (HF's rule: not in mlp_only_layers, every decoder_sparse_step-th layer)."""
+    if not (cfg.get("num_experts") or cfg.get("num_local_experts")):
+        return 0
+    step, dense = cfg.get("decoder_sparse_step", 1), set(cfg.get("mlp_only_layers") or ())
+    return sum(1 for i in range(cfg["num_hidden_layers"]) if i not in dense and (i + 1) % step == 0)
+
+
 def model_stats(cfg: dict, dtype: str | None = None) -> dict:
     """Parameter counts and bytes for the roofline, from config.json fields.
 
-    ``layer_params``: all decoder-layer weights (+ the final norm): what every token multiplies through.
+    ``layer_params``: the decoder-layer weights (+ the final norm) every token multiplies through; for MoE layers
+    the router and its top_k experts only.
     ``lm_head_params``: vocab x hidden, read by every decode step whether tied or not (the embedding *lookup*
     reads only the rows it needs, so a separate input embedding is not counted in the bytes per step).
+    ``weight_bytes_per_step``: what every decode step reads whatever its batch: all weights but the experts,
+    whose share depends on the batch (``step_weight_bytes``).
     """
     h, inter, n_layers = cfg["hidden_size"], cfg["intermediate_size"], cfg["num_hidden_layers"]
     heads = cfg["num_attention_heads"]
@@ -189,12 +225,16 @@ def model_stats(cfg: dict, dtype: str | None = None) -> dict:
     arch = (cfg.get("architectures") or ["Qwen3ForCausalLM"])[0]
     qk_norm = 2 * head_dim if arch.startswith("Qwen3") else 0  # Qwen3's per-head q and k norm weights
     qkv_bias = cfg.get("attention_bias") or arch.startswith("Qwen2")  # Qwen2 always has q, k, v biases
-    bias = qkv_bias * (heads + 2 * kv_heads) * head_dim + bool(cfg.get("attention_bias")) * h
-    bias += bool(cfg.get("mlp_bias")) * (2 * inter + h)
-    attn = h * (heads + 2 * kv_heads) * head_dim + heads * head_dim * h + qk_norm
-    mlp = 3 * h * inter + bias
-    layer = attn + mlp + 2 * h
-    layer_params = n_layers * layer + h
+    attn_bias = qkv_bias * (heads + 2 * kv_heads) * head_dim + bool(cfg.get("attention_bias")) * h
+    mlp_bias = bool(cfg.get("mlp_bias")) * (2 * inter + h)
+    attn = h * (heads + 2 * kv_heads) * head_dim + heads * head_dim * h + qk_norm + attn_bias
+    moe_layers = _moe_layers(cfg)
+    experts = (cfg.get("num_experts") or cfg.get("num_local_experts") or 0) if moe_layers else 0
+    top_k = cfg.get("num_experts_per_tok", 0) if moe_layers else 0
+    expert = 3 * h * cfg.get("moe_intermediate_size", 0)  # one expert's gate, up and down
+    dense_mlp = 3 * h * inter + mlp_bias
+    shared = n_layers * (attn + 2 * h) + (n_layers - moe_layers) * dense_mlp + moe_layers * experts * h + h
+    layer_params = shared + moe_layers * top_k * expert
     lm_head = vocab * h
     embed = 0 if cfg.get("tie_word_embeddings") else vocab * h
     return {
@@ -202,8 +242,12 @@ def model_stats(cfg: dict, dtype: str | None = None) -> dict:
         "dtype_bytes": nbytes,
         "layer_params": layer_params,
         "lm_head_params": lm_head,
-        "total_params": layer_params + lm_head + embed,
-        "weight_bytes_per_step": (layer_params + lm_head) * nbytes,
+        "total_params": shared + moe_layers * experts * expert + lm_head + embed,
+        "weight_bytes_per_step": (shared + lm_head) * nbytes,
+        "moe_layers": moe_layers,
+        "num_experts": experts,
+        "top_k": top_k,
+        "expert_bytes": expert * nbytes,
         "kv_bytes_per_token": n_layers * 2 * kv_heads * head_dim * nbytes,
         "num_layers": n_layers,
         "num_heads": heads,
@@ -211,6 +255,16 @@ def model_stats(cfg: dict, dtype: str | None = None) -> dict:
         "hidden_size": h,
         "vocab_size": vocab,
     }
+
+
+def step_weight_bytes(stats: dict, batch: int) -> float:
+    """Weight bytes a decode step of ``batch`` tokens reads: ``weight_bytes_per_step`` plus, per MoE layer, the
+    experts the batch routes to: E * (1 - (1 - k/E)^batch) distinct ones expected under uniform routing."""
+    experts = stats["num_experts"]
+    if not experts:
+        return stats["weight_bytes_per_step"]
+    hit = experts * (1 - (1 - stats["top_k"] / experts) ** batch)
+    return stats["weight_bytes_per_step"] + stats["moe_layers"] * hit * stats["expert_bytes"]
 
 
 if __name__ == "__main__":
@@ -225,6 +279,7 @@ if __name__ == "__main__":
     for shape in names or list(SHAPES):
         st = model_stats(SHAPES[shape])
         print(
-            f"{shape:12s} {write_shape(shape)}  params {st['total_params'] / 1e9:.3f} B  "
-            f"weights/step {st['weight_bytes_per_step'] / 1e9:.2f} GB  KV/token {st['kv_bytes_per_token']:,} B"
+            f"{shape:13s} {write_shape(shape)}  params {st['total_params'] / 1e9:.3f} B  weights/step "
+            f"{step_weight_bytes(st, 1) / 1e9:.2f} GB (1 token) .. {step_weight_bytes(st, 256) / 1e9:.2f} GB "
+            f"(256)  KV/token {st['kv_bytes_per_token']:,} B"
         )

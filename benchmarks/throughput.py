@@ -1,6 +1,6 @@
 """End-to-end throughput of nanoserve on the workloads of WORKLOADS.md, against a roofline floor (and HF, optionally).
 
-    python -m benchmarks.throughput --workload W1|W2|W3 (--model DIR | --shape qwen3-0.6b|qwen3-8b|llama3.1-8b|tiny)
+    python -m benchmarks.throughput --workload W1|W2|W3 (--model DIR | --shape NAME)   # NAME: benchmarks/shapes.py
         [--tp N] [--enforce-eager] [--compare hf] [--num-prompts N] [--hf-num-prompts N] [--repeat N]
         [--device cuda|cpu] [--dtype bfloat16] [--max-num-seqs N] [--max-num-batched-tokens N] [--block-size N]
         [--gpu-memory-utilization F] [--num-kv-blocks N] [--scale S] [--hbm-tbs X] [--tflops X]
@@ -37,7 +37,10 @@ figures (4.25 TB/s, 791 TFLOP/s) are used (so the CPU "fraction" means nothing).
            but are visible keys.
   decode:  all sequences start together (at most max_num_seqs running; a finished one is replaced by the next
            waiting one); step k reads all weights (decoder layers + lm_head) plus the KV of every running sequence
-           at its context length prompt + k, at the measured bandwidth; a sequence runs max_tokens steps.
+           at its context length prompt + k, at the measured bandwidth; a sequence runs max_tokens steps. Of a
+           mixture of experts a step of B sequences reads only the experts they route to: E * (1 - (1 - k/E)^B)
+           per MoE layer expected under uniform routing (shapes.step_weight_bytes); prefill multiplies through
+           the top-k experts of each token only.
   TP divides both by tp (perfect sharding). fraction = floor_s / seconds.
 At 4.25 TB/s and 791 TFLOP/s this gives WORKLOADS.md's W1 floors: 3.72 s (0.6B), 10.39 s (8B), 5.19 s (8B, TP=2).
 
@@ -65,7 +68,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from benchmarks.gpu import require_cuda
-from benchmarks.shapes import SHAPES, load_config, model_stats, write_shape
+from benchmarks.shapes import SHAPES, load_config, model_stats, step_weight_bytes, write_shape
 from coordinator.config import ATTENTION_BACKENDS, DTYPES
 
 REF_HBM_TBS, REF_TFLOPS = 4.25, 791.0  # one H200's nominal ceilings (benchmarks/WORKLOADS.md)
@@ -139,7 +142,7 @@ def roofline(
         c, n = r.cached, len(r.prompt) - r.cached
         prefill_flops += 2 * stats["layer_params"] * n + 2 * stats["lm_head_params"]
         prefill_flops += k_attn * (n * c + n * (n + 1) / 2)
-    w_bytes, kv_bytes = stats["weight_bytes_per_step"], stats["kv_bytes_per_token"]
+    kv_bytes = stats["kv_bytes_per_token"]
     waiting = deque(reqs)
     ctx: list[int] = []  # running sequences' context lengths
     left: list[int] = []  # and their remaining steps
@@ -149,7 +152,7 @@ def roofline(
             r = waiting.popleft()
             ctx.append(len(r.prompt))
             left.append(r.max_tokens)
-        step_s.append((w_bytes + kv_bytes * sum(ctx)) / bw)
+        step_s.append((step_weight_bytes(stats, len(ctx)) + kv_bytes * sum(ctx)) / bw)
         keep = [i for i, m in enumerate(left) if m > 1]
         ctx = [ctx[i] + 1 for i in keep]
         left = [left[i] - 1 for i in keep]
@@ -162,7 +165,7 @@ def check_floors(hbm_tbs: float = REF_HBM_TBS, tflops: float = REF_TFLOPS) -> li
     """Floors at the given ceilings for the real shapes; W1 next to the yardsticks of benchmarks/WORKLOADS.md."""
     rows = []
     print(f"floors at {hbm_tbs} TB/s, {tflops} TFLOP/s (W1 yardsticks from benchmarks/WORKLOADS.md)")
-    for shape, tp in [("qwen3-0.6b", 1), ("qwen3-8b", 1), ("qwen3-8b", 2), ("llama3.1-8b", 1)]:
+    for shape, tp in [("qwen3-0.6b", 1), ("qwen3-8b", 1), ("qwen3-8b", 2), ("llama3.1-8b", 1), ("qwen3-30b-a3b", 1)]:
         st = model_stats(SHAPES[shape])
         kw = {"hbm_tbs": hbm_tbs, "tflops": tflops, "tp": tp}
         w1 = roofline(st, w1_requests(), **kw)
@@ -186,7 +189,7 @@ def check_floors(hbm_tbs: float = REF_HBM_TBS, tflops: float = REF_TFLOPS) -> li
         }
         rows.append(row)
         print(
-            f"  {shape:11s} TP={tp}  W1 floor {row['w1_floor_s']:7.3f} s (prefill {row['w1_prefill_s']:.3f} + decode "
+            f"  {shape:13s} TP={tp}  W1 floor {row['w1_floor_s']:7.3f} s (prefill {row['w1_prefill_s']:.3f} + decode "
             f"{row['w1_decode_s']:.3f}; ceiling {row['w1_ceiling_tok_s']:,} tok/s)  reference {ref} s | "
             f"W2 {row['w2_floor_ms_per_token']:.3f} ms/token | W3 on {row['w3_floor_s_prefix_on']:.3f} s, "
             f"off {row['w3_floor_s_prefix_off']:.3f} s"

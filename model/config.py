@@ -119,6 +119,13 @@ class ModelConfig:
     rope_scaling: RopeScaling = RopeScaling()
     mlp_bias: bool = False
     sliding_window: int | None = None  # tokens each layer attends back over; None = the whole context
+    # mixture of experts (Qwen3-MoE); num_experts 0 = a dense model
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    norm_topk_prob: bool = False
+    mlp_only_layers: tuple[int, ...] = ()
+    decoder_sparse_step: int = 1
 
     @classmethod
     def from_dict(cls, raw: dict, source: str = "config") -> ModelConfig:
@@ -159,6 +166,13 @@ class ModelConfig:
             rope_scaling=RopeScaling.from_dict(rope, raw, source),
             mlp_bias=bool(raw.get("mlp_bias", False)),
             sliding_window=_sliding_window(raw),
+            **_moe_fields(raw, source),
+        )
+
+    def is_moe_layer(self, layer: int) -> bool:
+        """Whether decoder layer ``layer`` has experts (HF's rule) rather than a dense MLP."""
+        return (
+            self.num_experts > 0 and layer not in self.mlp_only_layers and (layer + 1) % self.decoder_sparse_step == 0
         )
 
     def check_max_model_len(self, max_model_len: int) -> None:
@@ -180,6 +194,29 @@ class ModelConfig:
         if not cfg_file.is_file():
             raise FileNotFoundError(f"{cfg_file} is missing: not a Hugging Face checkpoint directory")
         return cls.from_dict(json.loads(cfg_file.read_text()), source=str(cfg_file))
+
+
+def _moe_fields(raw: dict, source: str) -> dict:
+    # transformers 5.x writes num_local_experts, the hub's Qwen3-MoE configs num_experts
+    num_experts = int(raw.get("num_experts", raw.get("num_local_experts")) or 0)
+    if num_experts == 0:
+        return {}
+    top_k = int(raw.get("num_experts_per_tok", 8))
+    step = int(raw.get("decoder_sparse_step", 1))
+    if not 0 < top_k <= num_experts:
+        raise ValueError(f"{source}: num_experts_per_tok={top_k} must be between 1 and num_experts={num_experts}")
+    if step < 1:
+        raise ValueError(f"{source}: decoder_sparse_step={step} must be at least 1")
+    if not raw.get("moe_intermediate_size"):
+        raise ValueError(f"{source}: num_experts={num_experts} but no moe_intermediate_size")
+    return dict(
+        num_experts=num_experts,
+        num_experts_per_tok=top_k,
+        moe_intermediate_size=int(raw["moe_intermediate_size"]),
+        norm_topk_prob=bool(raw.get("norm_topk_prob", False)),
+        mlp_only_layers=tuple(int(i) for i in raw.get("mlp_only_layers") or ()),
+        decoder_sparse_step=step,
+    )
 
 
 def parse_dtype(name: str | torch.dtype, default: torch.dtype) -> torch.dtype:

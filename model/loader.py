@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import torch
@@ -11,6 +12,9 @@ from torch import nn
 
 from model.config import ModelConfig
 from model.registry import model_class
+
+# a per-expert checkpoint tensor: "<prefix>.experts.<expert>.<projection>.weight"
+_EXPERT_TENSOR = re.compile(r"\.experts\.(\d+)\.(\w+)\.weight$")
 
 
 def checkpoint_files(model_dir: Path) -> list[Path]:
@@ -45,6 +49,8 @@ def load_weights(model: nn.Module, model_dir: str | Path) -> None:
     model_dir = Path(model_dir)
     params = dict(model.named_parameters(remove_duplicate=False))
     mapping = getattr(model, "packed_modules_mapping", {})
+    # projection -> stacked parameter, for models whose experts live in one parameter per projection kind
+    experts = getattr(model, "expert_params_mapping", {})
     expected = {(name, shard) for name, shard in _expected_pieces(model, params, mapping)}
     loaded: set[tuple[str, object]] = set()
     tied = getattr(model.config, "tie_word_embeddings", False)
@@ -54,10 +60,15 @@ def load_weights(model: nn.Module, model_dir: str | Path) -> None:
                 if "rotary_emb.inv_freq" in ckpt_name or (tied and ckpt_name == "lm_head.weight"):
                     continue
                 name, shard = ckpt_name, None
-                for src, (dst, shard_id) in mapping.items():
-                    if f".{src}." in ckpt_name:
-                        name, shard = ckpt_name.replace(f".{src}.", f".{dst}."), shard_id
-                        break
+                expert = _EXPERT_TENSOR.search(ckpt_name) if experts else None
+                if expert is not None and expert[2] in experts:
+                    name = f"{ckpt_name[: expert.start()]}.experts.{experts[expert[2]]}"
+                    shard = (int(expert[1]), expert[2])
+                else:
+                    for src, (dst, shard_id) in mapping.items():
+                        if f".{src}." in ckpt_name:
+                            name, shard = ckpt_name.replace(f".{src}.", f".{dst}."), shard_id
+                            break
                 param = params.get(name)
                 if param is None:
                     continue  # tensors we do not use (e.g. extra heads) are ignored
@@ -87,11 +98,17 @@ def _expected_pieces(model, params, mapping):
     for name in params:
         if tied and name == "lm_head.weight":
             continue
+        own = getattr(params[name], "checkpoint_shards", None)  # stacked experts: (expert, projection) each
+        if own is not None:
+            yield from ((name, s) for s in own)
+            continue
         shards = [shard for src, (dst, shard) in mapping.items() if f".{dst}." in name]
         yield from ((name, s) for s in shards) if shards else [(name, None)]
 
 
 def _checkpoint_name(name: str, shard: object, mapping: dict) -> str:
+    if isinstance(shard, tuple):  # (expert, projection) of a stacked expert parameter "<prefix>.experts.<param>"
+        return f"{name.rsplit('.', 1)[0]}.{shard[0]}.{shard[1]}.weight"
     for src, (dst, shard_id) in mapping.items():
         if f".{dst}." in name and shard_id == shard:
             return name.replace(f".{dst}.", f".{src}.")

@@ -13,6 +13,7 @@ ARCHITECTURES: dict[str, str] = {
     "MistralForCausalLM": "model.mistral:MistralForCausalLM",
     "Qwen2ForCausalLM": "model.qwen2:Qwen2ForCausalLM",
     "Qwen3ForCausalLM": "model.qwen3:Qwen3ForCausalLM",
+    "Qwen3MoeForCausalLM": "model.qwen3_moe:Qwen3MoeForCausalLM",
 }
 
 

@@ -26,3 +26,8 @@ def hf_greedy(model_dir, prompts, max_new_tokens) -> list[list[int]]:
             out = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens, do_sample=False)
             outs.append(out[0, len(p) :].tolist())
     return outs
+
+
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """Relative L2 error of ``out`` against ``ref``, in float64."""
+    return ((out.double() - ref.double()).norm() / ref.double().norm().clamp_min(1e-30)).item()
