@@ -35,6 +35,8 @@ class EngineConfig:
     external_workers: bool = False  # workers join by themselves (torchrun) instead of being spawned
     worker_address: str = ""  # where workers connect; "" = a private ipc socket
     worker_timeout_s: float = 120.0  # start-up: how long to wait for every rank
+    quantization: str = ""  # "fp8": FP8 linear layers, quantized at load (an FP8 checkpoint is served as stored)
+    kv_cache_dtype: str = "auto"  # "auto" = the model's dtype; "fp8": e4m3 KV cache, twice the tokens per byte
 
     def __post_init__(self) -> None:
         if not self.device:
@@ -54,6 +56,8 @@ class EngineConfig:
             (0 < self.gpu_memory_utilization <= 1, "gpu_memory_utilization", "must be in (0, 1]"),
             (self.load_format in ("auto", "dummy"), "load_format", "must be 'auto' or 'dummy'"),
             (self.async_depth in (1, 2), "async_depth", "must be 1 or 2"),  # the workers' rings hold 2 + 2
+            (self.quantization in ("", "fp8"), "quantization", "must be '' or 'fp8'"),
+            (self.kv_cache_dtype in ("auto", "fp8", "fp8_e4m3"), "kv_cache_dtype", "must be 'auto' or 'fp8'"),
         ]
         for ok, name, what in checks:
             if not ok:

@@ -79,6 +79,8 @@ class Engine:
             seed=cfg.seed,
             attention_backend=cfg.attention_backend,
             dist_init_method="",
+            quantization=cfg.quantization,
+            kv_cache_dtype=cfg.kv_cache_dtype,
         )
         self.workers = WorkerGroup(
             worker_config,

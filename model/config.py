@@ -8,6 +8,7 @@ from pathlib import Path
 
 import torch
 
+from model.fp8 import Fp8Config, parse_quantization_config
 from model.registry import ARCHITECTURES
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -30,6 +31,7 @@ class ModelConfig:
     attention_bias: bool
     dtype: torch.dtype
     eos_token_id: tuple[int, ...]
+    quantization: Fp8Config | None = None  # a block-FP8 checkpoint's quantization_config (model/fp8.py)
 
     @classmethod
     def from_dict(cls, raw: dict, source: str = "config") -> ModelConfig:
@@ -66,6 +68,7 @@ class ModelConfig:
             attention_bias=bool(raw.get("attention_bias", False)),
             dtype=_DTYPES[dtype_name],
             eos_token_id=eos_ids,
+            quantization=parse_quantization_config(raw.get("quantization_config"), source),
         )
 
     @classmethod

@@ -45,6 +45,8 @@ class WorkerConfig:
     seed: int
     attention_backend: str
     dist_init_method: str  # "" = take the rendezvous from the environment (torchrun)
+    quantization: str = ""  # "fp8": quantize a 16-bit checkpoint's linear layers at load (model/fp8_linear.py)
+    kv_cache_dtype: str = "auto"  # "auto" = dtype; "fp8": the KV pool stores e4m3
 
 
 @record(3)

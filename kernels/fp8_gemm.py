@@ -1,0 +1,353 @@
+"""FP8 linear layers on CUDA: dynamic activation quantization, then ``x @ w.T`` on e4m3 operands with float32 scales.
+
+Activations are quantized by one Triton pass per row (``quantize_rows``): one scale per token, or one per token and
+``group`` columns (block-FP8 checkpoints), the arithmetic of model/fp8.py. Scales are written group-major
+([groups, M], returned as its [M, groups] transpose), the layout cuBLASLt's block scaling reads.
+
+The product: ``torch._scaled_mm`` (cuBLASLt FP8) where this build and device run the scaling (rowwise scales for
+per-channel weights; 1x128 activation blocks against 128x128 weight blocks where torch and cuBLAS >= 12.9 support
+it, checked once by ``probe_scaled_mm``) and the batch has more than ``SMALL_M`` rows; otherwise our Triton kernel,
+which takes either scaling, splits K over more programs for decode-sized batches (partial sums in float32, added in
+a fixed order) and loads its first weight tile before the PDL wait. Both are CUDA-graph safe (no host syncs).
+The kernels also run under ``TRITON_INTERPRET=1`` on CPU tensors (tests).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels.device import num_sms
+from kernels.pdl import pdl_enter, use_pdl
+
+SMALL_M = 16  # up to this many rows the Triton kernel runs (decode batches); an estimate until measured on an H200
+_MAX_ROW_BLOCK = 16384  # columns one activation-quantization program holds at once
+_FP8_MAX = tl.constexpr(448.0)
+_MIN_AMAX = tl.constexpr(1e-10)
+
+
+@triton.jit
+def _quant_rows_kernel(
+    x_ptr,
+    q_ptr,
+    s_ptr,
+    K,
+    stride_xm,
+    stride_qm,
+    stride_sg,  # between groups of the scales ([groups, M])
+    GROUP: tl.constexpr,  # columns per scale; 0 = the whole row
+    BLOCK: tl.constexpr,  # columns per program (a multiple of GROUP), or per chunk of a whole row
+    USE_PDL: tl.constexpr,
+):
+    pdl_enter(USE_PDL)
+    row = tl.program_id(0).to(tl.int64)
+    x_row = x_ptr + row * stride_xm
+    q_row = q_ptr + row * stride_qm
+    if GROUP == 0:
+        # one scale per row: the amax of the whole row first, then the quantization (a second read, from cache)
+        amax = 0.0
+        for k0 in range(0, K, BLOCK):
+            offs = k0 + tl.arange(0, BLOCK)
+            x = tl.load(x_row + offs, mask=offs < K, other=0.0).to(tl.float32)
+            amax = tl.maximum(amax, tl.max(tl.abs(x), axis=0))
+        scale = tl.math.div_rn(tl.maximum(amax, _MIN_AMAX), _FP8_MAX)
+        tl.store(s_ptr + row, scale)
+        for k0 in range(0, K, BLOCK):
+            offs = k0 + tl.arange(0, BLOCK)
+            x = tl.load(x_row + offs, mask=offs < K, other=0.0).to(tl.float32)
+            q = tl.clamp(tl.math.div_rn(x, scale), -_FP8_MAX, _FP8_MAX)
+            tl.store(q_row + offs, q.to(q_ptr.dtype.element_ty), mask=offs < K)
+    else:
+        groups: tl.constexpr = BLOCK // GROUP
+        offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+        x = tl.load(x_row + offs, mask=offs < K, other=0.0).to(tl.float32)
+        xg = tl.reshape(x, (groups, GROUP))
+        scale = tl.math.div_rn(tl.maximum(tl.max(tl.abs(xg), axis=1), _MIN_AMAX), _FP8_MAX)
+        q = tl.clamp(tl.math.div_rn(xg, scale[:, None]), -_FP8_MAX, _FP8_MAX)
+        tl.store(q_row + offs, tl.reshape(q, (BLOCK,)).to(q_ptr.dtype.element_ty), mask=offs < K)
+        g = tl.program_id(1) * groups + tl.arange(0, groups)
+        tl.store(s_ptr + g * stride_sg + row, scale, mask=g * GROUP < K)
+
+
+def quantize_rows(x: torch.Tensor, group: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """[M, K] 16-bit (or float32) -> (e4m3 [M, K], float32 scales [M, ceil(K / group)] with M the unit-stride dim);
+    ``group`` None: one scale per row."""
+    m, k = x.shape
+    assert x.stride(1) == 1
+    groups = 1 if group is None else triton.cdiv(k, group)
+    q = torch.empty((m, k), dtype=torch.float8_e4m3fn, device=x.device)
+    scales = torch.empty((groups, m), dtype=torch.float32, device=x.device)
+    if m == 0:
+        return q, scales.t()
+    pdl = use_pdl(x)
+    if group is None:
+        block, chunks = min(_MAX_ROW_BLOCK, triton.next_power_of_2(k)), 1
+    else:
+        assert group & (group - 1) == 0, "activation groups are powers of two"
+        block = max(group, min(_MAX_ROW_BLOCK, triton.next_power_of_2(k)))
+        chunks = triton.cdiv(k, block)
+    warps = 4 if not x.is_cuda else max(4, min(16, block // 1024))
+    _quant_rows_kernel[(m, chunks)](
+        x,
+        q,
+        scales,
+        k,
+        x.stride(0),
+        q.stride(0),
+        m,
+        GROUP=group or 0,
+        BLOCK=block,
+        USE_PDL=pdl,
+        num_warps=warps,
+        launch_pdl=pdl,
+    )
+    return q, scales.t()
+
+
+@triton.jit(do_not_specialize=["M", "k_per_split"])
+def _fp8_gemm_kernel(
+    x_ptr,
+    w_ptr,
+    xs_ptr,
+    ws_ptr,
+    bias_ptr,
+    out_ptr,
+    M,
+    N,
+    K,
+    k_per_split,
+    stride_xm,
+    stride_wn,
+    stride_xs_m,
+    stride_xs_g,
+    stride_ws_n,
+    stride_ws_g,
+    stride_om,
+    stride_os,  # between the splits' partial sums (0 with one split)
+    BLOCK_SCALES: tl.constexpr,  # scales per (row, K group) and per GROUP_N x GROUP_K block; else per row / column
+    GROUP_N: tl.constexpr,
+    GROUP_K: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    SPLIT_K: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    USE_PDL: tl.constexpr,
+):
+    pid_n, pid_m, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    mask_m, mask_n = offs_m < M, offs_n < N
+    k_start = pid_k * k_per_split
+    k_end = tl.minimum(k_start + k_per_split, K)
+    x_ptrs = x_ptr + offs_m[:, None].to(tl.int64) * stride_xm + (k_start + offs_k)[None, :]
+    w_ptrs = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn + (k_start + offs_k)[None, :]
+    # weights: written by no kernel of the step, so the first tile is in flight during the wait
+    w = tl.load(w_ptrs, mask=mask_n[:, None] & ((k_start + offs_k) < k_end)[None, :], other=0.0)
+    pdl_enter(USE_PDL)
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k in range(k_start, k_end, BLOCK_K):
+        x = tl.load(x_ptrs, mask=mask_m[:, None] & ((k + offs_k) < k_end)[None, :], other=0.0)
+        prod = tl.dot(x, tl.trans(w))
+        if BLOCK_SCALES:
+            g = k // GROUP_K
+            sx = tl.load(xs_ptr + offs_m * stride_xs_m + g * stride_xs_g, mask=mask_m, other=0.0)
+            sw = tl.load(ws_ptr + (offs_n // GROUP_N) * stride_ws_n + g * stride_ws_g, mask=mask_n, other=0.0)
+            acc += prod * sx[:, None] * sw[None, :]
+        else:
+            acc += prod
+        x_ptrs += BLOCK_K
+        w_ptrs += BLOCK_K
+        w = tl.load(w_ptrs, mask=mask_n[:, None] & ((k + BLOCK_K + offs_k) < k_end)[None, :], other=0.0)
+    if not BLOCK_SCALES:  # the scales are linear, so each split may apply them to its partial sum
+        sx = tl.load(xs_ptr + offs_m * stride_xs_m, mask=mask_m, other=0.0)
+        sw = tl.load(ws_ptr + offs_n * stride_ws_n, mask=mask_n, other=0.0)
+        acc = acc * sx[:, None] * sw[None, :]
+    if HAS_BIAS and SPLIT_K == 1:
+        acc += tl.load(bias_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
+    out = out_ptr + pid_k * stride_os + offs_m[:, None].to(tl.int64) * stride_om + offs_n[None, :]
+    tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
+
+
+@triton.jit
+def _sum_splits_kernel(
+    part_ptr,
+    bias_ptr,
+    out_ptr,
+    N,
+    stride_ps,
+    stride_om,
+    SPLIT_K: tl.constexpr,
+    BLOCK: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    USE_PDL: tl.constexpr,
+):
+    pdl_enter(USE_PDL)
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < N
+    acc = tl.load(part_ptr + row * N + offs, mask=mask, other=0.0)
+    for s in tl.static_range(1, SPLIT_K):
+        acc += tl.load(part_ptr + s * stride_ps + row * N + offs, mask=mask, other=0.0)
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + row * stride_om + offs, acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def _split_k(m: int, n: int, k: int, block_m: int, block_n: int, block_k: int, device: torch.device) -> int:
+    """Splits of K that give decode-sized products about two programs per SM, keeping >= 512 columns a split."""
+    tiles = triton.cdiv(m, block_m) * triton.cdiv(n, block_n)
+    split, sms = 1, num_sms(device, cpu=4)
+    while tiles * split < 2 * sms and k // (2 * split) >= max(512, block_k) and split < 16:
+        split *= 2
+    return split
+
+
+def fp8_gemm(
+    x_q: torch.Tensor,
+    x_s: torch.Tensor,
+    w_q: torch.Tensor,
+    w_s: torch.Tensor,
+    block: tuple[int, int] | None,
+    bias: torch.Tensor | None,
+    out: torch.Tensor,
+) -> torch.Tensor:
+    """Our Triton FP8 GEMM: ``out = (x_q * x_s) @ (w_q * w_s).T (+ bias)``. Scales: per row [M, 1] and per output
+    channel [N] (``block`` None), or per (row, K group) [M, K / block[1]] and per weight block."""
+    m, k = x_q.shape
+    n = w_q.shape[0]
+    cuda = x_q.is_cuda
+    block_k = 128 if block is None else min(128, block[1])
+    if m <= SMALL_M:
+        block_m, block_n, warps, stages = 16, (64 if cuda else 32), 4, 3
+        split = _split_k(m, n, k, block_m, block_n, block_k, x_q.device)
+    else:
+        block_m, block_n, warps, stages, split = (64 if m <= 64 else 128), 128, (4 if m <= 64 else 8), 3, 1
+    if not cuda:
+        block_m, block_n, warps, stages = 16, 32, 1, 1
+    k_per_split = triton.cdiv(triton.cdiv(k, split), block_k) * block_k
+    part = out if split == 1 else torch.empty((split, m, n), dtype=torch.float32, device=x_q.device)
+    w_s2 = w_s.view(-1, 1) if block is None else w_s
+    pdl = use_pdl(x_q)
+    grid = (triton.cdiv(n, block_n), triton.cdiv(m, block_m), split)
+    _fp8_gemm_kernel[grid](
+        x_q,
+        w_q,
+        x_s,
+        w_s2,
+        bias if bias is not None else out,
+        part,
+        m,
+        n,
+        k,
+        k_per_split,
+        x_q.stride(0),
+        w_q.stride(0),
+        x_s.stride(0),
+        x_s.stride(1),
+        w_s2.stride(0),
+        w_s2.stride(1),
+        part.stride(-2),
+        m * n if split > 1 else 0,
+        BLOCK_SCALES=block is not None,
+        GROUP_N=1 if block is None else block[0],
+        GROUP_K=block_k if block is None else block[1],
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
+        BLOCK_K=block_k,
+        SPLIT_K=split,
+        HAS_BIAS=bias is not None,
+        USE_PDL=pdl,
+        num_warps=warps,
+        num_stages=stages,
+        launch_pdl=pdl,
+    )
+    if split > 1:
+        sum_block = min(1024, triton.next_power_of_2(n))
+        _sum_splits_kernel[(m, triton.cdiv(n, sum_block))](
+            part,
+            bias if bias is not None else out,
+            out,
+            n,
+            m * n,
+            out.stride(0),
+            SPLIT_K=split,
+            BLOCK=sum_block,
+            HAS_BIAS=bias is not None,
+            USE_PDL=pdl,
+            num_warps=4,
+            launch_pdl=pdl,
+        )
+    return out
+
+
+def _scaled_mm(x_q, x_s, w_q, w_s, block, bias, out) -> torch.Tensor:
+    """cuBLASLt through torch: rowwise scales ([M, 1] and [1, N]), or 1x128 activation blocks ([M, K/128], M the
+    unit-stride dim) against 128x128 weight blocks (the [N/128, K/128] scales transposed, as torch expects)."""
+    scale_b = w_s.view(1, -1) if block is None else w_s.t()
+    return torch._scaled_mm(x_q, w_q.t(), scale_a=x_s, scale_b=scale_b, bias=bias, out_dtype=out.dtype, out=out)
+
+
+@functools.cache
+def _scaled_mm_modes(index: int) -> frozenset[str]:
+    """Which scalings torch._scaled_mm runs correctly here: "channel" (rowwise), "block" (1x128 by 128x128)."""
+    device = torch.device("cuda", index)
+    gen = torch.Generator(device=device).manual_seed(0)
+    x = torch.randn(64, 512, device=device, generator=gen).bfloat16()
+    w = torch.randn(256, 512, device=device, generator=gen).bfloat16()
+    ref = x.float() @ w.float().t()
+    modes = set()
+    for mode, block in (("channel", None), ("block", (128, 128))):
+        from model.fp8 import quantize_blocks, quantize_per_channel
+
+        w_q, w_s = quantize_per_channel(w) if block is None else quantize_blocks(w, block)
+        x_q, x_s = quantize_rows(x, None if block is None else block[1])
+        out = torch.empty(64, 256, dtype=torch.bfloat16, device=device)
+        try:
+            _scaled_mm(x_q, x_s, w_q, w_s, block, None, out)
+        except RuntimeError:
+            continue
+        if ((out.float() - ref).norm() / ref.norm()).item() < 0.05:
+            modes.add(mode)
+    return frozenset(modes)
+
+
+def probe_scaled_mm(device: torch.device) -> frozenset[str]:
+    """Run (once per device, outside CUDA graphs) the check of which scalings torch._scaled_mm supports here."""
+    return _scaled_mm_modes(device.index if device.index is not None else torch.cuda.current_device())
+
+
+def uses_scaled_mm(m: int, n: int, k: int, block: tuple[int, int] | None, bias: torch.Tensor | None, device) -> bool:
+    """Whether a product goes to cuBLASLt (else our Triton kernel)."""
+    if m <= SMALL_M or n % 16 or k % 16 or device.type != "cuda":
+        return False
+    if block is None:
+        return "channel" in probe_scaled_mm(device)
+    # cuBLASLt's block scaling: 128x128 weight blocks, scales with 16-byte aligned strides, no bias epilogue
+    return block == (128, 128) and k % 512 == 0 and m % 4 == 0 and bias is None and "block" in probe_scaled_mm(device)
+
+
+def fp8_linear(
+    x: torch.Tensor,
+    w_q: torch.Tensor,
+    w_s: torch.Tensor,
+    block: tuple[int, int] | None,
+    bias: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``x @ w.T (+ bias)`` for an FP8 weight: ``x`` [M, K] quantized per token (``block`` None, weight scales per
+    output channel [N]) or per token and ``block[1]`` columns (weight scales per block); into ``out`` when given."""
+    m, k = x.shape
+    n = w_q.shape[0]
+    if out is None:
+        out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    if m == 0:
+        return out
+    x_q, x_s = quantize_rows(x, None if block is None else block[1])
+    if uses_scaled_mm(m, n, k, block, bias, x.device):
+        return _scaled_mm(x_q, x_s, w_q, w_s, block, bias, out)
+    return fp8_gemm(x_q, x_s, w_q, w_s, block, bias, out)
