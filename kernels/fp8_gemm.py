@@ -24,6 +24,7 @@ from kernels.device import num_sms
 from kernels.pdl import pdl_enter, use_pdl
 
 SMALL_M = 16  # up to this many rows the Triton kernel runs (decode batches); an estimate until measured on an H200
+FUSED_ROW_QUANT_MAX_M = 4  # per-token activation scales computed inside the GEMM up to this many rows (estimate)
 _MAX_ROW_BLOCK = 16384  # columns one activation-quantization program holds at once
 _FP8_MAX = tl.constexpr(448.0)
 _MIN_AMAX = tl.constexpr(1e-10)
@@ -61,14 +62,13 @@ def _quant_rows_kernel(
             q = tl.clamp(tl.math.div_rn(x, scale), -_FP8_MAX, _FP8_MAX)
             tl.store(q_row + offs, q.to(q_ptr.dtype.element_ty), mask=offs < K)
     else:
-        groups: tl.constexpr = BLOCK // GROUP
         offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
         x = tl.load(x_row + offs, mask=offs < K, other=0.0).to(tl.float32)
-        xg = tl.reshape(x, (groups, GROUP))
+        xg = tl.reshape(x, (BLOCK // GROUP, GROUP))
         scale = tl.math.div_rn(tl.maximum(tl.max(tl.abs(xg), axis=1), _MIN_AMAX), _FP8_MAX)
         q = tl.clamp(tl.math.div_rn(xg, scale[:, None]), -_FP8_MAX, _FP8_MAX)
         tl.store(q_row + offs, tl.reshape(q, (BLOCK,)).to(q_ptr.dtype.element_ty), mask=offs < K)
-        g = tl.program_id(1) * groups + tl.arange(0, groups)
+        g = tl.program_id(1) * (BLOCK // GROUP) + tl.arange(0, BLOCK // GROUP)
         tl.store(s_ptr + g * stride_sg + row, scale, mask=g * GROUP < K)
 
 
@@ -80,8 +80,9 @@ def quantize_rows(x: torch.Tensor, group: int | None) -> tuple[torch.Tensor, tor
     groups = 1 if group is None else triton.cdiv(k, group)
     q = torch.empty((m, k), dtype=torch.float8_e4m3fn, device=x.device)
     scales = torch.empty((groups, m), dtype=torch.float32, device=x.device)
+    scales_view = scales.view(m, 1) if group is None else scales.t()  # [M, 1] contiguous: torch's rowwise check
     if m == 0:
-        return q, scales.t()
+        return q, scales_view
     pdl = use_pdl(x)
     if group is None:
         block, chunks = min(_MAX_ROW_BLOCK, triton.next_power_of_2(k)), 1
@@ -104,7 +105,7 @@ def quantize_rows(x: torch.Tensor, group: int | None) -> tuple[torch.Tensor, tor
         num_warps=warps,
         launch_pdl=pdl,
     )
-    return q, scales.t()
+    return q, scales_view
 
 
 @triton.jit(do_not_specialize=["M", "k_per_split"])
@@ -135,6 +136,7 @@ def _fp8_gemm_kernel(
     BLOCK_K: tl.constexpr,
     SPLIT_K: tl.constexpr,
     HAS_BIAS: tl.constexpr,
+    QUANT_X: tl.constexpr,  # x is 16-bit: quantize it here as quantize_rows would (BLOCK_K == GROUP_K with blocks)
     USE_PDL: tl.constexpr,
 ):
     pid_n, pid_m, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -149,13 +151,28 @@ def _fp8_gemm_kernel(
     # weights: written by no kernel of the step, so the first tile is in flight during the wait
     w = tl.load(w_ptrs, mask=mask_n[:, None] & ((k_start + offs_k) < k_end)[None, :], other=0.0)
     pdl_enter(USE_PDL)
+    if QUANT_X and not BLOCK_SCALES:  # one scale per row: the amax of the whole row (every split reads it)
+        amax = tl.zeros([BLOCK_M], dtype=tl.float32)
+        row_ptrs = x_ptr + offs_m[:, None].to(tl.int64) * stride_xm + offs_k[None, :]
+        for k in range(0, K, BLOCK_K):
+            xa = tl.load(row_ptrs + k, mask=mask_m[:, None] & ((k + offs_k) < K)[None, :], other=0.0)
+            amax = tl.maximum(amax, tl.max(tl.abs(xa.to(tl.float32)), axis=1))
+        sx_row = tl.math.div_rn(tl.maximum(amax, _MIN_AMAX), _FP8_MAX)
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for k in range(k_start, k_end, BLOCK_K):
         x = tl.load(x_ptrs, mask=mask_m[:, None] & ((k + offs_k) < k_end)[None, :], other=0.0)
+        if QUANT_X:
+            xf = x.to(tl.float32)
+            if BLOCK_SCALES:  # this K step is one activation group
+                sx = tl.math.div_rn(tl.maximum(tl.max(tl.abs(xf), axis=1), _MIN_AMAX), _FP8_MAX)
+            else:
+                sx = sx_row
+            x = tl.clamp(tl.math.div_rn(xf, sx[:, None]), -_FP8_MAX, _FP8_MAX).to(w_ptr.dtype.element_ty)
         prod = tl.dot(x, tl.trans(w))
         if BLOCK_SCALES:
             g = k // GROUP_K
-            sx = tl.load(xs_ptr + offs_m * stride_xs_m + g * stride_xs_g, mask=mask_m, other=0.0)
+            if not QUANT_X:
+                sx = tl.load(xs_ptr + offs_m * stride_xs_m + g * stride_xs_g, mask=mask_m, other=0.0)
             sw = tl.load(ws_ptr + (offs_n // GROUP_N) * stride_ws_n + g * stride_ws_g, mask=mask_n, other=0.0)
             acc += prod * sx[:, None] * sw[None, :]
         else:
@@ -164,7 +181,10 @@ def _fp8_gemm_kernel(
         w_ptrs += BLOCK_K
         w = tl.load(w_ptrs, mask=mask_n[:, None] & ((k + BLOCK_K + offs_k) < k_end)[None, :], other=0.0)
     if not BLOCK_SCALES:  # the scales are linear, so each split may apply them to its partial sum
-        sx = tl.load(xs_ptr + offs_m * stride_xs_m, mask=mask_m, other=0.0)
+        if QUANT_X:
+            sx = sx_row
+        else:
+            sx = tl.load(xs_ptr + offs_m * stride_xs_m, mask=mask_m, other=0.0)
         sw = tl.load(ws_ptr + offs_n * stride_ws_n, mask=mask_n, other=0.0)
         acc = acc * sx[:, None] * sw[None, :]
     if HAS_BIAS and SPLIT_K == 1:
@@ -217,11 +237,15 @@ def fp8_gemm(
     out: torch.Tensor,
 ) -> torch.Tensor:
     """Our Triton FP8 GEMM: ``out = (x_q * x_s) @ (w_q * w_s).T (+ bias)``. Scales: per row [M, 1] and per output
-    channel [N] (``block`` None), or per (row, K group) [M, K / block[1]] and per weight block."""
+    channel [N] (``block`` None), or per (row, K group) [M, K / block[1]] and per weight block. ``x_s`` None:
+    ``x_q`` is the 16-bit activation, quantized inside the kernel (``fuses_quantization``)."""
     m, k = x_q.shape
     n = w_q.shape[0]
     cuda = x_q.is_cuda
     block_k = 128 if block is None else min(128, block[1])
+    quant_x = x_s is None
+    assert not quant_x or block is None or block_k == block[1], "in-kernel group quantization: one group per K step"
+    x_s = x_s if x_s is not None else w_s.view(-1, 1)  # unused: a valid pointer
     if m <= SMALL_M:
         block_m, block_n, warps, stages = 16, (64 if cuda else 32), 4, 3
         split = _split_k(m, n, k, block_m, block_n, block_k, x_q.device)
@@ -261,6 +285,7 @@ def fp8_gemm(
         BLOCK_K=block_k,
         SPLIT_K=split,
         HAS_BIAS=bias is not None,
+        QUANT_X=quant_x,
         USE_PDL=pdl,
         num_warps=warps,
         num_stages=stages,
@@ -321,6 +346,15 @@ def probe_scaled_mm(device: torch.device) -> frozenset[str]:
     return _scaled_mm_modes(device.index if device.index is not None else torch.cuda.current_device())
 
 
+def fuses_quantization(m: int, block: tuple[int, int] | None) -> bool:
+    """Whether our kernel quantizes the activations itself (one launch fewer): with block scales each K step is
+    one group, free to quantize where it is loaded; with one scale per row every program first reads its rows whole,
+    cheap for the few rows of single-stream decoding (the row limit is an estimate until measured)."""
+    if block is not None:
+        return m <= SMALL_M and block[1] <= 128
+    return m <= FUSED_ROW_QUANT_MAX_M
+
+
 def uses_scaled_mm(m: int, n: int, k: int, block: tuple[int, int] | None, bias: torch.Tensor | None, device) -> bool:
     """Whether a product goes to cuBLASLt (else our Triton kernel)."""
     if m <= SMALL_M or n % 16 or k % 16 or device.type != "cuda":
@@ -347,7 +381,10 @@ def fp8_linear(
         out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     if m == 0:
         return out
-    x_q, x_s = quantize_rows(x, None if block is None else block[1])
     if uses_scaled_mm(m, n, k, block, bias, x.device):
+        x_q, x_s = quantize_rows(x, None if block is None else block[1])
         return _scaled_mm(x_q, x_s, w_q, w_s, block, bias, out)
+    if fuses_quantization(m, block):
+        return fp8_gemm(x, None, w_q, w_s, block, bias, out)
+    x_q, x_s = quantize_rows(x, None if block is None else block[1])
     return fp8_gemm(x_q, x_s, w_q, w_s, block, bias, out)
