@@ -1,8 +1,5 @@
-"""FP8 linear layers on CUDA: dynamic activation quantization, then ``x @ w.T`` on e4m3 operands with float32 scales.
-
-Activations are quantized by one Triton pass per row (``quantize_rows``): one scale per token, or one per token and
-``group`` columns (block-FP8 checkpoints), the arithmetic of model/fp8.py. Scales are written group-major
-([groups, M], returned as its [M, groups] transpose), the layout cuBLASLt's block scaling reads.
+"""FP8 linear layers on CUDA: ``x @ w.T`` on e4m3 operands with float32 scales, the activations quantized
+dynamically (kernels/fp8_quant.py, or inside our GEMM for decode-sized batches).
 
 The product: ``torch._scaled_mm`` (cuBLASLt FP8) where this build and device run the scaling (rowwise scales for
 per-channel weights; 1x128 activation blocks against 128x128 weight blocks where torch and cuBLAS >= 12.9 support
@@ -21,91 +18,11 @@ import triton
 import triton.language as tl
 
 from kernels.device import num_sms
+from kernels.fp8_quant import FP8_MAX, MIN_AMAX, quantize_rows
 from kernels.pdl import pdl_enter, use_pdl
 
 SMALL_M = 16  # up to this many rows the Triton kernel runs (decode batches); an estimate until measured on an H200
 FUSED_ROW_QUANT_MAX_M = 4  # per-token activation scales computed inside the GEMM up to this many rows (estimate)
-_MAX_ROW_BLOCK = 16384  # columns one activation-quantization program holds at once
-_FP8_MAX = tl.constexpr(448.0)
-_MIN_AMAX = tl.constexpr(1e-10)
-
-
-@triton.jit
-def _quant_rows_kernel(
-    x_ptr,
-    q_ptr,
-    s_ptr,
-    K,
-    stride_xm,
-    stride_qm,
-    stride_sg,  # between groups of the scales ([groups, M])
-    GROUP: tl.constexpr,  # columns per scale; 0 = the whole row
-    BLOCK: tl.constexpr,  # columns per program (a multiple of GROUP), or per chunk of a whole row
-    USE_PDL: tl.constexpr,
-):
-    pdl_enter(USE_PDL)
-    row = tl.program_id(0).to(tl.int64)
-    x_row = x_ptr + row * stride_xm
-    q_row = q_ptr + row * stride_qm
-    if GROUP == 0:
-        # one scale per row: the amax of the whole row first, then the quantization (a second read, from cache)
-        amax = 0.0
-        for k0 in range(0, K, BLOCK):
-            offs = k0 + tl.arange(0, BLOCK)
-            x = tl.load(x_row + offs, mask=offs < K, other=0.0).to(tl.float32)
-            amax = tl.maximum(amax, tl.max(tl.abs(x), axis=0))
-        scale = tl.math.div_rn(tl.maximum(amax, _MIN_AMAX), _FP8_MAX)
-        tl.store(s_ptr + row, scale)
-        for k0 in range(0, K, BLOCK):
-            offs = k0 + tl.arange(0, BLOCK)
-            x = tl.load(x_row + offs, mask=offs < K, other=0.0).to(tl.float32)
-            q = tl.clamp(tl.math.div_rn(x, scale), -_FP8_MAX, _FP8_MAX)
-            tl.store(q_row + offs, q.to(q_ptr.dtype.element_ty), mask=offs < K)
-    else:
-        offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-        x = tl.load(x_row + offs, mask=offs < K, other=0.0).to(tl.float32)
-        xg = tl.reshape(x, (BLOCK // GROUP, GROUP))
-        scale = tl.math.div_rn(tl.maximum(tl.max(tl.abs(xg), axis=1), _MIN_AMAX), _FP8_MAX)
-        q = tl.clamp(tl.math.div_rn(xg, scale[:, None]), -_FP8_MAX, _FP8_MAX)
-        tl.store(q_row + offs, tl.reshape(q, (BLOCK,)).to(q_ptr.dtype.element_ty), mask=offs < K)
-        g = tl.program_id(1) * (BLOCK // GROUP) + tl.arange(0, BLOCK // GROUP)
-        tl.store(s_ptr + g * stride_sg + row, scale, mask=g * GROUP < K)
-
-
-def quantize_rows(x: torch.Tensor, group: int | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """[M, K] 16-bit (or float32) -> (e4m3 [M, K], float32 scales [M, ceil(K / group)] with M the unit-stride dim);
-    ``group`` None: one scale per row."""
-    m, k = x.shape
-    assert x.stride(1) == 1
-    groups = 1 if group is None else triton.cdiv(k, group)
-    q = torch.empty((m, k), dtype=torch.float8_e4m3fn, device=x.device)
-    scales = torch.empty((groups, m), dtype=torch.float32, device=x.device)
-    scales_view = scales.view(m, 1) if group is None else scales.t()  # [M, 1] contiguous: torch's rowwise check
-    if m == 0:
-        return q, scales_view
-    pdl = use_pdl(x)
-    if group is None:
-        block, chunks = min(_MAX_ROW_BLOCK, triton.next_power_of_2(k)), 1
-    else:
-        assert group & (group - 1) == 0, "activation groups are powers of two"
-        block = max(group, min(_MAX_ROW_BLOCK, triton.next_power_of_2(k)))
-        chunks = triton.cdiv(k, block)
-    warps = 4 if not x.is_cuda else max(4, min(16, block // 1024))
-    _quant_rows_kernel[(m, chunks)](
-        x,
-        q,
-        scales,
-        k,
-        x.stride(0),
-        q.stride(0),
-        m,
-        GROUP=group or 0,
-        BLOCK=block,
-        USE_PDL=pdl,
-        num_warps=warps,
-        launch_pdl=pdl,
-    )
-    return q, scales_view
 
 
 @triton.jit(do_not_specialize=["M", "k_per_split"])
@@ -157,17 +74,17 @@ def _fp8_gemm_kernel(
         for k in range(0, K, BLOCK_K):
             xa = tl.load(row_ptrs + k, mask=mask_m[:, None] & ((k + offs_k) < K)[None, :], other=0.0)
             amax = tl.maximum(amax, tl.max(tl.abs(xa.to(tl.float32)), axis=1))
-        sx_row = tl.math.div_rn(tl.maximum(amax, _MIN_AMAX), _FP8_MAX)
+        sx_row = tl.math.div_rn(tl.maximum(amax, MIN_AMAX), FP8_MAX)
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for k in range(k_start, k_end, BLOCK_K):
         x = tl.load(x_ptrs, mask=mask_m[:, None] & ((k + offs_k) < k_end)[None, :], other=0.0)
         if QUANT_X:
             xf = x.to(tl.float32)
             if BLOCK_SCALES:  # this K step is one activation group
-                sx = tl.math.div_rn(tl.maximum(tl.max(tl.abs(xf), axis=1), _MIN_AMAX), _FP8_MAX)
+                sx = tl.math.div_rn(tl.maximum(tl.max(tl.abs(xf), axis=1), MIN_AMAX), FP8_MAX)
             else:
                 sx = sx_row
-            x = tl.clamp(tl.math.div_rn(xf, sx[:, None]), -_FP8_MAX, _FP8_MAX).to(w_ptr.dtype.element_ty)
+            x = tl.clamp(tl.math.div_rn(xf, sx[:, None]), -FP8_MAX, FP8_MAX).to(w_ptr.dtype.element_ty)
         prod = tl.dot(x, tl.trans(w))
         if BLOCK_SCALES:
             g = k // GROUP_K
@@ -319,24 +236,28 @@ def _scaled_mm(x_q, x_s, w_q, w_s, block, bias, out) -> torch.Tensor:
 
 @functools.cache
 def _scaled_mm_modes(index: int) -> frozenset[str]:
-    """Which scalings torch._scaled_mm runs correctly here: "channel" (rowwise), "block" (1x128 by 128x128)."""
+    """Which scalings torch._scaled_mm runs correctly here: "channel" (rowwise), "block" (1x128 by 128x128), each
+    checked against the product of the dequantized operands."""
     device = torch.device("cuda", index)
     gen = torch.Generator(device=device).manual_seed(0)
     x = torch.randn(64, 512, device=device, generator=gen).bfloat16()
-    w = torch.randn(256, 512, device=device, generator=gen).bfloat16()
-    ref = x.float() @ w.float().t()
+    w_q = torch.randn(256, 512, device=device, generator=gen).mul(40).to(torch.float8_e4m3fn)
     modes = set()
     for mode, block in (("channel", None), ("block", (128, 128))):
-        from model.fp8 import quantize_blocks, quantize_per_channel
-
-        w_q, w_s = quantize_per_channel(w) if block is None else quantize_blocks(w, block)
-        x_q, x_s = quantize_rows(x, None if block is None else block[1])
+        shape = (256,) if block is None else (2, 4)
+        w_s = torch.rand(shape, device=device, generator=gen) + 0.5
+        x_q, x_s = quantize_rows(x, None if block is None else 128)
+        if block is None:
+            ref = (x_q.float() * x_s) @ (w_q.float() * w_s[:, None]).t()
+        else:
+            w_full = w_s.repeat_interleave(128, 0).repeat_interleave(128, 1)
+            ref = (x_q.float() * x_s.repeat_interleave(128, 1)) @ (w_q.float() * w_full).t()
         out = torch.empty(64, 256, dtype=torch.bfloat16, device=device)
         try:
             _scaled_mm(x_q, x_s, w_q, w_s, block, None, out)
         except RuntimeError:
             continue
-        if ((out.float() - ref).norm() / ref.norm()).item() < 0.05:
+        if ((out.float() - ref).norm() / ref.norm()).item() < 1e-2:
             modes.add(mode)
     return frozenset(modes)
 

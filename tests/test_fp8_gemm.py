@@ -1,7 +1,7 @@
-"""kernels/fp8_gemm.py: the activation quantization kernel computes model/fp8.py's scales and e4m3 values exactly;
-the FP8 GEMMs (our Triton kernel, and torch._scaled_mm where the device runs it) equal the float32 emulation up to
-the GEMM's rounding. CPU: tiny shapes in the Triton interpreter; CUDA (``gpu``): Qwen3-8B's layer shapes, CUDA
-graphs, and the engine's FP8 logits against its bf16 logits on dummy weights."""
+"""kernels/fp8_quant.py and kernels/fp8_gemm.py: the activation quantization kernel computes model/fp8.py's scales
+and e4m3 values exactly; the FP8 GEMMs (our Triton kernel, and torch._scaled_mm where the device runs it) equal the
+float32 emulation up to the GEMM's rounding. CPU: tiny shapes in the Triton interpreter; CUDA (``gpu``): Qwen3-8B's
+layer shapes, CUDA graphs, and the engine's FP8 logits against its bf16 logits on dummy weights."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from helpers import make_step, worker_config
 from interpreter_fp8 import fix_interpreter_fp8_rounding
 
 from kernels import fp8_gemm
+from kernels.fp8_quant import quantize_rows
 from model import fp8
 
 ON_GPU = torch.cuda.is_available()
@@ -44,7 +45,7 @@ def test_quantize_rows_equals_the_reference(group, m, k):
     gen = torch.Generator().manual_seed(m * k)
     x = (torch.randn(m, k, generator=gen) * 30).to(DEVICE)
     x[0, : k // 2] = 0  # an all-zero group: the smallest scale, zeros out
-    q, s = fp8_gemm.quantize_rows(x, group)
+    q, s = quantize_rows(x, group)
     q_ref, s_ref = fp8.quantize_activations(x, group)
     assert s.shape == s_ref.shape and s.stride(0) == 1  # rows are the unit-stride dim (cuBLASLt's block scales)
     assert torch.equal(s, s_ref)
@@ -71,7 +72,7 @@ def test_triton_fp8_gemm_equals_emulation(m, n, k, block, bias, fused):
     x[-1, : k // 3] = 0
     _, w_q, w_s = weights(n, k, block, gen)
     b = torch.randn(n, generator=gen).to(DEVICE) if bias else None
-    x_q, x_s = (x, None) if fused else fp8_gemm.quantize_rows(x, None if block is None else block[1])
+    x_q, x_s = (x, None) if fused else quantize_rows(x, None if block is None else block[1])
     out = torch.full((m, n), float("nan"), device=DEVICE)
     fp8_gemm.fp8_gemm(x_q, x_s, w_q, w_s, block, b, out)
     ref = fp8.emulated_linear(x, w_q, w_s, fp8.Fp8Config(block=block), b)
@@ -96,7 +97,7 @@ def test_scaled_mm_call_with_rowwise_scales():
     gen = torch.Generator().manual_seed(3)
     x = torch.randn(64, 512, generator=gen).to(DEVICE)
     _, w_q, w_s = weights(256, 512, None, gen)
-    x_q, x_s = fp8_gemm.quantize_rows(x, None)
+    x_q, x_s = quantize_rows(x, None)
     out = torch.empty(64, 256, device=DEVICE)
     got = fp8_gemm._scaled_mm(x_q, x_s, w_q, w_s, None, None, out)
     assert got.data_ptr() == out.data_ptr()
@@ -124,7 +125,7 @@ def test_fp8_linear_gpu(shape, block, m):
     out = fp8_gemm.fp8_linear(x, w_q, w_s, block)
     assert out.dtype == torch.bfloat16 and rel(out, ref) < GPU_TOL, rel(out, ref)
     # our Triton kernel, whichever path fp8_linear took
-    x_q, x_s = fp8_gemm.quantize_rows(x, None if block is None else block[1])
+    x_q, x_s = quantize_rows(x, None if block is None else block[1])
     tri = fp8_gemm.fp8_gemm(x_q, x_s, w_q, w_s, block, None, torch.empty_like(out))
     assert rel(tri, ref) < GPU_TOL, rel(tri, ref)
     if m <= fp8_gemm.SMALL_M:  # and with the activations quantized inside it
@@ -146,7 +147,7 @@ def test_scaled_mm_modes_reported():
             continue
         x = torch.randn(256, 4096, generator=gen).to(DEVICE).bfloat16()
         _, w_q, w_s = weights(6144, 4096, block, gen)
-        x_q, x_s = fp8_gemm.quantize_rows(x, None if block is None else 128)
+        x_q, x_s = quantize_rows(x, None if block is None else 128)
         out = fp8_gemm._scaled_mm(x_q, x_s, w_q, w_s, block, None, torch.empty(256, 6144, device=DEVICE).bfloat16())
         assert rel(out, fp8.emulated_linear(x.float(), w_q, w_s, fp8.Fp8Config(block=block))) < GPU_TOL
 
