@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from fp8_checkpoints import block_quantize, hf_logits, write_block_fp8
+from fp8_checkpoints import block_quantize, capture_linear_inputs, hf_logits, rows_rel_err, write_block_fp8
 from helpers import make_step, worker_config
 from safetensors.torch import load_file, save_file
 
@@ -53,17 +53,22 @@ def prompts() -> list[list[int]]:
     return [rng.integers(0, 500, n).tolist() for n in (37, 6)]
 
 
-def engine_logits(model_dir: Path, **kw) -> list[torch.Tensor]:
+def engine_logits(model_dir: Path, inputs: dict | None = None, **kw) -> list[torch.Tensor]:
+    """Teacher-forced logits of ``prompts()``; ``inputs``: filled with our linear layers' inputs."""
     r = ModelRunner(worker_config(model_dir, **kw), CPU)
     r.allocate_kv(16)
+    capture = capture_linear_inputs(r.model) if inputs is not None else {}
     ps = prompts()
     seqs = [dict(slot=i, tokens=p, start=0, new_blocks=[4 * i, 4 * i + 1, 4 * i + 2]) for i, p in enumerate(ps)]
     logits = r.forward_logits(make_step(seqs))
+    if inputs is not None:
+        inputs.update(capture)
     return list(logits.split([len(p) for p in ps]))
 
 
-def rel_err(got: list[torch.Tensor], ref: list[torch.Tensor]) -> float:
-    return max(((g - r).norm() / r.norm()).item() for g, r in zip(got, ref))
+def assert_matches(got: list[torch.Tensor], ref: list[torch.Tensor]) -> None:
+    err = rows_rel_err(got, ref)
+    assert err.max() < 1e-4, err.max()
 
 
 # ---- block-FP8 checkpoints ----------------------------------------------------------------------------------
@@ -77,13 +82,34 @@ def test_block_fp8_checkpoint_matches_hf_on_dequantized_weights(block_fp8):
     assert isinstance(layer.quant, Fp8LinearMethod)
     assert model.lm_head.weight.dtype == torch.float32 and model.model.embed_tokens.weight.dtype == torch.float32
 
-    got = engine_logits(fp8_dir)
-    emulated = hf_logits(ref_dir, prompts(), act_group=128)  # activations quantized per token and 128 columns
-    plain = hf_logits(ref_dir, prompts())  # the same weights, activations not quantized
-    err, err_plain = rel_err(got, emulated), rel_err(got, plain)
-    assert err < 1e-4, err
-    assert err_plain > 20 * err  # the reference's activation quantization is what makes them agree
-    assert all(torch.equal(g.argmax(-1), r.argmax(-1)) for g, r in zip(got, emulated))
+    inputs: dict = {}
+    got = engine_logits(fp8_dir, inputs)
+    assert_matches(got, hf_logits(ref_dir, prompts(), act_group=128, engine_inputs=inputs))  # 128-column groups
+    # what makes the test able to fail: per-token activation scales, or none, put every row off by percents
+    for other in (None, "none"):
+        assert rows_rel_err(got, hf_logits(ref_dir, prompts(), act_group=other, engine_inputs=inputs)).min() > 1e-3
+
+
+def test_modules_to_not_convert_stay_full_precision(tmp_path, block_fp8):
+    """A checkpoint that keeps down_proj in float32 (modules_to_not_convert): only the other projections are FP8."""
+    _, ref_dir = block_fp8
+    src = tmp_path / "f32"
+    src.mkdir()
+    for f in ref_dir.iterdir():
+        (src / f.name).symlink_to(f)
+    fp8_dir, ref = write_block_fp8(src, tmp_path, keep=("down_proj",))
+    model = load_model(fp8_dir, CPU, torch.float32)
+    mlp = model.model.layers[1].mlp
+    assert mlp.down_proj.quant is None and mlp.down_proj.weight.dtype == torch.float32
+    assert mlp.gate_up_proj.weight.dtype == torch.float8_e4m3fn
+    inputs: dict = {}
+    got = engine_logits(fp8_dir, inputs)
+    assert_matches(got, hf_logits(ref, prompts(), act_group=128, keep=("down_proj",), engine_inputs=inputs))
+    raw = json.loads((fp8_dir / "config.json").read_text())
+    raw["quantization_config"]["modules_to_not_convert"] = ["up_proj"]  # half of the packed gate_up layer
+    (fp8_dir / "config.json").write_text(json.dumps(raw))
+    with pytest.raises(ValueError, match="keeps only some parts of model.layers.0.mlp.gate_up_proj"):
+        load_model(fp8_dir, CPU, torch.float32)
 
 
 def test_block_fp8_shards_at_tp2(block_fp8):
@@ -251,11 +277,12 @@ def test_online_quantization_logits(tmp_path, tiny_untied):
         if f.name != "model.safetensors":
             (ref_dir / f.name).symlink_to(f)
     save_file(tensors, ref_dir / "model.safetensors", metadata={"format": "pt"})
-    got = engine_logits(tiny_untied, quantization="fp8")
-    err = rel_err(got, hf_logits(ref_dir, prompts(), act_group=None))
-    assert err < 1e-4, err
+    inputs: dict = {}
+    got = engine_logits(tiny_untied, inputs, quantization="fp8")
+    assert_matches(got, hf_logits(ref_dir, prompts(), act_group=None, engine_inputs=inputs))
     # and near the unquantized model (std-0.2 random weights amplify the rounding: 18% measured)
-    assert rel_err(got, hf_logits(tiny_untied, prompts())) < 0.3
+    plain = hf_logits(tiny_untied, prompts())
+    assert max(((g - r).norm() / r.norm()).item() for g, r in zip(got, plain)) < 0.3
 
 
 def test_online_quantization_of_dummy_weights(tiny_tied):
