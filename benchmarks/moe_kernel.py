@@ -1,6 +1,6 @@
 """The fused MoE layer (kernels/fused_moe.py) on one layer of a real MoE shape, inside CUDA graphs (GPU only).
 
-    python benchmarks/moe_kernel.py [--shape qwen3-30b-a3b] [--tp 1] [--tokens 1 8 64 256 1024 8192]
+    python -m benchmarks.moe_kernel [--shape qwen3-30b-a3b] [--tp 1] [--tokens 1 8 64 256 1024 8192]
         [--tiles BLOCK_M,BLOCK_N,BLOCK_K,GROUP_M,WARPS,STAGES]
 
 Per token count: microseconds per layer (routing, grouping, both grouped GEMMs, the top-k sum), the bytes it
@@ -13,16 +13,12 @@ from __future__ import annotations
 import argparse
 import functools
 import json
-import os
-import sys
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from benchmarks.shapes import SHAPES  # noqa: E402
-from kernels.fused_moe import MoeTiles, fused_moe, moe_tiles  # noqa: E402
-from kernels.graph_timing import graph_replay_us  # noqa: E402
+from benchmarks.shapes import SHAPES
+from kernels.fused_moe import MoeTiles, fused_moe, moe_tiles
+from kernels.graph_timing import graph_replay_us
 
 
 def main() -> None:

@@ -1,9 +1,10 @@
 """End-to-end throughput of nanoserve on the workloads of WORKLOADS.md, against a roofline floor (and HF, optionally).
 
     python -m benchmarks.throughput --workload W1|W2|W3 (--model DIR | --shape NAME)   # NAME: benchmarks/shapes.py
-        [--tp N] [--enforce-eager] [--compare hf] [--num-prompts N] [--hf-num-prompts N] [--repeat N]
+        [--tp N] [--enforce-eager] [--num-prompts N] [--hf-num-prompts N] [--repeat N]
         [--device cuda|cpu] [--dtype bfloat16] [--max-num-seqs N] [--max-num-batched-tokens N] [--block-size N]
         [--gpu-memory-utilization F] [--num-kv-blocks N] [--scale S] [--hbm-tbs X] [--tflops X]
+        [--quantization fp8] [--kv-cache-dtype fp8] [--compare hf|bf16]
     python -m benchmarks.throughput --check-floors     # W1/W2/W3 floors at the nominal H200 ceilings (CPU only)
 
 Workloads (benchmarks/WORKLOADS.md):
@@ -42,6 +43,8 @@ figures (4.25 TB/s, 791 TFLOP/s) are used (so the CPU "fraction" means nothing).
            per MoE layer expected under uniform routing (shapes.step_weight_bytes); prefill multiplies through
            the top-k experts of each token only.
   TP divides both by tp (perfect sharding). fraction = floor_s / seconds.
+  --quantization fp8: the decoder layers' weights count 1 byte each (the LM head stays 16-bit) and their prefill
+  FLOPs half (Hopper's FP8 tensor cores run twice the bf16 rate); --kv-cache-dtype fp8: 1 byte per KV element.
 At 4.25 TB/s and 791 TFLOP/s this gives WORKLOADS.md's W1 floors: 3.72 s (0.6B), 10.39 s (8B), 5.19 s (8B, TP=2).
 
 --compare hf runs transformers' continuous batching (benchmarks/hf_peer.py) in the same process after nanoserve's
@@ -49,6 +52,9 @@ engine has been closed (so both get the whole GPU), on one GPU whatever --tp is,
 requests (default 64 for W1 and W3; W2 is one request), with per-request max_new_tokens = the workload's max_tokens.
 nanoserve is also timed on that subset (same engine, after its main run, every id shifted by one so the main run's
 prefix cache cannot help; same lengths): `tok_s_hf_subset`, the like-for-like number next to `hf_tok_s`.
+
+--compare bf16 (with --quantization and/or --kv-cache-dtype) runs the same workload again in a second engine
+without them, after the first is closed: `bf16_tok_s`, `bf16_floor_fraction` (W2: `bf16_ms_per_token` too).
 
 Output: a short table, then, as the LAST line, one JSON object.
 """
@@ -140,7 +146,7 @@ def roofline(
     prefill_flops = 0.0
     for r in reqs:
         c, n = r.cached, len(r.prompt) - r.cached
-        prefill_flops += 2 * stats["layer_params"] * n + 2 * stats["lm_head_params"]
+        prefill_flops += 2 * stats["layer_params"] * n * stats.get("layer_flop_cost", 1.0) + 2 * stats["lm_head_params"]
         prefill_flops += k_attn * (n * c + n * (n + 1) / 2)
     kv_bytes = stats["kv_bytes_per_token"]
     waiting = deque(reqs)
@@ -264,9 +270,25 @@ def engine_args(args, device: str, load_format: str) -> dict:
         "gpu_memory_utilization": args.gpu_memory_utilization,
         "num_kv_blocks": args.num_kv_blocks,
         "attention_backend": args.attention_backend,
+        "quantization": args.quantization,
+        "kv_cache_dtype": args.kv_cache_dtype,
     }
     kw.update({k: v for k, v in optional.items() if v is not None})
     return kw
+
+
+def quantized_stats(stats: dict, quantization: str | None, kv_cache_dtype: str | None) -> dict:
+    """``model_stats`` for FP8 decoder-layer weights (1 byte, half the prefill FLOP time) and an e4m3 KV cache."""
+    out = dict(stats)
+    if quantization == "fp8":
+        expert_params = stats["expert_bytes"] // stats["dtype_bytes"]
+        always_read = stats["layer_params"] - stats["moe_layers"] * stats["top_k"] * expert_params  # all but experts
+        out["weight_bytes_per_step"] = always_read + stats["lm_head_params"] * stats["dtype_bytes"]
+        out["expert_bytes"] = expert_params
+        out["layer_flop_cost"] = 0.5
+    if kv_cache_dtype == "fp8":
+        out["kv_bytes_per_token"] = stats["kv_bytes_per_token"] // stats["dtype_bytes"]
+    return out
 
 
 def timed_generate(llm, prompts, params) -> float:
@@ -435,7 +457,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument(
         "--async-depth", type=int, default=2, choices=[1, 2], help="steps sent ahead of the results read back"
     )
-    p.add_argument("--compare", choices=["hf"], help="also run the Hugging Face peer on the same workload")
+    p.add_argument(
+        "--compare",
+        choices=["hf", "bf16"],
+        help="hf: the Hugging Face peer; bf16: the 16-bit engine (same workload)",
+    )
     p.add_argument("--num-prompts", type=int, help="W1/W3: keep the first N requests (smoke runs)")
     p.add_argument("--repeat", type=int, default=1, help="W1: run the workload N times in one engine (median too)")
     p.add_argument("--hf-num-prompts", type=int, default=64, help="W1/W3: requests given to the HF peer (first N)")
@@ -447,6 +473,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--gpu-memory-utilization", type=float, help="engine argument (default: the engine's)")
     p.add_argument("--num-kv-blocks", type=int, help="engine argument (default: sized from memory)")
     p.add_argument("--attention-backend", choices=ATTENTION_BACKENDS, help="engine argument (default: auto)")
+    p.add_argument("--quantization", choices=["fp8"], help="FP8 linear layers (a 16-bit model quantized at load)")
+    p.add_argument("--kv-cache-dtype", choices=["auto", "fp8"], help="fp8: an e4m3 KV cache")
     p.add_argument("--scale", type=int, help="divide all workload lengths by S (default 8 for --shape tiny, else 1)")
     p.add_argument("--hbm-tbs", type=float, help="use this bandwidth (TB/s) instead of measuring")
     p.add_argument("--tflops", type=float, help="use this matmul rate (TFLOP/s) instead of measuring")
@@ -461,6 +489,8 @@ def parse_args(argv=None) -> argparse.Namespace:
             p.error("one of --model or --shape is required")
         if args.repeat < 1 or (args.repeat > 1 and args.workload != "W1"):
             p.error(f"--repeat {args.repeat}: a count >= 1, and more than 1 only for W1")
+        if args.compare == "bf16" and not (args.quantization or args.kv_cache_dtype == "fp8"):
+            p.error("--compare bf16 compares an FP8 run (--quantization fp8 / --kv-cache-dtype fp8) with a 16-bit one")
     return args
 
 
@@ -492,6 +522,13 @@ def _fmt_table(res: dict, ctx: dict) -> str:
             f"W3         prefix caching on {res['tok_s_prefix_on']:,.1f} tok/s ({res['seconds_prefix_on']:.3f} s, "
             f"floor {res['floor_s_prefix_on']:.3f} s) | off {res['tok_s_prefix_off']:,.1f} tok/s "
             f"({res['seconds_prefix_off']:.3f} s, floor {res['floor_s_prefix_off']:.3f} s)"
+        )
+    if "bf16" in res:
+        base = res["bf16"]
+        lines.append(
+            f"16-bit     same workload without FP8: {base['tok_s']:,.1f} tok/s ({base['seconds']:.3f} s, floor "
+            f"{base['floor']['floor_s']:.3f} s)"
+            + (f", {base['ms_per_token']:.3f} ms/token" if args.workload == "W2" else "")
         )
     if "hf_error" in res:
         lines.append(f"HF peer    FAILED: {res['hf_error']}")
@@ -531,7 +568,8 @@ def main(argv=None) -> dict:
         model_dir, shape = Path(args.model), Path(args.model).resolve().name
         load_format = args.load_format or "auto"
     cfg = load_config(model_dir)
-    stats = model_stats(cfg, args.dtype)
+    base_stats = model_stats(cfg, args.dtype)
+    stats = quantized_stats(base_stats, args.quantization, args.kv_cache_dtype)
     scale = args.scale or (8 if shape == "tiny" else 1)
     ceilings = measure_ceilings(device, args.hbm_tbs, args.tflops)
     hf_n = args.hf_num_prompts
@@ -554,7 +592,12 @@ def main(argv=None) -> dict:
         "hf_n": hf_n,
         "hf_kwargs": {"model_dir": str(model_dir), "device": device, "dtype": stats["dtype"], "temperature": 0.6},
     }
-    res = {"W1": run_w1, "W2": run_w2, "W3": run_w3}[args.workload](ctx)
+    run = {"W1": run_w1, "W2": run_w2, "W3": run_w3}[args.workload]
+    res = run(ctx)
+    if args.compare == "bf16":  # the same workload without FP8, in a second engine
+        plain = {k: v for k, v in ctx["engine_args"].items() if k not in ("quantization", "kv_cache_dtype")}
+        base = run({**ctx, "engine_args": plain, "stats": base_stats})
+        res["bf16"] = base
     floor_s = res["floor"]["floor_s"]
     summary = {
         "workload": args.workload,
@@ -583,6 +626,15 @@ def main(argv=None) -> dict:
             tok_s_prefix_off=_sig(res["tok_s_prefix_off"]),
             floor_s_prefix_off=_sig(res["floor_s_prefix_off"]),
         )
+    if "bf16" in res:
+        base = res["bf16"]
+        summary.update(
+            bf16_tok_s=_sig(base["tok_s"]), bf16_floor_fraction=_sig(base["floor"]["floor_s"] / base["seconds"])
+        )
+        if args.workload == "W2":
+            summary.update(
+                bf16_ms_per_token=_sig(base["ms_per_token"]), bf16_floor_ms_per_token=_sig(base["floor_ms_per_token"])
+            )
     if "hf_error" in res:
         summary.update(hf_tok_s=None, hf_error=res["hf_error"])
     if "hf_tok_s" in res:
@@ -595,6 +647,8 @@ def main(argv=None) -> dict:
     summary.update(
         device=device,
         dtype=stats["dtype"],
+        quantization=args.quantization or "",
+        kv_cache_dtype=args.kv_cache_dtype or "auto",
         scale=scale,
         num_prompts=res["num_prompts"],
         enforce_eager=args.enforce_eager,

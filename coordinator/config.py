@@ -11,6 +11,7 @@ DTYPES = ("auto", "bfloat16", "float16", "float32", "bf16", "fp16", "half", "fp3
 ATTENTION_BACKENDS = ("auto", "torch", "triton", "flash")  # kernels/attention.py get_backend
 DEVICES = ("cpu", "cuda")
 LOAD_FORMATS = ("auto", "dummy")
+KV_DTYPES = ("auto", "fp8", "fp8_e4m3")
 
 
 def _arg(default, help: str, choices: tuple = ()):
@@ -60,6 +61,10 @@ class EngineConfig:
         "", "ZMQ address the workers connect to (required with external workers), e.g. tcp://0.0.0.0:29600"
     )
     worker_timeout_s: float = _arg(120.0, "start-up: seconds to wait for every rank")
+    quantization: str = _arg(
+        "", "fp8: FP8 linear layers, quantized at load ('' = none; an FP8 checkpoint is served as stored)", ("", "fp8")
+    )
+    kv_cache_dtype: str = _arg("auto", "auto = the model's dtype; fp8: an e4m3 KV cache, twice the tokens", KV_DTYPES)
 
     def __post_init__(self) -> None:
         if not self.device:

@@ -82,6 +82,8 @@ class Engine:
             attention_backend=cfg.attention_backend,
             dist_init_method="",
             eos_token_ids=sorted(t for t in self.eos_token_ids if 0 <= t < self.vocab_size),
+            quantization=cfg.quantization,
+            kv_cache_dtype=cfg.kv_cache_dtype,
         )
         self.workers = WorkerGroup(
             worker_config,

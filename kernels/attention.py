@@ -8,6 +8,11 @@ Token ``i`` of a sequence lives in slot ``block_table[i // block_size] * block_s
 A step's tokens are laid out prefill-first: ``num_prefill_tokens`` tokens of ``num_prefills`` sequences
 (each a chunk continuing from a cached prefix, possibly empty), then one token per decode sequence.
 New K/V are written to the cache before attention, so both paths read keys from the cache only.
+
+The cache is in the model's dtype, or e4m3 (``kv_cache_dtype="fp8"``: twice the tokens of a 16-bit cache), which
+stores ``value / scale`` saturated at 448, with one float scale for K and one for V per layer (the backends'
+``k_scale`` / ``v_scale``, 1.0 unless given: the model passes none, as vLLM runs FP8 caches without calibrated
+scales). Attention reads e4m3 values times their scale; a 16-bit cache ignores the scales.
 """
 
 from __future__ import annotations
@@ -44,14 +49,22 @@ class AttentionBackend:
     name = "abstract"
 
     def store_kvcache(
-        self, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor
+        self,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        slot_mapping: torch.Tensor,
+        k_scale: float = 1.0,
+        v_scale: float = 1.0,
     ) -> None:
         raise NotImplementedError
 
     def prefill(
         self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata, scale: float
     ) -> torch.Tensor:
-        """q: [num_prefill_tokens, num_heads, head_dim] -> same shape. Causal over cached prefix + chunk."""
+        """q: [num_prefill_tokens, num_heads, head_dim] -> same shape. Causal over cached prefix + chunk.
+        Backends that read e4m3 caches also take ``k_scale`` and ``v_scale`` keywords."""
         raise NotImplementedError
 
     def decode(
@@ -59,6 +72,25 @@ class AttentionBackend:
     ) -> torch.Tensor:
         """q: [num_decodes, num_heads, head_dim] -> same shape. One query at position seq_len - 1."""
         raise NotImplementedError
+
+
+FP8_MAX = 448.0
+
+
+def is_fp8(cache: torch.Tensor) -> bool:
+    return cache.dtype == torch.float8_e4m3fn
+
+
+def cache_scales(cache: torch.Tensor, k_scale: float, v_scale: float) -> tuple[float, float]:
+    """The K and V scales attention applies to ``cache``: its own when e4m3, 1.0 for a 16-bit cache."""
+    return (k_scale, v_scale) if is_fp8(cache) else (1.0, 1.0)
+
+
+def to_cache(x: torch.Tensor, cache: torch.Tensor, scale: float) -> torch.Tensor:
+    """``x`` as ``cache`` stores it."""
+    if is_fp8(cache):
+        return (x.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(cache.dtype)
+    return x.to(cache.dtype)
 
 
 def gather_paged(cache: torch.Tensor, block_table: torch.Tensor, length: int) -> torch.Tensor:
@@ -73,13 +105,14 @@ class TorchAttentionBackend(AttentionBackend):
 
     name = "torch"
 
-    def store_kvcache(self, k, v, k_cache, v_cache, slot_mapping):
+    def store_kvcache(self, k, v, k_cache, v_cache, slot_mapping, k_scale=1.0, v_scale=1.0):
         keep = slot_mapping >= 0
         slots = slot_mapping[keep].long()
-        k_cache.view(-1, *k_cache.shape[2:])[slots] = k[keep].to(k_cache.dtype)
-        v_cache.view(-1, *v_cache.shape[2:])[slots] = v[keep].to(v_cache.dtype)
+        k_cache.view(-1, *k_cache.shape[2:])[slots] = to_cache(k[keep], k_cache, k_scale)
+        v_cache.view(-1, *v_cache.shape[2:])[slots] = to_cache(v[keep], v_cache, v_scale)
 
-    def prefill(self, q, k_cache, v_cache, meta, scale):
+    def prefill(self, q, k_cache, v_cache, meta, scale, k_scale=1.0, v_scale=1.0):
+        k_scale, v_scale = cache_scales(k_cache, k_scale, v_scale)
         out = torch.empty_like(q)
         cu = meta.cu_seqlens_q.tolist()
         seq_lens = meta.prefill_seq_lens.tolist()
@@ -94,13 +127,14 @@ class TorchAttentionBackend(AttentionBackend):
             # query j sits at position kv_len - q_len + j and sees keys 0..that position
             q_pos = torch.arange(kv_len - q_len, kv_len, device=q.device)
             mask = torch.arange(kv_len, device=q.device)[None, :] <= q_pos[:, None]
-            scores = torch.einsum("qhd,khd->hqk", qs.float(), k.float()) * scale
+            scores = torch.einsum("qhd,khd->hqk", qs.float(), k.float() * k_scale) * scale
             scores = scores.masked_fill(~mask[None], -math.inf)
-            out[cu[i] : cu[i + 1]] = torch.einsum("hqk,khd->qhd", scores.softmax(-1), v.float()).to(q.dtype)
+            out[cu[i] : cu[i + 1]] = torch.einsum("hqk,khd->qhd", scores.softmax(-1), v.float() * v_scale).to(q.dtype)
         return out
 
-    def decode(self, q, k_cache, v_cache, meta, scale):
+    def decode(self, q, k_cache, v_cache, meta, scale, k_scale=1.0, v_scale=1.0):
         # Vectorized over the batch: gather every sequence's blocks, mask past its length.
+        k_scale, v_scale = cache_scales(k_cache, k_scale, v_scale)
         num_decodes, num_heads, head_dim = q.shape
         num_kv_heads = k_cache.shape[2]
         tables = meta.decode_block_tables.long()
@@ -108,9 +142,9 @@ class TorchAttentionBackend(AttentionBackend):
         v = v_cache[tables].flatten(1, 2)
         group = num_heads // num_kv_heads
         qg = q.float().view(num_decodes, num_kv_heads, group, head_dim)
-        scores = torch.einsum("bhgd,bkhd->bhgk", qg, k.float()) * scale
+        scores = torch.einsum("bhgd,bkhd->bhgk", qg, k.float() * k_scale) * scale
         key_pos = torch.arange(k.shape[1], device=q.device)
         valid = key_pos[None, :] < meta.decode_seq_lens.long()[:, None]
         scores = scores.masked_fill(~valid[:, None, None, :], -math.inf)
-        out = torch.einsum("bhgk,bkhd->bhgd", scores.softmax(-1), v.float())
+        out = torch.einsum("bhgk,bkhd->bhgd", scores.softmax(-1), v.float() * v_scale)
         return out.reshape(num_decodes, num_heads, head_dim).to(q.dtype)

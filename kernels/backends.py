@@ -13,8 +13,8 @@ BACKEND_NAMES = ("auto", "torch", "triton", "flash")
 def get_backend(
     name: str, device: torch.device, block_size: int = 16, dtype: torch.dtype = torch.bfloat16
 ) -> AttentionBackend:
-    """``auto``: flash-attn on CUDA where it is installed and supports the case, else our Triton kernels; the
-    torch reference on the CPU."""
+    """``auto``: flash-attn on CUDA where it is installed and supports the case (``dtype``: the KV cache's; flash-attn
+    reads 16-bit caches only), else our Triton kernels; the torch reference on the CPU."""
     if name not in BACKEND_NAMES:
         raise ValueError(f"unknown attention backend {name!r}; choose one of {', '.join(BACKEND_NAMES)}")
     if name == "auto" and device.type != "cuda":
@@ -28,7 +28,8 @@ def get_backend(
 
         if not flash_attn_supports(device, block_size, dtype):
             raise ValueError(
-                "attention_backend 'flash' needs flash-attn installed, CUDA, fp16/bf16 and block_size % 256 == 0"
+                "attention_backend 'flash' needs flash-attn installed, CUDA, an fp16/bf16 KV cache and "
+                "block_size % 256 == 0"
             )
         return FlashAttentionBackend()
     if name == "triton":

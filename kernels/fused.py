@@ -15,7 +15,9 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.attention import is_fp8
 from kernels.pdl import pdl_enter, use_pdl
+from kernels.triton_attention import fp8_cache_value
 
 
 @triton.jit
@@ -101,6 +103,8 @@ def _qk_norm_rope_kernel(
     stride_vc_slot,
     stride_vc_h,
     eps,
+    inv_k_scale,  # an e4m3 cache's 1 / k_scale and 1 / v_scale (unused for 16-bit caches)
+    inv_v_scale,
     NUM_Q_HEADS: tl.constexpr,
     NUM_HEADS: tl.constexpr,
     HALF: tl.constexpr,
@@ -108,6 +112,7 @@ def _qk_norm_rope_kernel(
     BLOCK_KV: tl.constexpr,
     HAS_NORM: tl.constexpr,
     STORE_KV: tl.constexpr,
+    KV_FP8: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
     pdl_enter(USE_PDL)
@@ -143,24 +148,32 @@ def _qk_norm_rope_kernel(
         # compared as a tensor: the interpreter mis-types a scalar bool broadcast into a mask
         kmask = hmask & (h[:, None] >= NUM_Q_HEADS) & ((slot + 0 * h) >= 0)[:, None]
         kc = k_cache_ptr + slot * stride_kc_slot + (h[:, None] - NUM_Q_HEADS) * stride_kc_h + d[None, :]
-        tl.store(kc, o1.to(k_cache_ptr.dtype.element_ty), mask=kmask)
-        tl.store(kc + HALF, o2.to(k_cache_ptr.dtype.element_ty), mask=kmask)
+        k1, k2 = o1, o2
+        if KV_FP8:
+            k1, k2 = fp8_cache_value(o1, inv_k_scale), fp8_cache_value(o2, inv_k_scale)
+        tl.store(kc, k1.to(k_cache_ptr.dtype.element_ty), mask=kmask)
+        tl.store(kc + HALF, k2.to(k_cache_ptr.dtype.element_ty), mask=kmask)
         kv = tl.arange(0, BLOCK_KV)
         dd = tl.arange(0, 2 * HALF)
         vmask = (kv[:, None] < NUM_HEADS - NUM_Q_HEADS) & ((slot + 0 * kv) >= 0)[:, None] & (dd[None, :] < 2 * HALF)
         v = tl.load(v_ptr + t * stride_vt + kv[:, None] * stride_vh + dd[None, :], mask=vmask)
+        if KV_FP8:
+            v = fp8_cache_value(v, inv_v_scale)
         vc = v_cache_ptr + slot * stride_vc_slot + kv[:, None] * stride_vc_h + dd[None, :]
         tl.store(vc, v.to(v_cache_ptr.dtype.element_ty), mask=vmask)
 
 
 class KVStore(NamedTuple):
     """Where qk_norm_rope_ also writes the token's K/V: the new V rows [tokens, kv heads, head_dim], the paged
-    caches [num_blocks, block_size, kv heads, head_dim] and each token's slot (-1: not written)."""
+    caches [num_blocks, block_size, kv heads, head_dim] and each token's slot (-1: not written); an e4m3 cache
+    stores K / k_scale and V / v_scale (kernels/attention.py)."""
 
     v: torch.Tensor
     k_cache: torch.Tensor
     v_cache: torch.Tensor
     slot_mapping: torch.Tensor
+    k_scale: float = 1.0
+    v_scale: float = 1.0
 
 
 def qk_norm_rope_(
@@ -183,8 +196,10 @@ def qk_norm_rope_(
         return qk
     pdl = use_pdl(qk)
     num_kv = heads - num_q_heads
+    kv_fp8, inv_scales = False, (1.0, 1.0)
     if kv_store is not None:
-        v, k_cache, v_cache, slots = kv_store
+        v, k_cache, v_cache, slots, k_scale, v_scale = kv_store
+        kv_fp8, inv_scales = is_fp8(k_cache), (1.0 / k_scale, 1.0 / v_scale)
         assert v.shape == (tokens, num_kv, head_dim) and v.stride(-1) == 1
         kc, vc = k_cache.view(-1, num_kv, head_dim), v_cache.view(-1, num_kv, head_dim)  # rows = slots
         store_args = (
@@ -214,6 +229,7 @@ def qk_norm_rope_(
         cos_sin.stride(0),
         *store_args[4:],
         eps,
+        *inv_scales,
         NUM_Q_HEADS=num_q_heads,
         NUM_HEADS=heads,
         HALF=head_dim // 2,
@@ -221,6 +237,7 @@ def qk_norm_rope_(
         BLOCK_KV=triton.next_power_of_2(num_kv),
         HAS_NORM=has_norm,
         STORE_KV=kv_store is not None,
+        KV_FP8=kv_fp8,
         USE_PDL=pdl,
         num_warps=4 if heads <= 32 else 8,
         launch_pdl=pdl,

@@ -6,6 +6,11 @@ They need Triton 3.4 or newer (programmatic dependent launch, kernels/pdl.py) an
 
 Launches never read device values on the host (no ``.item()`` / ``.tolist()``): grids come from tensor
 shapes and host ints in the metadata, so decode can be captured in a CUDA graph.
+
+An e4m3 (FP8) cache holds ``value / scale`` with one float scale for K and one for V (``k_scale``, ``v_scale``;
+the model uses 1.0, as vLLM does without calibrated scales): the store kernel divides and saturates at 448, the
+attention kernels read e4m3 tiles, widen them to the query's dtype for the dots, fold ``k_scale`` into the softmax
+scale and apply ``v_scale`` to the output. A 16-bit cache ignores the scales.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.attention import AttentionBackend, AttentionMetadata
+from kernels.attention import AttentionBackend, AttentionMetadata, cache_scales, is_fp8
 from kernels.device import num_sms
 from kernels.pdl import pdl_enter, use_pdl
 
@@ -24,6 +29,12 @@ _LOG2E = 1.4426950408889634
 # ----------------------------------------------------------------------------------------------------------------------
 # store_kvcache
 # ----------------------------------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def fp8_cache_value(x, inv_scale):
+    """What an e4m3 cache stores for ``x``: ``x / scale``, saturated (e4m3fn has no infinity)."""
+    return tl.clamp(x.to(tl.float32) * inv_scale, -448.0, 448.0)
 
 
 @triton.jit
@@ -41,10 +52,13 @@ def _store_kvcache_kernel(
     stride_kc_h,
     stride_vc_slot,
     stride_vc_h,
+    inv_k_scale,
+    inv_v_scale,
     NUM_KV_HEADS: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     BLOCK_H: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    KV_FP8: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
     pdl_enter(USE_PDL)
@@ -59,6 +73,9 @@ def _store_kvcache_kernel(
     mask = (offs_h[:, None] < NUM_KV_HEADS) & (offs_d[None, :] < HEAD_DIM) & valid[:, None]
     k = tl.load(k_ptr + t * stride_kt + offs_h[:, None] * stride_kh + offs_d[None, :], mask=mask)
     v = tl.load(v_ptr + t * stride_vt + offs_h[:, None] * stride_vh + offs_d[None, :], mask=mask)
+    if KV_FP8:
+        k = fp8_cache_value(k, inv_k_scale)
+        v = fp8_cache_value(v, inv_v_scale)
     kc = k_cache_ptr + slot * stride_kc_slot + offs_h[:, None] * stride_kc_h + offs_d[None, :]
     vc = v_cache_ptr + slot * stride_vc_slot + offs_h[:, None] * stride_vc_h + offs_d[None, :]
     tl.store(kc, k.to(k_cache_ptr.dtype.element_ty), mask=mask)
@@ -81,7 +98,8 @@ def _prefill_kernel(
     cu_seqlens_q_ptr,
     seq_lens_ptr,
     block_tables_ptr,
-    qk_scale,  # softmax scale * log2(e): the softmax runs in base 2
+    qk_scale,  # softmax scale * log2(e) (* k_scale): the softmax runs in base 2
+    v_scale,  # an FP8 cache's V scale (1.0 for 16-bit caches)
     stride_qt,
     stride_qh,
     stride_ot,
@@ -147,12 +165,12 @@ def _prefill_kernel(
             in_page = (pos_n % PAGE).to(tl.int64)
             k = tl.load(k_base + (page * stride_kc_b + in_page * stride_kc_s)[:, None], mask=mask_d[None, :], other=0.0)
             v = tl.load(v_base + (page * stride_vc_b + in_page * stride_vc_s)[:, None], mask=mask_d[None, :], other=0.0)
-            qk = tl.dot(q, tl.trans(k)) * qk_scale
+            qk = tl.dot(q, tl.trans(k.to(q.dtype))) * qk_scale
             m_new = tl.maximum(m_i, tl.max(qk, 1))
             p = tl.exp2(qk - m_new[:, None])
             alpha = tl.exp2(m_i - m_new)
             l_i = l_i * alpha + tl.sum(p, 1)
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+            acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype))
             m_i = m_new
 
         for start_n in range(full_end, kv_end, BLOCK_N):
@@ -164,17 +182,17 @@ def _prefill_kernel(
             kv_mask = mask_n[:, None] & mask_d[None, :]
             k = tl.load(k_base + (page * stride_kc_b + in_page * stride_kc_s)[:, None], mask=kv_mask, other=0.0)
             v = tl.load(v_base + (page * stride_vc_b + in_page * stride_vc_s)[:, None], mask=kv_mask, other=0.0)
-            qk = tl.dot(q, tl.trans(k)) * qk_scale
+            qk = tl.dot(q, tl.trans(k.to(q.dtype))) * qk_scale
             causal = (pos_n[None, :] <= q_pos[:, None]) & mask_n[None, :]
             qk = tl.where(causal, qk, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(qk, 1))
             p = tl.exp2(qk - m_new[:, None])
             alpha = tl.exp2(m_i - m_new)
             l_i = l_i * alpha + tl.sum(p, 1)
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+            acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype))
             m_i = m_new
 
-        acc = acc / l_i[:, None]
+        acc = acc / l_i[:, None] * v_scale
         o_ptrs = out_ptr + q_rows[:, None] * stride_ot + head * stride_oh + offs_d[None, :]
         tl.store(o_ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_d[None, :])
 
@@ -194,6 +212,7 @@ def _decode_split_kernel(
     out_ptr,  # final output when DIRECT_OUT, else the partial accumulators [B, Hq, num_splits, D] fp32
     lse_ptr,  # [B, Hq, num_splits] fp32, base-2 log-sum-exp of each split (unused when DIRECT_OUT)
     qk_scale,
+    v_scale,
     stride_qb,
     stride_qh,
     stride_ob,
@@ -266,18 +285,18 @@ def _decode_split_kernel(
         kv_mask = mask_n[:, None] & mask_d[None, :]
         k = tl.load(k_base + (page * stride_kc_b + in_page * stride_kc_s)[:, None], mask=kv_mask, other=0.0)
         v = tl.load(v_base + (page * stride_vc_b + in_page * stride_vc_s)[:, None], mask=kv_mask, other=0.0)
-        qk = tl.dot(q, tl.trans(k)) * qk_scale
+        qk = tl.dot(q, tl.trans(k.to(q.dtype))) * qk_scale
         qk = tl.where(mask_n[None, :], qk, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(qk, 1))
         p = tl.exp2(qk - m_new[:, None])
         alpha = tl.exp2(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype))
         m_i = m_new
 
     # Empty split (or seq_len == 0): l_i = 0, acc = 0 -> writes zeros and lse = -inf, which the merge ignores.
     l_safe = tl.where(l_i > 0.0, l_i, 1.0)
-    acc = acc / l_safe[:, None]
+    acc = acc / l_safe[:, None] * v_scale
     o_mask = mask_h[:, None] & mask_d[None, :]
     if DIRECT_OUT:
         o_ptrs = out_ptr + b64 * stride_ob + heads[:, None] * stride_oh + offs_d[None, :]
@@ -390,7 +409,14 @@ class TritonAttentionBackend(AttentionBackend):
     # -- store ---------------------------------------------------------------------------------------------------------
 
     def store_kvcache(
-        self, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor
+        self,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        slot_mapping: torch.Tensor,
+        k_scale: float = 1.0,
+        v_scale: float = 1.0,
     ) -> None:
         num_tokens, num_kv_heads, head_dim = k.shape
         if num_tokens == 0:
@@ -416,10 +442,13 @@ class TritonAttentionBackend(AttentionBackend):
             kc.stride(1),
             vc.stride(0),
             vc.stride(1),
+            1.0 / k_scale,
+            1.0 / v_scale,
             NUM_KV_HEADS=num_kv_heads,
             HEAD_DIM=head_dim,
             BLOCK_H=triton.next_power_of_2(num_kv_heads),
             BLOCK_D=triton.next_power_of_2(head_dim),
+            KV_FP8=is_fp8(k_cache),
             USE_PDL=pdl,
             num_warps=4,
             launch_pdl=pdl,
@@ -435,6 +464,8 @@ class TritonAttentionBackend(AttentionBackend):
         meta: AttentionMetadata,
         scale: float,
         out: torch.Tensor | None = None,
+        k_scale: float = 1.0,
+        v_scale: float = 1.0,
     ) -> torch.Tensor:
         """Causal attention of each prefill chunk over its cached prefix and itself; ``out`` may be preallocated."""
         num_tokens, num_heads, head_dim = q.shape
@@ -469,7 +500,8 @@ class TritonAttentionBackend(AttentionBackend):
             meta.cu_seqlens_q,
             meta.prefill_seq_lens,
             bt,
-            scale * _LOG2E,
+            scale * _LOG2E * cache_scales(k_cache, k_scale, v_scale)[0],
+            cache_scales(k_cache, k_scale, v_scale)[1],
             q.stride(0),
             q.stride(1),
             out.stride(0),
@@ -539,6 +571,8 @@ class TritonAttentionBackend(AttentionBackend):
         scale: float,
         out: torch.Tensor | None = None,
         num_splits: int | None = None,
+        k_scale: float = 1.0,
+        v_scale: float = 1.0,
     ) -> torch.Tensor:
         """One query per row of ``q``; rows with seq_len 0 (batch padding) get zeros.
 
@@ -593,7 +627,8 @@ class TritonAttentionBackend(AttentionBackend):
             bt,
             part,
             lse,
-            scale * _LOG2E,
+            scale * _LOG2E * cache_scales(k_cache, k_scale, v_scale)[0],
+            cache_scales(k_cache, k_scale, v_scale)[1],
             q.stride(0),
             q.stride(1),
             *part_strides,

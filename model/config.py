@@ -9,6 +9,7 @@ from pathlib import Path
 
 import torch
 
+from model.fp8 import Fp8Config, parse_quantization_config
 from model.registry import ARCHITECTURES
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -126,6 +127,7 @@ class ModelConfig:
     norm_topk_prob: bool = False
     mlp_only_layers: tuple[int, ...] = ()
     decoder_sparse_step: int = 1
+    quantization: Fp8Config | None = None  # a block-FP8 checkpoint's quantization_config (model/fp8.py)
 
     @classmethod
     def from_dict(cls, raw: dict, source: str = "config") -> ModelConfig:
@@ -167,6 +169,7 @@ class ModelConfig:
             mlp_bias=bool(raw.get("mlp_bias", False)),
             sliding_window=_sliding_window(raw),
             **_moe_fields(raw, source),
+            quantization=parse_quantization_config(raw.get("quantization_config"), source),
         )
 
     def is_moe_layer(self, layer: int) -> bool:

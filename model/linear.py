@@ -1,7 +1,11 @@
 """Tensor-parallel linear layers. Each parameter carries a ``weight_loader`` that takes the full checkpoint tensor
-and copies this rank's shard into place, so loading needs no knowledge of the sharding scheme."""
+and copies this rank's shard into place, so loading needs no knowledge of the sharding scheme. A layer describes its
+shard once (``shard``: which rows or columns of which checkpoint tensor land where), and the FP8 scales' loaders
+(model/fp8_linear.py) read the same description in units of scale blocks."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -24,13 +28,21 @@ def default_weight_loader(param: nn.Parameter, loaded: torch.Tensor) -> None:
     param.data.copy_(loaded)
 
 
-def _shard_rows(loaded: torch.Tensor, dim: int, rank: int, size: int, name: str) -> torch.Tensor:
-    if loaded.shape[dim] % size:
-        raise ValueError(f"shape mismatch: dimension {dim} of {tuple(loaded.shape)} does not split into {size} {name}")
-    return loaded.chunk(size, dim)[rank]
+@dataclass(slots=True, frozen=True)
+class Shard:
+    """This rank's piece of one checkpoint tensor of shape ``full`` ([out rows, in columns]): ``size`` indices from
+    ``start`` along ``dim`` (0: output rows, 1: input columns), copied to ``offset`` along that dim of the parameter."""
+
+    full: tuple[int, int]
+    dim: int
+    start: int
+    size: int
+    offset: int = 0
 
 
 class LinearBase(nn.Module):
+    quant = None  # an FP8 method (model/fp8_linear.py) once the layer is quantized: it owns the forward
+
     def __init__(self, in_features: int, out_features: int, bias: bool) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.empty(out_features, in_features), requires_grad=False)
@@ -41,11 +53,22 @@ class LinearBase(nn.Module):
         else:
             self.register_parameter("bias", None)
 
+    def shard(self, shard_id: object = None) -> Shard:
+        """Where this rank's part of the checkpoint tensor ``shard_id`` goes (unsharded: all of it, in place)."""
+        rows, cols = self.weight.shape
+        return Shard((rows, cols), 0, 0, rows)
+
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: object = None) -> None:
-        default_weight_loader(param, loaded)
+        s = self.shard(shard_id)
+        full = s.full[:1] if param.dim() == 1 else s.full  # a bias has the output rows only
+        if tuple(loaded.shape) != full:
+            raise ValueError(f"shape mismatch: checkpoint has {tuple(loaded.shape)}, model expects {full}")
+        default_weight_loader(param.data.narrow(s.dim, s.offset, s.size), loaded.narrow(s.dim, s.start, s.size))
 
     def forward(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         """``x @ weight.T (+ bias)``, into ``out`` when given (a contiguous [rows, out_features] tensor)."""
+        if self.quant is not None:
+            return self.quant.apply(self, x, out)
         if self.bias is None:
             tiles = decode_linear_tiles(x, self.weight)
             if tiles is not None:
@@ -68,8 +91,9 @@ class ColumnParallelLinear(LinearBase):
             raise ValueError(f"output size {out_features} is not divisible by tensor parallel size {tp_size()}")
         super().__init__(in_features, out_features // tp_size(), bias)
 
-    def weight_loader(self, param, loaded, shard_id=None):
-        default_weight_loader(param, _shard_rows(loaded, 0, tp_rank(), tp_size(), "output rows"))
+    def shard(self, shard_id=None):
+        rows, cols = self.weight.shape
+        return Shard((rows * tp_size(), cols), 0, tp_rank() * rows, rows)
 
 
 class MergedColumnParallelLinear(ColumnParallelLinear):
@@ -79,11 +103,10 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
         self.out_sizes = out_sizes
         super().__init__(in_features, sum(out_sizes), bias)
 
-    def weight_loader(self, param, loaded, shard_id=None):
+    def shard(self, shard_id=None):
         size = self.out_sizes[shard_id] // tp_size()
         offset = sum(self.out_sizes[:shard_id]) // tp_size()
-        shard = _shard_rows(loaded, 0, tp_rank(), tp_size(), "output rows")
-        default_weight_loader(param.data.narrow(0, offset, size), shard)
+        return Shard((self.out_sizes[shard_id], self.weight.shape[1]), 0, tp_rank() * size, size, offset)
 
 
 class QKVParallelLinear(ColumnParallelLinear):
@@ -101,22 +124,15 @@ class QKVParallelLinear(ColumnParallelLinear):
         self.num_kv_heads = max(1, num_kv_heads // tp)
         LinearBase.__init__(self, hidden, (self.num_heads + 2 * self.num_kv_heads) * head_dim, bias)
 
-    def weight_loader(self, param, loaded, shard_id=None):
+    def shard(self, shard_id=None):
         q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        cols = self.weight.shape[1]
         if shard_id == "q":
-            offset, size = 0, q_size
-            shard = _shard_rows(loaded, 0, tp_rank(), tp_size(), "q heads")
-        else:
-            offset, size = q_size + (kv_size if shard_id == "v" else 0), kv_size
-            if loaded.shape[0] != self.total_kv_heads * self.head_dim:
-                raise ValueError(
-                    f"shape mismatch: {shard_id}_proj has {loaded.shape[0]} rows, "
-                    f"model expects {self.total_kv_heads} kv heads x {self.head_dim}"
-                )
-            # rank r serves kv heads from r * total_kv // tp (several ranks share one when kv heads < tp)
-            kv_head = tp_rank() * self.total_kv_heads // tp_size()
-            shard = loaded.narrow(0, kv_head * self.head_dim, kv_size)
-        default_weight_loader(param.data.narrow(0, offset, size), shard)
+            return Shard((q_size * tp_size(), cols), 0, tp_rank() * q_size, q_size)
+        # rank r serves kv heads from r * total_kv // tp (several ranks share one when kv heads < tp)
+        kv_head = tp_rank() * self.total_kv_heads // tp_size()
+        offset = q_size + (kv_size if shard_id == "v" else 0)
+        return Shard((self.total_kv_heads * self.head_dim, cols), 0, kv_head * self.head_dim, kv_size, offset)
 
 
 class RowParallelLinear(LinearBase):
@@ -129,11 +145,15 @@ class RowParallelLinear(LinearBase):
         super().__init__(in_features // tp_size(), out_features, bias)
         self.reduce_results = reduce_results
 
+    def shard(self, shard_id=None):
+        rows, cols = self.weight.shape
+        return Shard((rows, cols * tp_size()), 1, tp_rank() * cols, cols)
+
     def weight_loader(self, param, loaded, shard_id=None):
         if param.dim() == 1:  # bias is added once, on rank 0 only
             default_weight_loader(param, loaded if tp_rank() == 0 else torch.zeros_like(loaded))
             return
-        default_weight_loader(param, _shard_rows(loaded, 1, tp_rank(), tp_size(), "input columns"))
+        super().weight_loader(param, loaded, shard_id)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.reduce_results:

@@ -11,6 +11,8 @@ from safetensors import safe_open
 from torch import nn
 
 from model.config import ModelConfig
+from model.fp8 import resolve_quantization
+from model.fp8_linear import prepare_checkpoint_params, quantize_loaded
 from model.registry import model_class
 
 # a per-expert checkpoint tensor: "<prefix>.experts.<expert>.<projection>.weight"
@@ -75,6 +77,8 @@ def load_weights(model: nn.Module, model_dir: str | Path) -> None:
                 loader = getattr(param, "weight_loader", None)
                 try:
                     tensor = f.get_tensor(ckpt_name)
+                    if tensor.dtype == torch.float8_e4m3fn and param.dtype != tensor.dtype:
+                        raise ValueError("float8 weights need an fp8 quantization_config in config.json")
                     if loader is None:
                         if param.shape != tensor.shape:
                             have, want = tuple(tensor.shape), tuple(param.shape)
@@ -126,14 +130,26 @@ def init_dummy_weights(model: nn.Module, seed: int = 0) -> None:
 
 
 def load_model(
-    model_dir: str | Path, device: torch.device, dtype: torch.dtype, load_format: str = "auto", seed: int = 0
+    model_dir: str | Path,
+    device: torch.device,
+    dtype: torch.dtype,
+    load_format: str = "auto",
+    seed: int = 0,
+    quantization: str = "",
 ) -> nn.Module:
+    """``quantization``: "fp8" quantizes a 16-bit checkpoint's linear layers at load; an FP8 checkpoint loads as
+    stored either way (model/fp8_linear.py)."""
     cfg = ModelConfig.from_pretrained(model_dir)
+    fp8 = resolve_quantization(cfg.quantization, quantization)
     model = build_model(cfg, device, dtype)
     if load_format == "dummy":
         init_dummy_weights(model, seed)
     elif load_format == "auto":
+        if fp8 is not None and cfg.quantization is not None:
+            prepare_checkpoint_params(model, fp8)
         load_weights(model, model_dir)
     else:
         raise ValueError(f"load_format: unsupported value {load_format!r}; choose auto or dummy")
+    if fp8 is not None and (load_format == "dummy" or cfg.quantization is None):
+        quantize_loaded(model, fp8)
     return model.eval()

@@ -47,6 +47,8 @@ class WorkerConfig:
     attention_backend: str
     dist_init_method: str  # "" = take the rendezvous from the environment (torchrun)
     eos_token_ids: list[int]  # masked (unless ignore_eos) while a sequence's min_tokens are pending
+    quantization: str = ""  # "fp8": quantize a 16-bit checkpoint's linear layers at load (model/fp8_linear.py)
+    kv_cache_dtype: str = "auto"  # "auto" = dtype; "fp8": the KV pool stores e4m3
 
 
 @record(3)

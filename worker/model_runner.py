@@ -14,6 +14,7 @@ from kernels.attention import AttentionMetadata
 from kernels.backends import get_backend
 from model.config import ModelConfig, parse_dtype
 from model.context import forward_context
+from model.fp8 import parse_kv_cache_dtype
 from model.layers import PagedAttention
 from model.loader import load_model
 from model.parallel import all_gather_stack, broadcast_from_rank0, tp_rank, tp_size
@@ -51,8 +52,9 @@ class ModelRunner:
         self.dtype = parse_dtype(cfg.dtype, self.model_config.dtype)
         self.block_size = cfg.block_size
         torch.manual_seed(cfg.seed)
-        self.model = load_model(cfg.model, device, self.dtype, cfg.load_format, cfg.seed)
-        self.backend = get_backend(cfg.attention_backend, device, cfg.block_size, self.dtype)
+        self.model = load_model(cfg.model, device, self.dtype, cfg.load_format, cfg.seed, cfg.quantization)
+        self.kv_dtype = parse_kv_cache_dtype(cfg.kv_cache_dtype, self.dtype)
+        self.backend = get_backend(cfg.attention_backend, device, cfg.block_size, self.kv_dtype)
         self.attn_layers = [m for m in self.model.modules() if isinstance(m, PagedAttention)]
         self.generator = torch.Generator(device=device).manual_seed(cfg.seed)
         self.noise_seeds = np.random.default_rng(cfg.seed)  # per-step keys of the fused sampler's noise
@@ -74,13 +76,13 @@ class ModelRunner:
     @property
     def kv_block_bytes(self) -> int:
         layer = self.attn_layers[0]
-        per_token = 2 * layer.num_kv_heads * layer.head_dim * self.dtype.itemsize
+        per_token = 2 * layer.num_kv_heads * layer.head_dim * self.kv_dtype.itemsize
         return per_token * self.block_size * len(self.attn_layers)
 
     def allocate_kv(self, num_blocks: int) -> None:
         layer = self.attn_layers[0]
         shape = (len(self.attn_layers), 2, num_blocks, self.block_size, layer.num_kv_heads, layer.head_dim)
-        self.kv_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        self.kv_cache = torch.zeros(shape, dtype=self.kv_dtype, device=self.device)
         for i, attn in enumerate(self.attn_layers):
             attn.k_cache, attn.v_cache = self.kv_cache[i, 0], self.kv_cache[i, 1]
         self.num_blocks = num_blocks

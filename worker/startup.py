@@ -116,7 +116,7 @@ def tune_decode_gemms(runner: ModelRunner) -> None:
         return
     weights: dict[tuple[int, int], list[torch.Tensor]] = {}
     for module in runner.model.modules():
-        if isinstance(module, LinearBase) and module.bias is None:
+        if isinstance(module, LinearBase) and module.bias is None and module.quant is None:
             weights.setdefault(tuple(module.weight.shape), []).append(module.weight)
     start = time.perf_counter()
     with torch.inference_mode():

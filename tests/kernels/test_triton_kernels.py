@@ -10,11 +10,11 @@ import math
 import pytest
 import torch
 
-from kernels.attention import AttentionMetadata, TorchAttentionBackend
+from kernels.attention import AttentionMetadata
 from kernels.triton_attention import TritonAttentionBackend
+from tests.support.oracle import rel_err
+from tests.support.paged_cache import DEVICE, ON_GPU, REF, TRI, PagedCache
 
-ON_GPU = torch.cuda.is_available()  # without CUDA, conftest.py has switched the Triton interpreter on
-DEVICE = torch.device("cuda" if ON_GPU else "cpu")
 gpu = pytest.mark.gpu
 needs_cuda = pytest.mark.skipif(not ON_GPU, reason="needs CUDA")
 
@@ -23,61 +23,6 @@ TOL = {torch.float32: 3e-3 if ON_GPU else 1e-4, torch.float16: 1e-2, torch.bfloa
 CPU_DTYPES = [torch.float32, torch.float16]
 GPU_DTYPES = [torch.bfloat16, torch.float16, torch.float32]
 DTYPES = GPU_DTYPES if ON_GPU else CPU_DTYPES
-
-REF = TorchAttentionBackend()
-TRI = TritonAttentionBackend()
-
-
-def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
-    return ((out.double() - ref.double()).norm() / ref.double().norm().clamp_min(1e-30)).item()
-
-
-class PagedCache:
-    """A NaN-poisoned pool with sequences scattered over shuffled blocks; extra NaN blocks serve as table padding."""
-
-    def __init__(
-        self,
-        lengths: list[int],
-        num_kv_heads: int,
-        head_dim: int,
-        block_size: int,
-        dtype: torch.dtype,
-        gen: torch.Generator,
-        extra_cols: int = 3,
-    ) -> None:
-        need = [math.ceil(n / block_size) for n in lengths]
-        num_poison = 2
-        num_blocks = sum(need) + num_poison + 1  # +1: block 0 stays unused (finite after nan_to_num)
-        shape = (num_blocks, block_size, num_kv_heads, head_dim)
-        self.k = torch.full(shape, float("nan"), dtype=dtype, device=DEVICE)
-        self.v = torch.full(shape, float("nan"), dtype=dtype, device=DEVICE)
-        ids = (torch.randperm(num_blocks - 1, generator=gen) + 1).tolist()
-        poison, ids = ids[:num_poison], ids[num_poison:]
-        width = max(need, default=0) + extra_cols
-        self.table = torch.empty(len(lengths), max(width, 1), dtype=torch.int32)
-        self.ref_table = torch.zeros_like(self.table)  # reference reads every column: pad with block 0
-        for i, (n, nb) in enumerate(zip(lengths, need)):
-            own, ids = ids[:nb], ids[nb:]
-            pad = [poison[j % num_poison] for j in range(self.table.shape[1] - nb)]
-            self.table[i] = torch.tensor(own + pad, dtype=torch.int32)
-            self.ref_table[i, :nb] = torch.tensor(own, dtype=torch.int32)
-            if n:
-                slots = self.slots(own, n)
-                kv = torch.randn(2, n, num_kv_heads, head_dim, generator=gen).to(dtype).to(DEVICE)
-                self.k.view(-1, num_kv_heads, head_dim)[slots] = kv[0]
-                self.v.view(-1, num_kv_heads, head_dim)[slots] = kv[1]
-        self.table = self.table.to(DEVICE)
-        self.ref_table = self.ref_table.to(DEVICE)
-
-    def slots(self, blocks: list[int], n: int) -> torch.Tensor:
-        bs = self.k.shape[1]
-        pos = torch.arange(n)
-        return (torch.tensor(blocks, dtype=torch.long)[pos // bs] * bs + pos % bs).to(DEVICE)
-
-    def clean(self) -> tuple[torch.Tensor, torch.Tensor]:
-        # The vectorised torch decode multiplies masked probabilities (0) by every gathered V: NaN would leak.
-        return torch.nan_to_num(self.k), torch.nan_to_num(self.v)
-
 
 # ----------------------------------------------------------------------------------------------------------------------
 # store_kvcache

@@ -1,0 +1,101 @@
+"""FP8 linear layers against bf16 on Qwen3 shapes (GPU only): where each FP8 path wins, to set the row limits in
+kernels/fp8_gemm.py (SMALL_M, FUSED_ROW_QUANT_MAX_M), which are estimates until this runs on an H200.
+
+    python -m benchmarks.fp8_gemm [--shape qwen3-8b|qwen3-0.6b|qwen3-8b-tp2] [--rows 1 2 4 8 16 32 64 256 1024]
+
+Per (layer shape, rows), microseconds per product inside a CUDA graph over one weight per model layer (more than
+the L2 holds), each product behind an RMSNorm as in a decode step: bf16 (F.linear, what the 16-bit model runs
+without our decode kernels), our Triton FP8 GEMM with the activations quantized inside it ("fused") or by
+kernels/fp8_quant.py first ("triton"), torch._scaled_mm after that pass ("cublaslt", per-channel and block
+scales), and what fp8_linear picks ("auto"). One JSON line per row count, then the per-step totals.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import torch
+import torch.nn.functional as F
+
+from benchmarks.decode_gemm import SHAPES
+from kernels import fp8_gemm, fused
+from kernels.fp8_quant import quantize_rows
+from kernels.graph_timing import graph_replay_us
+from model.fp8 import quantize_blocks, quantize_per_channel
+
+
+def paths(block):
+    group = None if block is None else block[1]
+
+    def fused_gemm(x, w_q, w_s):
+        return fp8_gemm.fp8_gemm(x, None, w_q, w_s, block, None, torch.empty(x.shape[0], w_q.shape[0], **_like(x)))
+
+    def triton(x, w_q, w_s):
+        x_q, x_s = quantize_rows(x, group)
+        return fp8_gemm.fp8_gemm(x_q, x_s, w_q, w_s, block, None, torch.empty(x.shape[0], w_q.shape[0], **_like(x)))
+
+    def cublaslt(x, w_q, w_s):
+        x_q, x_s = quantize_rows(x, group)
+        return fp8_gemm._scaled_mm(x_q, x_s, w_q, w_s, block, None, torch.empty(x.shape[0], w_q.shape[0], **_like(x)))
+
+    return {
+        "fused": fused_gemm,
+        "triton": triton,
+        "cublaslt": cublaslt,
+        "auto": lambda x, w_q, w_s: fp8_gemm.fp8_linear(x, w_q, w_s, block),
+    }
+
+
+def _like(x: torch.Tensor) -> dict:
+    return {"dtype": x.dtype, "device": x.device}
+
+
+def step_us(fn, weights, x) -> float:
+    """Microseconds per product of fn(rmsnorm(x), *weight) over every layer's weight."""
+    norm_w = torch.ones(x.shape[1], device=x.device, dtype=x.dtype)
+
+    def run():
+        for w in weights:
+            fn(fused.rmsnorm(x, norm_w, 1e-6), *w)
+
+    return graph_replay_us(run, len(weights))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--shape", default="qwen3-8b", choices=list(SHAPES))
+    p.add_argument("--rows", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32, 64, 256, 1024])
+    a = p.parse_args()
+    device = torch.device("cuda")
+    modes = fp8_gemm.probe_scaled_mm(device)
+    layer_shapes, layers = SHAPES[a.shape]
+    totals: dict[int, dict[str, float]] = {}
+    for n, k in layer_shapes:
+        w = [torch.randn(n, k, device=device, dtype=torch.bfloat16) * 0.02 for _ in range(layers)]
+        variants = {
+            "channel": [quantize_per_channel(t) for t in w],
+            "block": [quantize_blocks(t, (128, 128)) for t in w],
+        }
+        for m in a.rows:
+            x = torch.randn(m, k, device=device, dtype=torch.bfloat16)
+            row = {"shape": [n, k], "rows": m, "bf16": step_us(lambda x, t: F.linear(x, t), [(t,) for t in w], x)}
+            for scheme, ws in variants.items():
+                block = None if scheme == "channel" else (128, 128)
+                for name, fn in paths(block).items():
+                    if name == "cublaslt" and scheme not in modes:
+                        continue
+                    if name == "fused" and m > fp8_gemm.SMALL_M:
+                        continue
+                    row[f"{scheme}_{name}"] = step_us(fn, ws, x)
+            print(json.dumps({key: round(v, 2) if isinstance(v, float) else v for key, v in row.items()}), flush=True)
+            tot = totals.setdefault(m, {})
+            for key, v in row.items():
+                if isinstance(v, float):
+                    tot[key] = tot.get(key, 0.0) + v * layers
+    for m, tot in totals.items():
+        print(json.dumps({"rows": m, "per_step_us": {key: round(v, 1) for key, v in tot.items()}}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,311 @@
+"""FP8 linear layers on CUDA: ``x @ w.T`` on e4m3 operands with float32 scales, the activations quantized
+dynamically (kernels/fp8_quant.py, or inside our GEMM for decode-sized batches).
+
+The product: ``torch._scaled_mm`` (cuBLASLt FP8) where this build and device run the scaling (rowwise scales for
+per-channel weights; 1x128 activation blocks against 128x128 weight blocks where torch and cuBLAS >= 12.9 support
+it, checked once by ``probe_scaled_mm``) and the batch has more than ``SMALL_M`` rows; otherwise our Triton kernel,
+which takes either scaling, splits K over more programs for decode-sized batches (partial sums in float32, added in
+a fixed order) and loads its first weight tile before the PDL wait. Both are CUDA-graph safe (no host syncs).
+The kernels also run under ``TRITON_INTERPRET=1`` on CPU tensors (tests).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels.device import num_sms
+from kernels.fp8_quant import FP8_MAX, MIN_AMAX, quantize_rows
+from kernels.pdl import pdl_enter, use_pdl
+
+SMALL_M = 16  # up to this many rows the Triton kernel runs (decode batches); an estimate until measured on an H200
+FUSED_ROW_QUANT_MAX_M = 4  # per-token activation scales computed inside the GEMM up to this many rows (estimate)
+
+
+@triton.jit(do_not_specialize=["M", "k_per_split"])
+def _fp8_gemm_kernel(
+    x_ptr,
+    w_ptr,
+    xs_ptr,
+    ws_ptr,
+    bias_ptr,
+    out_ptr,
+    M,
+    N,
+    K,
+    k_per_split,
+    stride_xm,
+    stride_wn,
+    stride_xs_m,
+    stride_xs_g,
+    stride_ws_n,
+    stride_ws_g,
+    stride_om,
+    stride_os,  # between the splits' partial sums (0 with one split)
+    BLOCK_SCALES: tl.constexpr,  # scales per (row, K group) and per GROUP_N x GROUP_K block; else per row / column
+    GROUP_N: tl.constexpr,
+    GROUP_K: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    SPLIT_K: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    QUANT_X: tl.constexpr,  # x is 16-bit: quantize it here as quantize_rows would (BLOCK_K == GROUP_K with blocks)
+    USE_PDL: tl.constexpr,
+):
+    pid_n, pid_m, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    mask_m, mask_n = offs_m < M, offs_n < N
+    k_start = pid_k * k_per_split
+    k_end = tl.minimum(k_start + k_per_split, K)
+    x_ptrs = x_ptr + offs_m[:, None].to(tl.int64) * stride_xm + (k_start + offs_k)[None, :]
+    w_ptrs = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn + (k_start + offs_k)[None, :]
+    # weights: written by no kernel of the step, so the first tile is in flight during the wait
+    w = tl.load(w_ptrs, mask=mask_n[:, None] & ((k_start + offs_k) < k_end)[None, :], other=0.0)
+    pdl_enter(USE_PDL)
+    if QUANT_X and not BLOCK_SCALES:  # one scale per row: the amax of the whole row (every split reads it)
+        amax = tl.zeros([BLOCK_M], dtype=tl.float32)
+        row_ptrs = x_ptr + offs_m[:, None].to(tl.int64) * stride_xm + offs_k[None, :]
+        for k in range(0, K, BLOCK_K):
+            xa = tl.load(row_ptrs + k, mask=mask_m[:, None] & ((k + offs_k) < K)[None, :], other=0.0)
+            amax = tl.maximum(amax, tl.max(tl.abs(xa.to(tl.float32)), axis=1))
+        sx_row = tl.math.div_rn(tl.maximum(amax, MIN_AMAX), FP8_MAX)
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k in range(k_start, k_end, BLOCK_K):
+        x = tl.load(x_ptrs, mask=mask_m[:, None] & ((k + offs_k) < k_end)[None, :], other=0.0)
+        if QUANT_X:
+            xf = x.to(tl.float32)
+            if BLOCK_SCALES:  # this K step is one activation group
+                sx = tl.math.div_rn(tl.maximum(tl.max(tl.abs(xf), axis=1), MIN_AMAX), FP8_MAX)
+            else:
+                sx = sx_row
+            x = tl.clamp(tl.math.div_rn(xf, sx[:, None]), -FP8_MAX, FP8_MAX).to(w_ptr.dtype.element_ty)
+        prod = tl.dot(x, tl.trans(w))
+        if BLOCK_SCALES:
+            g = k // GROUP_K
+            if not QUANT_X:
+                sx = tl.load(xs_ptr + offs_m * stride_xs_m + g * stride_xs_g, mask=mask_m, other=0.0)
+            sw = tl.load(ws_ptr + (offs_n // GROUP_N) * stride_ws_n + g * stride_ws_g, mask=mask_n, other=0.0)
+            acc += prod * sx[:, None] * sw[None, :]
+        else:
+            acc += prod
+        x_ptrs += BLOCK_K
+        w_ptrs += BLOCK_K
+        w = tl.load(w_ptrs, mask=mask_n[:, None] & ((k + BLOCK_K + offs_k) < k_end)[None, :], other=0.0)
+    if not BLOCK_SCALES:  # the scales are linear, so each split may apply them to its partial sum
+        if QUANT_X:
+            sx = sx_row
+        else:
+            sx = tl.load(xs_ptr + offs_m * stride_xs_m, mask=mask_m, other=0.0)
+        sw = tl.load(ws_ptr + offs_n * stride_ws_n, mask=mask_n, other=0.0)
+        acc = acc * sx[:, None] * sw[None, :]
+    if HAS_BIAS and SPLIT_K == 1:
+        acc += tl.load(bias_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
+    out = out_ptr + pid_k * stride_os + offs_m[:, None].to(tl.int64) * stride_om + offs_n[None, :]
+    tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
+
+
+@triton.jit
+def _sum_splits_kernel(
+    part_ptr,
+    bias_ptr,
+    out_ptr,
+    N,
+    stride_ps,
+    stride_om,
+    SPLIT_K: tl.constexpr,
+    BLOCK: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    USE_PDL: tl.constexpr,
+):
+    pdl_enter(USE_PDL)
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < N
+    acc = tl.load(part_ptr + row * N + offs, mask=mask, other=0.0)
+    for s in tl.static_range(1, SPLIT_K):
+        acc += tl.load(part_ptr + s * stride_ps + row * N + offs, mask=mask, other=0.0)
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + row * stride_om + offs, acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def _split_k(m: int, n: int, k: int, block_m: int, block_n: int, block_k: int, device: torch.device) -> int:
+    """Splits of K that give decode-sized products about two programs per SM, keeping >= 512 columns a split."""
+    tiles = triton.cdiv(m, block_m) * triton.cdiv(n, block_n)
+    split, sms = 1, num_sms(device, cpu=4)
+    while tiles * split < 2 * sms and k // (2 * split) >= max(512, block_k) and split < 16:
+        split *= 2
+    return split
+
+
+def fp8_gemm(
+    x_q: torch.Tensor,
+    x_s: torch.Tensor,
+    w_q: torch.Tensor,
+    w_s: torch.Tensor,
+    block: tuple[int, int] | None,
+    bias: torch.Tensor | None,
+    out: torch.Tensor,
+) -> torch.Tensor:
+    """Our Triton FP8 GEMM: ``out = (x_q * x_s) @ (w_q * w_s).T (+ bias)``. Scales: per row [M, 1] and per output
+    channel [N] (``block`` None), or per (row, K group) [M, K / block[1]] and per weight block. ``x_s`` None:
+    ``x_q`` is the 16-bit activation, quantized inside the kernel (``fuses_quantization``)."""
+    m, k = x_q.shape
+    n = w_q.shape[0]
+    cuda = x_q.is_cuda
+    block_k = 128 if block is None else min(128, block[1])
+    quant_x = x_s is None
+    assert not quant_x or block is None or block_k == block[1], "in-kernel group quantization: one group per K step"
+    x_s = x_s if x_s is not None else w_s.view(-1, 1)  # unused: a valid pointer
+    if m <= SMALL_M:
+        block_m, block_n, warps, stages = 16, (64 if cuda else 32), 4, 3
+        split = _split_k(m, n, k, block_m, block_n, block_k, x_q.device)
+    else:
+        block_m, block_n, warps, stages, split = (64 if m <= 64 else 128), 128, (4 if m <= 64 else 8), 3, 1
+    if not cuda:
+        block_m, block_n, warps, stages = 16, 32, 1, 1
+    k_per_split = triton.cdiv(triton.cdiv(k, split), block_k) * block_k
+    part = out if split == 1 else torch.empty((split, m, n), dtype=torch.float32, device=x_q.device)
+    w_s2 = w_s.view(-1, 1) if block is None else w_s
+    pdl = use_pdl(x_q)
+    grid = (triton.cdiv(n, block_n), triton.cdiv(m, block_m), split)
+    _fp8_gemm_kernel[grid](
+        x_q,
+        w_q,
+        x_s,
+        w_s2,
+        bias if bias is not None else out,
+        part,
+        m,
+        n,
+        k,
+        k_per_split,
+        x_q.stride(0),
+        w_q.stride(0),
+        x_s.stride(0),
+        x_s.stride(1),
+        w_s2.stride(0),
+        w_s2.stride(1),
+        part.stride(-2),
+        m * n if split > 1 else 0,
+        BLOCK_SCALES=block is not None,
+        GROUP_N=1 if block is None else block[0],
+        GROUP_K=block_k if block is None else block[1],
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
+        BLOCK_K=block_k,
+        SPLIT_K=split,
+        HAS_BIAS=bias is not None,
+        QUANT_X=quant_x,
+        USE_PDL=pdl,
+        num_warps=warps,
+        num_stages=stages,
+        launch_pdl=pdl,
+    )
+    if split > 1:
+        sum_block = min(1024, triton.next_power_of_2(n))
+        _sum_splits_kernel[(m, triton.cdiv(n, sum_block))](
+            part,
+            bias if bias is not None else out,
+            out,
+            n,
+            m * n,
+            out.stride(0),
+            SPLIT_K=split,
+            BLOCK=sum_block,
+            HAS_BIAS=bias is not None,
+            USE_PDL=pdl,
+            num_warps=4,
+            launch_pdl=pdl,
+        )
+    return out
+
+
+def _scaled_mm(x_q, x_s, w_q, w_s, block, bias, out) -> torch.Tensor:
+    """cuBLASLt through torch: rowwise scales ([M, 1] and [1, N]), or 1x128 activation blocks ([M, K/128], M the
+    unit-stride dim) against 128x128 weight blocks (the [N/128, K/128] scales transposed, as torch expects)."""
+    scale_b = w_s.view(1, -1) if block is None else w_s.t()
+    return torch._scaled_mm(x_q, w_q.t(), scale_a=x_s, scale_b=scale_b, bias=bias, out_dtype=out.dtype, out=out)
+
+
+@functools.cache
+def _scaled_mm_modes(index: int) -> frozenset[str]:
+    """Which scalings torch._scaled_mm runs correctly here: "channel" (rowwise), "block" (1x128 by 128x128), each
+    checked against the product of the dequantized operands."""
+    device = torch.device("cuda", index)
+    gen = torch.Generator(device=device).manual_seed(0)
+    x = torch.randn(64, 512, device=device, generator=gen).bfloat16()
+    w_q = torch.randn(256, 512, device=device, generator=gen).mul(40).to(torch.float8_e4m3fn)
+    modes = set()
+    for mode, block in (("channel", None), ("block", (128, 128))):
+        shape = (256,) if block is None else (2, 4)
+        w_s = torch.rand(shape, device=device, generator=gen) + 0.5
+        x_q, x_s = quantize_rows(x, None if block is None else 128)
+        if block is None:
+            ref = (x_q.float() * x_s) @ (w_q.float() * w_s[:, None]).t()
+        else:
+            w_full = w_s.repeat_interleave(128, 0).repeat_interleave(128, 1)
+            ref = (x_q.float() * x_s.repeat_interleave(128, 1)) @ (w_q.float() * w_full).t()
+        out = torch.empty(64, 256, dtype=torch.bfloat16, device=device)
+        try:
+            _scaled_mm(x_q, x_s, w_q, w_s, block, None, out)
+        except (RuntimeError, ValueError, TypeError):  # torch's checks raise all three
+            continue
+        if ((out.float() - ref).norm() / ref.norm()).item() < 1e-2:
+            modes.add(mode)
+    return frozenset(modes)
+
+
+def probe_scaled_mm(device: torch.device) -> frozenset[str]:
+    """Run (once per device, outside CUDA graphs) the check of which scalings torch._scaled_mm supports here."""
+    return _scaled_mm_modes(device.index if device.index is not None else torch.cuda.current_device())
+
+
+def fuses_quantization(m: int, block: tuple[int, int] | None) -> bool:
+    """Whether our kernel quantizes the activations itself (one launch fewer): with block scales each K step is
+    one group, free to quantize where it is loaded; with one scale per row every program first reads its rows whole,
+    cheap for the few rows of single-stream decoding (the row limit is an estimate until measured)."""
+    if block is not None:
+        return m <= SMALL_M and block[1] <= 128
+    return m <= FUSED_ROW_QUANT_MAX_M
+
+
+def uses_scaled_mm(m: int, n: int, k: int, block: tuple[int, int] | None, bias: torch.Tensor | None, device) -> bool:
+    """Whether a product goes to cuBLASLt (else our Triton kernel)."""
+    if m <= SMALL_M or n % 16 or k % 16 or device.type != "cuda":
+        return False
+    if block is None:
+        return "channel" in probe_scaled_mm(device)
+    # cuBLASLt's block scaling: 128x128 weight blocks, scales with 16-byte aligned strides, no bias epilogue
+    return block == (128, 128) and k % 512 == 0 and m % 4 == 0 and bias is None and "block" in probe_scaled_mm(device)
+
+
+def fp8_linear(
+    x: torch.Tensor,
+    w_q: torch.Tensor,
+    w_s: torch.Tensor,
+    block: tuple[int, int] | None,
+    bias: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``x @ w.T (+ bias)`` for an FP8 weight: ``x`` [M, K] quantized per token (``block`` None, weight scales per
+    output channel [N]) or per token and ``block[1]`` columns (weight scales per block); into ``out`` when given."""
+    m, k = x.shape
+    n = w_q.shape[0]
+    if out is None:
+        out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    if m == 0:
+        return out
+    if uses_scaled_mm(m, n, k, block, bias, x.device):
+        x_q, x_s = quantize_rows(x, None if block is None else block[1])
+        return _scaled_mm(x_q, x_s, w_q, w_s, block, bias, out)
+    if fuses_quantization(m, block):
+        return fp8_gemm(x, None, w_q, w_s, block, bias, out)
+    x_q, x_s = quantize_rows(x, None if block is None else block[1])
+    return fp8_gemm(x_q, x_s, w_q, w_s, block, bias, out)

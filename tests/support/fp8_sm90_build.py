@@ -1,0 +1,158 @@
+"""Builds the FP8 kernels for an H100/H200 (sm_90a) on any machine, no GPU needed (``triton.compile`` for the target,
+as benchmarks/kernel_regs.py does): the activation quantization, the FP8 GEMM in the variants fp8_linear launches,
+and the attention kernels on an e4m3 cache. Prints one line per kernel and exits non-zero if any fails to build.
+
+    python -m tests.support.fp8_sm90_build      (TRITON_INTERPRET must be unset)
+"""
+
+from __future__ import annotations
+
+import sys
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from kernels import fp8_gemm, fp8_quant, fused, triton_attention
+
+SM90 = GPUTarget("cuda", 90, 32)
+FP8, BF16, F32 = "*fp8e4nv", "*bf16", "*fp32"
+
+
+def build(fn, types: dict, constexprs: dict, num_warps: int = 4, num_stages: int = 1) -> int:
+    """Shared memory of ``fn`` built for sm_90a; pointers default to int32, scalars to int32 (with the 16-divisibility
+    hint the JIT gives them at run time, except ``do_not_specialize`` ones)."""
+    unhinted = {p.name for p in fn.params if p.do_not_specialize}
+    sig = {}
+    for name in fn.arg_names:
+        if name in constexprs:
+            sig[name] = "constexpr"
+        else:
+            sig[name] = types.get(name, "*i32" if name.endswith("_ptr") else "i32")
+    hints = {
+        (i,): [["tt.divisibility", 16]]
+        for i, name in enumerate(fn.arg_names)
+        if sig[name] not in ("constexpr", "fp32") and name not in unhinted
+    }
+    consts = {(fn.arg_names.index(k),): v for k, v in constexprs.items()}
+    src = ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=hints)
+    kernel = triton.compile(src, target=SM90, options={"num_warps": num_warps, "num_stages": num_stages})
+    return kernel.metadata.shared
+
+
+def cases():
+    for group, block in ((0, 4096), (128, 16384)):
+        yield (
+            f"activation quantization group={group}",
+            fp8_quant._quant_rows_kernel,
+            {"x_ptr": BF16, "q_ptr": FP8, "s_ptr": F32},
+            {"GROUP": group, "BLOCK": block, "USE_PDL": True},
+            {"num_warps": 4 if block <= 4096 else 16},
+        )
+    gemm = {"w_ptr": FP8, "xs_ptr": F32, "ws_ptr": F32, "bias_ptr": BF16}
+    for blocks in (False, True):
+        for quant_x, split, (bm, bn, warps) in (
+            (True, 4, (16, 64, 4)),
+            (False, 1, (16, 64, 4)),
+            (False, 1, (128, 128, 8)),
+        ):
+            types = dict(gemm, x_ptr=BF16 if quant_x else FP8, out_ptr=F32 if split > 1 else BF16)
+            yield (
+                f"fp8 gemm block_scales={blocks} quant_x={quant_x} split={split} {bm}x{bn}",
+                fp8_gemm._fp8_gemm_kernel,
+                types,
+                {
+                    "BLOCK_SCALES": blocks,
+                    "GROUP_N": 128 if blocks else 1,
+                    "GROUP_K": 128,
+                    "BLOCK_M": bm,
+                    "BLOCK_N": bn,
+                    "BLOCK_K": 128,
+                    "SPLIT_K": split,
+                    "HAS_BIAS": False,
+                    "QUANT_X": quant_x,
+                    "USE_PDL": True,
+                },
+                {"num_warps": warps, "num_stages": 3},
+            )
+    yield (
+        "split-K sum",
+        fp8_gemm._sum_splits_kernel,
+        {"part_ptr": F32, "bias_ptr": BF16, "out_ptr": BF16},
+        {"SPLIT_K": 4, "BLOCK": 1024, "HAS_BIAS": True, "USE_PDL": True},
+        {},
+    )
+    attn = {
+        "q_ptr": BF16,
+        "k_cache_ptr": FP8,
+        "v_cache_ptr": FP8,
+        "qk_scale": "fp32",
+        "v_scale": "fp32",
+        "lse_ptr": F32,
+    }
+    yield (
+        "KV store into e4m3",
+        triton_attention._store_kvcache_kernel,
+        {"k_ptr": BF16, "v_ptr": BF16, "k_cache_ptr": FP8, "v_cache_ptr": FP8, "slot_ptr": "*i64"}
+        | {"inv_k_scale": "fp32", "inv_v_scale": "fp32"},
+        {"NUM_KV_HEADS": 8, "HEAD_DIM": 128, "BLOCK_H": 8, "BLOCK_D": 128, "KV_FP8": True, "USE_PDL": True},
+        {},
+    )
+    yield (
+        "prefill over e4m3",
+        triton_attention._prefill_kernel,
+        dict(attn, out_ptr=BF16),
+        {"GROUP": 4, "PAGE": 16, "HEAD_DIM": 128, "BLOCK_D": 128, "BLOCK_M": 64, "BLOCK_N": 64, "USE_PDL": True},
+        {"num_stages": 2},
+    )
+    for direct, block_n in ((True, 128), (False, 64)):
+        yield (
+            f"split decode over e4m3 direct={direct}",
+            triton_attention._decode_split_kernel,
+            dict(attn, out_ptr=BF16 if direct else F32),
+            {
+                "GROUP": 4,
+                "PAGE": 16,
+                "HEAD_DIM": 128,
+                "BLOCK_D": 128,
+                "BLOCK_H": 16,
+                "BLOCK_N": block_n,
+                "DIRECT_OUT": direct,
+                "HEADS_FIRST": True,
+                "USE_PDL": True,
+            },
+            {"num_stages": 2},
+        )
+    yield (
+        "qk norm + RoPE + KV store into e4m3",
+        fused._qk_norm_rope_kernel,
+        {"x_ptr": BF16, "wq_ptr": BF16, "wk_ptr": BF16, "cos_sin_ptr": F32, "pos_ptr": "*i64", "v_ptr": BF16}
+        | {"k_cache_ptr": FP8, "v_cache_ptr": FP8, "slot_ptr": "*i64", "eps": "fp32"}
+        | {"inv_k_scale": "fp32", "inv_v_scale": "fp32"},
+        {
+            "NUM_Q_HEADS": 32,
+            "NUM_HEADS": 40,
+            "HALF": 64,
+            "BLOCK_H": 64,
+            "BLOCK_KV": 8,
+            "STORE_KV": True,
+            "KV_FP8": True,
+            "USE_PDL": True,
+        },
+        {"num_warps": 8},
+    )
+
+
+def main() -> int:
+    failed = 0
+    for label, fn, types, constexprs, options in cases():
+        try:
+            print(f"ok      {label} (shared memory {build(fn, types, constexprs, **options)} B)", flush=True)
+        except Exception as e:  # report every kernel, then fail
+            failed += 1
+            print(f"FAILED  {label}: {type(e).__name__}: {e}", flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
