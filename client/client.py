@@ -34,19 +34,22 @@ from protocol.client_messages import (
     PROTOCOL,
     REQUEST_ERROR,
     Abort,
+    ChatPrompt,
     Delta,
+    Detokenize,
     Error,
     Generate,
     Health,
     Info,
     Stats,
+    Tokenize,
 )
 from protocol.codec import ProtocolError, decode, encode
 from protocol.errors import EngineDeadError, OverloadedError, RequestError
 from protocol.outputs import Completion
 from protocol.sampling_params import SamplingParams
 
-__all__ = ["Client", "AsyncClient", "Stream", "AsyncStream", "Delta", "DEFAULT_ADDRESS"]
+__all__ = ["Client", "AsyncClient", "Stream", "AsyncStream", "Delta", "DEFAULT_ADDRESS", "chat_prompt"]
 
 log = logging.getLogger("nanoserve.client")
 DEFAULT_ADDRESS = "tcp://127.0.0.1:8765"
@@ -74,8 +77,8 @@ def _decode_reply(data: bytes) -> tuple[object, str | None]:
     return msg, getattr(msg, "request_id", None)
 
 
-def _prompt(prompt) -> str | list[int]:
-    if isinstance(prompt, str):
+def _prompt(prompt) -> str | list[int] | ChatPrompt:
+    if isinstance(prompt, (str, ChatPrompt)):
         return prompt
     if isinstance(prompt, _Seq) or hasattr(prompt, "tolist"):  # list, tuple, numpy array
         ids = prompt.tolist() if hasattr(prompt, "tolist") else list(prompt)
@@ -109,6 +112,21 @@ def _generate_msg(request_id: str, token: str | None, prompt, params: SamplingPa
         frequency_penalty=float(p.frequency_penalty),
         repetition_penalty=float(p.repetition_penalty),
     )
+
+
+def chat_prompt(messages: list[dict], chat_template_kwargs: dict | None = None) -> ChatPrompt:
+    """A conversation as a prompt: the server renders it with the model's chat template."""
+    return ChatPrompt(list(messages), chat_template_kwargs, True)
+
+
+def _tokenize_msg(base: _Base, prompt, add_special_tokens: bool) -> Tokenize:
+    if not isinstance(prompt, str):  # a conversation (list of messages)
+        prompt = prompt if isinstance(prompt, ChatPrompt) else chat_prompt(prompt)
+    return Tokenize(CLIENT_PROTOCOL_VERSION, base._new_id(), base.token, prompt, add_special_tokens)
+
+
+def _detokenize_msg(base: _Base, ids, per_token: bool, skip_special_tokens: bool) -> Detokenize:
+    return Detokenize(CLIENT_PROTOCOL_VERSION, base._new_id(), base.token, list(ids), per_token, skip_special_tokens)
 
 
 def _prompts_list(prompts) -> list:
@@ -240,14 +258,17 @@ class Client(_Base):
                 pass
 
     def _call(self, cls) -> dict:
-        rid = self._open(self._control(cls, self._new_id()))
+        return _as_dict(self._ask(self._control(cls, self._new_id())))
+
+    def _ask(self, msg):
+        rid = self._open(msg)
         try:
             reply = self._next(rid)
         finally:
             self._inbox.pop(rid, None)
         if isinstance(reply, Error):
             _raise(reply)
-        return _as_dict(reply)
+        return reply
 
     # ---- API -------------------------------------------------------------------------------------------------
 
@@ -288,6 +309,21 @@ class Client(_Base):
         """Send the request now; iterate the result for its deltas (the last has ``finish_reason`` set)."""
         rid = self._open(_generate_msg(self._new_id(), self.token, prompt, params, stream=True))
         return Stream(self, rid)
+
+    def chat(self, messages: list[dict], params: SamplingParams | None = None, chat_template_kwargs=None):
+        """The model's reply to a conversation ([{"role", "content"}]), rendered by its chat template."""
+        return self.generate(chat_prompt(messages, chat_template_kwargs), params)
+
+    def tokenize(self, prompt, add_special_tokens: bool = True) -> list[int]:
+        """Token ids of a string, or of a conversation (list of messages) through the chat template."""
+        return self._ask(_tokenize_msg(self, prompt, add_special_tokens)).token_ids
+
+    def detokenize(self, token_ids, skip_special_tokens: bool = True) -> str:
+        return self._ask(_detokenize_msg(self, token_ids, False, skip_special_tokens)).text
+
+    def token_texts(self, token_ids) -> list[str]:
+        """Each id's own text (special tokens included)."""
+        return self._ask(_detokenize_msg(self, token_ids, True, False)).token_texts
 
     def abort(self, request_id: str) -> None:
         """Abort a request (no error if it already finished); the server frees its KV blocks. A stream of that
@@ -445,14 +481,17 @@ class AsyncClient(_Base):
                 pass
 
     async def _call(self, cls) -> dict:
-        rid, q = self._open(self._control(cls, self._new_id()))
+        return _as_dict(await self._ask(self._control(cls, self._new_id())))
+
+    async def _ask(self, msg):
+        rid, q = self._open(msg)
         try:
             reply = await self._next(rid, q)
         finally:
             self._queues.pop(rid, None)
         if isinstance(reply, Error):
             _raise(reply)
-        return _as_dict(reply)
+        return reply
 
     # ---- API -------------------------------------------------------------------------------------------------
 
@@ -490,9 +529,23 @@ class AsyncClient(_Base):
         return out
 
     def stream(self, prompt, params: SamplingParams | None = None) -> AsyncStream:
-        """Send the request now (call from a running event loop); ``async for`` over the result."""
+        """Send the request now (call from a running event loop); ``async for`` over the result. ``prompt`` may
+        be a ``chat_prompt(messages)``."""
         rid, q = self._open(_generate_msg(self._new_id(), self.token, prompt, params, stream=True))
         return AsyncStream(self, rid, q)
+
+    async def chat(self, messages: list[dict], params: SamplingParams | None = None, chat_template_kwargs=None):
+        """As ``Client.chat``."""
+        return await self.generate(chat_prompt(messages, chat_template_kwargs), params)
+
+    async def tokenize(self, prompt, add_special_tokens: bool = True) -> list[int]:
+        return (await self._ask(_tokenize_msg(self, prompt, add_special_tokens))).token_ids
+
+    async def detokenize(self, token_ids, skip_special_tokens: bool = True) -> str:
+        return (await self._ask(_detokenize_msg(self, token_ids, False, skip_special_tokens))).text
+
+    async def token_texts(self, token_ids) -> list[str]:
+        return (await self._ask(_detokenize_msg(self, token_ids, True, False))).token_texts
 
     async def abort(self, request_id: str) -> None:
         """As ``Client.abort``."""

@@ -12,10 +12,12 @@ from dataclasses import dataclass
 from coordinator.block_manager import BlockManager
 from coordinator.config import EngineConfig
 from coordinator.detokenizer import decode_delta
+from coordinator.prompts import generation_defaults, render_chat
 from coordinator.scheduler import ScheduledBatch, Scheduler
 from coordinator.sequence import SeqStatus, Sequence
 from coordinator.worker_group import WorkerGroup
 from model.config import ModelConfig
+from protocol.client_messages import ChatPrompt
 from protocol.errors import RequestError
 from protocol.messages import StepResult, WorkerConfig
 from protocol.outputs import Completion
@@ -57,6 +59,7 @@ class Engine:
         self.config = cfg
         self.model_config = ModelConfig.from_pretrained(cfg.model)  # fails fast, before any process starts
         self.tokenizer = AutoTokenizer.from_pretrained(cfg.model)
+        self.generation_defaults = generation_defaults(cfg.model)  # for requests that leave them unset
         mc = self.model_config
         self.max_model_len = min(cfg.max_model_len or mc.max_position_embeddings, mc.max_position_embeddings)
         self.vocab_size = mc.vocab_size
@@ -118,7 +121,9 @@ class Engine:
 
     # ---- requests ----------------------------------------------------------------------------------------
 
-    def tokenize(self, prompt: str | list[int]) -> list[int]:
+    def tokenize(self, prompt: str | list[int] | ChatPrompt) -> list[int]:
+        if isinstance(prompt, ChatPrompt):  # the template's text carries its own special tokens
+            prompt = render_chat(self.tokenizer, prompt)
         if isinstance(prompt, str):
             return self.tokenizer.encode(prompt, add_special_tokens=False)
         # type/min/max run at C speed: W1's 256 prompts (143k ids) were ~10 ms of per-id Python checks
@@ -130,7 +135,7 @@ class Engine:
         raise RequestError("prompt must be a string or a list of token ids")
 
     def add_request(
-        self, prompt: str | list[int], params: SamplingParams | None = None, request_id: str | None = None
+        self, prompt: str | list[int] | ChatPrompt, params: SamplingParams | None = None, request_id: str | None = None
     ) -> Sequence:
         """Validate and queue a request. Raises RequestError naming the problem; nothing is queued then."""
         params = params or SamplingParams()

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 import msgpack
 import zmq
 
+from coordinator.prompts import detokenize_reply, tokenize_reply
 from coordinator.sequence import Sequence
 from protocol.client_messages import (
     CLIENT_PROTOCOL_VERSION,
@@ -47,6 +48,7 @@ from protocol.client_messages import (
     PROTOCOL,
     REQUEST_ERROR,
     Abort,
+    ChatPrompt,
     Delta,
     Error,
     Generate,
@@ -56,6 +58,7 @@ from protocol.client_messages import (
     InfoReply,
     Stats,
     StatsReply,
+    Tokenize,
     TokenLogprobs,
 )
 from protocol.codec import ProtocolError, decode, encode
@@ -412,6 +415,13 @@ class Server:
             self._send(identity, self._info(rid))
         elif isinstance(msg, Stats):
             self._send(identity, self._stats(rid))
+        else:  # Tokenize / Detokenize
+            try:
+                reply = (tokenize_reply if isinstance(msg, Tokenize) else detokenize_reply)(self.engine, msg)
+            except RequestError as e:
+                self._error(identity, rid, REQUEST_ERROR, str(e))
+                return
+            self._send(identity, reply)
 
     def _reject_malformed(self, identity: bytes, data: bytes, e: ProtocolError) -> None:
         """A frame the codec rejected: answer it if it names a request (tag, version, request_id, token in
@@ -467,7 +477,9 @@ class Server:
         self.requests[engine_id] = _Request(identity, rid, seq, msg.stream, holdback)
         self.by_client[(identity, rid)] = engine_id
 
-    def _check_prompt(self, prompt) -> str | list[int]:
+    def _check_prompt(self, prompt) -> str | list[int] | ChatPrompt:
+        if isinstance(prompt, ChatPrompt):  # the engine checks the conversation and its length once rendered
+            return prompt
         if isinstance(prompt, str):
             if not prompt:
                 raise RequestError("prompt is empty")
@@ -520,6 +532,7 @@ class Server:
             max_num_seqs=e.config.max_num_seqs,
             worker_pids=[p.pid for p in e.workers.procs],
             coordinator_pid=os.getpid(),
+            generation_defaults=e.generation_defaults,
         )
 
     def _stats(self, rid: str) -> StatsReply:

@@ -2,7 +2,8 @@
 
 A record is a slots dataclass registered with a tag. It travels as ``[tag, field values...]``; fields
 annotated ``I32``/``I64``/``F32`` are numpy arrays that travel as packed little-endian bytes, so encode and
-decode of a whole batch is one ``tobytes``/``frombuffer`` per array. Decoding checks every field's type, so a
+decode of a whole batch is one ``tobytes``/``frombuffer`` per array. A record inside a field annotated ``object``
+travels as msgpack ext type 1 holding its own packed list. Decoding checks every field's type, so a
 malformed frame raises ``ProtocolError`` instead of reaching the engine.
 """
 
@@ -21,8 +22,22 @@ _ARRAY_DTYPES = {"I32": np.dtype("<i4"), "I64": np.dtype("<i8"), "F32": np.dtype
 _SCALARS = {"int": (int,), "float": (float, int), "str": (str,), "bool": (bool,), "bytes": (bytes,)}
 
 
+_NESTED_EXT = 1  # msgpack ext type of a record inside an untyped (``object``) field
+
+
 class ProtocolError(ValueError):
     """A frame that is not a valid message."""
+
+
+@dataclasses.dataclass(slots=True)
+class _Nested:
+    """A record found inside an untyped field, decoded once its place is known (so errors name the field)."""
+
+    data: bytes
+
+
+def _ext_hook(code: int, data: bytes):
+    return _Nested(data) if code == _NESTED_EXT else msgpack.ExtType(code, data)
 
 
 @dataclasses.dataclass(slots=True)
@@ -92,6 +107,8 @@ def _to_wire(obj):
             out.append(np.ascontiguousarray(v, dtype=spec.dtype).tobytes())
         elif spec.kind == "record":
             out.append([_to_wire(x) for x in v] if spec.is_list else _to_wire(v))
+        elif type(v) in _TAG_OF:  # a record in an untyped field (e.g. a chat prompt in Generate.prompt)
+            out.append(msgpack.ExtType(_NESTED_EXT, msgpack.packb(_to_wire(v), use_bin_type=True)))
         else:
             out.append(v)
     return out
@@ -136,9 +153,19 @@ def _from_wire(raw, expect: type | None = None):
                 values.append([_from_wire(x, target) for x in v])
             else:
                 values.append(_from_wire(v, target))
+        elif isinstance(v, _Nested):
+            try:
+                inner = _unpack(v.data)
+            except Exception as e:
+                raise ProtocolError(f"{cls.__name__}.{spec.name}: undecodable record ({type(e).__name__})") from None
+            values.append(_from_wire(inner))
         else:
             values.append(v)
     return cls(*values)
+
+
+def _unpack(data: bytes):
+    return msgpack.unpackb(data, raw=False, strict_map_key=True, max_bin_len=1 << 30, ext_hook=_ext_hook)
 
 
 def encode(msg) -> bytes:
@@ -148,7 +175,7 @@ def encode(msg) -> bytes:
 def decode(data: bytes, expect: type | None = None):
     """Bytes to a record; raises ProtocolError on anything malformed (never another exception type)."""
     try:
-        raw = msgpack.unpackb(data, raw=False, strict_map_key=True, max_bin_len=1 << 30)
+        raw = _unpack(data)
     except Exception as e:  # msgpack raises several types on garbage
         raise ProtocolError(f"undecodable frame: {type(e).__name__}") from None
     try:
