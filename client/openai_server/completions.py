@@ -35,7 +35,10 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict:
 
 async def _echo_texts(state: ServerState, prompts: list) -> list[str]:
     client = state.engine.client
-    return [p if isinstance(p, str) else await state.engine.control(client.detokenize(p)) for p in prompts]
+    return [
+        p if isinstance(p, str) else await state.engine.control(client.detokenize(p, skip_special_tokens=False))
+        for p in prompts
+    ]
 
 
 async def create_completion(state: ServerState, req: CompletionRequest) -> Response:

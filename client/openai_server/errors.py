@@ -35,6 +35,8 @@ class APIError(Exception):
 
 def param_of(message: str, fields) -> str | None:
     """The request field an error message starts with (SamplingParams and the engine name it first)."""
+    if "+ max_tokens" in message:  # prompt + max_tokens over the context: max_tokens is what to lower
+        return "max_tokens"
     word = message.split(" ", 1)[0].split("[", 1)[0].strip("(),:")
     return word if word in fields else None
 
