@@ -170,8 +170,14 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, _graceful_exit)
     server = http_sock = http_proc = None
     if not args.prompt:
-        from coordinator.server import Server  # zmq only: binding first, a port in use fails in well under a second
+        from coordinator.server import Server, is_loopback  # zmq only: binding first, a port in use fails at once
 
+        if not is_loopback(args.host) and not args.token:
+            print(
+                f"error: listening on the non-loopback host {args.host!r} needs --api-key (alias --token)",
+                file=sys.stderr,
+            )
+            return 1
         try:
             server = Server(args.host, args.port, args.token, args.max_pending_requests, args.max_message_bytes)
             if args.http_port is not None:

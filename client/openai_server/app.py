@@ -52,6 +52,10 @@ async def until_disconnect(request: Request, work) -> Response:
         watch.cancel()
         if not task.done():
             task.cancel()
+            try:
+                await task
+            except (asyncio.CancelledError, Exception):
+                pass
     if task.cancelled():
         return Response(status_code=499)  # nobody is listening
     return task.result()
