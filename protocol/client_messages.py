@@ -199,7 +199,7 @@ class InfoReply:
     coordinator_pid: int
     # sampling defaults from the model's generation_config.json (SamplingParams field -> value), for fields a
     # request leaves unset (the HTTP front-end applies them, as vLLM does)
-    generation_defaults: dict | None = None
+    generation_defaults: object | None = None  # dict
 
 
 @record(34)

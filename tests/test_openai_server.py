@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -339,3 +341,18 @@ def test_metrics_names_parse_and_logs(server, api):
     assert re.search(r"cmpl-\w+ finished: \d+ prompt \+ 4 output tokens, [\d.]+ s, finish_reason=length", log)
     assert "Avg generation throughput" in log and "KV cache usage" in log
     assert "no_such_field" in log
+
+
+def test_readme_chat_example_runs(server, api):
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    section = readme[readme.index("## OpenAI-compatible HTTP API") :]
+    code = section[
+        section.index("```python") + len("```python") : section.index("```\n", section.index("```python") + 9)
+    ]
+    assert "http://127.0.0.1:8000/v1" in code
+    code = code.replace("http://127.0.0.1:8000/v1", server.base_url)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    messages = [{"role": "user", "content": "Write a haiku about GPUs."}]
+    same = api.chat.completions.create(model=NAME, messages=messages, max_tokens=64)  # greedy: top_k=1 default
+    assert out.stdout == same.choices[0].message.content + "\n"
