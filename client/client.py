@@ -27,6 +27,7 @@ from collections.abc import Sequence as _Seq
 import zmq
 import zmq.asyncio
 
+from client.liveness import DEFAULT_CONNECT_TIMEOUT_S, ConnectionWatch, enable_heartbeats
 from protocol.client_messages import (
     CLIENT_PROTOCOL_VERSION,
     ENGINE_DEAD,
@@ -192,15 +193,17 @@ class _Base:
         return cls(CLIENT_PROTOCOL_VERSION, rid, self.token)
 
     @staticmethod
-    def _socket(ctx, address: str):
+    def _socket(ctx, address: str, connect_timeout: float | None) -> tuple[zmq.Socket, ConnectionWatch]:
         sock = ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, _CLOSE_LINGER_MS)
         sock.setsockopt(zmq.RCVHWM, 0)  # never drop the server's replies on our side
         sock.setsockopt(zmq.SNDHWM, 0)
+        enable_heartbeats(sock)
         if address.startswith("tcp://["):
             sock.setsockopt(zmq.IPV6, 1)
+        watch = ConnectionWatch(sock, address, connect_timeout)  # before connecting: the handshake is an event
         sock.connect(address)
-        return sock
+        return sock, watch
 
 
 # ---- blocking client ---------------------------------------------------------------------------------------
@@ -208,13 +211,21 @@ class _Base:
 
 class Client(_Base):
     """Blocking client. ``timeout`` (seconds, None = forever) bounds every wait for the server's next reply;
-    when it passes, the request is aborted and ``TimeoutError`` raised."""
+    when it passes, the request is aborted and ``TimeoutError`` raised. Independently, a wait fails with
+    ``ConnectionError`` once no server has been connected for ``connect_timeout`` seconds (none at the address,
+    or it died); a live server is never timed out by that, however long a generation takes."""
 
-    def __init__(self, address: str = DEFAULT_ADDRESS, timeout: float | None = None, token: str | None = None):
+    def __init__(
+        self,
+        address: str = DEFAULT_ADDRESS,
+        timeout: float | None = None,
+        token: str | None = None,
+        connect_timeout: float | None = DEFAULT_CONNECT_TIMEOUT_S,
+    ):
         super().__init__(token)
         self.address, self.timeout = address, timeout
         self._ctx = zmq.Context()
-        self._sock = self._socket(self._ctx, address)
+        self._sock, self._watch = self._socket(self._ctx, address, connect_timeout)
         self._inbox: dict[str, collections.deque] = {}  # replies of the requests in flight
 
     # ---- plumbing --------------------------------------------------------------------------------------------
@@ -240,8 +251,12 @@ class Client(_Base):
             wait = _POLL_MS if deadline is None else min(_POLL_MS, max(0, int((deadline - time.monotonic()) * 1000)))
             if self._sock.poll(wait):
                 self._dispatch(self._sock.recv())
-            elif deadline is not None and time.monotonic() >= deadline:
+                continue
+            if deadline is not None and time.monotonic() >= deadline:
                 raise TimeoutError(f"no reply from {self.address} within {self.timeout} s (request {rid})")
+            self._watch.drain()
+            if (err := self._watch.error()) is not None:
+                raise err
         return q.popleft()
 
     def _dispatch(self, data: bytes) -> None:
@@ -342,6 +357,7 @@ class Client(_Base):
 
     def close(self) -> None:
         if not self._sock.closed:
+            self._watch.close()
             self._sock.close()
             self._ctx.term()
 
@@ -421,21 +437,43 @@ class Stream(_StreamState):
 class AsyncClient(_Base):
     """asyncio client: one receiver task dispatches replies to per-request queues, so any number of
     requests (from any number of tasks) can be in flight. Cancelling a task that awaits a request aborts it.
-    ``timeout`` works as in ``Client``."""
+    ``timeout`` and ``connect_timeout`` work as in ``Client``."""
 
-    def __init__(self, address: str = DEFAULT_ADDRESS, token: str | None = None, timeout: float | None = None):
+    def __init__(
+        self,
+        address: str = DEFAULT_ADDRESS,
+        token: str | None = None,
+        timeout: float | None = None,
+        connect_timeout: float | None = DEFAULT_CONNECT_TIMEOUT_S,
+    ):
         super().__init__(token)
         self.address, self.timeout = address, timeout
         self._ctx = zmq.asyncio.Context()
-        self._sock = self._socket(self._ctx, address)
+        self._sock, self._watch = self._socket(self._ctx, address, connect_timeout)
         self._queues: dict[str, asyncio.Queue] = {}
         self._receiver: asyncio.Task | None = None
+        self._watcher: asyncio.Task | None = None
 
     # ---- plumbing --------------------------------------------------------------------------------------------
 
     def _ensure_receiver(self) -> None:
         if self._receiver is None or self._receiver.done():
             self._receiver = asyncio.get_running_loop().create_task(self._receive_loop())
+        if self._watch.monitor is not None and (self._watcher is None or self._watcher.done()):
+            self._watcher = asyncio.get_running_loop().create_task(self._watch_loop())
+
+    async def _watch_loop(self) -> None:
+        """Follow the connection; while no server has been connected for too long, fail every waiter."""
+        monitor = self._watch.monitor
+        while True:
+            if await monitor.poll(500):
+                self._watch.event(await monitor.recv_multipart())
+                continue
+            err = self._watch.error()
+            if err is not None:
+                for q in self._queues.values():
+                    if q.empty():
+                        q.put_nowait(err)
 
     async def _receive_loop(self) -> None:
         try:
@@ -562,19 +600,22 @@ class AsyncClient(_Base):
         return await self._call(Stats)
 
     def close(self) -> None:
-        if self._receiver is not None and not self._receiver.done():
-            self._receiver.cancel()
+        for task in (self._receiver, self._watcher):
+            if task is not None and not task.done():
+                task.cancel()
         if not self._sock.closed:
+            self._watch.close()
             self._sock.close()
             self._ctx.term()
 
     async def aclose(self) -> None:
-        if self._receiver is not None and not self._receiver.done():
-            self._receiver.cancel()
-            try:
-                await self._receiver
-            except (asyncio.CancelledError, Exception):
-                pass
+        for task in (self._receiver, self._watcher):
+            if task is not None and not task.done():
+                task.cancel()
+                try:
+                    await task
+                except (asyncio.CancelledError, Exception):
+                    pass
         self.close()
 
     async def __aenter__(self) -> AsyncClient:

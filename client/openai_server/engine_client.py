@@ -20,7 +20,16 @@ class EngineClient:
 
     async def connect(self, timeout: float) -> dict:
         """Wait for the coordinator's Info (it answers once its workers are up)."""
-        self.info = await asyncio.wait_for(self.client.info(), timeout)
+        deadline = asyncio.get_running_loop().time() + timeout
+        while True:
+            try:
+                self.info = await asyncio.wait_for(
+                    self.client.info(), max(0.1, deadline - asyncio.get_running_loop().time())
+                )
+                break
+            except ConnectionError:  # not listening yet
+                if asyncio.get_running_loop().time() >= deadline:
+                    raise
         self.served_model_name = self.served_model_name or self.info["model"]
         return self.info
 

@@ -51,6 +51,8 @@ def from_engine(e: BaseException, fields=()) -> APIError:
         return APIError(503, str(e))
     if isinstance(e, TimeoutError):
         return APIError(503, f"the engine did not answer in time: {e}")
+    if isinstance(e, ConnectionError):
+        return APIError(503, f"the engine is unreachable: {e}")
     if isinstance(e, ProtocolError):
         return APIError(500, f"the engine refused the request: {e}")
     return APIError(500, f"{type(e).__name__}: {e}")
