@@ -17,6 +17,7 @@ from protocol.client_messages import Delta
 from protocol.outputs import Completion
 
 DONE = b"data: [DONE]\n\n"
+HEADERS_WAIT_S = 2.0  # how long a streaming response waits for its first delta before it starts anyway
 
 
 def sse(payload: dict) -> bytes:
@@ -52,17 +53,30 @@ class ChoiceStreams:
             self.close()
             raise
         self.firsts: list[Delta] = []
+        self._first: asyncio.Future | None = None
 
-    async def start(self) -> None:
-        """Wait for every choice's first delta, so a rejected request fails before the response starts."""
+    async def start(self, wait_s: float = HEADERS_WAIT_S) -> None:
+        """Wait up to ``wait_s`` for every choice's first delta, so that a request the coordinator rejects fails
+        with its status before the response starts; a request still queued after that starts its response (the
+        deltas follow), so a client's header timeout never fires while it waits in line."""
+        self._first = asyncio.ensure_future(_all_or_none(anext(s) for s in self.streams))
         try:
-            self.firsts = await _all_or_none(anext(s) for s in self.streams)
-        except BaseException:
+            await asyncio.wait((self._first,), timeout=wait_s)
+        except BaseException:  # cancelled (the client left)
+            self._first.cancel()
             self.close()
             raise
+        if self._first.done():
+            try:
+                self.firsts = self._first.result()
+            except BaseException:
+                self.close()
+                raise
 
     async def deltas(self) -> AsyncIterator[tuple[int, Delta]]:
         try:
+            if not self.firsts:
+                self.firsts = await self._first
             for i, d in enumerate(self.firsts):
                 yield i, d
             live = [i for i, d in enumerate(self.firsts) if d.finish_reason is None]
@@ -74,6 +88,8 @@ class ChoiceStreams:
                 async for item in self._merged(live):
                     yield item
         finally:
+            if self._first is not None and not self._first.done():
+                self._first.cancel()
             self.close()
 
     async def _merged(self, live: list[int]) -> AsyncIterator[tuple[int, Delta]]:
