@@ -1,15 +1,21 @@
 """Serve a model over ZMQ: ``python launch.py`` (no arguments: the embedded tiny default model on
-tcp://127.0.0.1:8765). ``--prompt`` prints completions and exits without serving. Every engine argument
+tcp://127.0.0.1:8765); ``--http-port PORT`` adds the OpenAI-compatible HTTP API (a front-end process, see
+client/openai_server/). ``--prompt`` prints completions and exits without serving. Every engine argument
 (coordinator/config.py's EngineConfig) is a flag, generated from the dataclass. See docs/SERVING.md."""
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import errno
 import json
 import logging
+import os
 import signal
+import socket
+import subprocess
 import sys
+import threading
 
 from coordinator.config import EngineArgError, EngineConfig
 from protocol.settings import settings
@@ -47,9 +53,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--host", default="127.0.0.1", help="interface to listen on (default 127.0.0.1)")
     s.add_argument("--port", type=int, default=8765, help="port (default 8765; 0 = pick a free one)")
     s.add_argument(
+        "--api-key",
         "--token",
+        dest="token",
         default=settings().api_key,
-        help="shared secret every request must carry; required for a non-loopback --host (env NANOSERVE_API_KEY)",
+        help="key every request must carry (HTTP: 'Authorization: Bearer KEY'; ZMQ: the token); required for a "
+        "non-loopback --host (env NANOSERVE_API_KEY)",
     )
     s.add_argument(
         "--max-pending-requests", type=int, default=4096, help="past this, requests are refused (default 4096)"
@@ -63,6 +72,28 @@ def build_parser() -> argparse.ArgumentParser:
         type=str.upper,
         choices=["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"],
         help="logging level on stderr (default INFO)",
+    )
+    h = p.add_argument_group("OpenAI-compatible HTTP API (client/openai_server)")
+    h.add_argument(
+        "--http-port",
+        type=int,
+        default=None,
+        help="also serve the OpenAI-compatible HTTP API on this port (0 = a free one)",
+    )
+    h.add_argument(
+        "--served-model-name", default=None, help="the model's name in the HTTP API (default: --model as given)"
+    )
+    h.add_argument(
+        "--reasoning-parser",
+        choices=["qwen3"],
+        default=None,
+        help="chat: return the <think> part as reasoning_content (default: off)",
+    )
+    h.add_argument(
+        "--log-stats-interval",
+        type=float,
+        default=10.0,
+        help="seconds between the HTTP front-end's throughput log lines (default 10)",
     )
     o = p.add_argument_group("offline (no server)")
     o.add_argument("--prompt", action="extend", nargs="+", help="print completions of these prompts and exit")
@@ -81,6 +112,60 @@ def _engine_kwargs(args: argparse.Namespace) -> dict:
 
 def _graceful_exit(signum, frame):
     raise SystemExit(0)  # during start-up: unwinds through the engine's cleanup (workers stopped, files removed)
+
+
+def _bind_http(host: str, port: int) -> socket.socket:
+    """The HTTP socket, bound before the model loads (a port in use fails at once); the front-end inherits it."""
+    bare = host.strip("[]")
+    family = socket.AF_INET6 if ":" in bare else socket.AF_INET
+    try:
+        sock = socket.create_server((bare, port), family=family, backlog=1024)
+    except OSError as e:
+        raise OSError(
+            f"HTTP port {port} on {host} is already in use" if e.errno == errno.EADDRINUSE else f"HTTP: {e}"
+        ) from None
+    sock.set_inheritable(True)
+    return sock
+
+
+class _HttpFrontEnd:
+    """The front-end process (python -m client.openai_server) on the socket bound here. If it ends by itself,
+    ``on_exit`` runs (the service stops too: a supervisor restarts the whole thing)."""
+
+    def __init__(self, args, sock: socket.socket, zmq_address: str, served_name: str, on_exit) -> None:
+        host, port = zmq_address.removeprefix("tcp://").rsplit(":", 1)
+        local = {"0.0.0.0": "127.0.0.1", "[::]": "[::1]"}.get(host, host)  # a wildcard bind is reached on loopback
+        cmd = [
+            sys.executable, "-m", "client.openai_server", "--address", f"tcp://{local}:{port}",
+            "--fd", str(sock.fileno()), "--parent-pid", str(os.getpid()), "--served-model-name", served_name,
+            "--log-stats-interval", str(args.log_stats_interval), "--log-level", args.log_level,
+        ]  # fmt: skip
+        if args.reasoning_parser:
+            cmd += ["--reasoning-parser", args.reasoning_parser]
+        env = dict(os.environ)
+        env.pop("NANOSERVE_API_KEY", None)
+        if args.token:
+            env["NANOSERVE_API_KEY"] = args.token  # not on the command line, where any local user could read it
+        self.stopping = threading.Event()
+        self.proc = subprocess.Popen(cmd, pass_fds=[sock.fileno()], env=env, stdin=subprocess.DEVNULL)
+        self._on_exit = on_exit
+        threading.Thread(target=self._watch, name="http-watch", daemon=True).start()
+
+    def _watch(self) -> None:
+        code = self.proc.wait()
+        if not self.stopping.is_set():
+            log.error("the HTTP front-end exited (code %s): shutting down", code)
+            self._on_exit()
+
+    def stop(self) -> None:
+        self.stopping.set()
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
 
 
 def _offline(args, kwargs) -> int:
@@ -102,14 +187,25 @@ def main(argv: list[str] | None = None) -> int:
     kwargs = _engine_kwargs(args)
     signal.signal(signal.SIGTERM, _graceful_exit)
     signal.signal(signal.SIGINT, _graceful_exit)
-    server = None
+    server = http_sock = http_proc = None
     if not args.prompt:
-        from coordinator.server import Server  # zmq only: binding first, a port in use fails in well under a second
+        from coordinator.client_socket import is_loopback
+        from coordinator.server import Server  # zmq only: binding first, a port in use fails at once
 
+        if not is_loopback(args.host) and not args.token:
+            print(
+                f"error: listening on the non-loopback host {args.host!r} needs --api-key (alias --token)",
+                file=sys.stderr,
+            )
+            return 1
         try:
             server = Server(args.host, args.port, args.token, args.max_pending_requests, args.max_message_bytes)
+            if args.http_port is not None:
+                http_sock = _bind_http(args.host, args.http_port)
         except (OSError, ValueError) as e:
             print(f"error: {e}", file=sys.stderr)
+            if server is not None:
+                server.close(0)
             return 1
     engine = None
     try:
@@ -135,6 +231,10 @@ def main(argv: list[str] | None = None) -> int:
         log.info(
             "model %s, max_model_len %d, %d KV blocks", cfg.model, engine.max_model_len, engine.block_manager.num_blocks
         )
+        if http_sock is not None:  # it prints its own line (http://HOST:PORT/v1) once it answers
+            served_name = args.served_model_name or kwargs.get("model") or cfg.model
+            http_proc = _HttpFrontEnd(args, http_sock, server.address, served_name, server.stop)
+            http_sock.close()  # the front-end holds it now
         server.serve(engine)
         log.info("shutting down")
     except Exception as e:
@@ -143,6 +243,10 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second signal must not cut the cleanup short
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        if http_proc is not None:
+            http_proc.stop()
+        if http_sock is not None:
+            http_sock.close()
         if engine is not None:
             engine.shutdown()
         if server is not None:

@@ -63,9 +63,11 @@ def step_us(fn, weights, x) -> float:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--shape", default="qwen3-8b", choices=list(SHAPES))
-    p.add_argument("--rows", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32, 64, 256, 1024])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
+    p.add_argument("--shape", default="qwen3-8b", choices=list(SHAPES), help="model shape (default qwen3-8b)")
+    p.add_argument(
+        "--rows", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32, 64, 256, 1024], help="row counts (tokens) to time"
+    )
     a = p.parse_args()
     device = torch.device("cuda")
     modes = fp8_gemm.probe_scaled_mm(device)

@@ -22,10 +22,21 @@ from kernels.graph_timing import graph_replay_us
 
 
 def main() -> None:
-    p = argparse.ArgumentParser()
-    p.add_argument("--shape", default="qwen3-30b-a3b", choices=[s for s in SHAPES if SHAPES[s].get("num_experts")])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
+    p.add_argument(
+        "--shape",
+        default="qwen3-30b-a3b",
+        choices=[s for s in SHAPES if SHAPES[s].get("num_experts")],
+        help="MoE model shape (default qwen3-30b-a3b)",
+    )
     p.add_argument("--tp", type=int, default=1, help="benchmark one rank's slice of the intermediate dimension")
-    p.add_argument("--tokens", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32, 64, 128, 256, 1024, 4096, 8192])
+    p.add_argument(
+        "--tokens",
+        type=int,
+        nargs="+",
+        default=[1, 2, 4, 8, 16, 32, 64, 128, 256, 1024, 4096, 8192],
+        help="token counts to time",
+    )
     p.add_argument("--tiles", help="BLOCK_M,BLOCK_N,BLOCK_K,GROUP_M,WARPS,STAGES for every token count")
     a = p.parse_args()
     cfg = SHAPES[a.shape]

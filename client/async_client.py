@@ -7,7 +7,18 @@ import asyncio
 
 import zmq.asyncio
 
-from client.client import DEFAULT_ADDRESS, _as_dict, _Base, _generate_msg, _params_list, _prompts_list
+from client.client import (
+    DEFAULT_ADDRESS,
+    _as_dict,
+    _Base,
+    _detokenize_msg,
+    _generate_msg,
+    _params_list,
+    _prompts_list,
+    _tokenize_msg,
+    chat_prompt,
+)
+from client.liveness import DEFAULT_CONNECT_TIMEOUT_S
 from client.replies import Accumulator, StreamState, decode_reply, raise_error
 from protocol.client_messages import Abort, Delta, Error, Health, Info, Stats
 from protocol.codec import encode
@@ -20,21 +31,43 @@ __all__ = ["AsyncClient", "AsyncStream"]
 class AsyncClient(_Base):
     """asyncio client: one receiver task dispatches replies to per-request queues, so any number of
     requests (from any number of tasks) can be in flight. Cancelling a task that awaits a request aborts it.
-    ``timeout`` works as in ``Client``."""
+    ``timeout`` and ``connect_timeout`` work as in ``Client``."""
 
-    def __init__(self, address: str = DEFAULT_ADDRESS, token: str | None = None, timeout: float | None = None):
+    def __init__(
+        self,
+        address: str = DEFAULT_ADDRESS,
+        token: str | None = None,
+        timeout: float | None = None,
+        connect_timeout: float | None = DEFAULT_CONNECT_TIMEOUT_S,
+    ):
         super().__init__(token)
         self.address, self.timeout = address, timeout
         self._ctx = zmq.asyncio.Context()
-        self._sock = self._socket(self._ctx, address)
+        self._sock, self._watch = self._socket(self._ctx, address, connect_timeout)
         self._queues: dict[str, asyncio.Queue] = {}
         self._receiver: asyncio.Task | None = None
+        self._watcher: asyncio.Task | None = None
 
     # ---- plumbing --------------------------------------------------------------------------------------------
 
     def _ensure_receiver(self) -> None:
         if self._receiver is None or self._receiver.done():
             self._receiver = asyncio.get_running_loop().create_task(self._receive_loop())
+        if self._watch.monitor is not None and (self._watcher is None or self._watcher.done()):
+            self._watcher = asyncio.get_running_loop().create_task(self._watch_loop())
+
+    async def _watch_loop(self) -> None:
+        """Follow the connection; while no server has been connected for too long, fail every waiter."""
+        monitor = self._watch.monitor
+        while True:
+            if await monitor.poll(500):
+                self._watch.event(await monitor.recv_multipart())
+                continue
+            err = self._watch.error()
+            if err is not None:
+                for q in self._queues.values():
+                    if q.empty():
+                        q.put_nowait(err)
 
     async def _receive_loop(self) -> None:
         try:
@@ -80,14 +113,17 @@ class AsyncClient(_Base):
                 pass
 
     async def _call(self, cls) -> dict:
-        rid, q = self._open(self._control(cls, self._new_id()))
+        return _as_dict(await self._ask(self._control(cls, self._new_id())))
+
+    async def _ask(self, msg):
+        rid, q = self._open(msg)
         try:
             reply = await self._next(rid, q)
         finally:
             self._queues.pop(rid, None)
         if isinstance(reply, Error):
             raise_error(reply)
-        return _as_dict(reply)
+        return reply
 
     # ---- API -------------------------------------------------------------------------------------------------
 
@@ -125,9 +161,23 @@ class AsyncClient(_Base):
         return out
 
     def stream(self, prompt, params: SamplingParams | None = None) -> AsyncStream:
-        """Send the request now (call from a running event loop); ``async for`` over the result."""
+        """Send the request now (call from a running event loop); ``async for`` over the result. ``prompt`` may
+        be a ``chat_prompt(messages)``."""
         rid, q = self._open(_generate_msg(self._new_id(), self.token, prompt, params, stream=True))
         return AsyncStream(self, rid, q)
+
+    async def chat(self, messages: list[dict], params: SamplingParams | None = None, chat_template_kwargs=None):
+        """As ``Client.chat``."""
+        return await self.generate(chat_prompt(messages, chat_template_kwargs), params)
+
+    async def tokenize(self, prompt, add_special_tokens: bool = True) -> list[int]:
+        return (await self._ask(_tokenize_msg(self, prompt, add_special_tokens))).token_ids
+
+    async def detokenize(self, token_ids, skip_special_tokens: bool = True) -> str:
+        return (await self._ask(_detokenize_msg(self, token_ids, False, skip_special_tokens))).text
+
+    async def token_texts(self, token_ids) -> list[str]:
+        return (await self._ask(_detokenize_msg(self, token_ids, True, False))).token_texts
 
     async def abort(self, request_id: str) -> None:
         """As ``Client.abort``."""
@@ -144,19 +194,22 @@ class AsyncClient(_Base):
         return await self._call(Stats)
 
     def close(self) -> None:
-        if self._receiver is not None and not self._receiver.done():
-            self._receiver.cancel()
+        for task in (self._receiver, self._watcher):
+            if task is not None and not task.done():
+                task.cancel()
         if not self._sock.closed:
+            self._watch.close()
             self._sock.close()
             self._ctx.term()
 
     async def aclose(self) -> None:
-        if self._receiver is not None and not self._receiver.done():
-            self._receiver.cancel()
-            try:
-                await self._receiver
-            except (asyncio.CancelledError, Exception):
-                pass
+        for task in (self._receiver, self._watcher):
+            if task is not None and not task.done():
+                task.cancel()
+                try:
+                    await task
+                except (asyncio.CancelledError, Exception):
+                    pass
         self.close()
 
     async def __aenter__(self) -> AsyncClient:

@@ -24,31 +24,35 @@ from collections.abc import Sequence as _Seq
 
 import zmq
 
+from client.liveness import DEFAULT_CONNECT_TIMEOUT_S, ConnectionWatch, enable_heartbeats
 from client.replies import Accumulator, StreamState, decode_reply, raise_error
 from protocol.client_messages import (
     CLIENT_PROTOCOL_VERSION,
     Abort,
+    ChatPrompt,
     Delta,
+    Detokenize,
     Error,
     Generate,
     Health,
     Info,
     Stats,
+    Tokenize,
 )
 from protocol.codec import encode
 from protocol.errors import RequestError
 from protocol.outputs import Completion
 from protocol.sampling_params import SamplingParams
 
-__all__ = ["Client", "Stream", "Delta", "DEFAULT_ADDRESS"]
+__all__ = ["Client", "Stream", "Delta", "DEFAULT_ADDRESS", "chat_prompt"]
 
 DEFAULT_ADDRESS = "tcp://127.0.0.1:8765"
 _POLL_MS = 200
 _CLOSE_LINGER_MS = 500  # time for queued aborts to reach the server when a client closes
 
 
-def _prompt(prompt) -> str | list[int]:
-    if isinstance(prompt, str):
+def _prompt(prompt) -> str | list[int] | ChatPrompt:
+    if isinstance(prompt, (str, ChatPrompt)):
         return prompt
     if isinstance(prompt, _Seq) or hasattr(prompt, "tolist"):  # list, tuple, numpy array
         ids = prompt.tolist() if hasattr(prompt, "tolist") else list(prompt)
@@ -62,6 +66,21 @@ def _generate_msg(request_id: str, token: str | None, prompt, params: SamplingPa
     if not isinstance(p, SamplingParams):
         raise RequestError(f"params must be a SamplingParams, got {type(p).__name__}")
     return Generate(CLIENT_PROTOCOL_VERSION, request_id, token, _prompt(prompt), stream, p)
+
+
+def chat_prompt(messages: list[dict], chat_template_kwargs: dict | None = None) -> ChatPrompt:
+    """A conversation as a prompt: the server renders it with the model's chat template."""
+    return ChatPrompt(list(messages), chat_template_kwargs, True)
+
+
+def _tokenize_msg(base: _Base, prompt, add_special_tokens: bool) -> Tokenize:
+    if not isinstance(prompt, str):  # a conversation (list of messages)
+        prompt = prompt if isinstance(prompt, ChatPrompt) else chat_prompt(prompt)
+    return Tokenize(CLIENT_PROTOCOL_VERSION, base._new_id(), base.token, prompt, add_special_tokens)
+
+
+def _detokenize_msg(base: _Base, ids, per_token: bool, skip_special_tokens: bool) -> Detokenize:
+    return Detokenize(CLIENT_PROTOCOL_VERSION, base._new_id(), base.token, list(ids), per_token, skip_special_tokens)
 
 
 def _prompts_list(prompts) -> list:
@@ -98,15 +117,17 @@ class _Base:
         return cls(CLIENT_PROTOCOL_VERSION, rid, self.token)
 
     @staticmethod
-    def _socket(ctx, address: str):
+    def _socket(ctx, address: str, connect_timeout: float | None) -> tuple[zmq.Socket, ConnectionWatch]:
         sock = ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, _CLOSE_LINGER_MS)
         sock.setsockopt(zmq.RCVHWM, 0)  # never drop the server's replies on our side
         sock.setsockopt(zmq.SNDHWM, 0)
+        enable_heartbeats(sock)
         if address.startswith("tcp://["):
             sock.setsockopt(zmq.IPV6, 1)
+        watch = ConnectionWatch(sock, address, connect_timeout)  # before connecting: the handshake is an event
         sock.connect(address)
-        return sock
+        return sock, watch
 
 
 # ---- blocking client ---------------------------------------------------------------------------------------
@@ -114,13 +135,21 @@ class _Base:
 
 class Client(_Base):
     """Blocking client. ``timeout`` (seconds, None = forever) bounds every wait for the server's next reply;
-    when it passes, the request is aborted and ``TimeoutError`` raised."""
+    when it passes, the request is aborted and ``TimeoutError`` raised. Independently, a wait fails with
+    ``ConnectionError`` once no server has been connected for ``connect_timeout`` seconds (none at the address,
+    or it died); a live server is never timed out by that, however long a generation takes."""
 
-    def __init__(self, address: str = DEFAULT_ADDRESS, timeout: float | None = None, token: str | None = None):
+    def __init__(
+        self,
+        address: str = DEFAULT_ADDRESS,
+        timeout: float | None = None,
+        token: str | None = None,
+        connect_timeout: float | None = DEFAULT_CONNECT_TIMEOUT_S,
+    ):
         super().__init__(token)
         self.address, self.timeout = address, timeout
         self._ctx = zmq.Context()
-        self._sock = self._socket(self._ctx, address)
+        self._sock, self._watch = self._socket(self._ctx, address, connect_timeout)
         self._inbox: dict[str, collections.deque] = {}  # replies of the requests in flight
 
     # ---- plumbing --------------------------------------------------------------------------------------------
@@ -146,8 +175,12 @@ class Client(_Base):
             wait = _POLL_MS if deadline is None else min(_POLL_MS, max(0, int((deadline - time.monotonic()) * 1000)))
             if self._sock.poll(wait):
                 self._dispatch(self._sock.recv())
-            elif deadline is not None and time.monotonic() >= deadline:
+                continue
+            if deadline is not None and time.monotonic() >= deadline:
                 raise TimeoutError(f"no reply from {self.address} within {self.timeout} s (request {rid})")
+            self._watch.drain()
+            if (err := self._watch.error()) is not None:
+                raise err
         return q.popleft()
 
     def _dispatch(self, data: bytes) -> None:
@@ -164,14 +197,17 @@ class Client(_Base):
                 pass
 
     def _call(self, cls) -> dict:
-        rid = self._open(self._control(cls, self._new_id()))
+        return _as_dict(self._ask(self._control(cls, self._new_id())))
+
+    def _ask(self, msg):
+        rid = self._open(msg)
         try:
             reply = self._next(rid)
         finally:
             self._inbox.pop(rid, None)
         if isinstance(reply, Error):
             raise_error(reply)
-        return _as_dict(reply)
+        return reply
 
     # ---- API -------------------------------------------------------------------------------------------------
 
@@ -213,6 +249,21 @@ class Client(_Base):
         rid = self._open(_generate_msg(self._new_id(), self.token, prompt, params, stream=True))
         return Stream(self, rid)
 
+    def chat(self, messages: list[dict], params: SamplingParams | None = None, chat_template_kwargs=None):
+        """The model's reply to a conversation ([{"role", "content"}]), rendered by its chat template."""
+        return self.generate(chat_prompt(messages, chat_template_kwargs), params)
+
+    def tokenize(self, prompt, add_special_tokens: bool = True) -> list[int]:
+        """Token ids of a string, or of a conversation (list of messages) through the chat template."""
+        return self._ask(_tokenize_msg(self, prompt, add_special_tokens)).token_ids
+
+    def detokenize(self, token_ids, skip_special_tokens: bool = True) -> str:
+        return self._ask(_detokenize_msg(self, token_ids, False, skip_special_tokens)).text
+
+    def token_texts(self, token_ids) -> list[str]:
+        """Each id's own text (special tokens included)."""
+        return self._ask(_detokenize_msg(self, token_ids, True, False)).token_texts
+
     def abort(self, request_id: str) -> None:
         """Abort a request (no error if it already finished); the server frees its KV blocks. A stream of that
         request then ends with a delta whose finish_reason is "abort"."""
@@ -230,6 +281,7 @@ class Client(_Base):
 
     def close(self) -> None:
         if not self._sock.closed:
+            self._watch.close()
             self._sock.close()
             self._ctx.term()
 

@@ -1,4 +1,6 @@
-"""The offline API, vLLM-style: ``LLM(model).generate(prompts, params)``.
+"""The offline API in vLLM's shape: ``LLM(model).generate(prompts, params)`` and ``LLM.chat(messages, params)``
+return ``RequestOutput``s (``.prompt``, ``.prompt_token_ids``, ``.outputs[i].text`` ...), so vLLM's quickstart runs
+with only its import line changed.
 
 The coordinator runs in this process and drives worker processes over the same ZMQ/msgpack protocol that
 ``launch.py`` uses: there is no shortcut path. Completions come from the engine's output processor, as the server's
@@ -13,7 +15,9 @@ import weakref
 
 from coordinator.config import EngineConfig
 from coordinator.engine import Engine
-from protocol.outputs import Completion
+from coordinator.prompts import render_chat
+from protocol.client_messages import ChatPrompt
+from protocol.outputs import Completion, CompletionOutput, RequestOutput
 from protocol.sampling_params import SamplingParams
 
 
@@ -29,17 +33,64 @@ class LLM:
 
     def generate(
         self,
-        prompts: str | list[int] | list[str] | list[list[int]],
+        prompts,
         sampling_params: SamplingParams | list[SamplingParams] | None = None,
         use_tqdm: bool = True,
-    ) -> list[Completion]:
-        """Completions in input order. Prompts are strings or token-id lists."""
-        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+    ) -> list[RequestOutput]:
+        """One RequestOutput per prompt, in input order. A prompt is a string, a token-id list,
+        ``{"prompt": str}`` or ``{"prompt_token_ids": [...]}`` (or a list of those); ``n > 1`` samples n outputs
+        of a prompt as n engine requests, which share its KV blocks through the prefix cache."""
+        if isinstance(prompts, (str, dict)) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
+        prompts = [_prompt_input(p) for p in prompts]
         if sampling_params is None or isinstance(sampling_params, SamplingParams):
             sampling_params = [sampling_params or SamplingParams()] * len(prompts)
         if len(sampling_params) != len(prompts):
             raise ValueError(f"got {len(sampling_params)} sampling_params for {len(prompts)} prompts")
+        for params in sampling_params:
+            if not isinstance(params, SamplingParams):
+                raise TypeError(f"sampling_params must be SamplingParams, got {type(params).__name__}")
+        runs = [(p, sp) for p, params in zip(prompts, sampling_params) for sp in params.choices()]
+        t0 = time.time()
+        done = iter(self._run([p for p, _ in runs], [sp for _, sp in runs], use_tqdm))
+        metrics = {"arrival_time": t0, "finished_time": time.time()}
+        out = []
+        for prompt, params in zip(prompts, sampling_params):
+            samples = [next(done) for _ in range(params.n)]
+            first = samples[0]
+            out.append(
+                RequestOutput(
+                    request_id=first.request_id,
+                    prompt=prompt if isinstance(prompt, str) else None,
+                    prompt_token_ids=first.prompt_token_ids,
+                    outputs=[CompletionOutput.from_completion(i, c) for i, c in enumerate(samples)],
+                    metrics=dict(metrics),
+                )
+            )
+        return out
+
+    def chat(
+        self,
+        messages: list[dict] | list[list[dict]],
+        sampling_params: SamplingParams | list[SamplingParams] | None = None,
+        use_tqdm: bool = True,
+        chat_template_kwargs: dict | None = None,
+        add_generation_prompt: bool = True,
+    ) -> list[RequestOutput]:
+        """Replies to one conversation ([{"role", "content"}]) or a list of them, through the model's chat
+        template; ``RequestOutput.prompt`` is the rendered prompt text."""
+        conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
+        texts = [
+            render_chat(self.tokenizer, ChatPrompt(list(c), chat_template_kwargs, add_generation_prompt))
+            for c in conversations
+        ]
+        return self.generate(texts, sampling_params, use_tqdm)
+
+    def get_tokenizer(self):
+        return self.tokenizer
+
+    def _run(self, prompts: list, sampling_params: list[SamplingParams], use_tqdm: bool) -> list[Completion]:
+        """The engine's Completions of these requests (n=1 each), in order."""
         engine = self.engine
         request_ids: list[str] = []
         try:
@@ -84,6 +135,17 @@ class LLM:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _prompt_input(p):
+    """A prompt as the engine takes it: a string or a token-id list."""
+    if isinstance(p, dict):
+        if "prompt_token_ids" in p:
+            return list(p["prompt_token_ids"])
+        if "prompt" in p:
+            return p["prompt"]
+        raise ValueError(f"a prompt dict needs 'prompt' or 'prompt_token_ids', got keys {sorted(p)}")
+    return p
 
 
 class _Progress:

@@ -2,8 +2,8 @@
 workers.
 
 Its interface is narrow; ``LLM`` (client/llm.py) and the server (coordinator/server.py) use nothing else:
-``add_request`` / ``abort`` / ``step`` (returns ``RequestOutput``s) / ``has_unfinished`` / ``stats`` / ``info`` /
-``health`` / ``shutdown``.
+``add_request`` / ``abort`` / ``step`` (returns ``StepOutput``s) / ``has_unfinished`` / ``stats`` / ``info`` /
+``health`` / ``tokenize`` / ``detokenize`` / ``shutdown``.
 """
 
 from __future__ import annotations
@@ -18,13 +18,15 @@ from collections import deque
 from coordinator.block_manager import BlockManager
 from coordinator.config import EngineConfig
 from coordinator.output_processor import OutputProcessor, TokenStop
+from coordinator.prompts import detokenize_reply, generation_defaults, render_chat, tokenize_reply
 from coordinator.scheduler import ScheduledBatch, Scheduler
 from coordinator.sequence import SeqStatus, Sequence
 from coordinator.worker_group import WorkerGroup
 from model.config import ModelConfig
+from protocol.client_messages import ChatPrompt, Detokenize, DetokenizeReply, Tokenize, TokenizeReply
 from protocol.errors import EngineDeadError, RequestError
 from protocol.messages import StepResult, WorkerConfig
-from protocol.outputs import RequestOutput
+from protocol.outputs import StepOutput
 from protocol.sampling_params import SamplingParams
 
 log = logging.getLogger("nanoserve.engine")
@@ -55,6 +57,7 @@ class Engine:
         self.config = cfg
         self.model_config = ModelConfig.from_pretrained(cfg.model)  # fails fast, before any process starts
         self.tokenizer = AutoTokenizer.from_pretrained(cfg.model)
+        self.generation_defaults = generation_defaults(cfg.model)  # for requests that leave them unset
         mc = self.model_config
         self.max_model_len = min(cfg.max_model_len or mc.max_position_embeddings, mc.max_position_embeddings)
         mc.check_max_model_len(self.max_model_len)
@@ -125,13 +128,13 @@ class Engine:
 
     def add_request(
         self,
-        prompt: str | list[int],
+        prompt: str | list[int] | ChatPrompt,
         params: SamplingParams | None = None,
         request_id: str | None = None,
         stream: bool = False,
     ) -> str:
         """Validate and queue a request; returns its id. Raises RequestError naming the problem; nothing is queued
-        then. A streamed request gets a RequestOutput every step it gains tokens in, any other one only at its end."""
+        then. A streamed request gets a StepOutput every step it gains tokens in, any other one only at its end."""
         params = params or SamplingParams()
         if not isinstance(params, SamplingParams):
             raise RequestError("sampling_params must be a SamplingParams")
@@ -140,7 +143,7 @@ class Engine:
         except ValueError as e:
             raise RequestError(str(e)) from None
         if params.n != 1:
-            raise RequestError(f"n must be 1 (several completions of one prompt are not supported yet), got {params.n}")
+            raise RequestError(f"n must be 1 per engine request (LLM.generate and the HTTP API send n), got {params.n}")
         ids = self._prompt_ids(prompt)
         if not ids:
             raise RequestError("prompt is empty")
@@ -166,7 +169,9 @@ class Engine:
         self.scheduler.add(seq)
         return request_id
 
-    def _prompt_ids(self, prompt: str | list[int]) -> list[int]:
+    def _prompt_ids(self, prompt: str | list[int] | ChatPrompt) -> list[int]:
+        if isinstance(prompt, ChatPrompt):  # the template's text carries its own special tokens
+            prompt = render_chat(self.tokenizer, prompt)
         if isinstance(prompt, str):
             if len(prompt) > self.max_prompt_chars:
                 raise RequestError(
@@ -183,7 +188,7 @@ class Engine:
             return list(prompt)
         raise RequestError("prompt must be a string or a list of token ids")
 
-    def abort(self, request_id: str) -> RequestOutput | None:
+    def abort(self, request_id: str) -> StepOutput | None:
         """End an unfinished request (its blocks and slot are freed); returns its last output, or None when no
         such request is unfinished."""
         seq = self.requests.pop(request_id, None)
@@ -199,7 +204,7 @@ class Engine:
 
     # ---- the step ----------------------------------------------------------------------------------------
 
-    def step(self) -> list[RequestOutput]:
+    def step(self) -> list[StepOutput]:
         """Advance the engine by one step and return the output processor's outputs of it.
 
         With async scheduling, step N+1 (up to N + async_depth) is scheduled and sent before step N's tokens
@@ -220,7 +225,7 @@ class Engine:
             return self._apply(done, self.workers.recv_result(done.step.step_id))
         return []
 
-    def _apply(self, batch: ScheduledBatch, result: StepResult) -> list[RequestOutput]:
+    def _apply(self, batch: ScheduledBatch, result: StepResult) -> list[StepOutput]:
         tokens = result.token_ids.tolist()
         self.num_prompt_tokens_computed += sum(n for n in batch.num_tokens if n > 1)
         self.num_output_tokens += len(tokens)
@@ -298,7 +303,16 @@ class Engine:
             "max_num_seqs": cfg.max_num_seqs,
             "worker_pids": [p.pid for p in self.workers.procs],
             "coordinator_pid": os.getpid(),
+            "generation_defaults": self.generation_defaults,
         }
+
+    def tokenize(self, msg: Tokenize) -> TokenizeReply:
+        """Answer a Tokenize request (RequestError names the problem)."""
+        return tokenize_reply(self.tokenizer, self.max_model_len, msg)
+
+    def detokenize(self, msg: Detokenize) -> DetokenizeReply:
+        """Answer a Detokenize request (RequestError for ids outside the vocabulary)."""
+        return detokenize_reply(self.tokenizer, self.vocab_size, msg)
 
     def health(self) -> None:
         """Returns when the engine can serve; raises EngineDeadError naming the problem otherwise (a worker died,

@@ -1,5 +1,5 @@
 """The one owner of a request's output text: incremental detokenizing, stop strings (and the streamed text held back
-because it may still become one), special tokens, logprobs per token, and the ``RequestOutput``s a step returns.
+because it may still become one), special tokens, logprobs per token, and the ``StepOutput``s a step returns.
 
 Token-level stops (EOS, stop ids, max_tokens, max_model_len) stay with the engine, which schedules by them; a stop
 string found here ends the request too, and the engine then finishes its sequence in the scheduler. ``LLM`` and the
@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from coordinator.detokenizer import decode_delta
 from coordinator.sequence import Sequence
-from protocol.outputs import RequestOutput
+from protocol.outputs import StepOutput
 from protocol.sampling_params import SamplingParams
 
 # (finish_reason, stop_reason) of a token-level stop, as the engine found it
@@ -23,7 +23,7 @@ TokenStop = tuple[str, int | None]
 class _RequestState:
     request_id: str
     params: SamplingParams
-    stream: bool  # a RequestOutput every step, with what is new; otherwise one when finished
+    stream: bool  # a StepOutput every step, with what is new; otherwise one when finished
     detokenize: bool  # the text is built as tokens arrive (streaming or stop strings)
     longest_stop: int  # characters of the longest stop string (0: none)
     holdback: int  # streamed characters held back because they may still start a stop string
@@ -58,7 +58,7 @@ class OutputProcessor:
 
     def update(
         self, seq: Sequence, token: int, logprobs: dict[int, float] | None, stop: TokenStop | None
-    ) -> RequestOutput | None:
+    ) -> StepOutput | None:
         """``token`` was appended to ``seq``; ``stop`` is its token-level stop, if any. Returns the request's
         output for this step (None: nothing to tell yet). A finished output's reason may be a stop string's."""
         st = self.states[seq.request_id]
@@ -78,9 +78,9 @@ class OutputProcessor:
         if not st.stream:
             return None
         new_logprobs = None if st.logprobs is None else [logprobs]
-        return RequestOutput(st.request_id, [token], self._ready_text(st), new_logprobs)
+        return StepOutput(st.request_id, [token], self._ready_text(st), new_logprobs)
 
-    def finish(self, seq: Sequence, reason: str) -> RequestOutput | None:
+    def finish(self, seq: Sequence, reason: str) -> StepOutput | None:
         """The request ended outside a step (abort): its last output, with no new tokens."""
         st = self.states.get(seq.request_id)
         return None if st is None else self._final(st, seq, reason, None, [], [])
@@ -125,7 +125,7 @@ class OutputProcessor:
         stop_reason: str | int | None,
         new_token_ids: list[int],
         new_logprobs: list,
-    ) -> RequestOutput:
+    ) -> StepOutput:
         del self.states[st.request_id]
         if st.stop_string is not None:
             text = st.text
@@ -138,4 +138,4 @@ class OutputProcessor:
         else:
             token_ids, logprobs = seq.output_token_ids, st.logprobs
         prompt = seq.token_ids[: seq.num_prompt_tokens]
-        return RequestOutput(st.request_id, token_ids, text, logprobs, finish_reason, stop_reason, prompt)
+        return StepOutput(st.request_id, token_ids, text, logprobs, finish_reason, stop_reason, prompt)

@@ -1,14 +1,14 @@
-"""The coordinator's client endpoint: a ZMQ ROUTER socket that serves Generate/Abort/Health/Info/Stats requests
-(protocol/client_messages.py) over the engine's interface (add_request, abort, step, has_unfinished, stats, info,
-health, shutdown). It is transport, authentication and the request table; the engine's output processor owns every
-token and character it sends.
+"""The coordinator's client endpoint: a ZMQ ROUTER socket that serves Generate/Abort/Health/Info/Stats and
+Tokenize/Detokenize requests (protocol/client_messages.py) over the engine's interface (add_request, abort, step,
+has_unfinished, stats, info, health, tokenize, detokenize, shutdown). It is transport, authentication and the
+request table; the engine's output processor owns every token and character it sends.
 
 One thread runs one loop:
 
 1. receive: drain the client socket without blocking (at most ``max_drain`` frames per turn, so a flood cannot
    starve the engine), read each frame (coordinator/client_frames.py), then ``engine.add_request`` /
-   ``engine.abort`` or answer Health/Info/Stats on the spot. A frame that cannot be attributed to a request is
-   logged and dropped; a malformed frame that names a request gets an ``Error`` reply.
+   ``engine.abort`` or answer Health/Info/Stats/Tokenize/Detokenize on the spot. A frame that cannot be attributed
+   to a request is logged and dropped; a malformed frame that names a request gets an ``Error`` reply.
 2. step: when the engine has work, run one ``engine.step()`` and send each of its outputs as a ``Delta``.
 3. when idle, block in ``poll`` for a short while (and check the engine's health now and then).
 
@@ -49,11 +49,12 @@ from protocol.client_messages import (
     InfoReply,
     Stats,
     StatsReply,
+    Tokenize,
     TokenLogprobs,
 )
 from protocol.codec import encode
 from protocol.errors import RequestError
-from protocol.outputs import RequestOutput
+from protocol.outputs import StepOutput
 
 if TYPE_CHECKING:  # the engine pulls in torch; binding the socket must not wait for it
     from coordinator.engine import Engine
@@ -177,7 +178,7 @@ class Server:
             self.requests_rejected += 1
         self._send(identity, Error(request_id, kind, message))
 
-    def _reply(self, req: ClientRequest, out: RequestOutput) -> None:
+    def _reply(self, req: ClientRequest, out: StepOutput) -> None:
         """One engine output as one Delta; the last one retires the request."""
         if out.finished:
             self.requests.pop(req.engine_id)
@@ -192,7 +193,7 @@ class Server:
     def _end(self, req: ClientRequest) -> None:
         """Abort a request in the engine and send its last Delta (finish_reason "abort")."""
         out = self.engine.abort(req.engine_id) if self.healthy else None
-        self._reply(req, out or RequestOutput(req.engine_id, [], "", finish_reason="abort"))
+        self._reply(req, out or StepOutput(req.engine_id, [], "", finish_reason="abort"))
 
     def _abort_all(self, why: str) -> None:
         if len(self.requests):
@@ -245,6 +246,16 @@ class Server:
             self._send(identity, InfoReply(msg.request_id, CLIENT_PROTOCOL_VERSION, **self.engine.info()))
         elif isinstance(msg, Stats):
             self._send(identity, self._stats(msg.request_id))
+        else:  # Tokenize / Detokenize: answered by the engine's tokenizer on the spot
+            try:
+                reply = self.engine.tokenize(msg) if isinstance(msg, Tokenize) else self.engine.detokenize(msg)
+            except RequestError as e:
+                self._error(identity, msg.request_id, REQUEST_ERROR, str(e))
+                return
+            except Exception as e:  # e.g. the tokenizer choking on something: still the request's fault
+                self._error(identity, msg.request_id, REQUEST_ERROR, f"invalid request: {type(e).__name__}: {e}")
+                return
+            self._send(identity, reply)
 
     def _generate(self, identity: bytes, msg: Generate) -> None:
         rid = msg.request_id

@@ -3,7 +3,7 @@
 Every request carries ``protocol_version`` as its first field (so a mismatch is recognised even when the field
 count differs), a client-chosen ``request_id`` (scoped to the client's connection; replies carry it back) and
 ``token`` (the server's shared secret, or None when it has none). Fields annotated ``object`` are untyped on the
-wire (``prompt`` is a string or a list of token ids): the server validates them.
+wire (``prompt`` is a string, a list of token ids or a ChatPrompt record): the engine validates them.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from protocol.codec import record
 from protocol.sampling_params import SamplingParams
 
-CLIENT_PROTOCOL_VERSION = 3
+CLIENT_PROTOCOL_VERSION = 4  # 4: Tokenize/Detokenize, ChatPrompt prompts, InfoReply.generation_defaults
 
 # Error.kind values
 REQUEST_ERROR = "RequestError"  # a bad request; the message names the field
@@ -71,8 +71,46 @@ class Stats:
     token: str | None
 
 
-CLIENT_REQUESTS = (Generate, Abort, Health, Info, Stats)
-CLIENT_REQUEST_TAGS = frozenset(range(20, 25))  # the tags above
+@record(26)
+@dataclass(slots=True)
+class Tokenize:
+    """Token ids of a prompt (a string or a ChatPrompt), as the engine would see them; answered by TokenizeReply."""
+
+    protocol_version: int
+    request_id: str
+    token: str | None
+    prompt: object  # str | ChatPrompt
+    add_special_tokens: bool
+
+
+@record(27)
+@dataclass(slots=True)
+class Detokenize:
+    """Text of token ids; with ``per_token`` also each id's own text (e.g. for logprobs). Answered by
+    DetokenizeReply."""
+
+    protocol_version: int
+    request_id: str
+    token: str | None
+    token_ids: list[int]
+    per_token: bool
+    skip_special_tokens: bool
+
+
+@record(45)
+@dataclass(slots=True)
+class ChatPrompt:
+    """A conversation to continue, sent in place of a prompt (Generate.prompt, Tokenize.prompt): the coordinator
+    renders it with the tokenizer's chat template. ``messages``: [{"role": str, "content": str, ...}];
+    ``chat_template_kwargs``: extra template variables (e.g. Qwen3's ``enable_thinking``) or None."""
+
+    messages: object  # list[dict]; checked by the engine
+    chat_template_kwargs: object | None  # dict
+    add_generation_prompt: bool = True
+
+
+CLIENT_REQUESTS = (Generate, Abort, Health, Info, Stats, Tokenize, Detokenize)
+CLIENT_REQUEST_TAGS = frozenset((*range(20, 25), 26, 27))  # the tags above
 
 
 # ---- server -> client ----------------------------------------------------------------------------------
@@ -147,6 +185,9 @@ class InfoReply:
     max_num_seqs: int
     worker_pids: list[int]  # spawned workers only (empty with external workers)
     coordinator_pid: int
+    # sampling defaults from the model's generation_config.json (SamplingParams field -> value), for fields a
+    # request leaves unset (the HTTP front-end applies them, as vLLM does)
+    generation_defaults: object | None = None  # dict
 
 
 @record(34)
@@ -172,3 +213,19 @@ class StatsReply:
     requests_rejected: int
     frames_dropped: int  # client frames logged and dropped
     replies_dropped: int  # replies dropped: client gone or past its high-water mark
+
+
+@record(37)
+@dataclass(slots=True)
+class TokenizeReply:
+    request_id: str
+    token_ids: list[int]
+    max_model_len: int
+
+
+@record(38)
+@dataclass(slots=True)
+class DetokenizeReply:
+    request_id: str
+    text: str
+    token_texts: list[str] | None  # each id's own text, when asked (per_token)

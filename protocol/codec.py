@@ -5,7 +5,8 @@ annotated ``I32``/``I64``/``F32`` are numpy arrays that travel as packed little-
 decode of a whole batch is one ``tobytes``/``frombuffer`` per array. Decoding checks every field's type, so a
 malformed frame raises ``ProtocolError`` instead of reaching the engine; a record whose own validation rejects a
 value raises its subclass ``InvalidValue``. Records nest: a field annotated with a record's class name (or a list
-of them) travels as that record's list.
+of them) travels as that record's list, and a record inside a field annotated ``object`` travels as msgpack ext
+type 1 holding its own packed list.
 """
 
 from __future__ import annotations
@@ -24,6 +25,9 @@ _ARRAY_DTYPES = {"I32": np.dtype("<i4"), "I64": np.dtype("<i8"), "F32": np.dtype
 _SCALARS = {"int": (int,), "float": (float, int), "str": (str,), "bool": (bool,), "bytes": (bytes,)}
 
 
+_NESTED_EXT = 1  # msgpack ext type of a record inside an untyped (``object``) field
+
+
 class ProtocolError(ValueError):
     """A frame that is not a valid message."""
 
@@ -31,6 +35,17 @@ class ProtocolError(ValueError):
 class InvalidValue(ProtocolError):
     """A well-formed record whose own validation rejected a value (e.g. SamplingParams' ranges); the message
     names the field."""
+
+
+@dataclasses.dataclass(slots=True)
+class _Nested:
+    """A record found inside an untyped field, decoded once its place is known (so errors name the field)."""
+
+    data: bytes
+
+
+def _ext_hook(code: int, data: bytes):
+    return _Nested(data) if code == _NESTED_EXT else msgpack.ExtType(code, data)
 
 
 @dataclasses.dataclass(slots=True)
@@ -119,7 +134,8 @@ def _specs(cls: type) -> list[_FieldSpec]:
     if specs is None:
         specs = _SPECS[cls] = [_spec_for(f.name, f.type) for f in dataclasses.fields(cls)]
         _PLAIN[cls] = None
-        if len(specs) > 1 and all(spec.kind in ("scalar", "any") for spec in specs):
+        # an untyped field may hold a record (sent as ext), so only records of typed scalars take the fast path
+        if len(specs) > 1 and all(spec.kind == "scalar" for spec in specs):
             lists = tuple(i for i, spec in enumerate(specs) if spec.elements is not None)
             _PLAIN[cls] = _Plain(operator.attrgetter(*(spec.name for spec in specs)), lists, {})
     return specs
@@ -140,6 +156,8 @@ def _to_wire(obj):
             out.append(np.ascontiguousarray(v, dtype=spec.dtype).tobytes())
         elif spec.kind == "record":
             out.append([_to_wire(x) for x in v] if spec.is_list else _to_wire(v))
+        elif type(v) in _TAG_OF:  # a record in an untyped field (e.g. a chat prompt in Generate.prompt)
+            out.append(msgpack.ExtType(_NESTED_EXT, msgpack.packb(_to_wire(v), use_bin_type=True)))
         else:
             out.append(v)
     return out
@@ -159,7 +177,7 @@ def _plain_values(cls: type, specs: list[_FieldSpec], plain: _Plain, values: lis
     signature = tuple(map(type, values))
     floats = plain.signatures.get(signature)
     if floats is None:  # first time this signature: check each field
-        values = [v if spec.kind == "any" else _scalar(cls, spec, v) for spec, v in zip(specs, values)]
+        values = [_scalar(cls, spec, v) for spec, v in zip(specs, values)]
         if len(plain.signatures) < _MAX_SIGNATURES:
             plain.signatures[signature] = tuple(i for i, t in enumerate(signature) if t is int and specs[i].to_float)
         return values
@@ -205,12 +223,22 @@ def _from_wire(raw, expect: type | None = None):
                 values.append([_from_wire(x, target) for x in v])
             else:
                 values.append(_from_wire(v, target))
+        elif isinstance(v, _Nested):
+            try:
+                inner = _unpack(v.data)
+            except Exception as e:
+                raise ProtocolError(f"{cls.__name__}.{spec.name}: undecodable record ({type(e).__name__})") from None
+            values.append(_from_wire(inner))
         else:
             values.append(v)
     try:
         return cls(*values)
     except (ValueError, TypeError) as e:  # the record's own validation (__post_init__)
         raise InvalidValue(str(e)) from None
+
+
+def _unpack(data: bytes):
+    return msgpack.unpackb(data, raw=False, strict_map_key=True, max_bin_len=1 << 30, ext_hook=_ext_hook)
 
 
 def encode(msg) -> bytes:
@@ -220,7 +248,7 @@ def encode(msg) -> bytes:
 def decode(data: bytes, expect: type | None = None):
     """Bytes to a record; raises ProtocolError on anything malformed (never another exception type)."""
     try:
-        raw = msgpack.unpackb(data, raw=False, strict_map_key=True, max_bin_len=1 << 30)
+        raw = _unpack(data)
     except Exception as e:  # msgpack raises several types on garbage
         raise ProtocolError(f"undecodable frame: {type(e).__name__}") from None
     try:

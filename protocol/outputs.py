@@ -1,4 +1,5 @@
-"""What the engine hands back: a ``RequestOutput`` per request and step, and the ``Completion`` a caller keeps."""
+"""What the engine hands back: a ``StepOutput`` per request and step, and the ``Completion`` a caller keeps; what
+``LLM.generate`` returns: vLLM-shaped ``RequestOutput``s of ``CompletionOutput``s."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ class Completion:
 
 
 @dataclass(slots=True)
-class RequestOutput:
+class StepOutput:
     """One request's news from one engine step. A streamed request gets one per step it gained tokens in, with
     the new tokens and the new text that is safe to show (text that may still become a stop string is held
     back); any other request gets a single one when it finishes, with everything. The last one has
@@ -48,3 +49,58 @@ class RequestOutput:
             stop_reason=self.stop_reason,
             logprobs=self.logprobs,
         )
+
+
+@dataclass(slots=True)
+class CompletionOutput:
+    """One sampled continuation of a prompt (vLLM's shape)."""
+
+    index: int
+    text: str
+    token_ids: list[int]
+    cumulative_logprob: float | None  # sum of the sampled tokens' logprobs, when logprobs were asked for
+    logprobs: list[dict[int, float]] | None
+    finish_reason: str | None
+    stop_reason: str | int | None = None
+
+    @classmethod
+    def from_completion(cls, index: int, c: Completion) -> CompletionOutput:
+        cumulative = None
+        if c.logprobs is not None:  # each dict holds the sampled token first
+            cumulative = sum(next(iter(d.values())) for d in c.logprobs if d)
+        return cls(index, c.text, c.token_ids, cumulative, c.logprobs, c.finish_reason, c.stop_reason)
+
+
+@dataclass(slots=True)
+class RequestOutput:
+    """What ``LLM.generate``/``LLM.chat`` return per prompt (vLLM's shape): its ``outputs`` are the n samples.
+    ``text``, ``token_ids``, ``finish_reason``, ``stop_reason`` and ``logprobs`` are the first sample's, as
+    ``Completion`` has them."""
+
+    request_id: str
+    prompt: str | None  # the prompt text (None for a token-id prompt)
+    prompt_token_ids: list[int]
+    outputs: list[CompletionOutput]
+    finished: bool = True
+    metrics: dict = field(default_factory=dict)
+    prompt_logprobs: None = None  # not computed
+
+    @property
+    def text(self) -> str:
+        return self.outputs[0].text
+
+    @property
+    def token_ids(self) -> list[int]:
+        return self.outputs[0].token_ids
+
+    @property
+    def finish_reason(self) -> str | None:
+        return self.outputs[0].finish_reason
+
+    @property
+    def stop_reason(self) -> str | int | None:
+        return self.outputs[0].stop_reason
+
+    @property
+    def logprobs(self) -> list[dict[int, float]] | None:
+        return self.outputs[0].logprobs

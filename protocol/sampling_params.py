@@ -6,7 +6,7 @@ server) and ``StepCommand.new_params`` (coordinator to workers), and decoding it
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from protocol.codec import record
 
@@ -93,3 +93,12 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+    def choices(self) -> list[SamplingParams]:
+        """The n samples of a request as n requests of n=1, which share the prompt's KV blocks through the prefix
+        cache; a seeded request gives each its own seed (seed + index), so they differ and stay reproducible."""
+        if self.n == 1:
+            return [self]
+        if self.seed is None:
+            return [replace(self, n=1)] * self.n
+        return [replace(self, n=1, seed=(self.seed + i) % 2**63) for i in range(self.n)]

@@ -1,6 +1,7 @@
 """Which modules import which: a program that only talks to a server loads neither torch nor transformers (the
 remote clients, the command-line client and every protocol module import without them; ``LLM`` is imported only
-when asked for), and the modules of kernels/ import each other in one direction (no circle, lazy imports
+when asked for), the ZMQ clients load no HTTP stack (fastapi is the HTTP front-end's alone, and it too runs without
+torch or transformers), and the modules of kernels/ import each other in one direction (no circle, lazy imports
 included)."""
 
 from __future__ import annotations
@@ -23,8 +24,12 @@ import client.__main__
 import protocol
 for m in pkgutil.iter_modules(protocol.__path__):
     __import__("protocol." + m.name)
-heavy = sorted(name for name in ("torch", "transformers", "coordinator.engine") if name in sys.modules)
+heavy = sorted(n for n in ("torch", "transformers", "coordinator.engine", "fastapi", "uvicorn") if n in sys.modules)
 print("heavy:", heavy)
+import client.openai_server.__main__
+import client.openai_server.app
+front_end = sorted(n for n in ("torch", "transformers", "coordinator.engine") if n in sys.modules)
+print("front-end heavy:", front_end, "fastapi:", "fastapi" in sys.modules)
 from client import LLM  # noqa: the lazy import still works, and it is the one that loads torch
 print("after LLM:", "torch" in sys.modules)
 """
@@ -36,6 +41,7 @@ def test_remote_client_imports_without_torch():
     )
     assert out.returncode == 0, out.stderr
     assert "heavy: []" in out.stdout, out.stdout
+    assert "front-end heavy: [] fastapi: True" in out.stdout, out.stdout
     assert "after LLM: True" in out.stdout, out.stdout
 
 

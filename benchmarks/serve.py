@@ -1,0 +1,201 @@
+"""HTTP load generator for any OpenAI-compatible server, in the manner of ``vllm bench serve --dataset-name random``.
+
+    python benchmarks/serve.py --base-url http://127.0.0.1:8000/v1 [--model NAME] [--dataset w1|random]
+        [--num-prompts N] [--request-rate R|inf] [--max-concurrency N] [--random-input-len 1024]
+        [--random-output-len 128] [--random-range-ratio 0.0] [--temperature 0.6] [--scale S]
+        [--max-token-id 10000] [--api-key KEY] [--seed 0]
+
+Every request is a streaming completion (``stream: true``, ``ignore_eos: true``, ``stream_options.include_usage``)
+whose prompt is a list of token ids, so no tokenizer is needed and any server that takes token-id prompts can be
+measured. Arrivals are a Poisson process at ``--request-rate`` requests/s (``inf``: all at once).
+  w1      benchmarks/throughput.py's W1 (256 prompts of 100-1024 random ids, 100-1024 output tokens, temperature
+          0.6); ``--num-prompts`` keeps the first N, ``--scale`` divides the lengths (smoke runs).
+  random  ``--random-input-len`` / ``--random-output-len`` tokens, each drawn from [len * (1 - ratio), len].
+Ids above ``--max-token-id`` wrap around (use the model's vocabulary size - 1 for small models).
+
+Reports request throughput, output tok/s, total tok/s, and TTFT, TPOT (per request: (latency - TTFT) / (output
+tokens - 1)) and ITL (gaps between streamed events) mean/p50/p99 in ms; the LAST line is one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import random
+import sys
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from benchmarks.throughput import w1_requests
+
+
+@dataclass(slots=True)
+class Result:
+    ok: bool = False
+    error: str = ""
+    ttft: float = 0.0
+    latency: float = 0.0
+    output_tokens: int = 0
+    prompt_tokens: int = 0
+    itl: list[float] = field(default_factory=list)
+
+
+def build_requests(args) -> list[tuple[list[int], int]]:
+    """(prompt ids, max_tokens) per request."""
+    if args.dataset == "w1":
+        reqs = [(r.prompt, r.max_tokens) for r in w1_requests(args.scale, args.num_prompts)]
+    else:
+        rng = random.Random(args.seed)
+        lo_in = max(1, int(args.random_input_len * (1 - args.random_range_ratio)))
+        lo_out = max(1, int(args.random_output_len * (1 - args.random_range_ratio)))
+        reqs = [
+            ([rng.randint(0, 10000) for _ in range(rng.randint(lo_in, args.random_input_len))],
+             rng.randint(lo_out, args.random_output_len))
+            for _ in range(args.num_prompts or 256)
+        ]  # fmt: skip
+    m = args.max_token_id + 1
+    return [([t % m for t in p], n) for p, n in reqs]
+
+
+async def one_request(client, url: str, body: dict, headers: dict) -> Result:
+    res = Result(prompt_tokens=len(body["prompt"]))
+    t0 = time.perf_counter()
+    last = None
+    try:
+        async with client.stream("POST", url, json=body, headers=headers) as resp:
+            if resp.status_code != 200:
+                res.error = f"HTTP {resp.status_code}: {(await resp.aread()).decode()[:200]}"
+                return res
+            async for line in resp.aiter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                chunk = json.loads(line[6:])
+                if "error" in chunk:
+                    res.error = str(chunk["error"])[:200]
+                    return res
+                if chunk.get("usage"):
+                    res.output_tokens = chunk["usage"]["completion_tokens"]
+                if not chunk.get("choices"):
+                    continue
+                now = time.perf_counter()
+                if last is None:
+                    res.ttft = now - t0
+                else:
+                    res.itl.append(now - last)
+                last = now
+        res.latency = time.perf_counter() - t0
+        res.ok = last is not None
+    except Exception as e:  # a failed request is counted, not fatal
+        res.error = f"{type(e).__name__}: {e}"
+    return res
+
+
+async def run(args, reqs: list[tuple[list[int], int]]) -> tuple[list[Result], float]:
+    import httpx
+
+    headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+    timeout = httpx.Timeout(None, connect=60)
+    async with httpx.AsyncClient(limits=limits, timeout=timeout) as client:
+        model = args.model
+        if model is None:
+            r = await client.get(args.base_url + "/models", headers=headers)
+            model = r.json()["data"][0]["id"]
+        url = args.base_url + "/completions"
+        bodies = [
+            {
+                "model": model, "prompt": p, "max_tokens": n, "temperature": args.temperature, "stream": True,
+                "stream_options": {"include_usage": True}, "ignore_eos": True,
+            }
+            for p, n in reqs
+        ]  # fmt: skip
+        gate = asyncio.Semaphore(args.max_concurrency or len(bodies))
+        rng = np.random.default_rng(args.seed)
+
+        async def gated(body: dict) -> Result:
+            async with gate:
+                return await one_request(client, url, body, headers)
+
+        tasks = []
+        t0 = time.perf_counter()
+        for body in bodies:
+            tasks.append(asyncio.create_task(gated(body)))
+            if math.isfinite(args.request_rate):
+                await asyncio.sleep(rng.exponential(1.0 / args.request_rate))
+        results = await asyncio.gather(*tasks)
+        return results, time.perf_counter() - t0
+
+
+def _ms(xs: list[float]) -> dict:
+    if not xs:
+        return {"mean": 0.0, "p50": 0.0, "p99": 0.0}
+    a = np.asarray(xs) * 1e3
+    return {"mean": float(a.mean()), "p50": float(np.percentile(a, 50)), "p99": float(np.percentile(a, 99))}
+
+
+def summarize(results: list[Result], seconds: float, args) -> dict:
+    ok = [r for r in results if r.ok]
+    out = sum(r.output_tokens for r in ok)
+    prompt = sum(r.prompt_tokens for r in ok)
+    return {
+        "dataset": args.dataset,
+        "request_rate": args.request_rate if math.isfinite(args.request_rate) else "inf",
+        "num_requests": len(results),
+        "completed": len(ok),
+        "failed": len(results) - len(ok),
+        "first_error": next((r.error for r in results if not r.ok), ""),
+        "seconds": seconds,
+        "request_throughput": len(ok) / seconds,
+        "output_tokens": out,
+        "output_tok_s": out / seconds,
+        "total_tok_s": (out + prompt) / seconds,
+        "ttft_ms": _ms([r.ttft for r in ok]),
+        "tpot_ms": _ms([(r.latency - r.ttft) / (r.output_tokens - 1) for r in ok if r.output_tokens > 1]),
+        "itl_ms": _ms([x for r in ok for x in r.itl]),
+    }
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter, allow_abbrev=False
+    )
+    p.add_argument("--base-url", default="http://127.0.0.1:8000/v1", help="the server's OpenAI base URL (…/v1)")
+    p.add_argument("--model", default=None, help="model name to send (default: the first of /v1/models)")
+    p.add_argument("--api-key", default=None, help="sent as 'Authorization: Bearer KEY'")
+    p.add_argument("--dataset", choices=["w1", "random"], default="w1", help="which requests to send (default w1)")
+    p.add_argument("--num-prompts", type=int, default=None, help="requests (w1: the first N of 256; random: 256)")
+    p.add_argument("--request-rate", type=float, default=math.inf, help="Poisson arrivals per second (inf: at once)")
+    p.add_argument("--max-concurrency", type=int, default=None, help="at most N requests in flight")
+    p.add_argument("--random-input-len", type=int, default=1024, help="random: prompt length (upper bound)")
+    p.add_argument("--random-output-len", type=int, default=128, help="random: output length (upper bound)")
+    p.add_argument("--random-range-ratio", type=float, default=0.0, help="random: lengths from [len*(1-r), len]")
+    p.add_argument("--temperature", type=float, default=0.6, help="sampling temperature (W1's 0.6)")
+    p.add_argument("--scale", type=int, default=1, help="w1: divide every length by S (smoke runs)")
+    p.add_argument("--max-token-id", type=int, default=10000, help="prompt ids wrap above this (vocab size - 1)")
+    p.add_argument("--seed", type=int, default=0, help="random dataset and arrival times")
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    reqs = build_requests(args)
+    results, seconds = asyncio.run(run(args, reqs))
+    s = summarize(results, seconds, args)
+    print(f"requests      {s['completed']}/{s['num_requests']} ok in {s['seconds']:.2f} s, rate {s['request_rate']}")
+    if s["failed"]:
+        print(f"first error   {s['first_error']}")
+    print(f"throughput    {s['request_throughput']:.2f} req/s, {s['output_tok_s']:,.1f} output tok/s, "
+          f"{s['total_tok_s']:,.1f} total tok/s")  # fmt: skip
+    for key in ("ttft_ms", "tpot_ms", "itl_ms"):
+        m = s[key]
+        print(f"{key[:-3].upper():13s} mean {m['mean']:.2f} ms, p50 {m['p50']:.2f} ms, p99 {m['p99']:.2f} ms")
+    print(json.dumps(s), flush=True)
+    return s
+
+
+if __name__ == "__main__":
+    sys.exit(0 if main()["failed"] == 0 else 1)

@@ -1,0 +1,158 @@
+"""``python -m client.openai_server --address tcp://127.0.0.1:8765 --port 8000``: the OpenAI-compatible HTTP
+front-end for a running coordinator. ``python launch.py --http-port PORT`` starts it for you, on a socket it
+bound before loading the model (``--fd``), and it exits with its parent (``--parent-pid``)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import ctypes
+import logging
+import os
+import signal
+import socket
+import sys
+import time
+
+from client.openai_server.app import build_app
+from client.openai_server.engine_client import EngineClient
+from client.openai_server.metrics import Metrics
+from client.openai_server.reasoning import REASONING_PARSERS
+from client.openai_server.state import ServerState
+from coordinator.client_socket import is_loopback
+from protocol.settings import settings
+
+log = logging.getLogger("nanoserve.http")
+_PR_SET_PDEATHSIG = 1
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m client.openai_server",
+        description="OpenAI-compatible HTTP API for a running nanoserve coordinator.",
+        allow_abbrev=False,
+    )
+    p.add_argument(
+        "--address", default=settings().address or "tcp://127.0.0.1:8765", help="the coordinator's ZMQ address"
+    )
+    p.add_argument("--host", default="127.0.0.1", help="interface to listen on (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8000, help="HTTP port (default 8000; 0 = a free one)")
+    p.add_argument("--fd", type=int, default=None, help="listen on this inherited, already bound socket instead")
+    p.add_argument(
+        "--api-key", default=settings().api_key, help="key HTTP clients must send; also the coordinator's token "
+        "(env NANOSERVE_API_KEY)",
+    )  # fmt: skip
+    p.add_argument("--served-model-name", default=None, help="model name in the API (default: the model path)")
+    p.add_argument(
+        "--reasoning-parser", choices=sorted(REASONING_PARSERS), default=None, help="split reasoning_content"
+    )
+    p.add_argument("--log-stats-interval", type=float, default=10.0, help="seconds between throughput log lines")
+    p.add_argument("--connect-timeout", type=float, default=60.0, help="seconds to wait for the coordinator")
+    p.add_argument("--parent-pid", type=int, default=None, help="exit when this process is gone")
+    p.add_argument("--log-level", default="INFO", help="logging level (stderr)")
+    return p
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    try:  # the kernel sends SIGTERM when the parent dies; the pid check below covers the race before this call
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() != parent_pid:
+        sys.exit(0)
+
+
+async def _watch_parent(parent_pid: int, server) -> None:
+    while os.getppid() == parent_pid:
+        await asyncio.sleep(0.5)
+    log.warning("parent process %d is gone: shutting down", parent_pid)
+    server.should_exit = True
+
+
+async def _log_stats(engine: EngineClient, interval: float) -> None:
+    """One line every ``interval`` seconds while the engine has work, as vLLM logs."""
+    prev, prev_t = None, time.monotonic()
+    while True:
+        await asyncio.sleep(interval)
+        try:
+            s = await engine.control(engine.client.stats())
+        except Exception as e:
+            log.warning("engine stats unavailable: %s: %s", type(e).__name__, e)
+            continue
+        now = time.monotonic()
+        prompt = s["prompt_tokens"] + s["prefix_cache_hit_tokens"]
+        if prev is not None:
+            dt = max(now - prev_t, 1e-9)
+            prompt_rate, gen_rate = (prompt - prev[0]) / dt, (s["output_tokens"] - prev[1]) / dt
+            if prompt_rate or gen_rate or s["running"] or s["waiting"]:
+                log.info(
+                    "Avg prompt throughput: %.1f tokens/s, Avg generation throughput: %.1f tokens/s, Running: %d "
+                    "reqs, Waiting: %d reqs, KV cache usage: %.1f%%, Prefix cache hit rate: %.1f%%",
+                    prompt_rate, gen_rate, s["running"], s["waiting"], 100 * s["kv_usage"],
+                    100 * s["prefix_cache_hit_rate"],
+                )  # fmt: skip
+        prev, prev_t = (prompt, s["output_tokens"]), now
+
+
+def _listen_socket(args) -> socket.socket:
+    if args.fd is not None:
+        sock = socket.socket(fileno=args.fd)
+    else:
+        sock = socket.create_server(
+            (args.host, args.port), family=socket.AF_INET6 if ":" in args.host else socket.AF_INET
+        )
+    sock.setblocking(False)
+    return sock
+
+
+async def serve(args) -> int:
+    import uvicorn
+
+    engine = EngineClient(args.address, args.api_key, args.served_model_name)
+    try:
+        await engine.connect(args.connect_timeout)
+    except Exception as e:
+        log.error("no answer from the coordinator at %s: %s: %s", args.address, type(e).__name__, e)
+        await engine.close()
+        return 1
+    parser = REASONING_PARSERS[args.reasoning_parser] if args.reasoning_parser else None
+    state = ServerState(engine, Metrics(engine.served_model_name), args.api_key, parser)
+    sock = _listen_socket(args)
+    config = uvicorn.Config(
+        build_app(state), log_config=None, access_log=False, lifespan="off", timeout_graceful_shutdown=5
+    )
+    server = uvicorn.Server(config)
+    serving = asyncio.ensure_future(server.serve(sockets=[sock]))
+    while not server.started and not serving.done():
+        await asyncio.sleep(0.02)
+    tasks = [asyncio.ensure_future(_log_stats(engine, args.log_stats_interval))]
+    if args.parent_pid is not None:
+        tasks.append(asyncio.ensure_future(_watch_parent(args.parent_pid, server)))
+    if server.started:
+        host, port = sock.getsockname()[:2]
+        shown = f"[{host}]" if ":" in host else host
+        print(f"nanoserve OpenAI API on http://{shown}:{port}/v1 (model {engine.served_model_name!r})", flush=True)
+    try:
+        await serving
+    finally:
+        for t in tasks:
+            t.cancel()
+        await engine.close()
+    return 0 if server.started else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.fd is None and not is_loopback(args.host) and not args.api_key:
+        parser.error(f"listening on the non-loopback host {args.host!r} needs --api-key")
+    logging.basicConfig(
+        stream=sys.stderr, level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    if args.parent_pid is not None:
+        _die_with_parent(args.parent_pid)
+    return asyncio.run(serve(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,143 @@
+"""POST /v1/chat/completions: the conversation travels to the coordinator, which renders it with the model's
+chat template; n choices, streaming or not, logprobs (bool + top_logprobs), reasoning_content with a reasoning
+parser, and usage."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+from starlette.responses import JSONResponse, Response
+
+from client.openai_server.completions import usage
+from client.openai_server.errors import APIError, from_engine
+from client.openai_server.logprobs import chat_logprobs
+from client.openai_server.metrics import TokenTimer
+from client.openai_server.params import chat_max_tokens, check_model, choice_params, conversation, sampling_params
+from client.openai_server.schemas import ChatCompletionRequest
+from client.openai_server.state import ServerState
+from client.openai_server.streaming import DONE, ChoiceStreams, EventStreamResponse, generate_all, sse
+
+FIELDS = frozenset(ChatCompletionRequest.model_fields)
+
+
+async def _prompt_and_max_tokens(state: ServerState, req: ChatCompletionRequest):
+    """What to send as the prompt, and max_tokens. Unset max_tokens means the rest of the context (capped by
+    the model's max_new_tokens), so the conversation is tokenized first to know its length."""
+    engine = state.engine
+    chat = conversation(req.messages, req.chat_template_kwargs, req.add_generation_prompt)
+    max_tokens = chat_max_tokens(req)
+    if max_tokens is not None:
+        return chat, max_tokens
+    ids = await engine.control(engine.client.tokenize(chat, add_special_tokens=False))
+    room = engine.max_model_len - len(ids)
+    if room < 1:
+        raise APIError(
+            400, f"messages: the prompt ({len(ids)} tokens) leaves no room in max_model_len ({engine.max_model_len})",
+            "messages",
+        )  # fmt: skip
+    return ids, min(room, engine.generation_defaults.get("max_tokens", room))
+
+
+async def create_chat_completion(state: ServerState, req: ChatCompletionRequest) -> Response:
+    arrival = time.monotonic()
+    engine = state.engine
+    check_model(req.model, engine.served_model_name)
+    rid = f"chatcmpl-{uuid.uuid4().hex}"
+    try:
+        prompt, max_tokens = await _prompt_and_max_tokens(state, req)
+        logprobs = (req.top_logprobs or 0) if req.logprobs else None
+        params = sampling_params(req, engine.generation_defaults, max_tokens, logprobs)
+        jobs = [(prompt, sp) for sp in choice_params(params, req.n)]
+        if req.stream:
+            streams = ChoiceStreams(engine, jobs)
+            await streams.start()
+            return EventStreamResponse(_events(state, req, rid, streams, arrival))
+        results = await generate_all(engine, jobs)
+    except APIError:
+        raise
+    except Exception as e:
+        raise from_engine(e, FIELDS) from None
+    choices = []
+    for i, c in enumerate(results):
+        message = {"role": "assistant", "content": c.text}
+        if state.reasoning_parser is not None:
+            message["reasoning_content"], message["content"] = state.reasoning_parser.split(c.text)
+        lp = await chat_logprobs(engine, c.logprobs, req.top_logprobs or 0) if req.logprobs and c.logprobs else None
+        choices.append(
+            {
+                "index": i,
+                "message": message,
+                "logprobs": lp,
+                "finish_reason": c.finish_reason,
+                "stop_reason": c.stop_reason,
+            }
+        )
+    num_prompt, num_output = len(results[0].prompt_token_ids), sum(len(c.token_ids) for c in results)
+    state.metrics.finished(rid, arrival, num_prompt, num_output, [c.finish_reason for c in results])
+    body = {
+        "id": rid,
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": engine.served_model_name,
+        "choices": choices,
+        "usage": usage(num_prompt, num_output),
+    }
+    return JSONResponse(body)
+
+
+def _delta(text: str, parser, final: bool) -> dict:
+    """The chat delta for new output text, split into reasoning and content by the parser if there is one."""
+    if parser is None:
+        return {"content": text} if text else {}
+    reasoning, content = parser.feed(text)
+    if final:
+        r2, c2 = parser.finish()
+        reasoning, content = reasoning + r2, content + c2
+    out = {}
+    if reasoning:
+        out["reasoning_content"] = reasoning
+    if content:
+        out["content"] = content
+    return out
+
+
+async def _events(state: ServerState, req: ChatCompletionRequest, rid: str, streams: ChoiceStreams, arrival: float):
+    engine = state.engine
+    head = {
+        "id": rid,
+        "object": "chat.completion.chunk",
+        "created": int(time.time()),
+        "model": engine.served_model_name,
+    }
+    count = len(streams.streams)
+    timers = [TokenTimer(state.metrics, arrival) for _ in range(count)]
+    parsers = [state.reasoning_parser() if state.reasoning_parser else None for _ in range(count)]
+    outputs, started = [0] * count, [False] * count
+    reasons: list[str | None] = [None] * count
+    num_prompt = 0
+    top_n = req.top_logprobs or 0
+    try:
+        async for i, d in streams.deltas():
+            timers[i].tokens(len(d.token_ids))
+            outputs[i] += len(d.token_ids)
+            final = d.finish_reason is not None
+            delta = _delta(d.text, parsers[i], final)
+            lp = await chat_logprobs(engine, d.logprobs, top_n) if req.logprobs and d.logprobs else None
+            if not started[i]:  # the first event of a choice names the role
+                delta, started[i] = {"role": "assistant", "content": "", **delta}, True
+            elif not delta and lp is None and not final:
+                continue
+            if final:
+                reasons[i], num_prompt = d.finish_reason, len(d.prompt_token_ids or ())
+            choice = {"index": i, "delta": delta, "logprobs": lp, "finish_reason": d.finish_reason}
+            if final:
+                choice["stop_reason"] = d.stop_reason
+            yield sse({**head, "choices": [choice]})
+        if req.stream_options is not None and req.stream_options.include_usage:
+            yield sse({**head, "choices": [], "usage": usage(num_prompt, sum(outputs))})
+    except Exception as e:  # the engine failed mid-stream: the error is the last event
+        yield sse(from_engine(e, FIELDS).body())
+    finally:
+        state.metrics.finished(rid, arrival, num_prompt, sum(outputs), [r or "abort" for r in reasons])
+    yield DONE

@@ -1,0 +1,122 @@
+"""POST /v1/completions: one prompt or several (strings or token ids), n choices each (choice index =
+prompt index * n + j), streaming or not, with echo, logprobs and usage."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+from starlette.responses import JSONResponse, Response
+
+from client.openai_server.errors import APIError, from_engine
+from client.openai_server.logprobs import completion_logprobs
+from client.openai_server.metrics import TokenTimer
+from client.openai_server.params import (
+    check_model,
+    choice_params,
+    completion_max_tokens,
+    completion_prompts,
+    sampling_params,
+)
+from client.openai_server.schemas import CompletionRequest
+from client.openai_server.state import ServerState
+from client.openai_server.streaming import DONE, ChoiceStreams, EventStreamResponse, generate_all, sse
+
+FIELDS = frozenset(CompletionRequest.model_fields)
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
+
+
+async def _echo_texts(state: ServerState, prompts: list) -> list[str]:
+    client = state.engine.client
+    return [
+        p if isinstance(p, str) else await state.engine.control(client.detokenize(p, skip_special_tokens=False))
+        for p in prompts
+    ]
+
+
+async def create_completion(state: ServerState, req: CompletionRequest) -> Response:
+    arrival = time.monotonic()
+    engine = state.engine
+    check_model(req.model, engine.served_model_name)
+    prompts = completion_prompts(req.prompt)
+    defaults = engine.generation_defaults
+    params = sampling_params(req, defaults, completion_max_tokens(req, defaults), req.logprobs)
+    jobs = [(p, sp) for p in prompts for sp in choice_params(params, req.n)]
+    rid = f"cmpl-{uuid.uuid4().hex}"
+    try:
+        echo = await _echo_texts(state, prompts) if req.echo else None
+        if req.stream:
+            streams = ChoiceStreams(engine, jobs)
+            await streams.start()
+            return EventStreamResponse(_events(state, req, rid, streams, echo, arrival))
+        results = await generate_all(engine, jobs)
+    except APIError:
+        raise
+    except Exception as e:
+        raise from_engine(e, FIELDS) from None
+    choices, num_output = [], 0
+    for i, c in enumerate(results):
+        text = echo[i // req.n] + c.text if echo else c.text
+        lp = None
+        if req.logprobs is not None and c.logprobs:
+            lp, _ = await completion_logprobs(engine, c.logprobs, 0)
+        num_output += len(c.token_ids)
+        choices.append(
+            {"index": i, "text": text, "logprobs": lp, "finish_reason": c.finish_reason, "stop_reason": c.stop_reason}
+        )
+    num_prompt = sum(len(results[k * req.n].prompt_token_ids) for k in range(len(prompts)))
+    state.metrics.finished(rid, arrival, num_prompt, num_output, [c.finish_reason for c in results])
+    body = {
+        "id": rid,
+        "object": "text_completion",
+        "created": int(time.time()),
+        "model": engine.served_model_name,
+        "choices": choices,
+        "usage": usage(num_prompt, num_output),
+    }
+    return JSONResponse(body)
+
+
+async def _events(state: ServerState, req: CompletionRequest, rid: str, streams: ChoiceStreams, echo, arrival):
+    engine, n = state.engine, req.n
+    head = {"id": rid, "object": "text_completion", "created": int(time.time()), "model": engine.served_model_name}
+    count = len(streams.streams)
+    timers = [TokenTimer(state.metrics, arrival) for _ in range(count)]
+    offsets, outputs, echoed = [0] * count, [0] * count, [echo is None] * count
+    reasons: list[str | None] = [None] * count
+    prompt_tokens: dict[int, int] = {}
+    want_logprobs = req.logprobs is not None
+    try:
+        async for i, d in streams.deltas():
+            timers[i].tokens(len(d.token_ids))
+            outputs[i] += len(d.token_ids)
+            text = d.text
+            if not echoed[i]:  # the prompt goes before the choice's first text
+                text, echoed[i] = echo[i // n] + text, True
+            lp = None
+            if want_logprobs and d.logprobs:
+                lp, offsets[i] = await completion_logprobs(engine, d.logprobs, offsets[i])
+            if d.finish_reason is not None:
+                reasons[i] = d.finish_reason
+                prompt_tokens[i // n] = len(d.prompt_token_ids or ())
+            elif not text and lp is None:
+                continue  # nothing to show yet (text held back)
+            choice = {"index": i, "text": text, "logprobs": lp, "finish_reason": d.finish_reason}
+            if d.finish_reason is not None:
+                choice["stop_reason"] = d.stop_reason
+            yield sse({**head, "choices": [choice]})
+        if req.stream_options is not None and req.stream_options.include_usage:
+            yield sse({**head, "choices": [], "usage": usage(sum(prompt_tokens.values()), sum(outputs))})
+    except Exception as e:  # the engine failed mid-stream: the error is the last event
+        yield sse(from_engine(e, FIELDS).body())
+    finally:
+        final = [r or "abort" for r in reasons]
+        state.metrics.finished(rid, arrival, sum(prompt_tokens.values()), sum(outputs), final)
+    yield DONE

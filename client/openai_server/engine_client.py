@@ -1,0 +1,58 @@
+"""The front-end's view of the coordinator: one AsyncClient (one ZMQ socket for every HTTP request), the
+coordinator's Info, and the token texts that logprobs name (fetched once per id, then cached)."""
+
+from __future__ import annotations
+
+import asyncio
+
+from client.async_client import AsyncClient
+
+CONTROL_TIMEOUT_S = 10.0  # health, stats, info, tokenize: the coordinator answers these between steps
+
+
+class EngineClient:
+    def __init__(self, address: str, token: str | None, served_model_name: str | None = None) -> None:
+        self.client = AsyncClient(address, token=token)  # no timeout: a long generation must not be cut
+        self.address = address
+        self.info: dict = {}
+        self.served_model_name = served_model_name or ""
+        self._token_texts: dict[int, str] = {}
+
+    async def connect(self, timeout: float) -> dict:
+        """Wait for the coordinator's Info (it answers once its workers are up)."""
+        deadline = asyncio.get_running_loop().time() + timeout
+        while True:
+            try:
+                self.info = await asyncio.wait_for(
+                    self.client.info(), max(0.1, deadline - asyncio.get_running_loop().time())
+                )
+                break
+            except ConnectionError:  # not listening yet
+                if asyncio.get_running_loop().time() >= deadline:
+                    raise
+        self.served_model_name = self.served_model_name or self.info["model"]
+        return self.info
+
+    @property
+    def max_model_len(self) -> int:
+        return self.info["max_model_len"]
+
+    @property
+    def generation_defaults(self) -> dict:
+        return self.info.get("generation_defaults") or {}
+
+    async def control(self, coro):
+        """A control call (health, stats, tokenize...) bounded in time: a dead coordinator gives TimeoutError."""
+        return await asyncio.wait_for(coro, CONTROL_TIMEOUT_S)
+
+    async def token_texts(self, ids) -> list[str]:
+        """Each id's own text, for logprobs; one request to the coordinator for the ids not seen before."""
+        cache = self._token_texts
+        missing = [t for t in dict.fromkeys(ids) if t not in cache]
+        if missing:
+            for t, text in zip(missing, await self.control(self.client.token_texts(missing))):
+                cache[t] = text
+        return [cache[t] for t in ids]
+
+    async def close(self) -> None:
+        await self.client.aclose()

@@ -1,0 +1,116 @@
+"""From an HTTP request to what the coordinator takes: prompts, chat conversations and SamplingParams, with the
+model's generation_config.json defaults for the sampling fields a request leaves unset (as vLLM does)."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import replace
+
+from client.openai_server.errors import APIError, param_of
+from client.openai_server.schemas import ChatCompletionRequest, ChatMessage, CompletionRequest
+from protocol.client_messages import ChatPrompt
+from protocol.sampling_params import SamplingParams
+
+_PARAM_FIELDS = frozenset(f.name for f in dataclasses.fields(SamplingParams))
+# fields whose unset value comes from the model's generation config when it has one
+_DEFAULTED = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+
+
+def check_model(requested: str | None, served: str) -> None:
+    if requested is not None and requested != served:
+        raise APIError(404, f"The model `{requested}` does not exist.", "model")
+
+
+def completion_prompts(prompt) -> list[str | list[int]]:
+    """A completions request's prompt field as a list of prompts (strings or token-id lists)."""
+    if isinstance(prompt, str):
+        return [prompt]
+    if not prompt:
+        raise APIError(400, "prompt must not be empty", "prompt")
+    if isinstance(prompt[0], int):
+        return [prompt]
+    return list(prompt)
+
+
+def _text(i: int, content) -> str | None:
+    if content is None or isinstance(content, str):
+        return content
+    parts = []
+    for part in content:  # [{"type": "text", "text": ...}]
+        if part.get("type") != "text" or not isinstance(part.get("text"), str):
+            raise APIError(400, f"messages[{i}].content: only text parts are supported", "messages")
+        parts.append(part["text"])
+    return "\n".join(parts)
+
+
+def conversation(messages: list[ChatMessage], kwargs: dict | None, add_generation_prompt: bool = True) -> ChatPrompt:
+    out = []
+    for i, m in enumerate(messages):
+        d = m.model_dump(exclude_none=True)
+        d["content"] = _text(i, m.content) or ""
+        out.append(d)
+    return ChatPrompt(out, kwargs, add_generation_prompt)
+
+
+def _unsupported(req) -> None:
+    if req.logit_bias:
+        raise APIError(400, "logit_bias is not supported", "logit_bias")
+    if isinstance(req, CompletionRequest):
+        if req.suffix:
+            raise APIError(400, "suffix is not supported", "suffix")
+        if req.best_of is not None and req.best_of != req.n:
+            raise APIError(400, "best_of must equal n (or be left out)", "best_of")
+        if req.echo and req.logprobs is not None:
+            raise APIError(400, "echo with logprobs is not supported (it needs the prompt's logprobs)", "echo")
+    if isinstance(req, ChatCompletionRequest):
+        if req.tools or (req.tool_choice not in (None, "none")):
+            raise APIError(400, "tools are not supported", "tools")
+        if req.response_format and req.response_format.get("type") not in (None, "text"):
+            raise APIError(400, "response_format: only {'type': 'text'} is supported", "response_format")
+        if req.top_logprobs is not None and not req.logprobs:
+            raise APIError(400, "top_logprobs needs logprobs: true", "top_logprobs")
+
+
+def sampling_params(req, defaults: dict, max_tokens: int, logprobs: int | None) -> SamplingParams:
+    """One choice's SamplingParams (n=1: the front-end sends each of a request's n choices on its own)."""
+    _unsupported(req)
+    if not isinstance(req.n, int) or not 1 <= req.n <= 128:
+        raise APIError(400, f"n must be an int in [1, 128], got {req.n!r}", "n")
+    values = {name: getattr(req, name) for name in _DEFAULTED}
+    for name in _DEFAULTED:
+        if values[name] is None:
+            values[name] = defaults.get(name, getattr(_BASE, name))
+    try:
+        return SamplingParams(
+            **values,
+            max_tokens=max_tokens,
+            min_tokens=req.min_tokens,
+            stop=req.stop or [],
+            stop_token_ids=req.stop_token_ids or [],
+            ignore_eos=req.ignore_eos,
+            seed=req.seed,
+            logprobs=logprobs,
+            presence_penalty=req.presence_penalty or 0.0,
+            frequency_penalty=req.frequency_penalty or 0.0,
+            skip_special_tokens=req.skip_special_tokens,
+            include_stop_str_in_output=req.include_stop_str_in_output,
+        )
+    except (ValueError, TypeError) as e:
+        raise APIError(400, str(e), param_of(str(e), _PARAM_FIELDS)) from None
+
+
+def choice_params(params: SamplingParams, n: int) -> list[SamplingParams]:
+    """The n choices' params, each sent as its own request (SamplingParams.choices)."""
+    return replace(params, n=n).choices()
+
+
+def completion_max_tokens(req: CompletionRequest, defaults: dict) -> int:
+    return req.max_tokens if req.max_tokens is not None else defaults.get("max_tokens", 16)
+
+
+def chat_max_tokens(req: ChatCompletionRequest) -> int | None:
+    """The requested limit, or None: then the rest of the context (known once the prompt is tokenized)."""
+    return req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+
+
+_BASE = SamplingParams()

@@ -1,0 +1,146 @@
+"""Running a request's choices on the coordinator: all at once (non-streaming) or as one merged stream of
+deltas, and sending that stream as server-sent events (one event per delta) that end, and abort the request,
+when the HTTP client goes away."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+
+import anyio
+from starlette.responses import StreamingResponse
+
+from client.async_client import AsyncStream
+from client.openai_server.engine_client import EngineClient
+from protocol.client_messages import Delta
+from protocol.outputs import Completion
+
+DONE = b"data: [DONE]\n\n"
+HEADERS_WAIT_S = 2.0  # how long a streaming response waits for its first delta before it starts anyway
+
+
+def sse(payload: dict) -> bytes:
+    return b"data: " + json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode() + b"\n\n"
+
+
+async def _all_or_none(coros) -> list:
+    """Run the awaitables together; the first failure cancels the others (a cancelled generate is aborted on
+    the coordinator) and is raised."""
+    tasks = [asyncio.ensure_future(c) for c in coros]
+    try:
+        return await asyncio.gather(*tasks)
+    except BaseException:
+        for t in tasks:
+            t.cancel()
+        raise
+
+
+async def generate_all(engine: EngineClient, jobs: list[tuple]) -> list[Completion]:
+    """Every (prompt, params) job at once, results in order."""
+    return await _all_or_none(engine.client.generate(p, sp) for p, sp in jobs)
+
+
+class ChoiceStreams:
+    """The streams of a request's choices (choice i = jobs[i]), merged into one iterator of (index, Delta)."""
+
+    def __init__(self, engine: EngineClient, jobs: list[tuple]) -> None:
+        self.streams: list[AsyncStream] = []
+        try:
+            for p, sp in jobs:
+                self.streams.append(engine.client.stream(p, sp))
+        except BaseException:
+            self.close()
+            raise
+        self.firsts: list[Delta] = []
+        self._first: asyncio.Future | None = None
+
+    async def start(self, wait_s: float = HEADERS_WAIT_S) -> None:
+        """Wait up to ``wait_s`` for every choice's first delta, so that a request the coordinator rejects fails
+        with its status before the response starts; a request still queued after that starts its response (the
+        deltas follow), so a client's header timeout never fires while it waits in line."""
+        self._first = asyncio.ensure_future(_all_or_none(anext(s) for s in self.streams))
+        try:
+            await asyncio.wait((self._first,), timeout=wait_s)
+        except BaseException:  # cancelled (the client left)
+            self._first.cancel()
+            self.close()
+            raise
+        if self._first.done():
+            try:
+                self.firsts = self._first.result()
+            except BaseException:
+                self.close()
+                raise
+
+    async def deltas(self) -> AsyncIterator[tuple[int, Delta]]:
+        try:
+            if not self.firsts:
+                self.firsts = await self._first
+            for i, d in enumerate(self.firsts):
+                yield i, d
+            live = [i for i, d in enumerate(self.firsts) if d.finish_reason is None]
+            if len(live) == 1:
+                i = live[0]
+                async for d in self.streams[i]:
+                    yield i, d
+            elif live:
+                async for item in self._merged(live):
+                    yield item
+        finally:
+            if self._first is not None and not self._first.done():
+                self._first.cancel()
+            self.close()
+
+    async def _merged(self, live: list[int]) -> AsyncIterator[tuple[int, Delta]]:
+        queue: asyncio.Queue = asyncio.Queue()
+
+        async def pump(i: int) -> None:
+            try:
+                async for d in self.streams[i]:
+                    queue.put_nowait((i, d))
+            except Exception as e:  # the request failed (e.g. the engine died): the whole response ends with it
+                queue.put_nowait((i, e))
+                return
+            queue.put_nowait((i, None))
+
+        tasks = [asyncio.create_task(pump(i)) for i in live]
+        try:
+            remaining = len(tasks)
+            while remaining:
+                i, item = await queue.get()
+                if item is None:
+                    remaining -= 1
+                elif isinstance(item, Exception):
+                    raise item
+                else:
+                    yield i, item
+        finally:
+            for t in tasks:
+                t.cancel()
+
+    def close(self) -> None:
+        """Abort every choice still running (nothing for those that finished)."""
+        for s in self.streams:
+            s._close()
+
+
+class EventStreamResponse(StreamingResponse):
+    """Server-sent events that stop as soon as the client disconnects: the body iterator is cancelled, which
+    aborts the request on the coordinator (its KV blocks are freed)."""
+
+    media_type = "text/event-stream"
+
+    async def __call__(self, scope, receive, send) -> None:
+        async with anyio.create_task_group() as tg:
+
+            async def stream() -> None:
+                try:
+                    await self.stream_response(send)
+                except OSError:  # the connection broke while writing
+                    pass
+                tg.cancel_scope.cancel()
+
+            tg.start_soon(stream)
+            await self.listen_for_disconnect(receive)
+            tg.cancel_scope.cancel()

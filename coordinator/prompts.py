@@ -1,0 +1,96 @@
+"""Prompt variants the coordinator turns into token ids (chat conversations through the tokenizer's template),
+the Tokenize/Detokenize requests, and the sampling defaults a model ships in its generation_config.json."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from protocol.client_messages import ChatPrompt, Detokenize, DetokenizeReply, Tokenize, TokenizeReply
+from protocol.errors import RequestError
+
+# generation_config.json key -> SamplingParams field (the keys vLLM takes as defaults)
+_GENERATION_KEYS = {
+    "temperature": "temperature",
+    "top_p": "top_p",
+    "top_k": "top_k",
+    "min_p": "min_p",
+    "repetition_penalty": "repetition_penalty",
+    "max_new_tokens": "max_tokens",
+}
+# template variables a request may not override: they are how the template is called
+_RESERVED_TEMPLATE_KWARGS = frozenset({"messages", "conversation", "tokenize", "add_generation_prompt", "return_dict"})
+
+
+def generation_defaults(model_dir: str | Path) -> dict:
+    """Sampling defaults from ``model_dir``/generation_config.json (SamplingParams field -> value); {} without."""
+    path = Path(model_dir) / "generation_config.json"
+    try:
+        raw = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    out = {}
+    for key, field in _GENERATION_KEYS.items():
+        value = raw.get(key)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            out[field] = value
+    return out
+
+
+def _check_messages(messages) -> list[dict]:
+    if not isinstance(messages, list) or not messages:
+        raise RequestError("messages must be a non-empty list of {role, content} objects")
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+            raise RequestError(f"messages[{i}] must be an object with a string 'role'")
+        content = m.get("content")
+        if content is not None and not isinstance(content, str):
+            raise RequestError(f"messages[{i}].content must be a string (text parts joined) or null")
+    return messages
+
+
+def render_chat(tokenizer, chat: ChatPrompt) -> str:
+    """The prompt text of a conversation, through the tokenizer's chat template."""
+    messages = _check_messages(chat.messages)
+    kwargs = chat.chat_template_kwargs or {}
+    if not isinstance(kwargs, dict) or not all(isinstance(k, str) for k in kwargs):
+        raise RequestError("chat_template_kwargs must be an object with string keys")
+    reserved = sorted(_RESERVED_TEMPLATE_KWARGS & kwargs.keys())
+    if reserved:
+        raise RequestError(f"chat_template_kwargs may not set {', '.join(reserved)}")
+    if not getattr(tokenizer, "chat_template", None):
+        raise RequestError("this model's tokenizer has no chat template: use completions instead of chat")
+    try:
+        text = tokenizer.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=chat.add_generation_prompt, **kwargs
+        )
+    except Exception as e:  # a template that raises (jinja's raise_exception) or chokes on the input
+        raise RequestError(f"messages: the chat template failed: {type(e).__name__}: {e}") from None
+    if not isinstance(text, str):
+        raise RequestError("messages: the chat template did not produce text")
+    return text
+
+
+def tokenize_reply(tokenizer, max_model_len: int, msg: Tokenize) -> TokenizeReply:
+    """Answer a Tokenize request (RequestError names the problem)."""
+    prompt = msg.prompt
+    if isinstance(prompt, ChatPrompt):
+        prompt = render_chat(tokenizer, prompt)
+    if not isinstance(prompt, str):
+        raise RequestError("prompt must be a string or a chat conversation")
+    ids = tokenizer.encode(prompt, add_special_tokens=msg.add_special_tokens)
+    return TokenizeReply(msg.request_id, list(ids), max_model_len)
+
+
+def detokenize_reply(tokenizer, vocab_size: int, msg: Detokenize) -> DetokenizeReply:
+    """Answer a Detokenize request (RequestError for ids outside the vocabulary)."""
+    ids = msg.token_ids
+    if ids and not (min(ids) >= 0 and max(ids) < vocab_size):
+        bad = [t for t in ids if not 0 <= t < vocab_size]
+        raise RequestError(f"token ids out of vocabulary [0, {vocab_size}): {bad[:5]}")
+    tok = tokenizer
+    text = tok.decode(ids, skip_special_tokens=msg.skip_special_tokens)
+    per_token = None
+    if msg.per_token:  # each id alone, special tokens kept: a logprob entry names the token it is about
+        per_token = tok.batch_decode([[t] for t in ids], skip_special_tokens=False)
+    return DetokenizeReply(msg.request_id, text, per_token)

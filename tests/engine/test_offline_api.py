@@ -1,0 +1,77 @@
+"""The offline API in vLLM's shape: vLLM's quickstart runs with only its import line (and the model) changed;
+``generate`` takes vLLM's prompt forms and n samples; ``chat`` renders the chat template."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from client import LLM, SamplingParams
+from tests.support.processes import ROOT
+
+QUICKSTART = """
+from client import LLM, SamplingParams
+
+prompts = [
+    "Hello, my name is",
+    "The president of the United States is",
+    "The capital of France is",
+    "The future of AI is",
+]
+sampling_params = SamplingParams(temperature=0.8, top_p=0.95)
+
+llm = LLM(model=MODEL)
+
+outputs = llm.generate(prompts, sampling_params)
+
+for output in outputs:
+    prompt = output.prompt
+    generated_text = output.outputs[0].text
+    print(f"Prompt: {prompt!r}, Generated text: {generated_text!r}")
+"""
+
+
+def test_vllm_quickstart_runs(tiny_tied):
+    script = QUICKSTART.replace("MODEL", repr(str(tiny_tied)))
+    out = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert len(lines) == 4
+    assert lines[2].startswith("Prompt: 'The capital of France is', Generated text: '")
+
+
+@pytest.fixture(scope="module")
+def llm(tiny_tied):
+    with LLM(str(tiny_tied), max_model_len=256, num_kv_blocks=64) as llm:
+        yield llm
+
+
+def test_prompt_forms_n_samples_and_chat(llm):
+    greedy = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, logprobs=1)
+    ids = llm.get_tokenizer().encode("def hello(", add_special_tokens=False)
+    by_text, by_dict, by_ids = llm.generate(
+        ["def hello(", {"prompt": "def hello("}, {"prompt_token_ids": ids}], greedy, use_tqdm=False
+    )
+    assert by_text.prompt == by_dict.prompt == "def hello(" and by_ids.prompt is None
+    assert by_text.prompt_token_ids == by_ids.prompt_token_ids == ids
+    assert by_text.outputs[0].token_ids == by_dict.outputs[0].token_ids == by_ids.outputs[0].token_ids
+    first = by_text.outputs[0]
+    assert (first.index, first.finish_reason, by_text.finished) == (0, "length", True)
+    assert first.cumulative_logprob == pytest.approx(sum(next(iter(d.values())) for d in first.logprobs))
+    assert by_text.text == first.text and by_text.token_ids == first.token_ids  # Completion's names still work
+
+    (sampled,) = llm.generate("def hello(", SamplingParams(n=3, seed=5, max_tokens=8, ignore_eos=True), False)
+    assert [o.index for o in sampled.outputs] == [0, 1, 2]
+    assert len({tuple(o.token_ids) for o in sampled.outputs}) > 1  # seed + index per sample
+    (again,) = llm.generate("def hello(", SamplingParams(n=3, seed=5, max_tokens=8, ignore_eos=True), False)
+    assert [o.token_ids for o in again.outputs] == [o.token_ids for o in sampled.outputs]
+
+    messages = [{"role": "user", "content": "hi"}]
+    text = llm.get_tokenizer().apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    (chat,) = llm.chat(messages, greedy, use_tqdm=False)
+    (plain,) = llm.generate(text, greedy, use_tqdm=False)
+    assert chat.prompt == text and chat.outputs[0].token_ids == plain.outputs[0].token_ids
+    two = llm.chat([messages, messages + [{"role": "assistant", "content": "yo"}]], greedy, use_tqdm=False)
+    assert len(two) == 2 and two[0].outputs[0].token_ids == plain.outputs[0].token_ids

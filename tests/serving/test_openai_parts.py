@@ -1,0 +1,56 @@
+"""Pieces of the HTTP front-end on their own: the Qwen3 reasoning parser over every way of cutting a stream, a
+chat prompt travelling inside Generate's untyped prompt field, and per-choice seeds."""
+
+from __future__ import annotations
+
+import msgpack
+import pytest
+
+from client.client import _generate_msg, chat_prompt
+from client.openai_server.params import choice_params
+from client.openai_server.reasoning import Qwen3ReasoningParser
+from protocol.client_messages import ChatPrompt, Generate
+from protocol.codec import ProtocolError, decode, encode
+from protocol.sampling_params import SamplingParams
+
+OUTPUTS = [
+    ("<think>\nlet me see</think>\n\nThe answer is 4.", "\nlet me see", "\n\nThe answer is 4."),
+    ("  <think>a < b</thi</think>done", "a < b</thi", "done"),
+    ("No thinking here, <think> later is content", None, "No thinking here, <think> later is content"),
+    ("<think>cut off mid-thought", "cut off mid-thought", ""),
+    ("<thin", None, "<thin"),
+    ("", None, ""),
+]
+
+
+@pytest.mark.parametrize("text,reasoning,content", OUTPUTS)
+def test_qwen3_reasoning_parser_any_chunking(text, reasoning, content):
+    assert Qwen3ReasoningParser.split(text) == (reasoning, content)
+    for step in range(1, len(text) + 1):  # every chunk size, so tags split at every position
+        p = Qwen3ReasoningParser()
+        parts = [p.feed(text[i : i + step]) for i in range(0, len(text), step)] + [p.finish()]
+        assert "".join(r for r, _ in parts) == (reasoning or "")
+        assert "".join(c for _, c in parts) == content
+        assert not any(Qwen3ReasoningParser.START in r or Qwen3ReasoningParser.END in r for r, _ in parts)
+
+
+def test_chat_prompt_travels_in_generate():
+    messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "héllo", "name": "bob"}]
+    msg = _generate_msg("r1", None, chat_prompt(messages, {"enable_thinking": False}), SamplingParams(), True)
+    back = decode(encode(msg))
+    assert isinstance(back, Generate) and back.prompt == ChatPrompt(messages, {"enable_thinking": False}, True)
+    # a record that does not decode inside the untyped field is refused, naming the field
+    raw = msgpack.unpackb(encode(msg), raw=False)
+    raw[4] = msgpack.ExtType(1, msgpack.packb([45, "not a list of messages"]))
+    with pytest.raises(ProtocolError, match="ChatPrompt: expected 3 fields"):
+        decode(msgpack.packb(raw, use_bin_type=True))
+    raw[4] = msgpack.ExtType(1, b"\xc1")  # msgpack's never-used byte
+    with pytest.raises(ProtocolError, match="Generate.prompt: undecodable record"):
+        decode(msgpack.packb(raw, use_bin_type=True))
+
+
+def test_each_seeded_choice_gets_its_own_seed():
+    base = SamplingParams(seed=7, temperature=1.0)
+    assert [p.seed for p in choice_params(base, 3)] == [7, 8, 9]
+    assert choice_params(SamplingParams(), 2) == [SamplingParams(), SamplingParams()]
+    assert [p.seed for p in choice_params(SamplingParams(seed=2**63 - 1), 2)] == [2**63 - 1, 0]

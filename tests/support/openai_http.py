@@ -1,0 +1,65 @@
+"""A nanoserve HTTP server in a subprocess for tests: ``python launch.py --port 0 --http-port 0 ...``."""
+
+from __future__ import annotations
+
+import os
+import selectors
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from tests.support.processes import ROOT
+
+ENGINE_ARGS = [
+    "--device", "cpu", "--dtype", "float32", "--max-model-len", "512", "--num-kv-blocks", "128",
+    "--max-num-seqs", "32", "--max-num-batched-tokens", "512",
+]  # fmt: skip
+
+
+class HttpServer:
+    """``python launch.py --port 0 --http-port 0 ...``: both lines read from its stdout. Always ``stop()`` it."""
+
+    def __init__(self, model_dir, log_path: Path, *extra: str, timeout: float = 120) -> None:
+        cmd = [sys.executable, str(ROOT / "launch.py"), "--port", "0", "--http-port", "0", "--model", str(model_dir)]
+        self.log_path = log_path
+        self.log = open(log_path, "w")
+        self.proc = subprocess.Popen(
+            [*cmd, *ENGINE_ARGS, *extra], cwd=ROOT, env=dict(os.environ, PYTHONUNBUFFERED="1"),
+            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=self.log, text=True,
+        )  # fmt: skip
+        self.zmq = self.base_url = None
+        sel = selectors.DefaultSelector()
+        sel.register(self.proc.stdout, selectors.EVENT_READ)
+        deadline = time.monotonic() + timeout
+        try:
+            while self.base_url is None:
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"server did not start:\n{self.stderr()}")
+                if sel.select(0.2):
+                    line = self.proc.stdout.readline()
+                    if line.startswith("nanoserve listening on "):
+                        self.zmq = line.split()[-1]
+                    elif line.startswith("nanoserve OpenAI API on "):
+                        self.base_url = line.split()[4]
+        except BaseException:
+            self.stop()
+            raise
+        finally:
+            sel.close()
+        self.root = self.base_url.removesuffix("/v1")
+
+    def stderr(self) -> str:
+        self.log.flush()
+        return self.log_path.read_text()
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        self.proc.wait()
+        self.proc.stdout.close()
+        self.log.close()
