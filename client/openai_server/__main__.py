@@ -44,12 +44,21 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     p.add_argument("--served-model-name", default=None, help="model name in the API (default: the model path)")
     p.add_argument(
-        "--reasoning-parser", choices=sorted(REASONING_PARSERS), default=None, help="split reasoning_content"
+        "--reasoning-parser",
+        choices=sorted(REASONING_PARSERS),
+        default=None,
+        help="chat: return the <think> part as reasoning_content (default: off)",
     )
     p.add_argument("--log-stats-interval", type=float, default=10.0, help="seconds between throughput log lines")
     p.add_argument("--connect-timeout", type=float, default=60.0, help="seconds to wait for the coordinator")
     p.add_argument("--parent-pid", type=int, default=None, help="exit when this process is gone")
-    p.add_argument("--log-level", default="INFO", help="logging level (stderr)")
+    p.add_argument(
+        "--log-level",
+        default="INFO",
+        type=str.upper,
+        choices=["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"],
+        help="logging level on stderr (default INFO)",
+    )
     return p
 
 

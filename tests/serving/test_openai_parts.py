@@ -9,7 +9,7 @@ import pytest
 from client.client import _generate_msg, chat_prompt
 from client.openai_server.params import choice_params
 from client.openai_server.reasoning import Qwen3ReasoningParser
-from protocol.client_messages import ChatPrompt, Generate
+from protocol.client_messages import CLIENT_PROTOCOL_VERSION, ChatPrompt, Generate, Tokenize
 from protocol.codec import ProtocolError, decode, encode
 from protocol.sampling_params import SamplingParams
 
@@ -49,8 +49,19 @@ def test_chat_prompt_travels_in_generate():
         decode(msgpack.packb(raw, use_bin_type=True))
 
 
+def test_chat_prompt_travels_in_tokenize():
+    """Tokenize has only untyped and scalar fields: the record inside still travels as ext, not as a raw object."""
+    chat = chat_prompt([{"role": "user", "content": "hi"}])
+    msg = Tokenize(CLIENT_PROTOCOL_VERSION, "t1", None, chat, True)
+    assert decode(encode(msg)) == msg
+    assert decode(encode(Tokenize(CLIENT_PROTOCOL_VERSION, "t2", "key", "plain text", False))).prompt == "plain text"
+
+
 def test_each_seeded_choice_gets_its_own_seed():
     base = SamplingParams(seed=7, temperature=1.0)
     assert [p.seed for p in choice_params(base, 3)] == [7, 8, 9]
     assert choice_params(SamplingParams(), 2) == [SamplingParams(), SamplingParams()]
     assert [p.seed for p in choice_params(SamplingParams(seed=2**63 - 1), 2)] == [2**63 - 1, 0]
+    # LLM.generate fans out the same way: n requests of n=1
+    assert [(p.n, p.seed) for p in SamplingParams(n=3, seed=7).choices()] == [(1, 7), (1, 8), (1, 9)]
+    assert SamplingParams(n=2).choices() == [SamplingParams(), SamplingParams()]
