@@ -1,7 +1,8 @@
-"""nanoserve's client side: the offline ``LLM`` API (and, over ZMQ, ``Client``/``AsyncClient``)."""
+"""nanoserve's client side: the offline ``LLM`` API (vLLM-shaped ``RequestOutput``s), ``Client``/``AsyncClient``
+over ZMQ, and the OpenAI-compatible HTTP front-end (client/openai_server/, its own process)."""
 
 from protocol.errors import EngineDeadError, OverloadedError, RequestError
-from protocol.outputs import Completion
+from protocol.outputs import Completion, CompletionOutput, RequestOutput
 from protocol.sampling_params import SamplingParams
 
 __all__ = [
@@ -10,6 +11,8 @@ __all__ = [
     "AsyncClient",
     "SamplingParams",
     "Completion",
+    "RequestOutput",
+    "CompletionOutput",
     "RequestError",
     "EngineDeadError",
     "OverloadedError",
