@@ -343,9 +343,15 @@ def test_stop_string_kept_in_output_when_asked(llm, reference):
     assert out.token_ids == reference.token_ids[:needed]
 
 
-def test_several_completions_per_prompt_are_refused_clearly(llm):
-    with pytest.raises(RequestError, match=r"n must be 1 .*not supported yet.*got 2"):
-        llm.generate(PROMPT, SamplingParams(n=2), use_tqdm=False)
+def test_several_completions_per_prompt(llm):
+    """The engine takes n=1 per request and says so; LLM.generate serves n as n requests (one prefill, shared)."""
+    with pytest.raises(RequestError, match=r"n must be 1 per engine request.*got 2"):
+        llm.engine.add_request(PROMPT, SamplingParams(n=2))
+    assert_engine_clean_and_serving(llm)
+    one = llm.generate(PROMPT, greedy(6, ignore_eos=True), use_tqdm=False)[0]
+    (out,) = llm.generate(PROMPT, greedy(6, ignore_eos=True, n=3), use_tqdm=False)
+    assert [o.index for o in out.outputs] == [0, 1, 2]
+    assert all(o.token_ids == one.token_ids and o.text == one.text for o in out.outputs)
     assert_engine_clean_and_serving(llm)
 
 
