@@ -1,6 +1,6 @@
 """HTTP load generator for any OpenAI-compatible server, in the manner of ``vllm bench serve --dataset-name random``.
 
-    python benchmarks/serve.py --base-url http://127.0.0.1:8000/v1 [--model NAME] [--dataset w1|random]
+    python -m benchmarks.serve --base-url http://127.0.0.1:8000/v1 [--model NAME] [--dataset w1|random]
         [--num-prompts N] [--request-rate R|inf] [--max-concurrency N] [--random-input-len 1024]
         [--random-output-len 128] [--random-range-ratio 0.0] [--temperature 0.6] [--scale S]
         [--max-token-id 10000] [--api-key KEY] [--seed 0]
