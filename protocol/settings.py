@@ -54,7 +54,7 @@ def settings() -> Settings:
 
 @dataclass(frozen=True, slots=True)
 class DistributedEnv:
-    """torchrun's variables (rank, world size, local rank, ranks on this host); ``default`` fills what is unset."""
+    """torchrun's variables: rank, world size, local rank and the number of ranks on this host."""
 
     rank: int
     world_size: int
