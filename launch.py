@@ -18,6 +18,7 @@ import sys
 import threading
 
 from coordinator.config import EngineArgError, EngineConfig
+from protocol.cli_logging import add_log_level_flag, configure_logging
 from protocol.settings import settings
 
 log = logging.getLogger("nanoserve.launch")
@@ -66,13 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument(
         "--max-message-bytes", type=int, default=8 << 20, help="larger client frames are refused (default 8 MiB)"
     )
-    s.add_argument(
-        "--log-level",
-        default="INFO",
-        type=str.upper,
-        choices=["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"],
-        help="logging level on stderr (default INFO)",
-    )
+    add_log_level_flag(s)
     h = p.add_argument_group("OpenAI-compatible HTTP API (client/openai_server)")
     h.add_argument(
         "--http-port",
@@ -181,9 +176,7 @@ def _offline(args, kwargs) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(
-        stream=sys.stderr, level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    configure_logging(args.log_level)
     kwargs = _engine_kwargs(args)
     signal.signal(signal.SIGTERM, _graceful_exit)
     signal.signal(signal.SIGINT, _graceful_exit)

@@ -40,10 +40,7 @@ class AsyncClient(_Base):
         timeout: float | None = None,
         connect_timeout: float | None = DEFAULT_CONNECT_TIMEOUT_S,
     ):
-        super().__init__(token)
-        self.address, self.timeout = address, timeout
-        self._ctx = zmq.asyncio.Context()
-        self._sock, self._watch = self._socket(self._ctx, address, connect_timeout)
+        super().__init__(zmq.asyncio.Context(), address, token, timeout, connect_timeout)
         self._queues: dict[str, asyncio.Queue] = {}
         self._receiver: asyncio.Task | None = None
         self._watcher: asyncio.Task | None = None

@@ -105,10 +105,15 @@ def _as_dict(reply) -> dict:
 
 
 class _Base:
-    def __init__(self, token: str | None) -> None:
+    def __init__(
+        self, ctx: zmq.Context, address: str, token: str | None, timeout: float | None, connect_timeout: float | None
+    ) -> None:
         self.token = token
         self._prefix = uuid.uuid4().hex[:8]
         self._counter = itertools.count()
+        self.address, self.timeout = address, timeout
+        self._ctx = ctx
+        self._sock, self._watch = self._socket(ctx, address, connect_timeout)
 
     def _new_id(self) -> str:
         return f"{self._prefix}-{next(self._counter)}"
@@ -146,10 +151,7 @@ class Client(_Base):
         token: str | None = None,
         connect_timeout: float | None = DEFAULT_CONNECT_TIMEOUT_S,
     ):
-        super().__init__(token)
-        self.address, self.timeout = address, timeout
-        self._ctx = zmq.Context()
-        self._sock, self._watch = self._socket(self._ctx, address, connect_timeout)
+        super().__init__(zmq.Context(), address, token, timeout, connect_timeout)
         self._inbox: dict[str, collections.deque] = {}  # replies of the requests in flight
 
     # ---- plumbing --------------------------------------------------------------------------------------------

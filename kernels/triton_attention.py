@@ -360,6 +360,17 @@ def _check_cache(k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
         raise ValueError("KV cache must have a contiguous head_dim")
 
 
+def _kernel_scales(k_cache: torch.Tensor, scale: float, k_scale: float, v_scale: float) -> tuple[float, float]:
+    """The prefill and decode kernels' two scale arguments: q.k's (base-2 exponent, K's cache scale folded in), V's."""
+    k_mult, v_mult = cache_scales(k_cache, k_scale, v_scale)
+    return scale * _LOG2E * k_mult, v_mult
+
+
+def _page_strides(k_cache: torch.Tensor, v_cache: torch.Tensor) -> tuple[int, ...]:
+    """Block, slot and head strides of the paged K then V cache, as the prefill and decode kernels take them."""
+    return (*k_cache.stride()[:3], *v_cache.stride()[:3])
+
+
 class TritonAttentionBackend(AttentionBackend):
     """Triton paged attention.
 
@@ -500,18 +511,12 @@ class TritonAttentionBackend(AttentionBackend):
             meta.cu_seqlens_q,
             meta.prefill_seq_lens,
             bt,
-            scale * _LOG2E * cache_scales(k_cache, k_scale, v_scale)[0],
-            cache_scales(k_cache, k_scale, v_scale)[1],
+            *_kernel_scales(k_cache, scale, k_scale, v_scale),
             q.stride(0),
             q.stride(1),
             out.stride(0),
             out.stride(1),
-            k_cache.stride(0),
-            k_cache.stride(1),
-            k_cache.stride(2),
-            v_cache.stride(0),
-            v_cache.stride(1),
-            v_cache.stride(2),
+            *_page_strides(k_cache, v_cache),
             bt.stride(0),
             GROUP=num_heads // num_kv_heads,
             PAGE=page,
@@ -627,18 +632,12 @@ class TritonAttentionBackend(AttentionBackend):
             bt,
             part,
             lse,
-            scale * _LOG2E * cache_scales(k_cache, k_scale, v_scale)[0],
-            cache_scales(k_cache, k_scale, v_scale)[1],
+            *_kernel_scales(k_cache, scale, k_scale, v_scale),
             q.stride(0),
             q.stride(1),
             *part_strides,
             *lse_strides,
-            k_cache.stride(0),
-            k_cache.stride(1),
-            k_cache.stride(2),
-            v_cache.stride(0),
-            v_cache.stride(1),
-            v_cache.stride(2),
+            *_page_strides(k_cache, v_cache),
             bt.stride(0),
             num_splits,
             GROUP=group,

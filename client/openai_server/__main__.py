@@ -20,6 +20,7 @@ from client.openai_server.metrics import Metrics
 from client.openai_server.reasoning import REASONING_PARSERS
 from client.openai_server.state import ServerState
 from coordinator.client_socket import is_loopback
+from protocol.cli_logging import add_log_level_flag, configure_logging
 from protocol.settings import settings
 
 log = logging.getLogger("nanoserve.http")
@@ -52,13 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--log-stats-interval", type=float, default=10.0, help="seconds between throughput log lines")
     p.add_argument("--connect-timeout", type=float, default=60.0, help="seconds to wait for the coordinator")
     p.add_argument("--parent-pid", type=int, default=None, help="exit when this process is gone")
-    p.add_argument(
-        "--log-level",
-        default="INFO",
-        type=str.upper,
-        choices=["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"],
-        help="logging level on stderr (default INFO)",
-    )
+    add_log_level_flag(p)
     return p
 
 
@@ -155,9 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.fd is None and not is_loopback(args.host) and not args.api_key:
         parser.error(f"listening on the non-loopback host {args.host!r} needs --api-key")
-    logging.basicConfig(
-        stream=sys.stderr, level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    configure_logging(args.log_level)
     if args.parent_pid is not None:
         _die_with_parent(args.parent_pid)
     return asyncio.run(serve(args))

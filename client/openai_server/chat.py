@@ -7,13 +7,13 @@ from __future__ import annotations
 import time
 import uuid
 
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 
-from client.openai_server.completions import usage
 from client.openai_server.errors import APIError, from_engine
 from client.openai_server.logprobs import chat_logprobs
 from client.openai_server.metrics import TokenTimer
 from client.openai_server.params import chat_max_tokens, check_model, choice_params, conversation, sampling_params
+from client.openai_server.responses import finished_response, usage
 from client.openai_server.schemas import ChatCompletionRequest
 from client.openai_server.state import ServerState
 from client.openai_server.streaming import DONE, ChoiceStreams, EventStreamResponse, generate_all, sse
@@ -74,16 +74,7 @@ async def create_chat_completion(state: ServerState, req: ChatCompletionRequest)
             }
         )
     num_prompt, num_output = len(results[0].prompt_token_ids), sum(len(c.token_ids) for c in results)
-    state.metrics.finished(rid, arrival, num_prompt, num_output, [c.finish_reason for c in results])
-    body = {
-        "id": rid,
-        "object": "chat.completion",
-        "created": int(time.time()),
-        "model": engine.served_model_name,
-        "choices": choices,
-        "usage": usage(num_prompt, num_output),
-    }
-    return JSONResponse(body)
+    return finished_response(state, rid, "chat.completion", arrival, choices, results, num_prompt, num_output)
 
 
 def _delta(text: str, parser, final: bool) -> dict:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 import uuid
 
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 
 from client.openai_server.errors import APIError, from_engine
 from client.openai_server.logprobs import completion_logprobs
@@ -18,19 +18,12 @@ from client.openai_server.params import (
     completion_prompts,
     sampling_params,
 )
+from client.openai_server.responses import finished_response, usage
 from client.openai_server.schemas import CompletionRequest
 from client.openai_server.state import ServerState
 from client.openai_server.streaming import DONE, ChoiceStreams, EventStreamResponse, generate_all, sse
 
 FIELDS = frozenset(CompletionRequest.model_fields)
-
-
-def usage(prompt_tokens: int, completion_tokens: int) -> dict:
-    return {
-        "prompt_tokens": prompt_tokens,
-        "completion_tokens": completion_tokens,
-        "total_tokens": prompt_tokens + completion_tokens,
-    }
 
 
 async def _echo_texts(state: ServerState, prompts: list) -> list[str]:
@@ -72,16 +65,7 @@ async def create_completion(state: ServerState, req: CompletionRequest) -> Respo
             {"index": i, "text": text, "logprobs": lp, "finish_reason": c.finish_reason, "stop_reason": c.stop_reason}
         )
     num_prompt = sum(len(results[k * req.n].prompt_token_ids) for k in range(len(prompts)))
-    state.metrics.finished(rid, arrival, num_prompt, num_output, [c.finish_reason for c in results])
-    body = {
-        "id": rid,
-        "object": "text_completion",
-        "created": int(time.time()),
-        "model": engine.served_model_name,
-        "choices": choices,
-        "usage": usage(num_prompt, num_output),
-    }
-    return JSONResponse(body)
+    return finished_response(state, rid, "text_completion", arrival, choices, results, num_prompt, num_output)
 
 
 async def _events(state: ServerState, req: CompletionRequest, rid: str, streams: ChoiceStreams, echo, arrival):
