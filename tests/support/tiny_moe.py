@@ -3,9 +3,10 @@ dense ones of model/tiny.py and with its tokenizer: head_dim 32, GQA 6:2, an odd
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from model.tiny import TinySpec, write_tiny_checkpoint
 
 
 @dataclass(slots=True)
@@ -29,54 +30,30 @@ class TinyMoeSpec:
     std: float = 0.2  # as model/tiny.py: with HF's 0.02 a random model just repeats its input
 
 
-@functools.cache
-def _tokenizer(vocab_size: int):
-    from model.tiny import build_tokenizer
-
-    return build_tokenizer(vocab_size)  # trained once per test session and vocabulary size
-
-
 def write_tiny_moe_checkpoint(out_dir: str | Path, spec: TinyMoeSpec | None = None) -> Path:
-    import torch
-    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
-
+    """model/tiny.py's writer with transformers' Qwen3-MoE classes and the expert fields."""
     spec = spec or TinyMoeSpec()
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    tokenizer = _tokenizer(spec.vocab_size)
-    eos = tokenizer.convert_tokens_to_ids("<|endoftext|>")
-    cfg = Qwen3MoeConfig(
+    moe = {
+        "moe_intermediate_size": spec.moe_intermediate_size,
+        "num_experts": spec.num_experts,
+        "num_experts_per_tok": spec.num_experts_per_tok,
+        "norm_topk_prob": spec.norm_topk_prob,
+        "mlp_only_layers": spec.mlp_only_layers,
+        "decoder_sparse_step": spec.decoder_sparse_step,
+    }
+    dense = TinySpec(
         vocab_size=spec.vocab_size,
         hidden_size=spec.hidden_size,
         intermediate_size=spec.intermediate_size,
-        moe_intermediate_size=spec.moe_intermediate_size,
         num_hidden_layers=spec.num_hidden_layers,
         num_attention_heads=spec.num_attention_heads,
         num_key_value_heads=spec.num_key_value_heads,
         head_dim=spec.head_dim,
-        num_experts=spec.num_experts,
-        num_experts_per_tok=spec.num_experts_per_tok,
-        norm_topk_prob=spec.norm_topk_prob,
-        mlp_only_layers=spec.mlp_only_layers,
-        decoder_sparse_step=spec.decoder_sparse_step,
         tie_word_embeddings=spec.tie_word_embeddings,
-        max_position_embeddings=2048,
-        rms_norm_eps=1e-6,
-        rope_parameters={"rope_theta": 1_000_000.0, "rope_type": "default"},
-        bos_token_id=eos,
-        eos_token_id=eos,
-        pad_token_id=eos,
+        dtype=spec.dtype,
+        seed=spec.seed,
+        std=spec.std,
+        extra=moe,
+        architecture="Qwen3MoeForCausalLM",
     )
-    torch.manual_seed(spec.seed)
-    model = Qwen3MoeForCausalLM(cfg)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("norm.weight"):
-                p.uniform_(0.5, 1.5)
-            else:
-                p.normal_(0.0, spec.std)
-    model = model.to(getattr(torch, spec.dtype))
-    model.config.dtype = spec.dtype
-    model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
-    return out
+    return write_tiny_checkpoint(out_dir, dense)
