@@ -16,7 +16,7 @@ from model.rotary import RotaryEmbedding
 from tests.support.builders import make_step, worker_config
 from tests.support.interpreter_fp8 import fix_interpreter_fp8_rounding
 from tests.support.oracle import prompts_with_shared_prefixes, rel_err
-from tests.support.paged_cache import DEVICE, ON_GPU, REF, TRI, PagedCache
+from tests.support.paged_cache import DEVICE, ON_GPU, REF, TRI, PagedCache, prefill_meta
 
 FP8 = torch.float8_e4m3fn
 gpu = pytest.mark.gpu
@@ -72,17 +72,7 @@ def prefill_case(q_dtype, k_scale, v_scale, chunks, heads, head_dim, block_size)
     kc, vc = fp8_cache(cache, k_scale, v_scale)
     cu = torch.tensor([0] + q_lens).cumsum(0).to(torch.int32)
     q = torch.randn(int(cu[-1]), heads[0], head_dim, generator=gen).to(q_dtype).to(DEVICE)
-    meta = AttentionMetadata(
-        slot_mapping=torch.zeros(len(q), dtype=torch.int64, device=DEVICE),
-        num_prefill_tokens=len(q),
-        num_prefills=len(chunks),
-        num_decodes=0,
-        cu_seqlens_q=cu.to(DEVICE),
-        prefill_seq_lens=torch.tensor(kv_lens, dtype=torch.int32, device=DEVICE),
-        prefill_block_tables=cache.table,
-        max_seqlen_q=max(q_lens),
-        max_seqlen_k=max(kv_lens),
-    )
+    meta = prefill_meta(cache, cu, kv_lens, q_lens)
     out = TRI.prefill(q, kc, vc, meta, head_dim**-0.5, k_scale=k_scale, v_scale=v_scale)
     ref = REF.prefill(q, kc, vc, meta, head_dim**-0.5, k_scale=k_scale, v_scale=v_scale)
     assert out.isfinite().all()

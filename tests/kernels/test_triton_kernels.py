@@ -13,7 +13,7 @@ import torch
 from kernels.attention import AttentionMetadata
 from kernels.triton_attention import TritonAttentionBackend
 from tests.support.oracle import rel_err
-from tests.support.paged_cache import DEVICE, ON_GPU, REF, TRI, PagedCache
+from tests.support.paged_cache import DEVICE, ON_GPU, REF, TRI, PagedCache, prefill_meta
 
 gpu = pytest.mark.gpu
 needs_cuda = pytest.mark.skipif(not ON_GPU, reason="needs CUDA")
@@ -84,17 +84,7 @@ def check_prefill(
     # q as a strided view of a fused qkv projection.
     qkv = torch.randn(num_tokens, num_heads + 2 * num_kv_heads, head_dim, generator=gen).to(dtype).to(DEVICE)
     q = qkv[:, :num_heads]
-    meta = AttentionMetadata(
-        slot_mapping=torch.zeros(num_tokens, dtype=torch.int64, device=DEVICE),
-        num_prefill_tokens=num_tokens,
-        num_prefills=len(chunks),
-        num_decodes=0,
-        cu_seqlens_q=cu.to(DEVICE),
-        prefill_seq_lens=torch.tensor(kv_lens, dtype=torch.int32, device=DEVICE),
-        prefill_block_tables=cache.table,
-        max_seqlen_q=max(q_lens),
-        max_seqlen_k=max(kv_lens),
-    )
+    meta = prefill_meta(cache, cu, kv_lens, q_lens)
     scale = head_dim**-0.5
     out = torch.full((num_tokens, num_heads, head_dim), float("nan"), dtype=dtype, device=DEVICE)
     TRI.prefill(q, cache.k, cache.v, meta, scale, out=out)

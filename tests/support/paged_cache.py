@@ -7,7 +7,7 @@ import math
 
 import torch
 
-from kernels.attention import TorchAttentionBackend
+from kernels.attention import AttentionMetadata, TorchAttentionBackend
 from kernels.triton_attention import TritonAttentionBackend
 
 ON_GPU = torch.cuda.is_available()  # without CUDA, conftest.py has switched the Triton interpreter on
@@ -62,3 +62,19 @@ class PagedCache:
     def clean(self) -> tuple[torch.Tensor, torch.Tensor]:
         # The vectorised torch decode multiplies masked probabilities (0) by every gathered V: NaN would leak.
         return torch.nan_to_num(self.k), torch.nan_to_num(self.v)
+
+
+def prefill_meta(cache: PagedCache, cu: torch.Tensor, kv_lens: list[int], q_lens: list[int]) -> AttentionMetadata:
+    """Prefill-only metadata for chunks of ``q_lens`` new tokens ending at ``kv_lens``, over ``cache``'s tables."""
+    num_tokens = int(cu[-1])
+    return AttentionMetadata(
+        slot_mapping=torch.zeros(num_tokens, dtype=torch.int64, device=DEVICE),
+        num_prefill_tokens=num_tokens,
+        num_prefills=len(q_lens),
+        num_decodes=0,
+        cu_seqlens_q=cu.to(DEVICE),
+        prefill_seq_lens=torch.tensor(kv_lens, dtype=torch.int32, device=DEVICE),
+        prefill_block_tables=cache.table,
+        max_seqlen_q=max(q_lens),
+        max_seqlen_k=max(kv_lens),
+    )

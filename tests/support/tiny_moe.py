@@ -3,7 +3,7 @@ dense ones of model/tiny.py and with its tokenizer: head_dim 32, GQA 6:2, an odd
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from model.tiny import TinySpec, write_tiny_checkpoint
@@ -41,19 +41,6 @@ def write_tiny_moe_checkpoint(out_dir: str | Path, spec: TinyMoeSpec | None = No
         "mlp_only_layers": spec.mlp_only_layers,
         "decoder_sparse_step": spec.decoder_sparse_step,
     }
-    dense = TinySpec(
-        vocab_size=spec.vocab_size,
-        hidden_size=spec.hidden_size,
-        intermediate_size=spec.intermediate_size,
-        num_hidden_layers=spec.num_hidden_layers,
-        num_attention_heads=spec.num_attention_heads,
-        num_key_value_heads=spec.num_key_value_heads,
-        head_dim=spec.head_dim,
-        tie_word_embeddings=spec.tie_word_embeddings,
-        dtype=spec.dtype,
-        seed=spec.seed,
-        std=spec.std,
-        extra=moe,
-        architecture="Qwen3MoeForCausalLM",
-    )
+    shared = {f.name: getattr(spec, f.name) for f in fields(TinySpec) if hasattr(spec, f.name)}
+    dense = TinySpec(**shared, extra=moe, architecture="Qwen3MoeForCausalLM")
     return write_tiny_checkpoint(out_dir, dense)
