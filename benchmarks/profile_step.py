@@ -141,6 +141,8 @@ def main() -> None:
     p.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (default 0 = greedy)")
     p.add_argument("--context", type=int, default=128, help="prompt tokens per sequence before the timed steps")
     p.add_argument("--prefill", action="store_true", help="also print the kernel ledger of the prefill steps")
+    p.add_argument("--quantization", choices=["fp8"], help="FP8 linear layers (quantized at load)")
+    p.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "fp8"], help="fp8: an e4m3 KV cache")
     p.add_argument(
         "--host-profile",
         action="store_true",
@@ -173,22 +175,24 @@ def main() -> None:
     blocks_per_seq = (a.context + 512) // 16 + 1  # room for the prompt and every timed step
     num_blocks = max_bs * blocks_per_seq
     cfg = WorkerConfig(
-        str(model_dir),
-        "cuda",
-        "auto",
-        "dummy",
-        16,
-        max_bs,
-        8192,
-        4096,
-        num_blocks,
-        0.9,
-        0,
-        a.enforce_eager,
-        0,
-        "auto",
-        "",
-        [],
+        model=str(model_dir),
+        device="cuda",
+        dtype="auto",
+        load_format="dummy",
+        block_size=16,
+        max_num_seqs=max_bs,
+        max_num_batched_tokens=8192,
+        max_model_len=4096,
+        num_kv_blocks=num_blocks,
+        gpu_memory_utilization=0.9,
+        kv_cache_memory_bytes=0,
+        enforce_eager=a.enforce_eager,
+        seed=0,
+        attention_backend="auto",
+        dist_init_method="",
+        eos_token_ids=[],
+        quantization=a.quantization or "",
+        kv_cache_dtype=a.kv_cache_dtype,
     )
     runner = ModelRunner(cfg, torch.device("cuda", rank))
     runner.allocate_kv(num_blocks)

@@ -88,7 +88,10 @@ def _to_fp8(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
 
 
 def _scale_of(amax: torch.Tensor) -> torch.Tensor:
-    return amax.float().clamp(min=MIN_AMAX) / FP8_MAX
+    # a tensor divisor: CUDA torch turns division by a Python number into a product with its rounded reciprocal,
+    # one ulp off the correctly rounded quotient the kernels compute
+    amax = amax.float().clamp(min=MIN_AMAX)
+    return amax / torch.full_like(amax, FP8_MAX)
 
 
 def quantize_per_channel(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
