@@ -1,13 +1,13 @@
-"""FP8 linear layers against bf16 on Qwen3 shapes (GPU only): where each FP8 path wins, to set the row limits in
-kernels/fp8_gemm.py (SMALL_M, FUSED_ROW_QUANT_MAX_M), which are estimates until this runs on an H200.
+"""FP8 linear layers against bf16 on Qwen3 shapes (GPU only): where each FP8 path wins, to set the row limit of
+the GEMV (kernels/fp8_gemv.py MAX_ROWS) and which kernel takes the larger products.
 
     python -m benchmarks.fp8_gemm [--shape qwen3-8b|qwen3-0.6b|qwen3-8b-tp2] [--rows 1 2 4 8 16 32 64 256 1024]
 
 Per (layer shape, rows), microseconds per product inside a CUDA graph over one weight per model layer (more than
 the L2 holds), each product behind an RMSNorm as in a decode step: bf16 (F.linear, what the 16-bit model runs
-without our decode kernels), our Triton FP8 GEMM with the activations quantized inside it ("fused") or by
-kernels/fp8_quant.py first ("triton"), torch._scaled_mm after that pass ("cublaslt", per-channel and block
-scales), and what fp8_linear picks ("auto"). One JSON line per row count, then the per-step totals.
+without our decode kernels), the FP8 GEMV that quantizes the rows itself ("gemv", up to its row limit), our
+Triton FP8 GEMM after kernels/fp8_quant.py ("triton"), torch._scaled_mm after that pass ("cublaslt", per-channel
+and block scales), and what fp8_linear picks ("auto"). One JSON line per row count, then the per-step totals.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from benchmarks.decode_gemm import SHAPES
-from kernels import fp8_gemm, fused
+from kernels import fp8_gemm, fp8_gemv, fused
 from kernels.fp8_quant import quantize_rows
 from kernels.graph_timing import graph_replay_us
 from model.fp8 import quantize_blocks, quantize_per_channel
@@ -28,8 +28,8 @@ from model.fp8 import quantize_blocks, quantize_per_channel
 def paths(block):
     group = None if block is None else block[1]
 
-    def fused_gemm(x, w_q, w_s):
-        return fp8_gemm.fp8_gemm(x, None, w_q, w_s, block, None, torch.empty(x.shape[0], w_q.shape[0], **_like(x)))
+    def gemv(x, w_q, w_s):
+        return fp8_gemv.fp8_gemv(x, w_q, w_s, block, None, torch.empty(x.shape[0], w_q.shape[0], **_like(x)))
 
     def triton(x, w_q, w_s):
         x_q, x_s = quantize_rows(x, group)
@@ -40,7 +40,7 @@ def paths(block):
         return fp8_gemm._scaled_mm(x_q, x_s, w_q, w_s, block, None, torch.empty(x.shape[0], w_q.shape[0], **_like(x)))
 
     return {
-        "fused": fused_gemm,
+        "gemv": gemv,
         "triton": triton,
         "cublaslt": cublaslt,
         "auto": lambda x, w_q, w_s: fp8_gemm.fp8_linear(x, w_q, w_s, block),
@@ -87,7 +87,7 @@ def main() -> None:
                 for name, fn in paths(block).items():
                     if name == "cublaslt" and scheme not in modes:
                         continue
-                    if name == "fused" and m > fp8_gemm.SMALL_M:
+                    if name == "gemv" and not fp8_gemv.supports(m, k, block):
                         continue
                     row[f"{scheme}_{name}"] = step_us(fn, ws, x)
             print(json.dumps({key: round(v, 2) if isinstance(v, float) else v for key, v in row.items()}), flush=True)

@@ -1,12 +1,13 @@
 """FP8 linear layers on CUDA: ``x @ w.T`` on e4m3 operands with float32 scales, the activations quantized
-dynamically (kernels/fp8_quant.py, or inside our GEMM for decode-sized batches).
+dynamically per token (or per token and 128 columns).
 
-The product: ``torch._scaled_mm`` (cuBLASLt FP8) where this build and device run the scaling (rowwise scales for
-per-channel weights; 1x128 activation blocks against 128x128 weight blocks where torch and cuBLAS >= 12.9 support
-it, checked once by ``probe_scaled_mm``) and the batch has more than ``SMALL_M`` rows; otherwise our Triton kernel,
-which takes either scaling, splits K over more programs for decode-sized batches (partial sums in float32, added in
-a fixed order) and loads its first weight tile before the PDL wait. Both are CUDA-graph safe (no host syncs).
-The kernels also run under ``TRITON_INTERPRET=1`` on CPU tensors (tests).
+Which kernel: up to four rows, kernels/fp8_gemv.py (a read of the weight; it quantizes the rows itself). More rows:
+``torch._scaled_mm`` (cuBLASLt FP8) after kernels/fp8_quant.py, where this build and device run the scaling (rowwise
+scales for per-channel weights; 1x128 activation blocks against 128x128 weight blocks where torch and cuBLAS >= 12.9
+support it, checked once by ``probe_scaled_mm``); otherwise our Triton kernel, which takes either scaling, splits K
+over more programs for small batches (partial sums in float32, added in a fixed order) and loads its first weight
+tile before the PDL wait. All are CUDA-graph safe (no host syncs). The Triton kernels also run under
+``TRITON_INTERPRET=1`` on CPU tensors (tests).
 """
 
 from __future__ import annotations
@@ -17,12 +18,12 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels import fp8_gemv
 from kernels.device import num_sms
-from kernels.fp8_quant import FP8_MAX, MIN_AMAX, quantize_rows
+from kernels.fp8_quant import quantize_rows
 from kernels.pdl import pdl_enter, use_pdl
 
-SMALL_M = 16  # up to this many rows the Triton kernel runs (decode batches); an estimate until measured on an H200
-FUSED_ROW_QUANT_MAX_M = 4  # per-token activation scales computed inside the GEMM up to this many rows (estimate)
+SMALL_M = 16  # up to this many rows our Triton kernel splits K (small batches)
 
 
 @triton.jit(do_not_specialize=["M", "k_per_split"])
@@ -53,7 +54,6 @@ def _fp8_gemm_kernel(
     BLOCK_K: tl.constexpr,
     SPLIT_K: tl.constexpr,
     HAS_BIAS: tl.constexpr,
-    QUANT_X: tl.constexpr,  # x is 16-bit: quantize it here as quantize_rows would (BLOCK_K == GROUP_K with blocks)
     USE_PDL: tl.constexpr,
 ):
     pid_n, pid_m, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -68,28 +68,13 @@ def _fp8_gemm_kernel(
     # weights: written by no kernel of the step, so the first tile is in flight during the wait
     w = tl.load(w_ptrs, mask=mask_n[:, None] & ((k_start + offs_k) < k_end)[None, :], other=0.0)
     pdl_enter(USE_PDL)
-    if QUANT_X and not BLOCK_SCALES:  # one scale per row: the amax of the whole row (every split reads it)
-        amax = tl.zeros([BLOCK_M], dtype=tl.float32)
-        row_ptrs = x_ptr + offs_m[:, None].to(tl.int64) * stride_xm + offs_k[None, :]
-        for k in range(0, K, BLOCK_K):
-            xa = tl.load(row_ptrs + k, mask=mask_m[:, None] & ((k + offs_k) < K)[None, :], other=0.0)
-            amax = tl.maximum(amax, tl.max(tl.abs(xa.to(tl.float32)), axis=1))
-        sx_row = tl.math.div_rn(tl.maximum(amax, MIN_AMAX), FP8_MAX)
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for k in range(k_start, k_end, BLOCK_K):
         x = tl.load(x_ptrs, mask=mask_m[:, None] & ((k + offs_k) < k_end)[None, :], other=0.0)
-        if QUANT_X:
-            xf = x.to(tl.float32)
-            if BLOCK_SCALES:  # this K step is one activation group
-                sx = tl.math.div_rn(tl.maximum(tl.max(tl.abs(xf), axis=1), MIN_AMAX), FP8_MAX)
-            else:
-                sx = sx_row
-            x = tl.clamp(tl.math.div_rn(xf, sx[:, None]), -FP8_MAX, FP8_MAX).to(w_ptr.dtype.element_ty)
         prod = tl.dot(x, tl.trans(w))
         if BLOCK_SCALES:
             g = k // GROUP_K
-            if not QUANT_X:
-                sx = tl.load(xs_ptr + offs_m * stride_xs_m + g * stride_xs_g, mask=mask_m, other=0.0)
+            sx = tl.load(xs_ptr + offs_m * stride_xs_m + g * stride_xs_g, mask=mask_m, other=0.0)
             sw = tl.load(ws_ptr + (offs_n // GROUP_N) * stride_ws_n + g * stride_ws_g, mask=mask_n, other=0.0)
             acc += prod * sx[:, None] * sw[None, :]
         else:
@@ -98,10 +83,7 @@ def _fp8_gemm_kernel(
         w_ptrs += BLOCK_K
         w = tl.load(w_ptrs, mask=mask_n[:, None] & ((k + BLOCK_K + offs_k) < k_end)[None, :], other=0.0)
     if not BLOCK_SCALES:  # the scales are linear, so each split may apply them to its partial sum
-        if QUANT_X:
-            sx = sx_row
-        else:
-            sx = tl.load(xs_ptr + offs_m * stride_xs_m, mask=mask_m, other=0.0)
+        sx = tl.load(xs_ptr + offs_m * stride_xs_m, mask=mask_m, other=0.0)
         sw = tl.load(ws_ptr + offs_n * stride_ws_n, mask=mask_n, other=0.0)
         acc = acc * sx[:, None] * sw[None, :]
     if HAS_BIAS and SPLIT_K == 1:
@@ -154,15 +136,11 @@ def fp8_gemm(
     out: torch.Tensor,
 ) -> torch.Tensor:
     """Our Triton FP8 GEMM: ``out = (x_q * x_s) @ (w_q * w_s).T (+ bias)``. Scales: per row [M, 1] and per output
-    channel [N] (``block`` None), or per (row, K group) [M, K / block[1]] and per weight block. ``x_s`` None:
-    ``x_q`` is the 16-bit activation, quantized inside the kernel (``fuses_quantization``)."""
+    channel [N] (``block`` None), or per (row, K group) [M, K / block[1]] and per weight block."""
     m, k = x_q.shape
     n = w_q.shape[0]
     cuda = x_q.is_cuda
     block_k = 128 if block is None else min(128, block[1])
-    quant_x = x_s is None
-    assert not quant_x or block is None or block_k == block[1], "in-kernel group quantization: one group per K step"
-    x_s = x_s if x_s is not None else w_s.view(-1, 1)  # unused: a valid pointer
     if m <= SMALL_M:
         block_m, block_n, warps, stages = 16, (64 if cuda else 32), 4, 3
         split = _split_k(m, n, k, block_m, block_n, block_k, x_q.device)
@@ -202,7 +180,6 @@ def fp8_gemm(
         BLOCK_K=block_k,
         SPLIT_K=split,
         HAS_BIAS=bias is not None,
-        QUANT_X=quant_x,
         USE_PDL=pdl,
         num_warps=warps,
         num_stages=stages,
@@ -267,23 +244,14 @@ def probe_scaled_mm(device: torch.device) -> frozenset[str]:
     return _scaled_mm_modes(device.index if device.index is not None else torch.cuda.current_device())
 
 
-def fuses_quantization(m: int, block: tuple[int, int] | None) -> bool:
-    """Whether our kernel quantizes the activations itself (one launch fewer): with block scales each K step is
-    one group, free to quantize where it is loaded; with one scale per row every program first reads its rows whole,
-    cheap for the few rows of single-stream decoding (the row limit is an estimate until measured)."""
-    if block is not None:
-        return m <= SMALL_M and block[1] <= 128
-    return m <= FUSED_ROW_QUANT_MAX_M
-
-
-def uses_scaled_mm(m: int, n: int, k: int, block: tuple[int, int] | None, bias: torch.Tensor | None, device) -> bool:
-    """Whether a product goes to cuBLASLt (else our Triton kernel)."""
-    if m <= SMALL_M or n % 16 or k % 16 or device.type != "cuda":
+def uses_scaled_mm(n: int, k: int, block: tuple[int, int] | None, device: torch.device) -> bool:
+    """Whether a product of more rows than the GEMV takes goes to cuBLASLt (else our Triton kernel)."""
+    if n % 16 or k % 16 or device.type != "cuda":
         return False
     if block is None:
         return "channel" in probe_scaled_mm(device)
-    # cuBLASLt's block scaling: 128x128 weight blocks, scales with 16-byte aligned strides, no bias epilogue
-    return block == (128, 128) and k % 512 == 0 and m % 4 == 0 and bias is None and "block" in probe_scaled_mm(device)
+    # cuBLASLt's block scaling: 128x128 weight blocks, scales with 16-byte aligned strides (quantize_rows pads them)
+    return block == (128, 128) and k % 512 == 0 and "block" in probe_scaled_mm(device)
 
 
 def fp8_linear(
@@ -302,10 +270,12 @@ def fp8_linear(
         out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     if m == 0:
         return out
-    if uses_scaled_mm(m, n, k, block, bias, x.device):
-        x_q, x_s = quantize_rows(x, None if block is None else block[1])
-        return _scaled_mm(x_q, x_s, w_q, w_s, block, bias, out)
-    if fuses_quantization(m, block):
-        return fp8_gemm(x, None, w_q, w_s, block, bias, out)
+    if fp8_gemv.supports(m, k, block):
+        return fp8_gemv.fp8_gemv(x, w_q, w_s, block, bias, out)
     x_q, x_s = quantize_rows(x, None if block is None else block[1])
-    return fp8_gemm(x_q, x_s, w_q, w_s, block, bias, out)
+    if not uses_scaled_mm(n, k, block, x.device):
+        return fp8_gemm(x_q, x_s, w_q, w_s, block, bias, out)
+    if block is None:
+        return _scaled_mm(x_q, x_s, w_q, w_s, block, bias, out)
+    _scaled_mm(x_q, x_s, w_q, w_s, block, None, out)  # cuBLASLt's block scaling has no bias epilogue
+    return out if bias is None else out.add_(bias)

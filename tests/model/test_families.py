@@ -15,7 +15,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 from client import LLM, SamplingParams
 from model.tiny import TinySpec, write_tiny_checkpoint
 from tests.support.builders import make_step, worker_config
-from tests.support.oracle import hf_greedy
+from tests.support.oracle import assert_greedy_equal_up_to_ties, hf_greedy
 
 MAX_TOKENS = 16
 SHAPE = dict(
@@ -171,7 +171,8 @@ def test_gpu_float32_greedy_with_cuda_graphs(name, family):
     params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True)
     with LLM(str(model_dir), device="cuda", max_model_len=256, max_num_seqs=16) as llm:
         got = [c.token_ids for c in llm.generate(prompts(), params, use_tqdm=False)]
-    assert got == expected
+    # Llama's third prompt starts at a near-tie (logits 0.0016 apart, std 2.9) that the GPU may break either way
+    assert_greedy_equal_up_to_ties(model_dir, prompts(), got, expected)
 
 
 @pytest.mark.gpu

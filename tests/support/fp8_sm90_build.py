@@ -1,6 +1,7 @@
 """Builds the FP8 kernels for an H100/H200 (sm_90a) on any machine, no GPU needed (``triton.compile`` for the target,
-as benchmarks/kernel_regs.py does): the activation quantization, the FP8 GEMM in the variants fp8_linear launches,
-and the attention kernels on an e4m3 cache. Prints one line per kernel and exits non-zero if any fails to build.
+as benchmarks/kernel_regs.py does): the activation quantization, the FP8 GEMM and GEMV in the variants fp8_linear
+launches, and the attention kernels on an e4m3 cache.
+Prints one line per kernel and exits non-zero if any fails to build.
 
     python -m tests.support.fp8_sm90_build      (TRITON_INTERPRET must be unset)
 """
@@ -13,7 +14,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from kernels import fp8_gemm, fp8_quant, fused, triton_attention
+from kernels import fp8_gemm, fp8_gemv, fp8_quant, fused, triton_attention
 
 SM90 = GPUTarget("cuda", 90, 32)
 FP8, BF16, F32 = "*fp8e4nv", "*bf16", "*fp32"
@@ -49,18 +50,13 @@ def cases():
             {"GROUP": group, "BLOCK": block, "USE_PDL": True},
             {"num_warps": 4 if block <= 4096 else 16},
         )
-    gemm = {"w_ptr": FP8, "xs_ptr": F32, "ws_ptr": F32, "bias_ptr": BF16}
+    gemm = {"w_ptr": FP8, "xs_ptr": F32, "ws_ptr": F32, "bias_ptr": BF16, "x_ptr": FP8}
     for blocks in (False, True):
-        for quant_x, split, (bm, bn, warps) in (
-            (True, 4, (16, 64, 4)),
-            (False, 1, (16, 64, 4)),
-            (False, 1, (128, 128, 8)),
-        ):
-            types = dict(gemm, x_ptr=BF16 if quant_x else FP8, out_ptr=F32 if split > 1 else BF16)
+        for split, (bm, bn, warps) in ((4, (16, 64, 4)), (1, (16, 64, 4)), (1, (128, 128, 8))):
             yield (
-                f"fp8 gemm block_scales={blocks} quant_x={quant_x} split={split} {bm}x{bn}",
+                f"fp8 gemm block_scales={blocks} split={split} {bm}x{bn}",
                 fp8_gemm._fp8_gemm_kernel,
-                types,
+                dict(gemm, out_ptr=F32 if split > 1 else BF16),
                 {
                     "BLOCK_SCALES": blocks,
                     "GROUP_N": 128 if blocks else 1,
@@ -70,11 +66,28 @@ def cases():
                     "BLOCK_K": 128,
                     "SPLIT_K": split,
                     "HAS_BIAS": False,
-                    "QUANT_X": quant_x,
                     "USE_PDL": True,
                 },
                 {"num_warps": warps, "num_stages": 3},
             )
+    for group_n, k, rows in ((0, 4096, 1), (0, 12288, 4), (128, 4096, 2), (128, 12288, 1)):
+        block_n, block_k = fp8_gemv.gemv_tiles(k, None if group_n == 0 else (128, 128))
+        yield (
+            f"fp8 gemv group_n={group_n} K={k} rows={rows}",
+            fp8_gemv._fp8_gemv_kernel,
+            {"x_ptr": BF16, "w_ptr": FP8, "ws_ptr": F32, "bias_ptr": BF16, "out_ptr": BF16},
+            {
+                "K": k,
+                "ROWS": rows,
+                "BLOCK_N": block_n,
+                "BLOCK_K": block_k,
+                "GROUP_N": group_n,
+                "GROUP_K": 128 if group_n else 1,
+                "HAS_BIAS": True,
+                "USE_PDL": True,
+            },
+            {"num_warps": 8},
+        )
     yield (
         "split-K sum",
         fp8_gemm._sum_splits_kernel,
