@@ -39,12 +39,25 @@ def paths(block):
         x_q, x_s = quantize_rows(x, group)
         return fp8_gemm._scaled_mm(x_q, x_s, w_q, w_s, block, None, torch.empty(x.shape[0], w_q.shape[0], **_like(x)))
 
-    return {
+    def tiled(tiles):
+        def run(x, w_q, w_s):
+            x_q, x_s = quantize_rows(x, group)
+            out = torch.empty(x.shape[0], w_q.shape[0], **_like(x))
+            return fp8_gemm.fp8_gemm(x_q, x_s, w_q, w_s, block, None, out, tiles)
+
+        return run
+
+    sweep = {f"tiles{'x'.join(map(str, t))}": tiled(t) for t in TILE_SWEEP}
+    return sweep | {
         "gemv": gemv,
         "triton": triton,
         "cublaslt": cublaslt,
         "auto": lambda x, w_q, w_s: fp8_gemm.fp8_linear(x, w_q, w_s, block),
     }
+
+
+# (BLOCK_M, BLOCK_N, warps, stages, K splits) our Triton GEMM is also timed with (--sweep)
+TILE_SWEEP = [(16, 64, 4, 4, 1), (64, 64, 4, 4, 1), (64, 128, 4, 4, 1), (128, 64, 4, 4, 1), (64, 64, 4, 4, 2)]
 
 
 def _like(x: torch.Tensor) -> dict:
@@ -68,9 +81,14 @@ def main() -> None:
     p.add_argument(
         "--rows", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32, 64, 256, 1024], help="row counts (tokens) to time"
     )
+    p.add_argument(
+        "--sweep",
+        action="store_true",
+        help="also time our Triton GEMM at each of TILE_SWEEP's tiles (per-channel scales)",
+    )
     a = p.parse_args()
     device = torch.device("cuda")
-    modes = fp8_gemm.probe_scaled_mm(device)
+    fp8_gemm.probe_scaled_mm(device)  # outside the graphs, as model loading does
     layer_shapes, layers = SHAPES[a.shape]
     totals: dict[int, dict[str, float]] = {}
     for n, k in layer_shapes:
@@ -85,7 +103,9 @@ def main() -> None:
             for scheme, ws in variants.items():
                 block = None if scheme == "channel" else (128, 128)
                 for name, fn in paths(block).items():
-                    if name == "cublaslt" and scheme not in modes:
+                    if name == "cublaslt" and not fp8_gemm.uses_scaled_mm(m, n, k, block, device):
+                        continue
+                    if name.startswith("tiles") and (not a.sweep or block is not None):
                         continue
                     if name == "gemv" and not fp8_gemv.supports(m, k, block):
                         continue

@@ -134,14 +134,18 @@ def fp8_gemm(
     block: tuple[int, int] | None,
     bias: torch.Tensor | None,
     out: torch.Tensor,
+    tiles: tuple[int, int, int, int, int] | None = None,
 ) -> torch.Tensor:
     """Our Triton FP8 GEMM: ``out = (x_q * x_s) @ (w_q * w_s).T (+ bias)``. Scales: per row [M, 1] and per output
-    channel [N] (``block`` None), or per (row, K group) [M, K / block[1]] and per weight block."""
+    channel [N] (``block`` None), or per (row, K group) [M, K / block[1]] and per weight block. ``tiles``: (BLOCK_M,
+    BLOCK_N, warps, stages, K splits) instead of the built-in choice (benchmarks/fp8_gemm.py sweeps them)."""
     m, k = x_q.shape
     n = w_q.shape[0]
     cuda = x_q.is_cuda
     block_k = 128 if block is None else min(128, block[1])
-    if m <= SMALL_M:
+    if tiles is not None:
+        block_m, block_n, warps, stages, split = tiles
+    elif m <= SMALL_M:
         block_m, block_n, warps, stages = 16, (64 if cuda else 32), 4, 3
         split = _split_k(m, n, k, block_m, block_n, block_k, x_q.device)
     else:
@@ -244,14 +248,15 @@ def probe_scaled_mm(device: torch.device) -> frozenset[str]:
     return _scaled_mm_modes(device.index if device.index is not None else torch.cuda.current_device())
 
 
-def uses_scaled_mm(n: int, k: int, block: tuple[int, int] | None, device: torch.device) -> bool:
+def uses_scaled_mm(m: int, n: int, k: int, block: tuple[int, int] | None, device: torch.device) -> bool:
     """Whether a product of more rows than the GEMV takes goes to cuBLASLt (else our Triton kernel)."""
     if n % 16 or k % 16 or device.type != "cuda":
         return False
     if block is None:
         return "channel" in probe_scaled_mm(device)
-    # cuBLASLt's block scaling: 128x128 weight blocks, scales with 16-byte aligned strides (quantize_rows pads them)
-    return block == (128, 128) and k % 512 == 0 and "block" in probe_scaled_mm(device)
+    # cuBLASLt's block scaling: 128x128 weight blocks, activation scales [M, K/128] with M the unit-stride dim and
+    # 16-byte aligned strides (torch refuses a padded stride, so M % 4 == 0)
+    return block == (128, 128) and k % 512 == 0 and m % 4 == 0 and "block" in probe_scaled_mm(device)
 
 
 def fp8_linear(
@@ -273,7 +278,7 @@ def fp8_linear(
     if fp8_gemv.supports(m, k, block):
         return fp8_gemv.fp8_gemv(x, w_q, w_s, block, bias, out)
     x_q, x_s = quantize_rows(x, None if block is None else block[1])
-    if not uses_scaled_mm(n, k, block, x.device):
+    if not uses_scaled_mm(m, n, k, block, x.device):
         return fp8_gemm(x_q, x_s, w_q, w_s, block, bias, out)
     if block is None:
         return _scaled_mm(x_q, x_s, w_q, w_s, block, bias, out)

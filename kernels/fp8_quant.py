@@ -65,12 +65,8 @@ def quantize_rows(x: torch.Tensor, group: int | None) -> tuple[torch.Tensor, tor
     assert x.stride(1) == 1
     groups = 1 if group is None else triton.cdiv(k, group)
     q = torch.empty((m, k), dtype=torch.float8_e4m3fn, device=x.device)
-    if group is None:
-        scales = torch.empty((1, m), dtype=torch.float32, device=x.device)
-        scales_view = scales.view(m, 1)  # [M, 1] contiguous: torch's rowwise check
-    else:  # cuBLASLt's block scales want a 16-byte aligned stride between groups: rows padded to a multiple of 4
-        scales = torch.empty((groups, -(-m // 4) * 4), dtype=torch.float32, device=x.device)
-        scales_view = scales[:, :m].t()
+    scales = torch.empty((groups, m), dtype=torch.float32, device=x.device)
+    scales_view = scales.view(m, 1) if group is None else scales.t()  # [M, 1] contiguous: torch's rowwise check
     if m == 0:
         return q, scales_view
     pdl = use_pdl(x)
@@ -88,7 +84,7 @@ def quantize_rows(x: torch.Tensor, group: int | None) -> tuple[torch.Tensor, tor
         k,
         x.stride(0),
         q.stride(0),
-        scales.stride(0),
+        m,
         GROUP=group or 0,
         BLOCK=block,
         USE_PDL=pdl,
