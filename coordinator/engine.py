@@ -160,6 +160,8 @@ class Engine:
             )
         if params.stop_token_ids and max(params.stop_token_ids) >= self.vocab_size:
             raise RequestError(f"stop_token_ids must be below the vocabulary size {self.vocab_size}")
+        if params.logit_bias and max(params.logit_bias) >= self.vocab_size:
+            raise RequestError(f"logit_bias token ids must be below the vocabulary size {self.vocab_size}")
         request_id = request_id if request_id is not None else str(next(self._ids))
         if request_id in self.requests:
             raise RequestError(f"request_id {request_id!r} is already in flight")
