@@ -235,6 +235,9 @@ class Engine:
         if result.logprob_token_ids is not None:
             lp_ids, lp_values, offset = result.logprob_token_ids.tolist(), result.logprobs.tolist(), 0
         processor = self.output_processor
+        if result.prompt_logprob_index is not None:  # before the tokens: a request's last output carries them
+            idx, ids, values = result.prompt_logprob_index, result.prompt_logprob_token_ids, result.prompt_logprobs
+            processor.add_prompt_logprobs(batch.seqs, idx, ids, values)
         outputs = []
         for seq, token in zip(batch.sampled, tokens):
             logprobs = None
