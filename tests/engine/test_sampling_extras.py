@@ -134,15 +134,17 @@ def biased_greedy(hf, prompt: list[int], bias: dict[int, float], n: int) -> list
     return out
 
 
-@pytest.mark.parametrize("async_scheduling", [True, False])
-def test_prompt_logprobs_and_bias_with_chunked_prefill_and_preemption(tiny_tied, hf, async_scheduling):
+@pytest.mark.parametrize("async_scheduling, tp", [(True, 1), (False, 1), (True, 2)])
+def test_prompt_logprobs_and_bias_with_chunked_prefill_and_preemption(tiny_tied, hf, async_scheduling, tp):
+    """tp=2: every rank runs the LM head on the prompt rows (a collective), rank 0 computes the logprobs; a
+    biased batch is sampled on rank 0, not on the vocabulary shards."""
     prompts = prompts_with_shared_prefixes()
     biases: list[dict[int, float] | None] = []
     for i, prompt in enumerate(prompts):  # every other request: its first token flipped to the second best
         (v1, v2), (_, second) = (t.tolist() for t in hf(prompt)[-1].topk(2))
         biases.append({second: v1 - v2 + 0.5, 11: -3.0} if i % 2 else None)
     params = [greedy(8, prompt_logprobs=N, logit_bias=b) for b in biases]
-    with LLM(str(tiny_tied), **TIGHT, async_scheduling=async_scheduling) as llm:
+    with LLM(str(tiny_tied), **TIGHT, async_scheduling=async_scheduling, tensor_parallel_size=tp) as llm:
         got = llm.generate(prompts, params, use_tqdm=False)
         stats = llm.stats()
     assert stats["chunked_prefill_steps"] > 0 and stats["preemptions"] > 0
