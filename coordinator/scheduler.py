@@ -164,7 +164,7 @@ class Scheduler:
             block_counts.append(len(fresh))
             block_ids.extend(fresh)
             seq.num_blocks_sent = len(seq.block_table)
-            if seq.params.prompt_logprobs is not None and not seq.num_output_tokens:
+            if start < seq.num_prompt_tokens and seq.params.prompt_logprobs is not None:  # decodes: one compare
                 # the rows computed predict the prompt tokens start + 1 .. start + n (the last: an output)
                 seq.prompt_logprobs_upto = max(seq.prompt_logprobs_upto, min(start + n, seq.num_prompt_tokens - 1))
             if start + n == seq.num_tokens:
