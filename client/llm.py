@@ -65,6 +65,7 @@ class LLM:
                     prompt_token_ids=first.prompt_token_ids,
                     outputs=[CompletionOutput.from_completion(i, c) for i, c in enumerate(samples)],
                     metrics=dict(metrics),
+                    prompt_logprobs=first.prompt_logprobs,
                 )
             )
         return out

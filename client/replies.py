@@ -8,7 +8,7 @@ import logging
 from protocol.client_messages import ENGINE_DEAD, OVERLOADED, PROTOCOL, REQUEST_ERROR, Delta, Error
 from protocol.codec import ProtocolError, decode
 from protocol.errors import EngineDeadError, OverloadedError, RequestError
-from protocol.outputs import Completion
+from protocol.outputs import Completion, PromptLogprobs
 
 log = logging.getLogger("nanoserve.client")
 
@@ -37,11 +37,12 @@ def decode_reply(data: bytes) -> tuple[object, str | None]:
 class Accumulator:
     """Builds a Completion from a request's deltas."""
 
-    __slots__ = ("request_id", "token_ids", "text", "logprobs")
+    __slots__ = ("request_id", "token_ids", "text", "logprobs", "prompt_logprobs")
 
     def __init__(self, request_id: str) -> None:
         self.request_id, self.token_ids, self.text = request_id, [], []
         self.logprobs: list[dict[int, float]] | None = None  # stays None unless the request asked for logprobs
+        self.prompt_logprobs: PromptLogprobs | None = None  # likewise for prompt_logprobs
 
     def add(self, d: Delta) -> Completion | None:
         self.token_ids.extend(d.token_ids)
@@ -50,6 +51,8 @@ class Accumulator:
             if self.logprobs is None:
                 self.logprobs = []
             self.logprobs.extend(t.as_dict() for t in d.logprobs)
+        if d.prompt_logprobs is not None:  # vLLM's None for the first prompt token, which nothing predicts
+            self.prompt_logprobs = [None, *(p.as_dict() for p in d.prompt_logprobs)]
         if d.finish_reason is None:
             return None
         return Completion(
@@ -60,6 +63,7 @@ class Accumulator:
             finish_reason=d.finish_reason,
             stop_reason=d.stop_reason,
             logprobs=self.logprobs,
+            prompt_logprobs=self.prompt_logprobs,
         )
 
 

@@ -160,6 +160,8 @@ class Engine:
             )
         if params.stop_token_ids and max(params.stop_token_ids) >= self.vocab_size:
             raise RequestError(f"stop_token_ids must be below the vocabulary size {self.vocab_size}")
+        if params.logit_bias and max(params.logit_bias) >= self.vocab_size:
+            raise RequestError(f"logit_bias token ids must be below the vocabulary size {self.vocab_size}")
         request_id = request_id if request_id is not None else str(next(self._ids))
         if request_id in self.requests:
             raise RequestError(f"request_id {request_id!r} is already in flight")
@@ -233,6 +235,9 @@ class Engine:
         if result.logprob_token_ids is not None:
             lp_ids, lp_values, offset = result.logprob_token_ids.tolist(), result.logprobs.tolist(), 0
         processor = self.output_processor
+        if result.prompt_logprob_index is not None:  # before the tokens: a request's last output carries them
+            idx, ids, values = result.prompt_logprob_index, result.prompt_logprob_token_ids, result.prompt_logprobs
+            processor.add_prompt_logprobs(batch.seqs, idx, ids, values)
         outputs = []
         for seq, token in zip(batch.sampled, tokens):
             logprobs = None

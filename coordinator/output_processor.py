@@ -1,5 +1,6 @@
 """The one owner of a request's output text: incremental detokenizing, stop strings (and the streamed text held back
-because it may still become one), special tokens, logprobs per token, and the ``StepOutput``s a step returns.
+because it may still become one), special tokens, logprobs per token, prompt logprobs (vLLM's ``Logprob`` entries,
+with each token's text), and the ``StepOutput``s a step returns.
 
 Token-level stops (EOS, stop ids, max_tokens, max_model_len) stay with the engine, which schedules by them; a stop
 string found here ends the request too, and the engine then finishes its sequence in the scheduler. ``LLM`` and the
@@ -10,9 +11,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from coordinator.detokenizer import decode_delta
-from coordinator.sequence import Sequence
-from protocol.outputs import StepOutput
+from coordinator.sequence import SeqStatus, Sequence
+from protocol.outputs import Logprob, PromptLogprobs, StepOutput
 from protocol.sampling_params import SamplingParams
 
 # (finish_reason, stop_reason) of a token-level stop, as the engine found it
@@ -28,6 +31,7 @@ class _RequestState:
     longest_stop: int  # characters of the longest stop string (0: none)
     holdback: int  # streamed characters held back because they may still start a stop string
     logprobs: list[dict[int, float]] | None  # one per output token, when the request asked
+    prompt_logprobs: PromptLogprobs | None  # [None, then one per prompt position received], when it asked
     token_ids: list[int] = field(default_factory=list)  # output tokens, when every token comes through here
     text: str = ""  # complete characters decoded so far, cut at the stop string that ended the request
     prefix_offset: int = 0  # incremental detokenizer state, over token_ids
@@ -43,6 +47,7 @@ class OutputProcessor:
     def __init__(self, tokenizer) -> None:
         self.tokenizer = tokenizer
         self.states: dict[str, _RequestState] = {}
+        self._token_texts: dict[int, str] = {}  # each id's own text, for prompt logprobs (decoded once per id)
 
     def add(self, seq: Sequence, stream: bool) -> bool:
         """Track a new request. Returns whether it needs ``update`` for every token (streaming, stop strings or
@@ -53,8 +58,37 @@ class OutputProcessor:
         # a stop string kept in the output needs no hold-back: text up to its end is shown anyway
         holdback = 0 if p.include_stop_str_in_output else max(longest - 1, 0)
         logprobs = [] if p.logprobs is not None else None
-        self.states[seq.request_id] = _RequestState(seq.request_id, p, stream, detokenize, longest, holdback, logprobs)
+        prompt_logprobs = [None] if p.prompt_logprobs is not None else None  # nothing predicts the first token
+        self.states[seq.request_id] = _RequestState(
+            seq.request_id, p, stream, detokenize, longest, holdback, logprobs, prompt_logprobs
+        )
         return detokenize or logprobs is not None
+
+    def add_prompt_logprobs(self, seqs: list[Sequence], index: np.ndarray, ids: np.ndarray, values: np.ndarray) -> None:
+        """A step's prompt logprobs (StepResult's fields; ``seqs`` are the step's rows): per position, a
+        (row, position, rank) triple in ``index`` and 1 + N entries, the prompt token then the top N. A position
+        received before is a recomputation after a preemption and is dropped."""
+        ids, values, offset = ids.tolist(), values.tolist(), 0
+        for row, position, rank in index.reshape(-1, 3).tolist():
+            seq = seqs[row]
+            end = offset + 1 + seq.params.prompt_logprobs
+            st = self.states.get(seq.request_id)
+            if st is not None and seq.status is not SeqStatus.FINISHED:
+                received = st.prompt_logprobs
+                if position > len(received):
+                    raise RuntimeError(f"request {seq.request_id}: prompt logprob {position} before {len(received)}")
+                if position == len(received):
+                    received.append(self._prompt_entry(ids[offset:end], values[offset:end], rank))
+            offset = end
+
+    def _prompt_entry(self, ids: list[int], values: list[float], rank: int) -> dict[int, Logprob]:
+        """vLLM's entry: the prompt token (its rank counted by the worker), then the top N, ranked 1..N."""
+        texts = self._token_texts
+        missing = [t for t in dict.fromkeys(ids) if t not in texts]
+        if missing:  # special tokens kept: an entry names the token it is about
+            texts.update(zip(missing, self.tokenizer.batch_decode([[t] for t in missing], skip_special_tokens=False)))
+        ranks = [rank, *range(1, len(ids))]
+        return {t: Logprob(v, r, texts[t]) for t, v, r in zip(ids, values, ranks)}
 
     def update(
         self, seq: Sequence, token: int, logprobs: dict[int, float] | None, stop: TokenStop | None
@@ -138,4 +172,6 @@ class OutputProcessor:
         else:
             token_ids, logprobs = seq.output_token_ids, st.logprobs
         prompt = seq.token_ids[: seq.num_prompt_tokens]
-        return StepOutput(st.request_id, token_ids, text, logprobs, finish_reason, stop_reason, prompt)
+        return StepOutput(
+            st.request_id, token_ids, text, logprobs, finish_reason, stop_reason, prompt, st.prompt_logprobs
+        )

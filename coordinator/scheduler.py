@@ -121,6 +121,10 @@ class Scheduler:
             if seq.num_pending:
                 break  # preempted with tokens still in flight: readmitted once they are known, in arrival order
             hits = bm.match_prefix(seq.token_ids)
+            if seq.params.prompt_logprobs is not None and not seq.num_output_tokens:
+                # prompt logprobs come from computed rows only (vLLM skips the prefix cache for them): a cache hit
+                # may only cover positions an earlier admission computed before a preemption
+                hits = hits[: seq.prompt_logprobs_upto // bm.block_size]
             cached = len(hits) * bm.block_size
             n = min(seq.num_tokens - cached, budget)
             table: list[int] = []
@@ -160,6 +164,9 @@ class Scheduler:
             block_counts.append(len(fresh))
             block_ids.extend(fresh)
             seq.num_blocks_sent = len(seq.block_table)
+            if start < seq.num_prompt_tokens and seq.params.prompt_logprobs is not None:  # decodes: one compare
+                # the rows computed predict the prompt tokens start + 1 .. start + n (the last: an output)
+                seq.prompt_logprobs_upto = max(seq.prompt_logprobs_upto, min(start + n, seq.num_prompt_tokens - 1))
             if start + n == seq.num_tokens:
                 sampled.append(seq)
             else:
@@ -197,13 +204,16 @@ class Scheduler:
     def _past_tokens(new: list[Sequence]) -> dict:
         """The tokens the sequences (re)starting in a slot already have, which only the coordinator knows: their
         outputs so far (after a preemption; min_tokens and penalties count them) and, under a repetition
-        penalty, their prompt (prefix-cache hits are never computed on the workers). A sequence is only admitted
-        with every token known (a preempted one's in-flight token resolves before it is readmitted), so its
-        outputs so far are exact."""
+        penalty or while its prompt logprobs are still to compute (no outputs yet), their prompt (prefix-cache
+        hits are never computed on the workers; a chunk's last row predicts the next chunk's first token). A
+        sequence is only admitted with every token known (a preempted one's in-flight token resolves before it
+        is readmitted), so its outputs so far are exact."""
         num_outputs, prompt_lens, past = [], [], []
         for s in new:
             outputs = s.output_token_ids
-            prompt = s.token_ids[: s.num_prompt_tokens] if s.params.repetition_penalty != 1 else []
+            p = s.params
+            needs_prompt = p.repetition_penalty != 1 or (p.prompt_logprobs is not None and not outputs)
+            prompt = s.token_ids[: s.num_prompt_tokens] if needs_prompt else []
             num_outputs.append(len(outputs))
             prompt_lens.append(len(prompt))
             past.extend(prompt)

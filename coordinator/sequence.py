@@ -34,6 +34,7 @@ class Sequence:
     new_in_slot: bool = False  # workers must (re)start this sequence in its slot
     finish_reason: str | None = None
     every_token: bool = False  # the output processor takes each new token (streaming, stop strings, logprobs)
+    prompt_logprobs_upto: int = 0  # prompt_logprobs: last prompt position whose logprobs a scheduled step computes
 
     @property
     def num_tokens(self) -> int:

@@ -47,6 +47,7 @@ from protocol.client_messages import (
     HealthReply,
     Info,
     InfoReply,
+    PromptTokenLogprobs,
     Stats,
     StatsReply,
     Tokenize,
@@ -188,6 +189,8 @@ class Server:
         delta = Delta(
             req.request_id, out.token_ids, out.text, out.finish_reason, out.stop_reason, out.prompt_token_ids, logprobs
         )
+        if out.prompt_logprobs is not None:  # the first entry (None) is not sent: the client puts it back
+            delta.prompt_logprobs = [PromptTokenLogprobs.from_dict(d) for d in out.prompt_logprobs[1:]]
         self._send(req.identity, delta)
 
     def _end(self, req: ClientRequest) -> None:

@@ -11,9 +11,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from protocol.codec import record
+from protocol.outputs import Logprob
 from protocol.sampling_params import SamplingParams
 
-CLIENT_PROTOCOL_VERSION = 4  # 4: Tokenize/Detokenize, ChatPrompt prompts, InfoReply.generation_defaults
+# 4: Tokenize/Detokenize, ChatPrompt prompts, InfoReply.generation_defaults; 5: logit_bias, prompt_logprobs
+CLIENT_PROTOCOL_VERSION = 5
 
 # Error.kind values
 REQUEST_ERROR = "RequestError"  # a bad request; the message names the field
@@ -131,6 +133,9 @@ class Delta:
     stop_reason: object | None = None  # the stop string or token id that ended it
     prompt_token_ids: list[int] | None = None  # on the last Delta only
     logprobs: list[TokenLogprobs] | None = None  # one per token in token_ids, when the request asked (logprobs=N)
+    # on the last Delta, when the request asked (prompt_logprobs=N): one per prompt token after the first (which
+    # nothing predicts; the client puts vLLM's None in its place)
+    prompt_logprobs: list[PromptTokenLogprobs] | None = None
 
 
 @record(35)
@@ -149,6 +154,29 @@ class TokenLogprobs:
     @classmethod
     def from_dict(cls, d: dict[int, float]) -> TokenLogprobs:
         return cls(list(d), list(d.values()))
+
+
+@record(36)
+@dataclass(slots=True)
+class PromptTokenLogprobs:
+    """Log-probabilities at one prompt position (the model's raw distribution): the prompt token first, then the
+    N most likely tokens in descending order (the prompt token not repeated when it is among them), each with
+    its rank (1 = most likely) and its own text. Index i of every list is one token."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    ranks: list[int]
+    decoded_tokens: list[str]
+
+    def as_dict(self) -> dict[int, Logprob]:
+        return {
+            t: Logprob(lp, r, s) for t, lp, r, s in zip(self.token_ids, self.logprobs, self.ranks, self.decoded_tokens)
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[int, Logprob]) -> PromptTokenLogprobs:
+        lps = d.values()
+        return cls(list(d), [e.logprob for e in lps], [e.rank for e in lps], [e.decoded_token or "" for e in lps])
 
 
 @record(31)

@@ -6,7 +6,8 @@ decode of a whole batch is one ``tobytes``/``frombuffer`` per array. Decoding ch
 malformed frame raises ``ProtocolError`` instead of reaching the engine; a record whose own validation rejects a
 value raises its subclass ``InvalidValue``. Records nest: a field annotated with a record's class name (or a list
 of them) travels as that record's list, and a record inside a field annotated ``object`` travels as msgpack ext
-type 1 holding its own packed list.
+type 1 holding its own packed list. A ``dict[int, float]`` field (SamplingParams.logit_bias) travels as a flat
+list ``[key, value, key, value, ...]``: msgpack maps are decoded with string keys only.
 """
 
 from __future__ import annotations
@@ -61,6 +62,7 @@ class _FieldSpec:
     exact: frozenset = frozenset()  # a scalar's accepted types, NoneType included when optional
     elements: frozenset | None = None  # a list[scalar]'s accepted element types
     to_float: bool = False  # a float field: an int on the wire becomes a float
+    pairs: bool = False  # a dict[int, float] field: a flat [key, value, ...] list on the wire
 
 
 @dataclasses.dataclass(slots=True)
@@ -70,6 +72,7 @@ class _Plain:
 
     getter: operator.attrgetter
     lists: tuple[int, ...]  # list[scalar] fields: their elements are checked on every decode
+    pairs: tuple[int, ...]  # dict[int, float] fields: flattened out, rebuilt (and checked) in
     signatures: dict[tuple, tuple[int, ...]]  # accepted type signature -> fields whose int becomes a float
 
 
@@ -94,6 +97,8 @@ def _spec_for(name: str, ann: str) -> _FieldSpec:
         return _FieldSpec(
             name, "scalar", types=_SCALARS[base], optional=optional, exact=exact, to_float=base == "float"
         )
+    if base == "dict[int,float]":  # travels as a flat list (see the module docstring)
+        return _FieldSpec(name, "scalar", types=(dict,), optional=optional, exact=frozenset({list}) | none, pairs=True)
     if base.startswith("list[") and base[5:-1] in _SCALARS:
         inner = base[5:-1]
         return _FieldSpec(
@@ -137,7 +142,8 @@ def _specs(cls: type) -> list[_FieldSpec]:
         # an untyped field may hold a record (sent as ext), so only records of typed scalars take the fast path
         if len(specs) > 1 and all(spec.kind == "scalar" for spec in specs):
             lists = tuple(i for i, spec in enumerate(specs) if spec.elements is not None)
-            _PLAIN[cls] = _Plain(operator.attrgetter(*(spec.name for spec in specs)), lists, {})
+            pairs = tuple(i for i, spec in enumerate(specs) if spec.pairs)
+            _PLAIN[cls] = _Plain(operator.attrgetter(*(spec.name for spec in specs)), lists, pairs, {})
     return specs
 
 
@@ -145,8 +151,12 @@ def _to_wire(obj):
     cls = type(obj)
     specs = _specs(cls)
     plain = _PLAIN[cls]
-    if plain is not None:  # scalars travel as they are
-        return [_TAG_OF[cls], *plain.getter(obj)]
+    if plain is not None:  # scalars travel as they are, a dict as a flat list
+        out = [_TAG_OF[cls], *plain.getter(obj)]
+        for i in plain.pairs:
+            if out[i + 1] is not None:
+                out[i + 1] = _flat(out[i + 1])
+        return out
     out = [_TAG_OF[cls]]
     for spec in specs:
         v = getattr(obj, spec.name)
@@ -156,11 +166,17 @@ def _to_wire(obj):
             out.append(np.ascontiguousarray(v, dtype=spec.dtype).tobytes())
         elif spec.kind == "record":
             out.append([_to_wire(x) for x in v] if spec.is_list else _to_wire(v))
+        elif spec.pairs:
+            out.append(_flat(v))
         elif type(v) in _TAG_OF:  # a record in an untyped field (e.g. a chat prompt in Generate.prompt)
             out.append(msgpack.ExtType(_NESTED_EXT, msgpack.packb(_to_wire(v), use_bin_type=True)))
         else:
             out.append(v)
     return out
+
+
+def _flat(d: dict) -> list:
+    return [x for kv in d.items() for x in kv]
 
 
 def _scalar(cls: type, spec: _FieldSpec, v):
@@ -170,7 +186,19 @@ def _scalar(cls: type, spec: _FieldSpec, v):
         raise ProtocolError(f"{cls.__name__}.{spec.name}: {what}")
     if spec.elements is not None and v and not all(type(x) in spec.elements for x in v):
         raise ProtocolError(f"{cls.__name__}.{spec.name}: expected a list of {spec.record}")
+    if spec.pairs and v is not None:
+        return _pairs(cls, spec, v)
     return float(v) if spec.to_float and type(v) is int else v
+
+
+def _pairs(cls: type, spec: _FieldSpec, flat: list) -> dict:
+    """A dict[int, float] from its flat wire list, or a ProtocolError naming the field."""
+    keys, values = flat[::2], flat[1::2]
+    if len(keys) != len(values) or not all(type(k) is int for k in keys):
+        raise ProtocolError(f"{cls.__name__}.{spec.name}: expected [int key, float value, ...]")
+    if not all(type(v) is float or type(v) is int for v in values):
+        raise ProtocolError(f"{cls.__name__}.{spec.name}: expected [int key, float value, ...]")
+    return dict(zip(keys, values))
 
 
 def _plain_values(cls: type, specs: list[_FieldSpec], plain: _Plain, values: list) -> list:
@@ -187,6 +215,9 @@ def _plain_values(cls: type, specs: list[_FieldSpec], plain: _Plain, values: lis
             raise ProtocolError(f"{cls.__name__}.{specs[i].name}: expected a list of {specs[i].record}")
     for i in floats:
         values[i] = float(values[i])
+    for i in plain.pairs:
+        if values[i] is not None:
+            values[i] = _pairs(cls, specs[i], values[i])
     return values
 
 

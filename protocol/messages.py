@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from protocol.codec import F32, I32, record
 from protocol.sampling_params import SamplingParams
 
-PROTOCOL_VERSION = 3
+PROTOCOL_VERSION = 4  # 4: SamplingParams.logit_bias / prompt_logprobs, StepResult's prompt logprobs
 
 
 # ---- coordinator <-> worker --------------------------------------------------------------------------
@@ -98,7 +98,8 @@ class StepCommand:
     step carries three int32 per sequence: slot, input token, new-block count.
 
     A sequence that starts (or restarts after a preemption) in a slot brings its ``SamplingParams`` and the
-    facts only the coordinator knows: the outputs it already has and, under a repetition penalty, its prompt.
+    facts only the coordinator knows: the outputs it already has and, under a repetition penalty or while its
+    prompt logprobs are still to compute (no outputs yet), its prompt.
     The worker derives everything else (min_tokens still pending, masked ids, seeds) from the record.
     """
 
@@ -114,7 +115,7 @@ class StepCommand:
     new_start_pos: I32  # first position computed (> 0 after a prefix-cache hit)
     new_params: list[SamplingParams]
     new_num_outputs: I32  # output tokens it already has (> 0 only after a preemption)
-    new_prompt_lens: I32  # prompt ids in new_past_token_ids (only a repetition penalty needs them; else 0)
+    new_prompt_lens: I32  # prompt ids in new_past_token_ids (a repetition penalty or prompt logprobs need them; else 0)
     # per new sequence, concatenated: new_prompt_lens[i] prompt ids, then its new_num_outputs[i] outputs so far
     new_past_token_ids: I32
     freed_slots: I32  # sequences that finished or were preempted since the last step
@@ -128,13 +129,20 @@ class StepResult:
 
     Logprobs (None when no sampled row asked for them): for each sampled row whose sequence has logprobs=N, in
     row order, 1 + N entries: the sampled token, then the N most likely tokens in descending order, with their
-    log-probabilities under the model's raw distribution (before penalties, temperature and filters)."""
+    log-probabilities under the model's raw distribution (before logit bias, penalties, temperature and filters).
+
+    Prompt logprobs (None when no row of the step computed prompt tokens of a sequence with prompt_logprobs=N):
+    per prompt position returned, in step order, a (step row, position in the prompt, rank of the prompt token)
+    triple in ``prompt_logprob_index`` and 1 + N entries: the prompt token, then the N most likely tokens."""
 
     step_id: int
     rank: int
     token_ids: I32
     logprob_token_ids: I32 | None = None
     logprobs: F32 | None = None
+    prompt_logprob_index: I32 | None = None  # [3 * positions] (row, position, rank) triples
+    prompt_logprob_token_ids: I32 | None = None
+    prompt_logprobs: F32 | None = None
 
 
 @record(9)

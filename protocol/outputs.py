@@ -7,6 +7,21 @@ from dataclasses import dataclass, field
 
 
 @dataclass(slots=True)
+class Logprob:
+    """One token's entry in a prompt position's logprobs (vLLM's ``Logprob``): its log-probability, its rank in
+    that position's distribution (1 = most likely) and its own text."""
+
+    logprob: float
+    rank: int | None = None
+    decoded_token: str | None = None
+
+
+# vLLM's shape of RequestOutput.prompt_logprobs: None for the first prompt token (nothing predicts it), then per
+# prompt token {token id: Logprob}, the prompt token first, then the top N
+PromptLogprobs = list[dict[int, Logprob] | None]
+
+
+@dataclass(slots=True)
 class Completion:
     request_id: str
     prompt_token_ids: list[int]
@@ -17,6 +32,7 @@ class Completion:
     logprobs: list[dict[int, float]] | None = None
     error: str | None = None
     metrics: dict = field(default_factory=dict)
+    prompt_logprobs: PromptLogprobs | None = None  # when the request asked (prompt_logprobs=N)
 
 
 @dataclass(slots=True)
@@ -33,6 +49,7 @@ class StepOutput:
     finish_reason: str | None = None  # "stop", "length", "abort"
     stop_reason: str | int | None = None  # the stop string or token id that ended it
     prompt_token_ids: list[int] | None = None  # on the last output only
+    prompt_logprobs: PromptLogprobs | None = None  # on the last output only, when the request asked
 
     @property
     def finished(self) -> bool:
@@ -48,6 +65,7 @@ class StepOutput:
             finish_reason=self.finish_reason,
             stop_reason=self.stop_reason,
             logprobs=self.logprobs,
+            prompt_logprobs=self.prompt_logprobs,
         )
 
 
@@ -83,7 +101,7 @@ class RequestOutput:
     outputs: list[CompletionOutput]
     finished: bool = True
     metrics: dict = field(default_factory=dict)
-    prompt_logprobs: None = None  # not computed
+    prompt_logprobs: PromptLogprobs | None = None  # when the request asked (prompt_logprobs=N)
 
     @property
     def text(self) -> str:

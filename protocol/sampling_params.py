@@ -6,11 +6,14 @@ server) and ``StepCommand.new_params`` (coordinator to workers), and decoding it
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 
 from protocol.codec import record
 
 _NUMBER = (int, float)
+_F32_MAX = 3.4028234663852886e38  # a bias is added to float32 logits: it must stay finite there
+MAX_LOGPROBS = 20  # logprobs and prompt_logprobs: top alternatives per token, as vLLM's default max_logprobs
 
 
 def _is_num(v) -> bool:  # NaN fails every range check below
@@ -19,6 +22,18 @@ def _is_num(v) -> bool:  # NaN fails every range check below
 
 def _is_int(v) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _check_logit_bias(bias) -> None:
+    """ValueError naming logit_bias (and the bad entry, not the whole dict) unless it maps ints >= 0 to finite
+    float32 numbers."""
+    if not isinstance(bias, dict):
+        raise ValueError(f"logit_bias must be a dict of token id -> bias, got {type(bias).__name__}")
+    for k, v in bias.items():
+        if not (_is_int(k) and k >= 0):
+            raise ValueError(f"logit_bias keys must be token ids (ints >= 0), got {k!r}")
+        if not (_is_num(v) and math.isfinite(v) and abs(v) <= _F32_MAX):
+            raise ValueError(f"logit_bias values must be finite numbers, got {v!r} for token {k}")
 
 
 @record(10)
@@ -41,12 +56,18 @@ class SamplingParams:
     n: int = 1  # completions of the same prompt; they share its KV blocks
     skip_special_tokens: bool = True  # leave special tokens out of the text
     include_stop_str_in_output: bool = False  # keep the stop string that ended the text
+    # token id -> added to that token's logit before min_tokens masks, penalties, temperature and filters (vLLM's
+    # order); ids are checked against the vocabulary by the engine. Travels as a flat [id, bias, ...] list.
+    logit_bias: dict[int, float] | None = None
+    prompt_logprobs: int | None = None  # top-N logprobs of every prompt token (after the first), as vLLM
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         self.stop = list(self.stop or [])
         self.stop_token_ids = list(self.stop_token_ids or [])
+        if isinstance(self.logit_bias, dict) and not self.logit_bias:
+            self.logit_bias = None  # one way to say "no bias": the worker's fast path tests for None
         self.validate()
 
     def validate(self) -> None:
@@ -72,7 +93,7 @@ class SamplingParams:
             self._bad("ignore_eos", "must be a bool")
         if not (self.seed is None or (_is_int(self.seed) and 0 <= self.seed < 2**63)):
             self._bad("seed", "must be None or an int in [0, 2**63)")
-        if not (self.logprobs is None or (_is_int(self.logprobs) and 0 <= self.logprobs <= 20)):
+        if not (self.logprobs is None or (_is_int(self.logprobs) and 0 <= self.logprobs <= MAX_LOGPROBS)):
             self._bad("logprobs", "must be in [0, 20]")
         if not (_is_num(self.presence_penalty) and -2 <= self.presence_penalty <= 2):
             self._bad("presence_penalty", "must be in [-2, 2]")
@@ -86,6 +107,11 @@ class SamplingParams:
             self._bad("include_stop_str_in_output", "must be a bool")
         if not (_is_num(self.repetition_penalty) and 0 < self.repetition_penalty <= 10):
             self._bad("repetition_penalty", "must be in (0, 10]")
+        if self.logit_bias is not None:  # a call (a loop over the entries) only for a request that has some
+            _check_logit_bias(self.logit_bias)
+        n = self.prompt_logprobs
+        if not (n is None or (_is_int(n) and 0 <= n <= MAX_LOGPROBS)):
+            self._bad("prompt_logprobs", f"must be None or an int in [0, {MAX_LOGPROBS}]")
 
     def _bad(self, name: str, what: str) -> None:
         raise ValueError(f"{name} {what}, got {getattr(self, name)!r}")

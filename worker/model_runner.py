@@ -20,7 +20,7 @@ from model.loader import load_model
 from model.parallel import all_gather_stack, broadcast_from_rank0, tp_rank, tp_size
 from protocol.messages import StepCommand, WorkerConfig
 from worker.cuda_graphs import DecodeGraphs, PrefillGraphs
-from worker.logprobs import gather_logprobs, raw_logprobs
+from worker.logprobs import PromptLogprobs, PromptRows, gather_logprobs, raw_logprobs
 from worker.results import PendingTokens, ResultRing, no_tokens
 from worker.sampler import pick_across_shards, sample, samples_on_shards, shard_candidates
 from worker.sampling_state import SamplingState
@@ -70,6 +70,7 @@ class ModelRunner:
         self.num_seq_blocks = np.zeros(n, dtype=np.int64)
         self.num_computed = np.zeros(n, dtype=np.int64)
         self.sampling = SamplingState(n, self.model_config.vocab_size, cfg.eos_token_ids, device, self.to_dev)
+        self.prompt_logprobs = PromptLogprobs()
 
     # ---- KV pool (sized by worker/startup.py) -----------------------------------------------------------
 
@@ -106,12 +107,13 @@ class ModelRunner:
         if len(freed):
             self.num_seq_blocks[freed] = 0
             self.sampling.free(freed)
+            self.prompt_logprobs.free(freed)
         if len(new):
             self.num_seq_blocks[new] = 0
             self.num_computed[new] = step.new_start_pos
-            self.sampling.start(
-                new, step.new_params, step.new_num_outputs, step.new_prompt_lens, step.new_past_token_ids
-            )
+            past = (step.new_num_outputs, step.new_prompt_lens, step.new_past_token_ids)
+            self.sampling.start(new, step.new_params, *past)
+            self.prompt_logprobs.start(new, step.new_params, *past)
         counts = step.new_block_counts
         total = int(counts.sum()) if len(counts) else 0
         if total:
@@ -209,10 +211,15 @@ class ModelRunner:
         self.stager.begin_step()
         self.apply_slot_updates(step)
         hb = self.prepare_host(step) if len(step.slots) else None
-        if hb is None or len(hb.sample_idx) == 0:
-            if hb is not None:
-                self._forward(step, hb)
+        if hb is None:
             return no_tokens(step.step_id)
+        prompt_rows = self.prompt_logprobs.rows(hb.slots, hb.cu, hb.positions)  # None unless a sequence asks
+        if len(hb.sample_idx) == 0:  # partial prefill chunks only
+            hidden = self._forward(step, hb)
+            prompt = self._prompt_logprobs(hidden, prompt_rows)
+            if prompt is None:
+                return no_tokens(step.step_id)
+            return self.results.pending(step.step_id, hidden.new_empty(0, dtype=torch.int64), prompt=prompt)
         slots_dev = self.to_dev(hb.sample_slots)
         hidden = self._forward(step, hb, slots_dev)
         # sample_idx picks increasing token rows: as many as there are tokens means every row, in order (a
@@ -220,12 +227,20 @@ class ModelRunner:
         rows = hidden if len(hb.sample_idx) == hidden.shape[0] else hidden[self.to_dev(hb.sample_idx)]
         tokens, lp = self._sample(rows, hb, slots_dev)
         self.last_tokens[slots_dev] = tokens
+        prompt = self._prompt_logprobs(hidden, prompt_rows)
         if tp_rank() != 0:
             return no_tokens(step.step_id)
-        if lp is None:
-            return self.results.pending(step.step_id, tokens)
-        num_logprobs = self.sampling.num_logprobs[hb.sample_slots]
-        return self.results.pending(step.step_id, tokens, *gather_logprobs(*lp, num_logprobs, tokens, self.to_dev))
+        if lp is not None:
+            num_logprobs = self.sampling.num_logprobs[hb.sample_slots]
+            lp = gather_logprobs(*lp, num_logprobs, tokens, self.to_dev)
+        return self.results.pending(step.step_id, tokens, *(lp or ()), prompt=prompt)
+
+    def _prompt_logprobs(self, hidden: torch.Tensor, prompt_rows: PromptRows | None) -> tuple | None:
+        """The step's prompt logprobs on rank 0 (every rank runs the LM head on the same rows: a collective under
+        tensor parallelism); None when no row asks."""
+        if prompt_rows is None:
+            return None
+        return self.prompt_logprobs.compute(self.model.compute_logits, hidden, prompt_rows, self.to_dev)
 
     def _sample(
         self, rows: torch.Tensor, hb: HostBatch, slots_dev: torch.Tensor

@@ -1,4 +1,5 @@
-"""A launched step's sampled ids (and logprobs) on their way to the host, without waiting for the device."""
+"""A launched step's sampled ids (and logprobs, prompt logprobs) on their way to the host, without waiting for the
+device."""
 
 from __future__ import annotations
 
@@ -20,6 +21,20 @@ class PendingTokens:
     host: np.ndarray
     logprob_token_ids: np.ndarray | None = None
     logprobs: np.ndarray | None = None
+    # prompt logprobs (worker/logprobs.py PromptLogprobs.compute): the host index, int32 [ranks, flat ids], values
+    prompt_index: np.ndarray | None = None
+    prompt_ints: np.ndarray | None = None
+    prompt_values: np.ndarray | None = None
+
+    def prompt_result(self) -> tuple[np.ndarray | None, np.ndarray | None, np.ndarray | None]:
+        """StepResult's (prompt_logprob_index, prompt_logprob_token_ids, prompt_logprobs), once ``wait`` returned:
+        the ranks that came back with the ids go into the index's last column."""
+        if self.prompt_index is None:
+            return None, None, None
+        k = len(self.prompt_index)
+        index = self.prompt_index.copy()
+        index[:, 2] = self.prompt_ints[:k]
+        return index.reshape(-1), self.prompt_ints[k:], self.prompt_values
 
     def ready(self) -> bool:
         return self.event is None or self.event.query()
@@ -33,6 +48,13 @@ class PendingTokens:
 def no_tokens(step_id: int) -> PendingTokens:
     """A step that sampled nothing here (partial prefill chunks only, or a rank other than 0)."""
     return PendingTokens(step_id, None, np.zeros(0, dtype=np.int32))
+
+
+def _to_pinned_host(t: torch.Tensor) -> np.ndarray:
+    """An asynchronous device->host copy into new pinned memory (the array keeps it alive)."""
+    host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+    host.copy_(t, non_blocking=True)
+    return host.numpy()
 
 
 class ResultRing:
@@ -54,19 +76,26 @@ class ResultRing:
         tokens: torch.Tensor,
         lp_ids: torch.Tensor | None = None,
         lp_values: torch.Tensor | None = None,
+        prompt: tuple[np.ndarray, torch.Tensor, torch.Tensor] | None = None,
     ) -> PendingTokens:
+        """``prompt``: PromptLogprobs.compute's result, or None."""
+        index, ints, values = prompt if prompt is not None else (None, None, None)
         if not self.on_cuda:
             if lp_ids is not None:
                 lp_ids, lp_values = lp_ids.numpy(), lp_values.numpy()
-            return PendingTokens(step_id, None, tokens.to(torch.int32).numpy(), lp_ids, lp_values)
+            if prompt is not None:
+                ints, values = ints.numpy(), values.numpy()
+            return PendingTokens(step_id, None, tokens.to(torch.int32).numpy(), lp_ids, lp_values, index, ints, values)
         self._index = (self._index + 1) % len(self._tokens)
         host = self._tokens[self._index][: len(tokens)]
         host.copy_(tokens, non_blocking=True)
         if lp_ids is not None:
             lp_ids, lp_values = self._logprobs_to_host(lp_ids, lp_values)
+        if prompt is not None:  # sized by the step's prompt rows: pinned per step, only steps that have some pay
+            ints, values = _to_pinned_host(ints), _to_pinned_host(values)
         event = torch.cuda.Event()
         event.record()
-        return PendingTokens(step_id, event, host.numpy(), lp_ids, lp_values)
+        return PendingTokens(step_id, event, host.numpy(), lp_ids, lp_values, index, ints, values)
 
     def _logprobs_to_host(self, ids: torch.Tensor, values: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
         """Asynchronous copies of a step's logprobs into the ring slot of its tokens."""

@@ -1,8 +1,8 @@
 """Vectorized sampling over a batch of logit rows, each with its own controls.
 
-Before sampling, two optional per-row controls change the logits (vLLM's order and semantics): tokens a row may
-not emit yet (EOS and stop ids before min_tokens) become -inf, then repetition / frequency / presence penalties
-apply. Greedy rows take the argmax of the changed logits.
+Before sampling, optional per-row controls change the logits (vLLM's order and semantics): the logit bias is added,
+tokens a row may not emit yet (EOS and stop ids before min_tokens) become -inf, then repetition / frequency /
+presence penalties apply. Greedy rows take the argmax of the changed logits.
 
 Sampling is an exponential race: ``argmax(probs / E)`` with ``E ~ Exp(1)`` draws from ``probs`` exactly, and
 excluded tokens (probability 0) can never win. Rows with a seed draw their noise from a counter-based hash of
@@ -45,6 +45,7 @@ class SamplingTensors:
     any_min_p: bool
     any_seed: bool
     # optional controls; None = no row uses them (the common case costs nothing)
+    logit_bias: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None  # (row, token id, float32 bias)
     banned: tuple[torch.Tensor, torch.Tensor] | None = None  # (row, token id) pairs forced to -inf
     penalty_rows: torch.Tensor | None = None  # [r] int64 rows with a penalty; the fields below follow them
     presence_penalty: torch.Tensor | None = None  # [r] float32
@@ -91,11 +92,20 @@ def apply_penalties(
     return logits - presence.unsqueeze(1) * seen_out
 
 
+def has_controls(st: SamplingTensors) -> bool:
+    """Whether some row's logits change before sampling (logit bias, min_tokens masks or penalties)."""
+    return st.logit_bias is not None or st.banned is not None or st.penalty_rows is not None
+
+
 def apply_controls(logits: torch.Tensor, st: SamplingTensors) -> torch.Tensor:
-    """min_tokens masks, then penalties, on float32 logits; returns ``logits`` itself when no row uses them."""
-    if st.banned is None and st.penalty_rows is None:
+    """Logit bias, then min_tokens masks, then penalties, on float32 logits; returns ``logits`` itself when no row
+    uses them."""
+    if not has_controls(st):
         return logits
     logits = logits.clone()
+    if st.logit_bias is not None:  # every biased (row, token) of the step in one kernel
+        rows, tokens, bias = st.logit_bias
+        logits.index_put_((rows, tokens), bias, accumulate=True)
     if st.banned is not None:
         logits.index_put_(st.banned, torch.tensor(-torch.inf, device=logits.device))
     if st.penalty_rows is not None:
@@ -143,7 +153,7 @@ def sample(
 ) -> torch.Tensor:
     """One token id per row (int64 [n]). ``noise_seed`` keys the fused CUDA path's noise (new one per step)."""
     if uses_fused_kernel(logits.is_cuda, st.any_top_k, st.any_top_p, st.any_min_p, st.any_seed):
-        if st.banned is not None or st.penalty_rows is not None:
+        if has_controls(st):
             logits = apply_controls(logits.float(), st)
         return sample_argmax(logits, None if st.all_greedy else st.temperature, noise_seed)
     logits = apply_controls(logits.float(), st)
@@ -160,9 +170,9 @@ def sample(
 
 
 def samples_on_shards(on_cuda: bool, st: SamplingTensors) -> bool:
-    """Whether a batch can be sampled on the vocabulary shards: no per-row masks or penalties (the caller checks
-    logprobs), and either all greedy or, on CUDA, the fused kernel's temperature-only sampling."""
-    if st.banned is not None or st.penalty_rows is not None:
+    """Whether a batch can be sampled on the vocabulary shards: no per-row bias, masks or penalties (the caller
+    checks logprobs), and either all greedy or, on CUDA, the fused kernel's temperature-only sampling."""
+    if has_controls(st):
         return False
     return st.all_greedy or uses_fused_kernel(on_cuda, st.any_top_k, st.any_top_p, st.any_min_p, st.any_seed)
 

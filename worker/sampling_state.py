@@ -2,9 +2,12 @@
 
 Every setting lives in a slot-indexed numpy array, filled once when a sequence starts in a slot (``start``: one
 numpy call per field over the step's new records), so a step's controls are a few fancy-index gathers
-(``tensors``). The optional controls (min_tokens masks, penalties, logprobs) cost one flag check while no running
-sequence uses them (``any_controls``). Rank 0 also keeps the penalties' device state: each penalized slot's
-output-token counts and prompt-token mask, updated after every sample (``after_sample``).
+(``tensors``). The optional controls (logit bias, min_tokens masks, penalties, logprobs) cost one flag check while
+no running sequence uses them (``any_controls``). Logit biases live in one sparse (slot, token id, bias) table of
+every running sequence that has one, rebuilt only when such a sequence starts or leaves, so a step gathers its
+rows' entries with a few numpy calls and the sampler adds them with one ``index_put_``. Rank 0 also keeps the
+penalties' device state: each penalized slot's output-token counts and prompt-token mask, updated after every
+sample (``after_sample``).
 
 A new sampling field touches the record (protocol/sampling_params.py), this class (its slot array, ``start``,
 ``tensors``) and the sampler.
@@ -52,6 +55,10 @@ class SamplingState:
         self.repetition_penalty = np.ones(n, dtype=np.float32)
         self.has_penalty = np.zeros(n, dtype=bool)
         self.num_logprobs = np.full(n, -1, dtype=np.int64)  # top-N logprobs per sampled token; -1 = none
+        self.has_bias = np.zeros(n, dtype=bool)
+        self.bias_slots = np.zeros(0, dtype=np.int64)  # the sparse logit-bias table, one entry per (slot, token)
+        self.bias_tokens = np.zeros(0, dtype=np.int64)
+        self.bias_values = np.zeros(0, dtype=np.float32)
         self.any_controls = False
         # rank 0, allocated when a penalized sequence first arrives
         self.output_counts: torch.Tensor | None = None  # [max_num_seqs, vocab] int32
@@ -81,9 +88,10 @@ class SamplingState:
         rep = np.fromiter((p.repetition_penalty for p in params), np.float32, len(params))
         logprobs = np.fromiter((-1 if p.logprobs is None else p.logprobs for p in params), np.int64, len(params))
         penalized = (pres != 0) | (freq != 0) | (rep != 1)
+        biased = np.fromiter((p.logit_bias is not None for p in params), bool, len(params))
         masked = {int(i): self._masked_ids(params[i]) for i in np.flatnonzero(left)}
         left[[i for i, ids in masked.items() if not ids]] = 0  # nothing to mask: min_tokens changes nothing
-        if not (left.any() or penalized.any() or (logprobs >= 0).any()):
+        if not (left.any() or penalized.any() or (logprobs >= 0).any() or biased.any()):
             if self.any_controls:  # a slot's previous sequence may have used them
                 self._reset_controls(slots)
             return
@@ -92,6 +100,7 @@ class SamplingState:
         self.presence_penalty[slots], self.frequency_penalty[slots], self.repetition_penalty[slots] = pres, freq, rep
         self.has_penalty[slots] = penalized
         self.num_logprobs[slots] = logprobs
+        self._set_bias(slots, [params[i].logit_bias for i in np.flatnonzero(biased)], biased)
         if penalized.any() and tp_rank() == 0:
             self._start_penalty_state(slots, penalized, num_outputs, prompt_lens, past_token_ids)
         self._refresh_any_controls()
@@ -121,14 +130,36 @@ class SamplingState:
         cols = np.arange(total) - np.repeat(np.cumsum(counts) - counts, counts)
         self.stop_ids[rows, cols] = [t for i in sorted(masked) for t in masked[i]]
 
+    def _set_bias(self, slots: np.ndarray, biases: list[dict[int, float]], biased: np.ndarray) -> None:
+        """Replace the table entries of ``slots`` with the ``biases`` of its ``biased`` ones (in order)."""
+        if self.has_bias[slots].any():  # a previous sequence of one of these slots had a bias
+            keep = ~np.isin(self.bias_slots, slots)
+            self.bias_slots, self.bias_tokens = self.bias_slots[keep], self.bias_tokens[keep]
+            self.bias_values = self.bias_values[keep]
+        self.has_bias[slots] = biased
+        if not biases:
+            return
+        counts = [len(b) for b in biases]
+        self.bias_slots = np.concatenate([self.bias_slots, np.repeat(slots[biased], counts)])
+        tokens = np.fromiter((t for b in biases for t in b), np.int64, sum(counts))
+        values = np.fromiter((v for b in biases for v in b.values()), np.float32, sum(counts))
+        self.bias_tokens = np.concatenate([self.bias_tokens, tokens])
+        self.bias_values = np.concatenate([self.bias_values, values])
+
     def _reset_controls(self, slots: np.ndarray) -> None:
         self.min_tokens_left[slots] = 0
         self.has_penalty[slots] = False
         self.num_logprobs[slots] = -1
+        self._set_bias(slots, [], np.zeros(len(slots), dtype=bool))
         self._refresh_any_controls()
 
     def _refresh_any_controls(self) -> None:
-        self.any_controls = bool(self.min_tokens_left.any() or self.has_penalty.any() or (self.num_logprobs >= 0).any())
+        self.any_controls = bool(
+            self.min_tokens_left.any()
+            or self.has_penalty.any()
+            or (self.num_logprobs >= 0).any()
+            or len(self.bias_slots)
+        )
 
     def _start_penalty_state(
         self,
@@ -195,7 +226,16 @@ class SamplingState:
         return st
 
     def _add_controls(self, st: SamplingTensors, sample_slots: np.ndarray) -> None:
-        """min_tokens bans and penalties of this step's sampled rows (rank 0; only when some slot uses them)."""
+        """Logit biases, min_tokens bans and penalties of this step's sampled rows (rank 0; only when some slot
+        uses them)."""
+        if len(self.bias_slots) and self.has_bias[sample_slots].any():
+            # each table entry's row in this step (-1: its slot is not sampled now)
+            row_of = np.full(len(self.has_bias), -1, dtype=np.int64)
+            row_of[sample_slots] = np.arange(len(sample_slots))
+            rows = row_of[self.bias_slots]
+            hit = rows >= 0
+            tokens, values = self.bias_tokens[hit], self.bias_values[hit]
+            st.logit_bias = (self.to_dev(rows[hit]), self.to_dev(tokens), self.to_dev(values, torch.float32))
         rows = np.flatnonzero(self.min_tokens_left[sample_slots] > 0)
         if len(rows):
             ids = self.stop_ids[sample_slots[rows]]

@@ -163,7 +163,9 @@ class Worker:
         while True:
             while in_flight and in_flight[0].ready():
                 done = in_flight.popleft()
-                self.send(StepResult(done.step_id, self.rank, done.wait(), done.logprob_token_ids, done.logprobs))
+                tokens = done.wait()  # before prompt_result: the prompt logprobs arrive with the tokens
+                lp = (done.logprob_token_ids, done.logprobs)
+                self.send(StepResult(done.step_id, self.rank, tokens, *lp, *done.prompt_result()))
             if in_flight and not self.sock.poll(0):
                 continue  # spin: a CUDA step takes milliseconds and we want to report it at once
             msg = self.recv()

@@ -9,7 +9,7 @@ import uuid
 from starlette.responses import Response
 
 from client.openai_server.errors import APIError, from_engine
-from client.openai_server.logprobs import completion_logprobs
+from client.openai_server.logprobs import completion_logprobs, prompt_logprobs_json
 from client.openai_server.metrics import TokenTimer
 from client.openai_server.params import (
     check_model,
@@ -61,9 +61,16 @@ async def create_completion(state: ServerState, req: CompletionRequest) -> Respo
         if req.logprobs is not None and c.logprobs:
             lp, _ = await completion_logprobs(engine, c.logprobs, 0)
         num_output += len(c.token_ids)
-        choices.append(
-            {"index": i, "text": text, "logprobs": lp, "finish_reason": c.finish_reason, "stop_reason": c.stop_reason}
-        )
+        choice = {
+            "index": i,
+            "text": text,
+            "logprobs": lp,
+            "finish_reason": c.finish_reason,
+            "stop_reason": c.stop_reason,
+        }
+        if req.prompt_logprobs is not None:  # vLLM's extra field, only when asked
+            choice["prompt_logprobs"] = prompt_logprobs_json(c.prompt_logprobs)
+        choices.append(choice)
     num_prompt = sum(len(results[k * req.n].prompt_token_ids) for k in range(len(prompts)))
     return finished_response(state, rid, "text_completion", arrival, choices, results, num_prompt, num_output)
 

@@ -1,11 +1,12 @@
 """Logprobs in OpenAI's two shapes: completions (tokens, token_logprobs, top_logprobs, text_offset) and chat
 (content: [{token, logprob, bytes, top_logprobs}]). Entries come from the coordinator with the sampled token
-first, then the most likely ones."""
+first, then the most likely ones. And vLLM's prompt_logprobs: [null, {token id: {logprob, rank, decoded_token}}]."""
 
 from __future__ import annotations
 
 from client.openai_server.engine_client import EngineClient
 from protocol.client_messages import TokenLogprobs
+from protocol.outputs import Logprob, PromptLogprobs
 
 _FLOOR = -9999.0  # JSON has no -inf; vLLM clamps the same way
 
@@ -51,3 +52,14 @@ async def chat_logprobs(engine: EngineClient, entries, top_n: int) -> dict:
         ranked = sorted(zip(names, lps), key=lambda e: -e[1])[:top_n] if top_n else []
         content.append({**_entry(names[0], lps[0]), "top_logprobs": [_entry(n, lp) for n, lp in ranked]})
     return {"content": content}
+
+
+def prompt_logprobs_json(entries: PromptLogprobs | None) -> list | None:
+    """vLLM's ``prompt_logprobs`` of a completions choice (JSON keys are strings; -inf clamped like the rest)."""
+    if entries is None:
+        return None
+    return [None if d is None else {str(t): _prompt_entry(e) for t, e in d.items()} for d in entries]
+
+
+def _prompt_entry(e: Logprob) -> dict:
+    return {"logprob": _clamp(e.logprob), "rank": e.rank, "decoded_token": e.decoded_token}

@@ -53,8 +53,6 @@ def conversation(messages: list[ChatMessage], kwargs: dict | None, add_generatio
 
 
 def _unsupported(req) -> None:
-    if req.logit_bias:
-        raise APIError(400, "logit_bias is not supported", "logit_bias")
     if isinstance(req, CompletionRequest):
         if req.suffix:
             raise APIError(400, "suffix is not supported", "suffix")
@@ -62,6 +60,8 @@ def _unsupported(req) -> None:
             raise APIError(400, "best_of must equal n (or be left out)", "best_of")
         if req.echo and req.logprobs is not None:
             raise APIError(400, "echo with logprobs is not supported (it needs the prompt's logprobs)", "echo")
+        if req.stream and req.prompt_logprobs is not None:  # as vLLM: they come with the finished choice only
+            raise APIError(400, "prompt_logprobs are not available when stream=true", "prompt_logprobs")
     if isinstance(req, ChatCompletionRequest):
         if req.tools or (req.tool_choice not in (None, "none")):
             raise APIError(400, "tools are not supported", "tools")
@@ -69,6 +69,25 @@ def _unsupported(req) -> None:
             raise APIError(400, "response_format: only {'type': 'text'} is supported", "response_format")
         if req.top_logprobs is not None and not req.logprobs:
             raise APIError(400, "top_logprobs needs logprobs: true", "top_logprobs")
+
+
+def logit_bias(bias: dict[str, float] | None) -> dict[int, float] | None:
+    """OpenAI's logit_bias (token-id strings -> bias in [-100, 100]) as SamplingParams takes it; a 400 naming the
+    field otherwise (ids outside the vocabulary: the engine's RequestError)."""
+    if not bias:
+        return None
+    out = {}
+    for key, value in bias.items():
+        try:
+            token = int(key)
+        except ValueError:
+            token = -1
+        if token < 0:
+            raise APIError(400, f"logit_bias keys must be token ids, got {key!r}", "logit_bias")
+        if not -100 <= value <= 100:  # NaN fails too
+            raise APIError(400, f"logit_bias values must be in [-100, 100], got {value} for token {key}", "logit_bias")
+        out[token] = value
+    return out
 
 
 def sampling_params(req, defaults: dict, max_tokens: int, logprobs: int | None) -> SamplingParams:
@@ -94,6 +113,9 @@ def sampling_params(req, defaults: dict, max_tokens: int, logprobs: int | None) 
             frequency_penalty=req.frequency_penalty or 0.0,
             skip_special_tokens=req.skip_special_tokens,
             include_stop_str_in_output=req.include_stop_str_in_output,
+            logit_bias=logit_bias(req.logit_bias),
+            # completions only (each choice carries them, as vLLM's); chat takes it as an unknown field
+            prompt_logprobs=req.prompt_logprobs if isinstance(req, CompletionRequest) else None,
         )
     except (ValueError, TypeError) as e:
         raise APIError(400, str(e), param_of(str(e), _PARAM_FIELDS)) from None

@@ -26,7 +26,7 @@ class _Request(BaseModel):
     top_p: float | None = None
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
-    logit_bias: dict[str, float] | None = None
+    logit_bias: dict[str, float] | None = None  # OpenAI's: token id (a string) -> bias in [-100, 100]
     user: str | None = None
     # vLLM's extras
     top_k: int | None = None
@@ -46,6 +46,7 @@ class CompletionRequest(_Request):
     echo: bool = False
     suffix: str | None = None
     best_of: int | None = None
+    prompt_logprobs: int | None = None  # vLLM's extra: top-N logprobs of every prompt token, per choice
 
 
 class ChatMessage(BaseModel):

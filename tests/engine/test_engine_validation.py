@@ -80,6 +80,12 @@ def assert_engine_clean_and_serving(llm) -> None:
         ("presence_penalty", 3),
         ("frequency_penalty", -3),
         ("repetition_penalty", 0),
+        ("logit_bias", {-1: 1.0}),
+        ("logit_bias", {3: float("inf")}),
+        ("logit_bias", {3: "1"}),
+        ("logit_bias", [(3, 1.0)]),
+        ("prompt_logprobs", 21),
+        ("prompt_logprobs", -1),
     ],
 )
 def test_invalid_sampling_params_name_the_field(field, value):
@@ -127,6 +133,7 @@ def test_unknown_engine_argument_is_a_type_error(tiny_tied):
         ([5, True], None, "prompt must be a string or a list of token ids"),
         (list(range(250)), greedy(100), "needs more KV blocks than the pool has"),
         (PROMPT, greedy(4, stop_token_ids=[512]), "stop_token_ids"),
+        (PROMPT, greedy(4, logit_bias={5: 1.0, 512: -1.0}), "^logit_bias token ids must be below"),
     ],
     ids=[
         "empty",
@@ -137,6 +144,7 @@ def test_unknown_engine_argument_is_a_type_error(tiny_tied):
         "bool-id",
         "pool-too-small",
         "stop-id-over-vocab",
+        "bias-id-over-vocab",
     ],
 )
 def test_bad_request_is_refused_and_engine_keeps_serving(llm, prompt, params, message):

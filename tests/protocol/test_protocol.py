@@ -110,6 +110,10 @@ def random_sampling_params(rng: np.random.Generator) -> SamplingParams:
         n=int(rng.integers(1, 129)),
         skip_special_tokens=bool(rng.integers(0, 2)),
         include_stop_str_in_output=bool(rng.integers(0, 2)),
+        logit_bias=None
+        if rng.random() < 0.3
+        else {int(t): float(rng.uniform(-100, 100)) for t in rng.integers(0, 1 << 31, int(rng.integers(1, 5)))},
+        prompt_logprobs=None if rng.random() < 0.3 else int(rng.integers(0, 21)),
     )
     assert set(kw) == {f.name for f in dataclasses.fields(SamplingParams)}, "a new field: give it a random value"
     return SamplingParams(**kw)
@@ -169,7 +173,7 @@ def test_array_byte_order_and_dtype_conversion():
     """Explicit bytes: int32 1 is 01 00 00 00 whatever the host or the input array's byte order/dtype."""
     msg = StepResult(step_id=3, rank=0, token_ids=np.array([1, 256, -2], dtype=">i8"))  # big-endian int64 in
     raw = msgpack.unpackb(encode(msg), raw=False)
-    assert raw == [8, 3, 0, b"\x01\x00\x00\x00" + b"\x00\x01\x00\x00" + b"\xfe\xff\xff\xff", None, None]
+    assert raw == [8, 3, 0, b"\x01\x00\x00\x00" + b"\x00\x01\x00\x00" + b"\xfe\xff\xff\xff"] + [None] * 5
     back = decode(encode(msg))
     assert back.token_ids.dtype == np.dtype("<i4") and back.token_ids.tolist() == [1, 256, -2]
     step = make_step([dict(slot=2, tokens=[7], start=5, temperature=0.5, seed=2**40 + 1, outputs=[258])])
@@ -228,7 +232,7 @@ MALFORMED = {
     "str for array": pack(with_field(step_raw(), 2, "\x00\x00\x00\x00")),
     "int32 array of 5 bytes": pack(with_field(step_raw(), 3, b"\x01\x00\x00\x00\x02")),
     "int32 array of 6 bytes": pack(with_field(step_raw(), 1 + STEP_FIELDS.index("new_past_token_ids"), b"\x00" * 6)),
-    "float32 array of 3 bytes": pack([8, 0, 0, b"", b"", b"\x00" * 3]),  # StepResult.logprobs
+    "float32 array of 3 bytes": pack([8, 0, 0, b"", b"", b"\x00" * 3, None, None, None]),  # StepResult.logprobs
     "int for a record": pack(with_field(step_raw(), 1 + STEP_FIELDS.index("new_params"), [5])),
     "wrong record in a list": pack(with_field(step_raw(), 1 + STEP_FIELDS.index("new_params"), [valid_hello_raw()])),
     "map with int keys": pack([1, {1: 2}, 0, 1, "cpu", 1, "h"]),
@@ -240,6 +244,12 @@ _params_raw = msgpack.unpackb(encode(SamplingParams()), raw=False)
 MALFORMED["bool in list[int]"] = pack(with_field(_params_raw, 1 + _PARAM_NAMES.index("stop_token_ids"), [1, True]))
 MALFORMED["int in list[str]"] = pack(with_field(_params_raw, 1 + _PARAM_NAMES.index("stop"), ["a", 3]))
 MALFORMED["str for list"] = pack(with_field(_params_raw, 1 + _PARAM_NAMES.index("stop"), "a"))
+# logit_bias travels as a flat [id, bias, ...] list: a map, an odd length or a non-int id is malformed
+_BIAS = 1 + _PARAM_NAMES.index("logit_bias")
+MALFORMED["logit_bias as a map"] = pack(with_field(_params_raw, _BIAS, {"1": 2.0}))
+MALFORMED["logit_bias of odd length"] = pack(with_field(_params_raw, _BIAS, [1, 2.0, 3]))
+MALFORMED["logit_bias float id"] = pack(with_field(_params_raw, _BIAS, [1.0, 2.0]))
+MALFORMED["logit_bias str bias"] = pack(with_field(_params_raw, _BIAS, [1, "2"]))
 
 
 @pytest.mark.parametrize("name", list(MALFORMED))
@@ -271,6 +281,19 @@ def test_nested_sampling_params_are_validated_on_decode():
         bad = with_field(good, 1 + _PARAM_NAMES.index("stop_token_ids"), [True])
         with pytest.raises(ProtocolError, match="stop_token_ids"):
             decode(pack(bad))
+    # logit_bias: a dict on both ends, a flat list on the wire; its values are validated like any field's
+    biased = SamplingParams(logit_bias={7: 2.5, 3: -100})
+    raw = msgpack.unpackb(encode(biased), raw=False)
+    assert raw[_BIAS] == [7, 2.5, 3, -100]
+    for _ in range(2):  # first and known signature
+        assert decode(encode(biased)).logit_bias == {7: 2.5, 3: -100}
+        with pytest.raises(ProtocolError, match="logit_bias"):
+            decode(pack(with_field(raw, _BIAS, [7, True])))
+    for bad in ({-1: 1.0}, {1: float("inf")}, {1: float("nan")}):
+        params = SamplingParams()
+        params.logit_bias = bad
+        with pytest.raises(codec.InvalidValue, match="logit_bias"):
+            decode(encode(params))
 
 
 def test_fuzzed_frames_raise_only_protocol_error():
