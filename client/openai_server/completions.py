@@ -97,8 +97,8 @@ async def _events(state: ServerState, req: CompletionRequest, rid: str, streams:
             if d.finish_reason is not None:
                 reasons[i] = d.finish_reason
                 prompt_tokens[i // n] = len(d.prompt_token_ids or ())
-            elif not text and lp is None:
-                continue  # nothing to show yet (text held back)
+            elif not text and lp is None and not d.token_ids:
+                continue  # no new token; a token whose text is held back still gets its event, as vLLM's
             choice = {"index": i, "text": text, "logprobs": lp, "finish_reason": d.finish_reason}
             if d.finish_reason is not None:
                 choice["stop_reason"] = d.stop_reason

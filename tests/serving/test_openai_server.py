@@ -193,9 +193,13 @@ def test_stop_strings(api, hf):
     r = api.completions.create(**kw)
     assert (r.choices[0].text, r.choices[0].finish_reason) == (cut, "stop")
     assert r.choices[0].stop_reason == stop  # vLLM's extra field
-    streamed = list(api.completions.create(stream=True, **kw))
-    assert "".join(c.choices[0].text for c in streamed) == cut
-    assert streamed[-1].choices[0].finish_reason == "stop"
+    streamed = list(api.completions.create(stream=True, stream_options={"include_usage": True}, **kw))
+    chunks, usage = streamed[:-1], streamed[-1].usage
+    assert "".join(c.choices[0].text for c in chunks) == cut
+    assert chunks[-1].choices[0].finish_reason == "stop"
+    # one event per token, as vLLM streams: the stop string's first characters are held back, their events empty
+    assert len(chunks) == usage.completion_tokens
+    assert any(c.choices[0].text == "" for c in chunks[:-1])
 
 
 def test_include_stop_str_in_output(api, hf):
