@@ -5,7 +5,7 @@ linear layer that the CPU runs. The GPU kernels (kernels/fp8_gemm.py) compute th
 
 Scales are dequantization multipliers throughout: ``real ~= fp8 value * scale`` (the checkpoints' ``weight_scale_inv``
 is such a multiplier too, despite its name). A scale is the amax of its group divided by 448, the largest e4m3
-value, so the group's largest element maps onto 448; values are quantized as ``x * (1 / scale)``.
+value, so the group's largest element maps onto 448.
 """
 
 from __future__ import annotations
@@ -83,10 +83,8 @@ def parse_kv_cache_dtype(name: str, model_dtype: torch.dtype) -> torch.dtype:
 
 
 def _to_fp8(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """``x * (1 / scale)`` rounded to e4m3 (float32 math; clamped: e4m3fn has no infinity). A product with the
-    correctly rounded reciprocal rather than a division: one rounded reciprocal per scale and one multiplication per
-    element is what the kernels can afford, and every implementation rounds both the same way."""
-    return (x.float() * torch.reciprocal(scale.float())).clamp(-FP8_MAX, FP8_MAX).to(FP8)
+    """``x / scale`` rounded to e4m3 (float32 math; clamped: e4m3fn has no infinity)."""
+    return (x.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8)
 
 
 def _scale_of(amax: torch.Tensor) -> torch.Tensor:

@@ -77,6 +77,7 @@ def cases():
             fp8_gemv._fp8_gemv_kernel,
             {"x_ptr": BF16, "w_ptr": FP8, "ws_ptr": F32, "bias_ptr": BF16, "out_ptr": BF16},
             {
+                "K": k,
                 "ROWS": rows,
                 "BLOCK_N": block_n,
                 "BLOCK_K": block_k,
