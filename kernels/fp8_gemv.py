@@ -17,7 +17,7 @@ import triton.language as tl
 from kernels.fp8_quant import FP8_MAX, MIN_AMAX
 from kernels.pdl import pdl_enter, use_pdl
 
-MAX_ROWS = 4  # more rows go to the tensor-core paths: the GEMV's cost grows with each row
+MAX_ROWS = 4  # rows the kernel unrolls; fp8_linear sends it fewer (kernels/fp8_gemm.py GEMV_ROWS)
 _SLICE = 16384  # weight bytes (e4m3 elements) per program and K step: the bf16 GEMV's best slice
 _MAX_BLOCK_K = 4096
 

@@ -120,7 +120,7 @@ def test_fp8_linear_writes_into_out():
     out = torch.empty(4, 64, device=DEVICE)
     got = fp8_gemm.fp8_linear(x, w_q, w_s, (32, 128), out=out)
     assert got.data_ptr() == out.data_ptr()
-    assert rel(out, fp8.emulated_linear(x, w_q, w_s, fp8.Fp8Config(block=(32, 128)))) < FMA_TOL
+    assert rel(out, fp8.emulated_linear(x, w_q, w_s, fp8.Fp8Config(block=(32, 128)))) < TC_TOL
     assert fp8_gemm.fp8_linear(x[:0], w_q, w_s, (32, 128)).shape == (0, 64)
 
 
