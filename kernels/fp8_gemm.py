@@ -251,15 +251,28 @@ def probe_scaled_mm(device: torch.device) -> frozenset[str]:
     return _scaled_mm_modes(device.index if device.index is not None else torch.cuda.current_device())
 
 
-def uses_scaled_mm(m: int, n: int, k: int, block: tuple[int, int] | None, device: torch.device) -> bool:
+def uses_scaled_mm(n: int, k: int, block: tuple[int, int] | None, device: torch.device) -> bool:
     """Whether a product of more rows than the GEMV takes goes to cuBLASLt (else our Triton kernel)."""
     if n % 16 or k % 16 or device.type != "cuda":
         return False
     if block is None:
         return "channel" in probe_scaled_mm(device)
-    # cuBLASLt's block scaling: 128x128 weight blocks, activation scales [M, K/128] with M the unit-stride dim and
-    # 16-byte aligned strides (torch refuses a padded stride, so M % 4 == 0)
-    return block == (128, 128) and k % 512 == 0 and m % 4 == 0 and "block" in probe_scaled_mm(device)
+    # cuBLASLt's block scaling: 128x128 weight blocks (and activation scales with 16-byte aligned strides, which
+    # _block_scaled_mm pads the rows for)
+    return block == (128, 128) and k % 512 == 0 and "block" in probe_scaled_mm(device)
+
+
+def _block_scaled_mm(x, w_q, w_s, block, bias, out) -> torch.Tensor:
+    """cuBLASLt's block-scaled product. Its activation scales [M, K/128] (M the unit-stride dim) need a 16-byte
+    aligned stride, so M is padded to a multiple of 4 with zero rows, computed into a scratch output."""
+    m, n = x.shape[0], w_q.shape[0]
+    rows = -(-m // 4) * 4
+    x_q, x_s = quantize_rows(x, block[1], rows)
+    dst = out if rows == m else torch.empty((rows, n), dtype=out.dtype, device=out.device)
+    _scaled_mm(x_q, x_s, w_q, w_s, block, None, dst)  # no bias epilogue with block scaling
+    if dst is not out:
+        out.copy_(dst[:m])
+    return out if bias is None else out.add_(bias)
 
 
 def fp8_linear(
@@ -280,10 +293,10 @@ def fp8_linear(
         return out
     if m <= GEMV_ROWS and fp8_gemv.supports(m, k, block):
         return fp8_gemv.fp8_gemv(x, w_q, w_s, block, bias, out)
-    x_q, x_s = quantize_rows(x, None if block is None else block[1])
-    if not uses_scaled_mm(m, n, k, block, x.device):
-        return fp8_gemm(x_q, x_s, w_q, w_s, block, bias, out)
-    if block is None:
+    if uses_scaled_mm(n, k, block, x.device):
+        if block is not None:
+            return _block_scaled_mm(x, w_q, w_s, block, bias, out)
+        x_q, x_s = quantize_rows(x, None)
         return _scaled_mm(x_q, x_s, w_q, w_s, block, bias, out)
-    _scaled_mm(x_q, x_s, w_q, w_s, block, None, out)  # cuBLASLt's block scaling has no bias epilogue
-    return out if bias is None else out.add_(bias)
+    x_q, x_s = quantize_rows(x, None if block is None else block[1])
+    return fp8_gemm(x_q, x_s, w_q, w_s, block, bias, out)

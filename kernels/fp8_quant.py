@@ -58,15 +58,19 @@ def _quant_rows_kernel(
         tl.store(s_ptr + g * stride_sg + row, scale, mask=g * GROUP < K)
 
 
-def quantize_rows(x: torch.Tensor, group: int | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """[M, K] 16-bit (or float32) -> (e4m3 [M, K], float32 scales [M, ceil(K / group)] with M the unit-stride dim);
-    ``group`` None: one scale per row."""
+def quantize_rows(x: torch.Tensor, group: int | None, rows: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """[M, K] 16-bit (or float32) -> (e4m3 [R, K], float32 scales [R, ceil(K / group)] with R the unit-stride dim);
+    ``group`` None: one scale per row. ``rows`` R >= M (default M): the rows after x's are zeros with scale 1."""
     m, k = x.shape
-    assert x.stride(1) == 1
+    rows = m if rows is None else rows
+    assert x.stride(1) == 1 and rows >= m
     groups = 1 if group is None else triton.cdiv(k, group)
-    q = torch.empty((m, k), dtype=torch.float8_e4m3fn, device=x.device)
-    scales = torch.empty((groups, m), dtype=torch.float32, device=x.device)
-    scales_view = scales.view(m, 1) if group is None else scales.t()  # [M, 1] contiguous: torch's rowwise check
+    q = torch.empty((rows, k), dtype=torch.float8_e4m3fn, device=x.device)
+    scales = torch.empty((groups, rows), dtype=torch.float32, device=x.device)
+    scales_view = scales.view(rows, 1) if group is None else scales.t()  # [R, 1] contiguous: torch's rowwise check
+    if rows > m:
+        q[m:].zero_()
+        scales[:, m:].fill_(1.0)
     if m == 0:
         return q, scales_view
     pdl = use_pdl(x)
@@ -84,7 +88,7 @@ def quantize_rows(x: torch.Tensor, group: int | None) -> tuple[torch.Tensor, tor
         k,
         x.stride(0),
         q.stride(0),
-        m,
+        rows,
         GROUP=group or 0,
         BLOCK=block,
         USE_PDL=pdl,

@@ -137,6 +137,31 @@ def test_scaled_mm_call_with_rowwise_scales():
     assert rel(out, fp8.emulated_linear(x, w_q, w_s, fp8.Fp8Config())) < TC_TOL
 
 
+@pytest.mark.parametrize("m", [5, 7, 8])
+def test_block_scaled_cublaslt_call_pads_rows_to_a_multiple_of_4(m, monkeypatch):
+    """cuBLASLt's block scaling needs activation scales with a 16-byte aligned stride: fp8_linear pads the rows with
+    zeros (scale 1) and keeps the first M rows. Checked with a stand-in for torch._scaled_mm that enforces torch's
+    layout rule and computes the product from the dequantized operands (block scaling needs CUDA)."""
+    block = (128, 128)
+
+    def scaled_mm(x_q, x_s, w_q, w_s, block_, bias, out):
+        rows = x_q.shape[0]
+        assert rows % 4 == 0 and x_s.shape == (rows, 2) and x_s.stride() == (1, rows) and out.shape[0] == rows
+        assert bias is None and torch.equal(x_q[m:].float(), torch.zeros_like(x_q[m:].float()))
+        x = fp8.dequantize_activations(x_q, x_s, block_[1])
+        return out.copy_(x @ fp8.dequantize(w_q, w_s, block_).t())
+
+    monkeypatch.setattr(fp8_gemm, "uses_scaled_mm", lambda *a: True)
+    monkeypatch.setattr(fp8_gemm, "_scaled_mm", scaled_mm)
+    gen = torch.Generator().manual_seed(m)
+    x = torch.randn(m, 256, generator=gen).to(DEVICE)
+    _, w_q, w_s = weights(96, 256, block, gen)
+    b = torch.randn(96, generator=gen).to(DEVICE)
+    out = torch.full((m, 96), float("nan"), device=DEVICE)
+    fp8_gemm.fp8_linear(x, w_q, w_s, block, b, out)
+    assert rel(out, fp8.emulated_linear(x, w_q, w_s, fp8.Fp8Config(block=block), b)) < FMA_TOL
+
+
 # ---- CUDA: real shapes --------------------------------------------------------------------------------------
 
 QWEN3_8B = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (24576, 4096), "down": (4096, 12288)}
