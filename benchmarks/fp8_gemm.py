@@ -1,13 +1,15 @@
-"""FP8 linear layers against bf16 on Qwen3 shapes (GPU only): where each FP8 path wins, to set the row limit of
-the GEMV (kernels/fp8_gemv.py MAX_ROWS) and which kernel takes the larger products.
+"""FP8 linear layers against bf16 on Qwen3 shapes (GPU only): where each FP8 path wins, to set the rows the GEMV
+takes (kernels/fp8_gemm.py GEMV_ROWS) and which kernel takes the larger products.
 
     python -m benchmarks.fp8_gemm [--shape qwen3-8b|qwen3-0.6b|qwen3-8b-tp2] [--rows 1 2 4 8 16 32 64 256 1024]
+        [--sweep]
 
 Per (layer shape, rows), microseconds per product inside a CUDA graph over one weight per model layer (more than
 the L2 holds), each product behind an RMSNorm as in a decode step: bf16 (F.linear, what the 16-bit model runs
-without our decode kernels), the FP8 GEMV that quantizes the rows itself ("gemv", up to its row limit), our
-Triton FP8 GEMM after kernels/fp8_quant.py ("triton"), torch._scaled_mm after that pass ("cublaslt", per-channel
-and block scales), and what fp8_linear picks ("auto"). One JSON line per row count, then the per-step totals.
+without our decode kernels), the FP8 GEMV that quantizes the rows itself ("gemv", up to four rows; "gemv_recip"
+quantizing by the scale's reciprocal), our Triton FP8 GEMM after kernels/fp8_quant.py ("triton"; with --sweep
+also at other tilings), torch._scaled_mm after that pass ("cublaslt", per-channel and block scales), and what
+fp8_linear picks ("auto"). One JSON line per row count, then the per-step totals.
 """
 
 from __future__ import annotations
@@ -28,8 +30,9 @@ from model.fp8 import quantize_blocks, quantize_per_channel
 def paths(block):
     group = None if block is None else block[1]
 
-    def gemv(x, w_q, w_s):
-        return fp8_gemv.fp8_gemv(x, w_q, w_s, block, None, torch.empty(x.shape[0], w_q.shape[0], **_like(x)))
+    def gemv(x, w_q, w_s, reciprocal=False):
+        out = torch.empty(x.shape[0], w_q.shape[0], **_like(x))
+        return fp8_gemv.fp8_gemv(x, w_q, w_s, block, None, out, reciprocal)
 
     def triton(x, w_q, w_s):
         x_q, x_s = quantize_rows(x, group)
@@ -50,6 +53,7 @@ def paths(block):
     sweep = {f"tiles{'x'.join(map(str, t))}": tiled(t) for t in TILE_SWEEP}
     return sweep | {
         "gemv": gemv,
+        "gemv_recip": lambda x, w_q, w_s: gemv(x, w_q, w_s, reciprocal=True),
         "triton": triton,
         "cublaslt": cublaslt,
         "auto": lambda x, w_q, w_s: fp8_gemm.fp8_linear(x, w_q, w_s, block),
@@ -107,7 +111,7 @@ def main() -> None:
                         continue
                     if name.startswith("tiles") and (not a.sweep or block is not None):
                         continue
-                    if name == "gemv" and not fp8_gemv.supports(m, k, block):
+                    if name.startswith("gemv") and not fp8_gemv.supports(m, k, block):
                         continue
                     row[f"{scheme}_{name}"] = step_us(fn, ws, x)
             print(json.dumps({key: round(v, 2) if isinstance(v, float) else v for key, v in row.items()}), flush=True)
