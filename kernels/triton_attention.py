@@ -9,8 +9,8 @@ shapes and host ints in the metadata, so decode can be captured in a CUDA graph.
 
 An e4m3 (FP8) cache holds ``value / scale`` with one float scale for K and one for V (``k_scale``, ``v_scale``;
 the model uses 1.0, as vLLM does without calibrated scales): the store kernel divides and saturates at 448, the
-attention kernels read e4m3 tiles, widen them to the query's dtype for the dots, fold ``k_scale`` into the softmax
-scale and apply ``v_scale`` to the output. A 16-bit cache ignores the scales.
+attention kernels read e4m3 tiles, widen them (and a bf16 query) to float16 for the dots, fold ``k_scale`` into the
+softmax scale and apply ``v_scale`` to the output. A 16-bit cache ignores the scales.
 """
 
 from __future__ import annotations
@@ -24,6 +24,20 @@ from kernels.device import num_sms
 from kernels.pdl import pdl_enter, use_pdl
 
 _LOG2E = 1.4426950408889634
+
+
+def dot_dtype_f16(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
+    """Whether the dots run in float16: a bfloat16 query over an e4m3 cache (e4m3 widens to float16 in one
+    instruction per pair of values, to bfloat16 in several, and widening every key and value is the kernel's ALU
+    work); float32 queries keep full precision."""
+    return is_fp8(k_cache) and q.dtype == torch.bfloat16
+
+
+@triton.jit
+def dot_operand(q, DOT_F16: tl.constexpr):
+    if DOT_F16:  # float16's range is narrower than bfloat16's: saturate rather than overflow
+        q = tl.clamp(q.to(tl.float32), -65504.0, 65504.0).to(tl.float16)
+    return q
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -117,6 +131,7 @@ def _prefill_kernel(
     BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    DOT_F16: tl.constexpr,  # dot_dtype_f16
     USE_PDL: tl.constexpr,
 ):
     pdl_enter(USE_PDL)
@@ -142,7 +157,7 @@ def _prefill_kernel(
 
         q_rows = (q_start + offs_m).to(tl.int64)
         q_ptrs = q_ptr + q_rows[:, None] * stride_qt + head * stride_qh + offs_d[None, :]
-        q = tl.load(q_ptrs, mask=mask_m[:, None] & mask_d[None, :], other=0.0)
+        q = dot_operand(tl.load(q_ptrs, mask=mask_m[:, None] & mask_d[None, :], other=0.0), DOT_F16)
 
         bt_row = block_tables_ptr + seq.to(tl.int64) * stride_bt
         k_base = k_cache_ptr + kv_head * stride_kc_h + offs_d[None, :]
@@ -236,6 +251,7 @@ def _decode_split_kernel(
     BLOCK_N: tl.constexpr,
     DIRECT_OUT: tl.constexpr,  # single split: normalise and write the final output, no merge pass
     HEADS_FIRST: tl.constexpr,  # grid (kv heads, splits, batch): a sequence's heads run side by side
+    DOT_F16: tl.constexpr,  # dot_dtype_f16
     USE_PDL: tl.constexpr,
 ):
     pdl_enter(USE_PDL)
@@ -264,7 +280,7 @@ def _decode_split_kernel(
 
     b64 = b.to(tl.int64)
     q_ptrs = q_ptr + b64 * stride_qb + heads[:, None] * stride_qh + offs_d[None, :]
-    q = tl.load(q_ptrs, mask=mask_h[:, None] & mask_d[None, :], other=0.0)
+    q = dot_operand(tl.load(q_ptrs, mask=mask_h[:, None] & mask_d[None, :], other=0.0), DOT_F16)
 
     bt_row = block_tables_ptr + b64 * stride_bt
     k_base = k_cache_ptr + kv_head * stride_kc_h + offs_d[None, :]
@@ -524,6 +540,7 @@ class TritonAttentionBackend(AttentionBackend):
             BLOCK_D=block_d,
             BLOCK_M=block_m,
             BLOCK_N=block_n,
+            DOT_F16=dot_dtype_f16(q, k_cache),
             USE_PDL=pdl,
             num_warps=num_warps,
             num_stages=num_stages,
@@ -648,6 +665,7 @@ class TritonAttentionBackend(AttentionBackend):
             BLOCK_N=block_n,
             DIRECT_OUT=direct,
             HEADS_FIRST=heads_first,
+            DOT_F16=dot_dtype_f16(q, k_cache),
             USE_PDL=pdl,
             num_warps=num_warps,
             num_stages=num_stages,

@@ -116,7 +116,8 @@ def cases():
         "prefill over e4m3",
         triton_attention._prefill_kernel,
         dict(attn, out_ptr=BF16),
-        {"GROUP": 4, "PAGE": 16, "HEAD_DIM": 128, "BLOCK_D": 128, "BLOCK_M": 64, "BLOCK_N": 64, "USE_PDL": True},
+        {"GROUP": 4, "PAGE": 16, "HEAD_DIM": 128, "BLOCK_D": 128, "BLOCK_M": 64, "BLOCK_N": 64}
+        | {"DOT_F16": True, "USE_PDL": True},
         {"num_stages": 2},
     )
     for direct, block_n in ((True, 128), (False, 64)):
@@ -133,6 +134,7 @@ def cases():
                 "BLOCK_N": block_n,
                 "DIRECT_OUT": direct,
                 "HEADS_FIRST": True,
+                "DOT_F16": True,
                 "USE_PDL": True,
             },
             {"num_stages": 2},
