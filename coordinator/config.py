@@ -6,6 +6,10 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from protocol.messages import WorkerConfig
 
 DTYPES = ("auto", "bfloat16", "float16", "float32", "bf16", "fp16", "half", "fp32", "float")  # model/config.py
 ATTENTION_BACKENDS = ("auto", "torch", "triton", "flash")  # kernels/attention.py get_backend
@@ -104,3 +108,28 @@ class EngineConfig:
         if unknown:
             raise TypeError(f"unknown engine argument(s): {', '.join(unknown)}; known: {', '.join(sorted(names))}")
         return cls(**kwargs)
+
+    def worker_config(self, max_model_len: int, eos_token_ids: list[int]) -> WorkerConfig:
+        """What every worker is told at start-up (the engine derives the model's limit and EOS ids)."""
+        from protocol.messages import WorkerConfig
+
+        return WorkerConfig(
+            model=self.model,
+            device=self.device,
+            dtype=self.dtype,
+            load_format=self.load_format,
+            block_size=self.block_size,
+            max_num_seqs=self.max_num_seqs,
+            max_num_batched_tokens=self.max_num_batched_tokens,
+            max_model_len=max_model_len,
+            num_kv_blocks=self.num_kv_blocks or -1,
+            gpu_memory_utilization=self.gpu_memory_utilization,
+            kv_cache_memory_bytes=self.kv_cache_memory_bytes,
+            enforce_eager=self.enforce_eager,
+            seed=self.seed,
+            attention_backend=self.attention_backend,
+            dist_init_method="",
+            eos_token_ids=eos_token_ids,
+            quantization=self.quantization,
+            kv_cache_dtype=self.kv_cache_dtype,
+        )

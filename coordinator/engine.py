@@ -1,5 +1,5 @@
 """The coordinator's engine: tokenizer, scheduler, block manager, output processor and the step loop that drives the
-workers.
+workers (a request's checks before it is queued: coordinator/admission.py).
 
 Its interface is narrow; ``LLM`` (client/llm.py) and the server (coordinator/server.py) use nothing else:
 ``add_request`` / ``abort`` / ``step`` (returns ``StepOutput``s) / ``has_unfinished`` / ``stats`` / ``info`` /
@@ -15,17 +15,18 @@ import os
 import time
 from collections import deque
 
+from coordinator.admission import Admission
 from coordinator.block_manager import BlockManager
 from coordinator.config import EngineConfig
 from coordinator.output_processor import OutputProcessor, TokenStop
-from coordinator.prompts import detokenize_reply, generation_defaults, render_chat, tokenize_reply
+from coordinator.prompts import detokenize_reply, generation_defaults, tokenize_reply
 from coordinator.scheduler import ScheduledBatch, Scheduler
 from coordinator.sequence import SeqStatus, Sequence
 from coordinator.worker_group import WorkerGroup
 from model.config import ModelConfig
 from protocol.client_messages import ChatPrompt, Detokenize, DetokenizeReply, Tokenize, TokenizeReply
 from protocol.errors import EngineDeadError, RequestError
-from protocol.messages import StepResult, WorkerConfig
+from protocol.messages import StepResult
 from protocol.outputs import StepOutput
 from protocol.sampling_params import SamplingParams
 
@@ -65,31 +66,9 @@ class Engine:
         self.eos_token_ids = set(mc.eos_token_id)
         if self.tokenizer.eos_token_id is not None:
             self.eos_token_ids.add(self.tokenizer.eos_token_id)
-        longest_token = max((len(t) for t in self.tokenizer.get_vocab()), default=16)
-        # a string longer than this cannot fit in max_model_len tokens: refused before it is tokenized
-        self.max_prompt_chars = self.max_model_len * max(16, 2 * longest_token)
-        worker_config = WorkerConfig(
-            model=cfg.model,
-            device=cfg.device,
-            dtype=cfg.dtype,
-            load_format=cfg.load_format,
-            block_size=cfg.block_size,
-            max_num_seqs=cfg.max_num_seqs,
-            max_num_batched_tokens=cfg.max_num_batched_tokens,
-            max_model_len=self.max_model_len,
-            num_kv_blocks=cfg.num_kv_blocks or -1,
-            gpu_memory_utilization=cfg.gpu_memory_utilization,
-            kv_cache_memory_bytes=cfg.kv_cache_memory_bytes,
-            enforce_eager=cfg.enforce_eager,
-            seed=cfg.seed,
-            attention_backend=cfg.attention_backend,
-            dist_init_method="",
-            eos_token_ids=sorted(t for t in self.eos_token_ids if 0 <= t < self.vocab_size),
-            quantization=cfg.quantization,
-            kv_cache_dtype=cfg.kv_cache_dtype,
-        )
+        eos_ids = sorted(t for t in self.eos_token_ids if 0 <= t < self.vocab_size)
         self.workers = WorkerGroup(
-            worker_config,
+            cfg.worker_config(self.max_model_len, eos_ids),
             cfg.tensor_parallel_size,
             external=cfg.external_workers,
             address=cfg.worker_address,
@@ -105,6 +84,7 @@ class Engine:
             w.num_kv_blocks * cfg.block_size,
         )
         self.block_manager = BlockManager(w.num_kv_blocks, cfg.block_size, cfg.enable_prefix_caching)
+        self.admission = Admission(self.tokenizer, self.max_model_len, self.vocab_size, self.block_manager)
         self.scheduler = Scheduler(
             self.block_manager,
             cfg.max_num_seqs,
@@ -133,35 +113,10 @@ class Engine:
         request_id: str | None = None,
         stream: bool = False,
     ) -> str:
-        """Validate and queue a request; returns its id. Raises RequestError naming the problem; nothing is queued
-        then. A streamed request gets a StepOutput every step it gains tokens in, any other one only at its end."""
-        params = params or SamplingParams()
-        if not isinstance(params, SamplingParams):
-            raise RequestError("sampling_params must be a SamplingParams")
-        try:
-            params.validate()  # again: the dataclass is mutable after construction
-        except ValueError as e:
-            raise RequestError(str(e)) from None
-        if params.n != 1:
-            raise RequestError(f"n must be 1 per engine request (LLM.generate and the HTTP API send n), got {params.n}")
-        ids = self._prompt_ids(prompt)
-        if not ids:
-            raise RequestError("prompt is empty")
-        total = len(ids) + params.max_tokens
-        if total > self.max_model_len:
-            raise RequestError(
-                f"prompt ({len(ids)} tokens) + max_tokens ({params.max_tokens}) = {total} exceeds "
-                f"max_model_len ({self.max_model_len})"
-            )
-        if self.block_manager.blocks_needed(total) > self.block_manager.num_blocks:
-            raise RequestError(
-                f"prompt + max_tokens = {total} tokens needs more KV blocks than the pool has "
-                f"({self.block_manager.num_blocks} x {self.block_manager.block_size} tokens)"
-            )
-        if params.stop_token_ids and max(params.stop_token_ids) >= self.vocab_size:
-            raise RequestError(f"stop_token_ids must be below the vocabulary size {self.vocab_size}")
-        if params.logit_bias and max(params.logit_bias) >= self.vocab_size:
-            raise RequestError(f"logit_bias token ids must be below the vocabulary size {self.vocab_size}")
+        """Validate (coordinator/admission.py) and queue a request; returns its id. Raises RequestError naming the
+        problem; nothing is queued then. A streamed request gets a StepOutput every step it gains tokens in, any
+        other one only at its end."""
+        ids, params = self.admission.admit(prompt, params)
         request_id = request_id if request_id is not None else str(next(self._ids))
         if request_id in self.requests:
             raise RequestError(f"request_id {request_id!r} is already in flight")
@@ -170,25 +125,6 @@ class Engine:
         self.requests[request_id] = seq
         self.scheduler.add(seq)
         return request_id
-
-    def _prompt_ids(self, prompt: str | list[int] | ChatPrompt) -> list[int]:
-        if isinstance(prompt, ChatPrompt):  # the template's text carries its own special tokens
-            prompt = render_chat(self.tokenizer, prompt)
-        if isinstance(prompt, str):
-            if len(prompt) > self.max_prompt_chars:
-                raise RequestError(
-                    f"prompt ({len(prompt)} characters) cannot fit in max_model_len ({self.max_model_len}) tokens"
-                )
-            return self.tokenizer.encode(prompt, add_special_tokens=False)
-        # type/min/max run at C speed: W1's 256 prompts (143k ids) were ~10 ms of per-id Python checks
-        if isinstance(prompt, (list, tuple)) and set(map(type, prompt)) <= {int}:
-            if len(prompt) > self.max_model_len:
-                raise RequestError(f"prompt ({len(prompt)} tokens) exceeds max_model_len ({self.max_model_len})")
-            if prompt and not (min(prompt) >= 0 and max(prompt) < self.vocab_size):
-                bad = [t for t in prompt if not 0 <= t < self.vocab_size]
-                raise RequestError(f"prompt token ids out of vocabulary [0, {self.vocab_size}): {bad[:5]}")
-            return list(prompt)
-        raise RequestError("prompt must be a string or a list of token ids")
 
     def abort(self, request_id: str) -> StepOutput | None:
         """End an unfinished request (its blocks and slot are freed); returns its last output, or None when no

@@ -1,7 +1,8 @@
 """The coordinator's client endpoint: a ZMQ ROUTER socket that serves Generate/Abort/Health/Info/Stats and
 Tokenize/Detokenize requests (protocol/client_messages.py) over the engine's interface (add_request, abort, step,
 has_unfinished, stats, info, health, tokenize, detokenize, shutdown). It is transport, authentication and the
-request table; the engine's output processor owns every token and character it sends.
+request table (its counters and Stats answer: coordinator/server_stats.py); the engine's output processor owns every
+token and character it sends.
 
 One thread runs one loop:
 
@@ -25,7 +26,6 @@ in-flight requests then end with finish_reason "abort".
 
 from __future__ import annotations
 
-import collections
 import logging
 import signal
 import time
@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING
 from coordinator.client_frames import RateLimitedLog, read_frame
 from coordinator.client_socket import ClientSocket, is_loopback
 from coordinator.request_table import ClientRequest, RequestTable
+from coordinator.server_stats import ServerStats
 from protocol.client_messages import (
     CLIENT_PROTOCOL_VERSION,
     ENGINE_DEAD,
@@ -49,7 +50,6 @@ from protocol.client_messages import (
     InfoReply,
     PromptTokenLogprobs,
     Stats,
-    StatsReply,
     Tokenize,
     TokenLogprobs,
 )
@@ -64,7 +64,6 @@ log = logging.getLogger("nanoserve.server")
 
 IDLE_POLL_MS = 50
 HEALTH_CHECK_S = 1.0
-RATE_WINDOW_S = 5.0
 
 
 class Server:
@@ -97,14 +96,7 @@ class Server:
         self.dead_reason = ""
         self._stopping = False
         self._warn = RateLimitedLog()
-        self._rate: collections.deque[tuple[float, int]] = collections.deque()  # (time, tokens) per step
-        self._output_tokens = 0
-        self._started = time.monotonic()
-        self.requests_finished = 0
-        self.requests_aborted = 0
-        self.requests_rejected = 0
-        self.frames_dropped = 0
-        self.replies_dropped = 0
+        self.stats = ServerStats()
 
     # ---- the loop ------------------------------------------------------------------------------------------
 
@@ -120,8 +112,7 @@ class Server:
         """Run until ``stop()``; then end every in-flight request with finish_reason "abort". The caller shuts
         the engine down and closes the server."""
         self.engine = engine
-        self._output_tokens = engine.stats()["output_tokens"]
-        self._started = time.monotonic()
+        self.stats.start(engine.stats()["output_tokens"])
         last_check = time.monotonic()
         while not self._stopping:
             if not (self.healthy and engine.has_unfinished):
@@ -149,7 +140,7 @@ class Server:
                 self._handle(frames)
             except Exception:  # a bug must not take the server down
                 log.exception("error handling a client frame")
-                self.frames_dropped += 1
+                self.stats.frames_dropped += 1
 
     def _step(self) -> None:
         try:
@@ -158,11 +149,7 @@ class Server:
         except Exception as e:  # EngineDeadError, a hang (TimeoutError), or anything else: the state is unknown
             self._engine_died(e)
             return
-        now = time.monotonic()
-        self._rate.append((now, output_tokens - self._output_tokens))
-        self._output_tokens = output_tokens
-        while self._rate and self._rate[0][0] < now - RATE_WINDOW_S:
-            self._rate.popleft()
+        self.stats.step(output_tokens)
         for out in outputs:
             req = self.requests.get(out.request_id)
             if req is not None:
@@ -172,19 +159,19 @@ class Server:
 
     def _send(self, identity: bytes, msg) -> None:
         if not self.socket.send(identity, encode(msg)):
-            self.replies_dropped += 1
+            self.stats.replies_dropped += 1
 
     def _error(self, identity: bytes, request_id: str, kind: str, message: str) -> None:
         if kind != ENGINE_DEAD:
-            self.requests_rejected += 1
+            self.stats.requests_rejected += 1
         self._send(identity, Error(request_id, kind, message))
 
     def _reply(self, req: ClientRequest, out: StepOutput) -> None:
         """One engine output as one Delta; the last one retires the request."""
         if out.finished:
             self.requests.pop(req.engine_id)
-            self.requests_finished += 1
-            self.requests_aborted += out.finish_reason == "abort"
+            self.stats.requests_finished += 1
+            self.stats.requests_aborted += out.finish_reason == "abort"
         logprobs = None if out.logprobs is None else [TokenLogprobs.from_dict(d) for d in out.logprobs]
         delta = Delta(
             req.request_id, out.token_ids, out.text, out.finish_reason, out.stop_reason, out.prompt_token_ids, logprobs
@@ -228,7 +215,7 @@ class Server:
         frame = read_frame(frames, self.token)
         identity, msg = frame.identity, frame.request
         if frame.drop is not None:
-            self.frames_dropped += 1
+            self.stats.frames_dropped += 1
             self._warn("dropping a frame from client %s: %s", identity.hex()[:16], frame.drop)
         elif frame.error is not None:
             if frame.unauthorized:
@@ -248,7 +235,8 @@ class Server:
         elif isinstance(msg, Info):
             self._send(identity, InfoReply(msg.request_id, CLIENT_PROTOCOL_VERSION, **self.engine.info()))
         elif isinstance(msg, Stats):
-            self._send(identity, self._stats(msg.request_id))
+            reply = self.stats.reply(msg.request_id, self.engine.stats(), self.healthy, len(self.requests))
+            self._send(identity, reply)
         else:  # Tokenize / Detokenize: answered by the engine's tokenizer on the spot
             try:
                 reply = self.engine.tokenize(msg) if isinstance(msg, Tokenize) else self.engine.detokenize(msg)
@@ -282,33 +270,3 @@ class Server:
             self._error(identity, rid, REQUEST_ERROR, f"invalid request: {type(e).__name__}: {e}")
             return
         self.requests.add(identity, rid, engine_id)
-
-    def _stats(self, rid: str) -> StatsReply:
-        s = self.engine.stats()
-        now = time.monotonic()
-        window = min(RATE_WINDOW_S, max(now - self._started, 1e-3))
-        recent = sum(n for t, n in self._rate if t >= now - window)
-        hits, computed = s["prefix_cache_hit_tokens"], s["prompt_tokens"]
-        total, free = s["kv_blocks_total"], s["kv_blocks_free"]
-        return StatsReply(
-            request_id=rid,
-            healthy=self.healthy,
-            running=s["running"],
-            waiting=s["waiting"],
-            pending=len(self.requests),
-            kv_blocks_total=total,
-            kv_blocks_free=free,
-            kv_usage=(total - free) / total if total else 0.0,
-            prefix_cache_hit_tokens=hits,
-            prefix_cache_hit_rate=hits / (hits + computed) if hits + computed else 0.0,
-            prompt_tokens=computed,
-            output_tokens=s["output_tokens"],
-            tokens_per_s=recent / window,
-            steps=s["steps"],
-            preemptions=s["preemptions"],
-            requests_finished=self.requests_finished,
-            requests_aborted=self.requests_aborted,
-            requests_rejected=self.requests_rejected,
-            frames_dropped=self.frames_dropped,
-            replies_dropped=self.replies_dropped,
-        )

@@ -1,6 +1,6 @@
 """POST /v1/chat/completions: the conversation travels to the coordinator, which renders it with the model's
-chat template; n choices, streaming or not, logprobs (bool + top_logprobs), reasoning_content with a reasoning
-parser, and usage."""
+chat template; n choices, streaming or not, logprobs (bool + top_logprobs), vLLM's prompt_logprobs (once, at the
+top level of a non-streaming response), reasoning_content with a reasoning parser, and usage."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import uuid
 from starlette.responses import Response
 
 from client.openai_server.errors import APIError, from_engine
-from client.openai_server.logprobs import chat_logprobs
+from client.openai_server.logprobs import chat_logprobs, prompt_logprobs_json
 from client.openai_server.metrics import TokenTimer
 from client.openai_server.params import chat_max_tokens, check_model, choice_params, conversation, sampling_params
 from client.openai_server.responses import finished_response, usage
@@ -74,7 +74,10 @@ async def create_chat_completion(state: ServerState, req: ChatCompletionRequest)
             }
         )
     num_prompt, num_output = len(results[0].prompt_token_ids), sum(len(c.token_ids) for c in results)
-    return finished_response(state, rid, "chat.completion", arrival, choices, results, num_prompt, num_output)
+    extra = None
+    if req.prompt_logprobs is not None:  # vLLM's extra field, only when asked; the first choice computed them
+        extra = {"prompt_logprobs": prompt_logprobs_json(results[0].prompt_logprobs)}
+    return finished_response(state, rid, "chat.completion", arrival, choices, results, num_prompt, num_output, extra)
 
 
 def _delta(text: str, parser, final: bool) -> dict:

@@ -1,5 +1,6 @@
 """POST /v1/completions: one prompt or several (strings or token ids), n choices each (choice index =
-prompt index * n + j), streaming or not, with echo, logprobs and usage."""
+prompt index * n + j), streaming or not, with echo, logprobs (an echoed choice's start with the prompt's, as
+vLLM's), vLLM's prompt_logprobs and usage."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import uuid
 from starlette.responses import Response
 
 from client.openai_server.errors import APIError, from_engine
-from client.openai_server.logprobs import completion_logprobs, prompt_logprobs_json
+from client.openai_server.logprobs import completion_logprobs, echo_logprobs, prompt_logprobs_json
 from client.openai_server.metrics import TokenTimer
 from client.openai_server.params import (
     check_model,
@@ -56,20 +57,24 @@ async def create_completion(state: ServerState, req: CompletionRequest) -> Respo
         raise from_engine(e, FIELDS) from None
     choices, num_output = [], 0
     for i, c in enumerate(results):
-        text = echo[i // req.n] + c.text if echo else c.text
+        first = results[i - i % req.n]  # the prompt's first choice: it computed the prompt logprobs for all
+        echoed = echo[i // req.n] if echo else ""
         lp = None
-        if req.logprobs is not None and c.logprobs:
+        if echo and req.logprobs is not None:
+            prompt_ids, prompt_lps = first.prompt_token_ids, first.prompt_logprobs
+            lp = await echo_logprobs(engine, prompt_ids, prompt_lps, c.logprobs, req.logprobs, len(echoed))
+        elif req.logprobs is not None and c.logprobs:
             lp, _ = await completion_logprobs(engine, c.logprobs, 0)
         num_output += len(c.token_ids)
         choice = {
             "index": i,
-            "text": text,
+            "text": echoed + c.text,
             "logprobs": lp,
             "finish_reason": c.finish_reason,
             "stop_reason": c.stop_reason,
         }
         if req.prompt_logprobs is not None:  # vLLM's extra field, only when asked
-            choice["prompt_logprobs"] = prompt_logprobs_json(c.prompt_logprobs)
+            choice["prompt_logprobs"] = prompt_logprobs_json(first.prompt_logprobs, req.prompt_logprobs)
         choices.append(choice)
     num_prompt = sum(len(results[k * req.n].prompt_token_ids) for k in range(len(prompts)))
     return finished_response(state, rid, "text_completion", arrival, choices, results, num_prompt, num_output)

@@ -58,10 +58,10 @@ def _unsupported(req) -> None:
             raise APIError(400, "suffix is not supported", "suffix")
         if req.best_of is not None and req.best_of != req.n:
             raise APIError(400, "best_of must equal n (or be left out)", "best_of")
-        if req.echo and req.logprobs is not None:
-            raise APIError(400, "echo with logprobs is not supported (it needs the prompt's logprobs)", "echo")
-        if req.stream and req.prompt_logprobs is not None:  # as vLLM: they come with the finished choice only
-            raise APIError(400, "prompt_logprobs are not available when stream=true", "prompt_logprobs")
+        if req.stream and req.echo and req.logprobs is not None:  # the prompt's come with the finished choice
+            raise APIError(400, "echo with logprobs is not available when stream=true", "echo")
+    if req.stream and req.prompt_logprobs is not None:  # as vLLM: they come with the finished request only
+        raise APIError(400, "prompt_logprobs are not available when stream=true", "prompt_logprobs")
     if isinstance(req, ChatCompletionRequest):
         if req.tools or (req.tool_choice not in (None, "none")):
             raise APIError(400, "tools are not supported", "tools")
@@ -114,16 +114,29 @@ def sampling_params(req, defaults: dict, max_tokens: int, logprobs: int | None) 
             skip_special_tokens=req.skip_special_tokens,
             include_stop_str_in_output=req.include_stop_str_in_output,
             logit_bias=logit_bias(req.logit_bias),
-            # completions only (each choice carries them, as vLLM's); chat takes it as an unknown field
-            prompt_logprobs=req.prompt_logprobs if isinstance(req, CompletionRequest) else None,
+            prompt_logprobs=_prompt_logprobs(req),
         )
     except (ValueError, TypeError) as e:
         raise APIError(400, str(e), param_of(str(e), _PARAM_FIELDS)) from None
 
 
+def _prompt_logprobs(req) -> int | None:
+    """The top-N prompt logprobs to compute: the request's, or for an echoed completion with logprobs (whose
+    prompt tokens show theirs, as vLLM's) at least its ``logprobs``; the responses cut each to what was asked."""
+    n = req.prompt_logprobs
+    if isinstance(req, CompletionRequest) and req.echo and req.logprobs is not None:
+        return req.logprobs if n is None else max(n, req.logprobs)
+    return n
+
+
 def choice_params(params: SamplingParams, n: int) -> list[SamplingParams]:
-    """The n choices' params, each sent as its own request (SamplingParams.choices)."""
-    return replace(params, n=n).choices()
+    """The n choices' params, each sent as its own request (SamplingParams.choices). Prompt logprobs are the
+    prompt's, the same for every choice: only the first computes them (the others may then share its prompt's
+    KV blocks through the prefix cache) and the response hands them to all."""
+    choices = replace(params, n=n).choices()
+    if params.prompt_logprobs is None or n == 1:
+        return choices
+    return [choices[0], *(replace(c, prompt_logprobs=None) for c in choices[1:])]
 
 
 def completion_max_tokens(req: CompletionRequest, defaults: dict) -> int:

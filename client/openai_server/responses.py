@@ -26,8 +26,10 @@ def finished_response(
     results: list,
     num_prompt: int,
     num_output: int,
+    extra: dict | None = None,
 ) -> JSONResponse:
-    """Records the request's metrics and answers with the whole completion of object type `obj`."""
+    """Records the request's metrics and answers with the whole completion of object type `obj` (and the
+    top-level fields in ``extra``, vLLM's additions)."""
     state.metrics.finished(rid, arrival, num_prompt, num_output, [c.finish_reason for c in results])
     body = {
         "id": rid,
@@ -36,5 +38,6 @@ def finished_response(
         "model": state.engine.served_model_name,
         "choices": choices,
         "usage": usage(num_prompt, num_output),
+        **(extra or {}),
     }
     return JSONResponse(body)

@@ -37,6 +37,7 @@ class _Request(BaseModel):
     stop_token_ids: list[int] | None = None
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
+    prompt_logprobs: int | None = None  # top-N logprobs of every prompt token (completions: per choice; chat: once)
 
 
 class CompletionRequest(_Request):
@@ -46,7 +47,6 @@ class CompletionRequest(_Request):
     echo: bool = False
     suffix: str | None = None
     best_of: int | None = None
-    prompt_logprobs: int | None = None  # vLLM's extra: top-N logprobs of every prompt token, per choice
 
 
 class ChatMessage(BaseModel):

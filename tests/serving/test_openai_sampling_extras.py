@@ -1,6 +1,6 @@
-"""logit_bias (completions and chat) and vLLM's prompt_logprobs (completions, through ``extra_body``) over HTTP:
-``python launch.py --http-port 0`` in a subprocess driven by the real ``openai`` SDK, HF transformers on the same
-float32 checkpoint as the oracle; and the 400s that name the field."""
+"""logit_bias (completions and chat), vLLM's prompt_logprobs (completions and chat, through ``extra_body``) and
+echo with logprobs over HTTP: ``python launch.py --http-port 0`` in a subprocess driven by the real ``openai`` SDK,
+HF transformers on the same float32 checkpoint as the oracle; and the 400s that name the field."""
 
 from __future__ import annotations
 
@@ -46,6 +46,22 @@ def test_logit_bias_steers_completions_and_chat(api, hf):  # noqa: F811
     assert r.choices[0].message.content == hf.text([chat_chosen] * 4)
 
 
+def _check_prompt_logprobs(pl: list, ids: list[int], dist, n: int, oracle) -> None:
+    """vLLM's prompt_logprobs JSON against HF: None first, then per position the prompt token (its raw logprob,
+    rank and text) followed by the top n, ranked 1..n."""
+    assert len(pl) == len(ids) and pl[0] is None
+    for p in range(1, len(ids)):
+        d, token = pl[p], ids[p]
+        top_values, top_ids = (t.tolist() for t in dist[p - 1].topk(n))
+        assert list(d)[0] == str(token)  # JSON keys are strings; the prompt token first
+        assert d[str(token)]["logprob"] == pytest.approx(dist[p - 1, token].item(), abs=1e-4)
+        assert d[str(token)]["rank"] == int((dist[p - 1] >= dist[p - 1, token]).sum())
+        assert d[str(token)]["decoded_token"] == oracle.tok.decode([token])
+        for rank, (tid, value) in enumerate(zip(top_ids, top_values), 1):
+            assert d[str(tid)]["rank"] == rank and d[str(tid)]["logprob"] == pytest.approx(value, abs=1e-4)
+        assert len(d) == n + (token not in top_ids)
+
+
 def test_prompt_logprobs_equal_hf(api, hf):  # noqa: F811
     ids = [5, 17, 300, 42, 7, 99, 250, 3, 480]
     n = 2
@@ -53,20 +69,98 @@ def test_prompt_logprobs_equal_hf(api, hf):  # noqa: F811
     r = api.completions.create(model=NAME, prompt=ids, max_tokens=3, n=2, temperature=0, extra_body=extra)
     dist = _hf_dist(hf, ids)
     for choice in r.choices:  # every choice carries them, as vLLM's
-        pl = choice.prompt_logprobs
-        assert len(pl) == len(ids) and pl[0] is None
-        for p in range(1, len(ids)):
-            d, token = pl[p], ids[p]
-            top_values, top_ids = (t.tolist() for t in dist[p - 1].topk(n))
-            assert list(d)[0] == str(token)  # JSON keys are strings; the prompt token first
-            assert d[str(token)]["logprob"] == pytest.approx(dist[p - 1, token].item(), abs=1e-4)
-            assert d[str(token)]["rank"] == int((dist[p - 1] >= dist[p - 1, token]).sum())
-            assert d[str(token)]["decoded_token"] == hf.tok.decode([token])
-            for rank, (tid, value) in enumerate(zip(top_ids, top_values), 1):
-                assert d[str(tid)]["rank"] == rank and d[str(tid)]["logprob"] == pytest.approx(value, abs=1e-4)
-            assert len(d) == n + (token not in top_ids)
+        _check_prompt_logprobs(choice.prompt_logprobs, ids, dist, n, hf)
     plain = api.completions.create(model=NAME, prompt=ids, max_tokens=1, **GREEDY)
     assert "prompt_logprobs" not in plain.choices[0].model_dump()  # only when asked
+
+
+def test_chat_prompt_logprobs_equal_hf(api, hf):  # noqa: F811
+    messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "Hello there!"}]
+    ids = hf.chat_ids(messages)
+    extra = dict(GREEDY["extra_body"], prompt_logprobs=3)
+    r = api.chat.completions.create(
+        model=NAME, messages=messages, max_tokens=4, n=2, logprobs=True, temperature=0, extra_body=extra
+    )
+    _check_prompt_logprobs(r.prompt_logprobs, ids, _hf_dist(hf, ids), 3, hf)  # once, at the top level
+    assert r.usage.prompt_tokens == len(ids)
+    out = hf.greedy(ids, 4)
+    expected = hf.logprobs(ids, out)
+    for choice in r.choices:  # the choices are untouched by it
+        assert choice.message.content == hf.text(out)
+        lps = [e.logprob for e in choice.logprobs.content]
+        assert lps == pytest.approx([expected[k, t].item() for k, t in enumerate(out)], abs=1e-4)
+        assert "prompt_logprobs" not in choice.model_dump()
+    extra = dict(GREEDY["extra_body"], prompt_logprobs=0)  # the prompt token alone
+    r = api.chat.completions.create(model=NAME, messages=messages, max_tokens=1, temperature=0, extra_body=extra)
+    _check_prompt_logprobs(r.prompt_logprobs, ids, _hf_dist(hf, ids), 0, hf)
+    plain = api.chat.completions.create(model=NAME, messages=messages, max_tokens=1, **GREEDY)
+    assert "prompt_logprobs" not in plain.model_dump()  # only when asked
+    with pytest.raises(openai.BadRequestError, match="stream") as e:
+        api.chat.completions.create(model=NAME, messages=messages, max_tokens=1, stream=True, extra_body=extra)
+    assert e.value.body["param"] == "prompt_logprobs"
+
+
+def _check_echo_logprobs(oracle, choice, prompt: str | list[int], max_tokens: int, n: int) -> None:
+    """An echoed choice's logprobs against HF: the prompt tokens (the first with nulls) then the greedy output,
+    each token with its raw logprob and its top n (named by text, the token itself first); the tokens and
+    offsets line up with the choice's text."""
+    ids = oracle.ids(prompt)
+    out = oracle.greedy(ids, max_tokens)
+    echoed = prompt if isinstance(prompt, str) else oracle.tok.decode(ids)
+    assert choice.text == echoed + oracle.text(out)
+    lp = choice.logprobs
+    everything = ids + out
+    assert lp.tokens == [oracle.tok.decode([t]) for t in everything]
+    assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None  # nothing predicts the first token
+    dist = _hf_dist(oracle, everything)
+    for k in range(1, len(everything)):
+        token, row = everything[k], dist[k - 1]
+        expected = {oracle.tok.decode([token]): row[token].item()}
+        expected.update({oracle.tok.decode([t]): row[t].item() for t in row.topk(n).indices.tolist()} if n else {})
+        assert lp.token_logprobs[k] == pytest.approx(row[token].item(), abs=1e-4), k
+        assert list(lp.top_logprobs[k]) == list(expected), k  # the token first, then the top n in order
+        assert list(lp.top_logprobs[k].values()) == pytest.approx(list(expected.values()), abs=1e-4), k
+    # the prompt's offsets run over its tokens' texts, the output's from where the echoed prompt ends
+    starts = [sum(map(len, lp.tokens[:k])) for k in range(len(ids))]
+    starts += [len(echoed) + sum(map(len, lp.tokens[len(ids) : k])) for k in range(len(ids), len(everything))]
+    assert lp.text_offset == starts
+    if isinstance(prompt, str):  # an ASCII prompt: every token's text is its own piece of the choice's text
+        assert "".join(lp.tokens) == choice.text
+        assert [choice.text[o : o + len(t)] for o, t in zip(lp.text_offset, lp.tokens)] == lp.tokens
+
+
+def test_echo_with_logprobs_equals_hf(api, hf):  # noqa: F811
+    prompts = ["the quick brown fox", "def hello("]
+    r = api.completions.create(model=NAME, prompt=prompts, max_tokens=4, n=2, echo=True, logprobs=2, **GREEDY)
+    assert [c.index for c in r.choices] == [0, 1, 2, 3]
+    for i, choice in enumerate(r.choices):  # choice i is prompt i // n's
+        _check_echo_logprobs(hf, choice, prompts[i // 2], 4, 2)
+        assert "prompt_logprobs" not in choice.model_dump()  # not asked for: only inside logprobs
+    assert r.usage.prompt_tokens == sum(len(hf.ids(p)) for p in prompts) and r.usage.completion_tokens == 16
+    ids = [5, 17, 300, 42, 7, 99]
+    r = api.completions.create(model=NAME, prompt=ids, max_tokens=3, echo=True, logprobs=0, **GREEDY)
+    _check_echo_logprobs(hf, r.choices[0], ids, 3, 0)  # the tokens alone
+    # with prompt_logprobs too: each shows its own top N of the same computation
+    extra = dict(GREEDY["extra_body"], prompt_logprobs=1)
+    r = api.completions.create(
+        model=NAME, prompt=prompts[0], max_tokens=2, echo=True, logprobs=3, temperature=0, extra_body=extra
+    )
+    _check_echo_logprobs(hf, r.choices[0], prompts[0], 2, 3)
+    pids = hf.ids(prompts[0])
+    _check_prompt_logprobs(r.choices[0].prompt_logprobs, pids, _hf_dist(hf, pids), 1, hf)
+    extra = dict(GREEDY["extra_body"], prompt_logprobs=4)
+    r = api.completions.create(
+        model=NAME, prompt=prompts[1], max_tokens=2, echo=True, logprobs=1, temperature=0, extra_body=extra
+    )
+    _check_echo_logprobs(hf, r.choices[0], prompts[1], 2, 1)
+    pids = hf.ids(prompts[1])
+    _check_prompt_logprobs(r.choices[0].prompt_logprobs, pids, _hf_dist(hf, pids), 4, hf)
+    # echo without logprobs is unchanged; echo with logprobs cannot stream (the prompt's come at the end)
+    r = api.completions.create(model=NAME, prompt=prompts[1], max_tokens=2, echo=True, **GREEDY)
+    assert r.choices[0].logprobs is None and r.choices[0].text.startswith(prompts[1])
+    with pytest.raises(openai.BadRequestError, match="stream") as e:
+        api.completions.create(model=NAME, prompt="x", max_tokens=2, echo=True, logprobs=1, stream=True)
+    assert e.value.body["param"] == "echo"
 
 
 def _error(resp: httpx.Response, param: str) -> str:

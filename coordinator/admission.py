@@ -1,0 +1,76 @@
+"""Request admission: what ``Engine.add_request`` checks before it queues anything. A request's prompt becomes
+token ids (a chat conversation through the tokenizer's template, a string through the tokenizer, token ids checked
+against the vocabulary) and its SamplingParams, n, length (prompt + max_tokens against max_model_len and the KV
+pool) and token ids (stop ids, logit_bias) are validated; a refusal raises ``RequestError`` naming the problem."""
+
+from __future__ import annotations
+
+from coordinator.block_manager import BlockManager
+from coordinator.prompts import render_chat
+from protocol.client_messages import ChatPrompt
+from protocol.errors import RequestError
+from protocol.sampling_params import SamplingParams
+
+
+class Admission:
+    def __init__(self, tokenizer, max_model_len: int, vocab_size: int, block_manager: BlockManager) -> None:
+        self.tokenizer = tokenizer
+        self.max_model_len = max_model_len
+        self.vocab_size = vocab_size
+        self.block_manager = block_manager
+        longest_token = max((len(t) for t in tokenizer.get_vocab()), default=16)
+        # a string longer than this cannot fit in max_model_len tokens: refused before it is tokenized
+        self.max_prompt_chars = max_model_len * max(16, 2 * longest_token)
+
+    def admit(
+        self, prompt: str | list[int] | ChatPrompt, params: SamplingParams | None
+    ) -> tuple[list[int], SamplingParams]:
+        """The request's prompt ids and params, once every check passed (RequestError otherwise)."""
+        params = params or SamplingParams()
+        if not isinstance(params, SamplingParams):
+            raise RequestError("sampling_params must be a SamplingParams")
+        try:
+            params.validate()  # again: the dataclass is mutable after construction
+        except ValueError as e:
+            raise RequestError(str(e)) from None
+        if params.n != 1:
+            raise RequestError(f"n must be 1 per engine request (LLM.generate and the HTTP API send n), got {params.n}")
+        ids = self.prompt_ids(prompt)
+        if not ids:
+            raise RequestError("prompt is empty")
+        total = len(ids) + params.max_tokens
+        if total > self.max_model_len:
+            raise RequestError(
+                f"prompt ({len(ids)} tokens) + max_tokens ({params.max_tokens}) = {total} exceeds "
+                f"max_model_len ({self.max_model_len})"
+            )
+        bm = self.block_manager
+        if bm.blocks_needed(total) > bm.num_blocks:
+            raise RequestError(
+                f"prompt + max_tokens = {total} tokens needs more KV blocks than the pool has "
+                f"({bm.num_blocks} x {bm.block_size} tokens)"
+            )
+        if params.stop_token_ids and max(params.stop_token_ids) >= self.vocab_size:
+            raise RequestError(f"stop_token_ids must be below the vocabulary size {self.vocab_size}")
+        if params.logit_bias and max(params.logit_bias) >= self.vocab_size:
+            raise RequestError(f"logit_bias token ids must be below the vocabulary size {self.vocab_size}")
+        return ids, params
+
+    def prompt_ids(self, prompt: str | list[int] | ChatPrompt) -> list[int]:
+        if isinstance(prompt, ChatPrompt):  # the template's text carries its own special tokens
+            prompt = render_chat(self.tokenizer, prompt)
+        if isinstance(prompt, str):
+            if len(prompt) > self.max_prompt_chars:
+                raise RequestError(
+                    f"prompt ({len(prompt)} characters) cannot fit in max_model_len ({self.max_model_len}) tokens"
+                )
+            return self.tokenizer.encode(prompt, add_special_tokens=False)
+        # type/min/max run at C speed: W1's 256 prompts (143k ids) were ~10 ms of per-id Python checks
+        if isinstance(prompt, (list, tuple)) and set(map(type, prompt)) <= {int}:
+            if len(prompt) > self.max_model_len:
+                raise RequestError(f"prompt ({len(prompt)} tokens) exceeds max_model_len ({self.max_model_len})")
+            if prompt and not (min(prompt) >= 0 and max(prompt) < self.vocab_size):
+                bad = [t for t in prompt if not 0 <= t < self.vocab_size]
+                raise RequestError(f"prompt token ids out of vocabulary [0, {self.vocab_size}): {bad[:5]}")
+            return list(prompt)
+        raise RequestError("prompt must be a string or a list of token ids")
