@@ -39,17 +39,18 @@ def random_inputs(tokens: int, hidden: int, inter: int, experts: int, dtype, see
     return [t.to(dtype).to(DEVICE) for t in (x, logits, w13, w2)]
 
 
-def exact_inputs(tokens: int, hidden: int, inter: int, experts: int, dtype, seed: int):
-    """x and w13 small integers (w13 over 8): every gate/up product and sum is exact in float32, whatever the order
-    (|sum| < 2^10 in steps of 1/8); w2 has one +-1/2 per row, so each down sum has a single term."""
-    gen = torch.Generator().manual_seed(seed)
-    x = torch.randint(-3, 4, (tokens, hidden), generator=gen).float()
-    logits = 2 * torch.randn(tokens, experts, generator=gen)
-    w13 = torch.randint(-2, 3, (experts, 2 * inter, hidden), generator=gen) / 8
-    cols = torch.randint(0, inter, (experts, hidden, 1), generator=gen)
-    signs = torch.randint(0, 2, (experts, hidden, 1), generator=gen) - 0.5
-    w2 = torch.zeros(experts, hidden, inter).scatter_(2, cols, signs)
-    return [t.to(dtype).to(DEVICE) for t in (x, logits, w13, w2)]
+def exact_inputs(tokens: int, hidden: int, inter: int, experts: int, dtype, seed: int, device=DEVICE):
+    """x and w13 small integers (w13 over 8): every gate/up product and partial sum is exact in float32 and in a
+    tensor core, whatever the order (steps of 1/8, |sum| <= 0.75 * hidden); w2 has one +-1/2 per row, so each down
+    sum has a single term."""
+    gen = torch.Generator(device=device).manual_seed(seed)
+    x = torch.randint(-3, 4, (tokens, hidden), generator=gen, device=device).to(dtype)
+    logits = 2 * torch.randn(tokens, experts, generator=gen, device=device)
+    w13 = (torch.randint(-2, 3, (experts, 2 * inter, hidden), generator=gen, device=device) / 8).to(dtype)
+    cols = torch.randint(0, inter, (experts, hidden, 1), generator=gen, device=device)
+    signs = torch.randint(0, 2, (experts, hidden, 1), generator=gen, device=device) - 0.5
+    w2 = torch.zeros(experts, hidden, inter, device=device).scatter_(2, cols, signs).to(dtype)
+    return x, logits.to(dtype), w13, w2
 
 
 def fused_in_slot_order(x, logits, w13, w2, top_k: int, renormalize: bool) -> torch.Tensor:
@@ -71,14 +72,16 @@ def fused_in_slot_order(x, logits, w13, w2, top_k: int, renormalize: bool) -> to
 
 
 def assert_equal_up_to_summation_order(out: torch.Tensor, ref: torch.Tensor) -> None:
-    """float32: a few units of the last place relative to the norm; 16-bit: equal but for isolated elements, by at
-    most two rounding steps at the largest magnitude (a flipped rounding of h or y_j moves out by about one)."""
+    """float32: a few units in the last place, relative to the norm. 16-bit: where the float32 accumulators of the
+    two orders straddle a rounding boundary, h or a y_j rounds the other way and moves an output element by about
+    one rounding step; so at most two steps at the largest magnitude anywhere, and less than half a step in the
+    norm (not every element moves)."""
     if out.dtype == torch.float32:
         assert rel_err(out, ref) < 1e-6, rel_err(out, ref)
         return
-    differ = (out != ref).float().mean().item()
+    eps = torch.finfo(out.dtype).eps
     worst = (out.float() - ref.float()).abs().max().item()
-    assert differ <= 0.01 and worst <= 2 * torch.finfo(out.dtype).eps * ref.float().abs().max().item(), (differ, worst)
+    assert worst <= 2 * eps * ref.float().abs().max().item() and rel_err(out, ref) < eps / 2, (worst, rel_err(out, ref))
 
 
 # (tokens, hidden, inter, experts, top_k, renormalize, tiles): experts 5, 6, 7, 10, 12 are not powers of two; the
