@@ -31,12 +31,14 @@ DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
 def random_inputs(tokens: int, hidden: int, inter: int, experts: int, dtype, seed: int):
+    """x, float32 router logits (no ties, which torch.topk may break otherwise than route), w13, w2."""
     gen = torch.Generator().manual_seed(seed)
     x = torch.randn(tokens, hidden, generator=gen)
     logits = 2 * torch.randn(tokens, experts, generator=gen)
     w13 = torch.randn(experts, 2 * inter, hidden, generator=gen) / hidden**0.5
     w2 = torch.randn(experts, hidden, inter, generator=gen) / inter**0.5
-    return [t.to(dtype).to(DEVICE) for t in (x, logits, w13, w2)]
+    x, w13, w2 = (t.to(dtype).to(DEVICE) for t in (x, w13, w2))
+    return x, logits.to(DEVICE), w13, w2
 
 
 def exact_inputs(tokens: int, hidden: int, inter: int, experts: int, dtype, seed: int, device=DEVICE):
@@ -109,7 +111,7 @@ def test_matches_fused_moe_and_torch(tokens, hidden, inter, experts, top_k, reno
     assert out.data_ptr() == buf.data_ptr() and out.shape == (tokens, hidden) and out.dtype == dtype
     assert buf[:, hidden:].isnan().all()  # the row stride is honoured
     assert_equal_up_to_summation_order(out, fused)
-    ref = experts_torch(x.float(), w13.float(), w2.float(), *route_torch(logits.float(), top_k, renormalize))
+    ref = experts_torch(x.float(), w13.float(), w2.float(), *route_torch(logits, top_k, renormalize))
     assert rel_err(out, ref) < (1e-5 if dtype == torch.float32 else 1e-2)
 
 

@@ -30,11 +30,12 @@ def expert_weights(inter: int) -> tuple[torch.Tensor, torch.Tensor]:
     return w13.bfloat16(), w2.bfloat16()
 
 
-def tokens_and_logits(tokens: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """bf16 hidden states and router logits, as the model's router gives them."""
+def tokens_and_logits(tokens: int, seed: int, logits_dtype=torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
+    """bf16 hidden states and router logits: float32 ones have no ties (torch.topk may break a tie otherwise than
+    route), bf16 ones are what the model's router gives."""
     gen = torch.Generator(device="cuda").manual_seed(seed)
     x = torch.randn(tokens, HIDDEN, generator=gen, device="cuda").bfloat16()
-    return x, (2 * torch.randn(tokens, EXPERTS, generator=gen, device="cuda")).bfloat16()
+    return x, (2 * torch.randn(tokens, EXPERTS, generator=gen, device="cuda")).to(logits_dtype)
 
 
 @pytest.mark.parametrize("inter", INTERS)
@@ -45,7 +46,7 @@ def test_matches_fused_moe_and_is_as_close_to_torch(inter, tokens):
     out = moe_decode(x, logits, w13, w2, TOP_K, True)
     fused = fused_moe(x, logits, w13, w2, TOP_K, True)
     assert_equal_up_to_summation_order(out, fused)
-    ref = experts_torch(x.float(), w13.float(), w2.float(), *route_torch(logits.float(), TOP_K, True))
+    ref = experts_torch(x.float(), w13.float(), w2.float(), *route_torch(logits, TOP_K, True))
     assert rel_err(out, ref) < 1e-2
     assert rel_err(out, ref) <= 1.25 * rel_err(fused, ref), (rel_err(out, ref), rel_err(fused, ref))
     assert torch.equal(out, moe_decode(x, logits, w13, w2, TOP_K, True))  # no atomics: the same bits every call
@@ -67,7 +68,7 @@ def test_cuda_graph_replay_equals_eager(tokens):
     """Captured once, replayed on new inputs (new routing): equals the eager call bit for bit, so nothing reads back
     to the host or sizes a grid from the routing."""
     w13, w2 = expert_weights(768)
-    x, logits = tokens_and_logits(tokens, seed=7)
+    x, logits = tokens_and_logits(tokens, seed=7, logits_dtype=torch.bfloat16)
     out = torch.empty_like(x)
     moe_decode(x, logits, w13, w2, TOP_K, True, out=out)  # compiles
     torch.cuda.synchronize()
@@ -75,7 +76,7 @@ def test_cuda_graph_replay_equals_eager(tokens):
     with torch.cuda.graph(graph):
         moe_decode(x, logits, w13, w2, TOP_K, True, out=out)
     for seed in (8, 9):
-        new_x, new_logits = tokens_and_logits(tokens, seed=seed)
+        new_x, new_logits = tokens_and_logits(tokens, seed=seed, logits_dtype=torch.bfloat16)
         x.copy_(new_x)
         logits.copy_(new_logits)
         graph.replay()
