@@ -60,7 +60,11 @@ def main() -> None:
     w13, w2 = w13s[0], w2s[0]
     expert_bytes = 3 * hidden * inter * w13.element_size()
     fixed = MoeTiles(*map(int, a.tiles.split(","))) if a.tiles else None
-    dtiles = DecodeTiles(*map(int, a.decode_tiles.split(","))) if a.decode_tiles else decode_tiles(hidden, inter, top_k)
+    dtiles = (
+        DecodeTiles(*map(int, a.decode_tiles.split(",")))
+        if a.decode_tiles
+        else decode_tiles(hidden, inter, top_k, dtype)
+    )
     for tokens in tokens_list:
         x = torch.randn(tokens, hidden, device=dev, dtype=dtype)
         logits = torch.randn(tokens, experts, device=dev, dtype=dtype)

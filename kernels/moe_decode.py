@@ -35,8 +35,9 @@ from kernels.moe_routing import route
 from kernels.pdl import pdl_enter, use_pdl
 
 MAX_TOKENS = 4  # the GEMVs re-read an expert's slice per token sharing it; more tokens go to the grouped GEMMs
-_SLICE = 8192  # weight elements per program (16 KB in bf16), as decode_gemm's GEMV
+_SLICE = 8192  # weight elements a gate/up program loads (16 KB in bf16), as decode_gemm's GEMV; down: up to twice
 _MAX_ROW = 4096  # widest row a program loads whole; wider rows are looped over
+_WARP_BYTES = 32 * 1024  # weight bytes a 4-warp program holds (64 registers a thread); twice that takes 8 warps
 
 
 class DecodeTiles(NamedTuple):
@@ -52,20 +53,22 @@ class DecodeTiles(NamedTuple):
     warps_down: int
 
 
-def _warps(elements: int) -> int:
-    return 4 if elements <= _SLICE else 8  # at most 64 weight elements a thread, as decode_gemm's GEMV
-
-
-def decode_tiles(hidden: int, inter: int, top_k: int) -> DecodeTiles:
-    """Whole rows, ~16 KB of weight per program (Qwen3-30B-A3B: 2+2 rows of 2048; 2 rows of 8 experts' 768)."""
+def decode_tiles(hidden: int, inter: int, top_k: int, dtype: torch.dtype = torch.bfloat16) -> DecodeTiles:
+    """Whole rows: Qwen3-30B-A3B's gate/up programs load 2 gate + 2 up rows of 2048 (16 KB), its down programs 2 rows
+    of 8 experts' 768 (24 KB); Triton 3.9's sm_90a builds take 56 and 128 registers, 9 and 4 programs an SM
+    (tests/support/moe_sm90_build.py). 8 warps where 4 would need more than 64 registers a thread for the weights
+    (float32)."""
     block_h = min(triton.next_power_of_2(hidden), _MAX_ROW)
     block_i = max(2, min(_SLICE // (2 * block_h), triton.next_power_of_2(inter)))  # no 1-wide tiles
     k_pow2 = max(2, triton.next_power_of_2(top_k))
     block_k = min(triton.next_power_of_2(inter), _SLICE // k_pow2)  # at most 2 * _SLICE elements with block_n = 2
     block_n = max(2, _SLICE // (k_pow2 * block_k))
-    return DecodeTiles(
-        block_i, block_h, block_n, block_k, _warps(2 * block_i * block_h), _warps(k_pow2 * block_n * block_k)
-    )
+    gate_up, down = 2 * block_i * block_h * dtype.itemsize, k_pow2 * block_n * block_k * dtype.itemsize
+    return DecodeTiles(block_i, block_h, block_n, block_k, _warps(gate_up), _warps(down))
+
+
+def _warps(weight_bytes: int) -> int:
+    return 4 if weight_bytes <= _WARP_BYTES else 8
 
 
 def uses_moe_decode(num_tokens: int) -> bool:
@@ -197,7 +200,7 @@ def decode_experts(
         raise ValueError("moe_decode needs route's contiguous float32 weights and int32 ids")
     if num_tokens == 0:
         return out
-    t = tiles or decode_tiles(hidden, inter, top_k)
+    t = tiles or decode_tiles(hidden, inter, top_k, x.dtype)
     h = torch.empty(num_tokens * top_k, inter, dtype=x.dtype, device=x.device)
     pdl = use_pdl(x)
     _gate_up_kernel[(num_tokens * top_k, triton.cdiv(inter, t.block_i))](

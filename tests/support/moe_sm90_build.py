@@ -53,6 +53,13 @@ def build(fn, types: dict, constexprs: dict, num_warps: int) -> dict:
     }
 
 
+def programs_per_sm(regs: int, shared: int, warps: int) -> int:
+    """Resident programs an H100/H200 SM holds: registers go per warp in units of 256, 1 KB of shared memory is
+    reserved per program (as benchmarks/probes/kernel_regs.py counts)."""
+    warp_regs = -(-regs * 32 // 256) * 256
+    return min(65536 // (warp_regs * warps), 228 * 1024 // (shared + 1024), 2048 // (32 * warps), 32)
+
+
 def cases():
     bf16 = "*bf16"
     for label, inter in INTERS.items():
@@ -85,9 +92,10 @@ def main() -> int:
     for label, fn, types, constexprs, warps in cases():
         try:
             r = build(fn, types, constexprs, warps)
+            r["per_sm"] = programs_per_sm(r["regs"], r["shared"], warps)
             print(
                 f"ok      {label}: {r['regs']} registers, {r['spill']} B spilled, shared {r['shared']} B, "
-                f"pdl_wait={r['pdl_wait']}",
+                f"{r['per_sm']} programs an SM, pdl_wait={r['pdl_wait']}",
                 flush=True,
             )
         except Exception as e:  # report every kernel, then fail
