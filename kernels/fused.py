@@ -16,8 +16,8 @@ import triton
 import triton.language as tl
 
 from kernels.attention import is_fp8
+from kernels.attention_store import fp8_cache_value
 from kernels.pdl import pdl_enter, use_pdl
-from kernels.triton_attention import fp8_cache_value
 
 
 @triton.jit

@@ -25,7 +25,7 @@ from triton.backends.compiler import GPUTarget
 from triton.backends.nvidia.compiler import get_ptxas
 from triton.compiler import ASTSource
 
-from kernels import triton_attention
+from kernels import attention_decode
 
 SM90 = GPUTarget("cuda", 90, 32)
 REGS_PER_SM, SMEM_PER_SM, THREADS_PER_SM, PROGRAMS_PER_SM = 65536, 228 * 1024, 2048, 32
@@ -88,7 +88,7 @@ def main() -> None:
     )
     tilings = [tuple(int(x) for x in t.split(",")) for t in parser.parse_args().tiles]
     common = dict(GROUP=4, PAGE=16, HEAD_DIM=128, BLOCK_D=128, BLOCK_H=16, NUM_KV=4, DOT_F16=False, USE_PDL=True)
-    split = triton_attention._decode_split_kernel
+    split = attention_decode._decode_split_kernel
     print(f"{'kernel':38s} {'tiles':>10s} {'regs':>5s} {'spill B':>8s} {'smem KB':>8s} {'per SM':>7s}")
     for block_n, warps, stages in tilings:
         for direct in (True, False):

@@ -21,7 +21,7 @@ from tests.support.paged_cache import DEVICE, ON_GPU, REF, TRI, PagedCache, pref
 FP8 = torch.float8_e4m3fn
 gpu = pytest.mark.gpu
 needs_cuda = pytest.mark.skipif(not ON_GPU, reason="needs CUDA")
-# bfloat16 queries take the float16 dots over e4m3 (triton_attention.dot_dtype_f16), float32 ones full precision
+# bfloat16 queries take the float16 dots over e4m3 (attention_store.dot_dtype_f16), float32 ones full precision
 Q_DTYPES = [torch.bfloat16, torch.float16] if ON_GPU else [torch.float32, torch.bfloat16]
 # both read the same e4m3 values times the same scales: only the dots' rounding differs (bf16 P@V on CUDA)
 TOL = {torch.float32: 3e-3 if ON_GPU else 1e-5, torch.float16: 1e-2, torch.bfloat16: 2e-2}

@@ -14,7 +14,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from kernels import fp8_gemm, fp8_gemv, fp8_quant, fused, triton_attention
+from kernels import attention_decode, attention_prefill, attention_store, fp8_gemm, fp8_gemv, fp8_quant, fused
 
 SM90 = GPUTarget("cuda", 90, 32)
 FP8, BF16, F32 = "*fp8e4nv", "*bf16", "*fp32"
@@ -106,7 +106,7 @@ def cases():
     }
     yield (
         "KV store into e4m3",
-        triton_attention._store_kvcache_kernel,
+        attention_store._store_kvcache_kernel,
         {"k_ptr": BF16, "v_ptr": BF16, "k_cache_ptr": FP8, "v_cache_ptr": FP8, "slot_ptr": "*i64"}
         | {"inv_k_scale": "fp32", "inv_v_scale": "fp32"},
         {"NUM_KV_HEADS": 8, "HEAD_DIM": 128, "BLOCK_H": 8, "BLOCK_D": 128, "KV_FP8": True, "USE_PDL": True},
@@ -114,7 +114,7 @@ def cases():
     )
     yield (
         "prefill over e4m3",
-        triton_attention._prefill_kernel,
+        attention_prefill._prefill_kernel,
         dict(attn, out_ptr=BF16),
         {"GROUP": 4, "PAGE": 16, "HEAD_DIM": 128, "BLOCK_D": 128, "BLOCK_M": 64, "BLOCK_N": 64}
         | {"DOT_F16": True, "USE_PDL": True},
@@ -123,7 +123,7 @@ def cases():
     for direct, block_n in ((True, 128), (False, 64)):
         yield (
             f"split decode over e4m3 direct={direct}",
-            triton_attention._decode_split_kernel,
+            attention_decode._decode_split_kernel,
             dict(attn, out_ptr=BF16 if direct else F32),
             {
                 "GROUP": 4,

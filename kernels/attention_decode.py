@@ -1,0 +1,162 @@
+"""Triton split-K decode kernels for paged attention: one query per sequence, the context split over programs
+(stage 1, partial attention per split) and the splits' results merged (stage 2). The backend
+(:mod:`kernels.triton_attention`) launches them and picks the split count (``num_decode_splits``).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from kernels.attention_store import dot_operand
+from kernels.pdl import pdl_enter
+
+
+# Integers that change from step to step (block-table width, split count, their strides) are not specialized:
+# Triton would otherwise compile a new variant (~0.5 s) the first time one is 1 or a multiple of 16, mid-run.
+@triton.jit(do_not_specialize=["stride_os", "stride_lb", "stride_lh", "stride_bt", "num_splits"])
+def _decode_split_kernel(
+    q_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    seq_lens_ptr,
+    block_tables_ptr,
+    out_ptr,  # final output when DIRECT_OUT, else the partial accumulators [B, Hq, num_splits, D] fp32
+    lse_ptr,  # [B, Hq, num_splits] fp32, base-2 log-sum-exp of each split (unused when DIRECT_OUT)
+    qk_scale,
+    v_scale,
+    stride_qb,
+    stride_qh,
+    stride_ob,
+    stride_oh,
+    stride_os,
+    stride_lb,
+    stride_lh,
+    stride_kc_b,
+    stride_kc_s,
+    stride_kc_h,
+    stride_vc_b,
+    stride_vc_s,
+    stride_vc_h,
+    stride_bt,
+    num_splits,  # runtime int: a new split count does not recompile
+    GROUP: tl.constexpr,
+    PAGE: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_H: tl.constexpr,  # GROUP padded to >= 16 so the group's scores are one tl.dot
+    BLOCK_N: tl.constexpr,
+    DIRECT_OUT: tl.constexpr,  # single split: normalise and write the final output, no merge pass
+    HEADS_FIRST: tl.constexpr,  # grid (kv heads, splits, batch): a sequence's heads run side by side
+    DOT_F16: tl.constexpr,  # dot_dtype_f16
+    USE_PDL: tl.constexpr,
+):
+    pdl_enter(USE_PDL)
+    if HEADS_FIRST:
+        kv_head = tl.program_id(0)
+        split = tl.program_id(1)
+        b = tl.program_id(2)
+    else:
+        b = tl.program_id(0)
+        kv_head = tl.program_id(1)
+        split = tl.program_id(2)
+
+    seq_len = tl.load(seq_lens_ptr + b)
+    # The split length is derived from the device-side seq_len, so the grid stays data independent.
+    # Rounding to BLOCK_N keeps tiles whole except the very last one of the sequence.
+    split_len = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
+    split_start = split * split_len
+    split_end = tl.minimum(split_start + split_len, seq_len)
+
+    offs_h = tl.arange(0, BLOCK_H)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    mask_h = offs_h < GROUP
+    mask_d = offs_d < HEAD_DIM
+    heads = kv_head * GROUP + offs_h
+
+    b64 = b.to(tl.int64)
+    q_ptrs = q_ptr + b64 * stride_qb + heads[:, None] * stride_qh + offs_d[None, :]
+    q = dot_operand(tl.load(q_ptrs, mask=mask_h[:, None] & mask_d[None, :], other=0.0), DOT_F16)
+
+    bt_row = block_tables_ptr + b64 * stride_bt
+    k_base = k_cache_ptr + kv_head * stride_kc_h + offs_d[None, :]
+    v_base = v_cache_ptr + kv_head * stride_vc_h + offs_d[None, :]
+
+    m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_H], tl.float32)
+    acc = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
+
+    # Every tile starts below split_end, so it holds at least one valid key: the running max is finite
+    # from the first iteration on (padded head rows have q = 0, hence finite scores too).
+    for start_n in range(split_start, split_end, BLOCK_N):
+        pos_n = start_n + offs_n
+        mask_n = pos_n < split_end
+        # Masked: table entries past seq_len may be garbage and must not even be read.
+        page = tl.load(bt_row + pos_n // PAGE, mask=mask_n, other=0).to(tl.int64)
+        in_page = (pos_n % PAGE).to(tl.int64)
+        kv_mask = mask_n[:, None] & mask_d[None, :]
+        k = tl.load(k_base + (page * stride_kc_b + in_page * stride_kc_s)[:, None], mask=kv_mask, other=0.0)
+        v = tl.load(v_base + (page * stride_vc_b + in_page * stride_vc_s)[:, None], mask=kv_mask, other=0.0)
+        qk = tl.dot(q, tl.trans(k.to(q.dtype))) * qk_scale
+        qk = tl.where(mask_n[None, :], qk, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(qk, 1))
+        p = tl.exp2(qk - m_new[:, None])
+        alpha = tl.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype))
+        m_i = m_new
+
+    # Empty split (or seq_len == 0): l_i = 0, acc = 0 -> writes zeros and lse = -inf, which the merge ignores.
+    l_safe = tl.where(l_i > 0.0, l_i, 1.0)
+    acc = acc / l_safe[:, None] * v_scale
+    o_mask = mask_h[:, None] & mask_d[None, :]
+    if DIRECT_OUT:
+        o_ptrs = out_ptr + b64 * stride_ob + heads[:, None] * stride_oh + offs_d[None, :]
+        tl.store(o_ptrs, acc.to(out_ptr.dtype.element_ty), mask=o_mask)
+    else:
+        o_ptrs = out_ptr + b64 * stride_ob + heads[:, None] * stride_oh + split * stride_os + offs_d[None, :]
+        tl.store(o_ptrs, acc, mask=o_mask)
+        lse = tl.where(l_i > 0.0, m_i + tl.log2(l_safe), float("-inf"))
+        tl.store(lse_ptr + b64 * stride_lb + heads * stride_lh + split, lse, mask=mask_h)
+
+
+@triton.jit(do_not_specialize=["stride_pb", "stride_ph", "stride_lb", "stride_lh", "num_splits"])
+def _decode_merge_kernel(
+    part_ptr,
+    lse_ptr,
+    out_ptr,
+    stride_pb,
+    stride_ph,
+    stride_ps,
+    stride_lb,
+    stride_lh,
+    stride_ob,
+    stride_oh,
+    num_splits,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    USE_PDL: tl.constexpr,
+):
+    pdl_enter(USE_PDL)
+    b = tl.program_id(0).to(tl.int64)
+    head = tl.program_id(1)
+    offs_s = tl.arange(0, BLOCK_S)
+    offs_d = tl.arange(0, BLOCK_D)
+    mask_s = offs_s < num_splits
+    mask_d = offs_d < HEAD_DIM
+
+    lse = tl.load(lse_ptr + b * stride_lb + head * stride_lh + offs_s, mask=mask_s, other=float("-inf"))
+    m = tl.max(lse, 0)
+    # All splits empty (seq_len == 0 padding row): shift by 0 so the weights are exp2(-inf) = 0, output 0.
+    m = tl.where(m == float("-inf"), 0.0, m)
+    w = tl.exp2(lse - m)
+    denom = tl.sum(w, 0)
+    parts = tl.load(
+        part_ptr + b * stride_pb + head * stride_ph + offs_s[:, None] * stride_ps + offs_d[None, :],
+        mask=mask_s[:, None] & mask_d[None, :],
+        other=0.0,
+    )
+    o = tl.sum(parts * w[:, None], 0) / tl.where(denom > 0.0, denom, 1.0)
+    tl.store(out_ptr + b * stride_ob + head * stride_oh + offs_d, o.to(out_ptr.dtype.element_ty), mask=mask_d)

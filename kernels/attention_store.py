@@ -1,0 +1,94 @@
+"""Triton KV store for paged attention: each token's K and V rows into the paged cache at its ``slot_mapping``
+entry (slot -1 marks padding), and how an FP8 cache is written and read.
+
+Layout and metadata are those of :mod:`kernels.attention`; ``TorchAttentionBackend`` is the oracle. The backend
+(:mod:`kernels.triton_attention`) launches the kernel.
+
+An e4m3 (FP8) cache holds ``value / scale`` with one float scale for K and one for V (``k_scale``, ``v_scale``;
+the model uses 1.0, as vLLM does without calibrated scales): the store kernel divides and saturates at 448, the
+attention kernels read e4m3 tiles, widen them (and a bf16 query) to float16 for the dots, fold ``k_scale`` into the
+softmax scale and apply ``v_scale`` to the output. A 16-bit cache ignores the scales.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels.attention import is_fp8
+from kernels.pdl import pdl_enter
+
+# ----------------------------------------------------------------------------------------------------------------------
+# store_kvcache
+# ----------------------------------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def fp8_cache_value(x, inv_scale):
+    """What an e4m3 cache stores for ``x``: ``x / scale``, saturated (e4m3fn has no infinity)."""
+    return tl.clamp(x.to(tl.float32) * inv_scale, -448.0, 448.0)
+
+
+@triton.jit
+def _store_kvcache_kernel(
+    k_ptr,
+    v_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    slot_ptr,
+    stride_kt,
+    stride_kh,
+    stride_vt,
+    stride_vh,
+    stride_kc_slot,
+    stride_kc_h,
+    stride_vc_slot,
+    stride_vc_h,
+    inv_k_scale,
+    inv_v_scale,
+    NUM_KV_HEADS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    KV_FP8: tl.constexpr,
+    USE_PDL: tl.constexpr,
+):
+    pdl_enter(USE_PDL)
+    # One program per token, all kv heads at once: the token's K/V rows are a single small tile.
+    t = tl.program_id(0).to(tl.int64)
+    slot = tl.load(slot_ptr + t).to(tl.int64)
+    offs_h = tl.arange(0, BLOCK_H)
+    offs_d = tl.arange(0, BLOCK_D)
+    # slot -1 marks padding tokens: the mask turns the whole program into a no-op. Compared as a tensor
+    # because the interpreter mis-types a scalar bool broadcast into a mask.
+    valid = (slot + 0 * offs_h) >= 0
+    mask = (offs_h[:, None] < NUM_KV_HEADS) & (offs_d[None, :] < HEAD_DIM) & valid[:, None]
+    k = tl.load(k_ptr + t * stride_kt + offs_h[:, None] * stride_kh + offs_d[None, :], mask=mask)
+    v = tl.load(v_ptr + t * stride_vt + offs_h[:, None] * stride_vh + offs_d[None, :], mask=mask)
+    if KV_FP8:
+        k = fp8_cache_value(k, inv_k_scale)
+        v = fp8_cache_value(v, inv_v_scale)
+    kc = k_cache_ptr + slot * stride_kc_slot + offs_h[:, None] * stride_kc_h + offs_d[None, :]
+    vc = v_cache_ptr + slot * stride_vc_slot + offs_h[:, None] * stride_vc_h + offs_d[None, :]
+    tl.store(kc, k.to(k_cache_ptr.dtype.element_ty), mask=mask)
+    tl.store(vc, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# reading an e4m3 cache: the dtype of the attention kernels' dots
+# ----------------------------------------------------------------------------------------------------------------------
+
+
+def dot_dtype_f16(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
+    """Whether the dots run in float16: a bfloat16 query over an e4m3 cache (e4m3 widens to float16 in one
+    instruction per pair of values, to bfloat16 in several, and widening every key and value is the kernel's ALU
+    work); float32 queries keep full precision."""
+    return is_fp8(k_cache) and q.dtype == torch.bfloat16
+
+
+@triton.jit
+def dot_operand(q, DOT_F16: tl.constexpr):
+    if DOT_F16:  # float16's range is narrower than bfloat16's: saturate rather than overflow
+        q = tl.clamp(q.to(tl.float32), -65504.0, 65504.0).to(tl.float16)
+    return q
