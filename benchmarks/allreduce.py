@@ -1,5 +1,6 @@
-"""All-reduce on one host: NCCL against the symmetric-memory one-shot and two-shot kernels of model/parallel.py,
-each timed eagerly and inside a CUDA graph of back-to-back calls (as decode runs them: no launch overhead).
+"""All-reduce on one host: NCCL against the symmetric-memory one-shot and two-shot kernels of
+model/custom_all_reduce.py, each timed eagerly and inside a CUDA graph of back-to-back calls (as decode runs them: no
+launch overhead).
 
     torchrun --nproc-per-node 2 -m benchmarks.allreduce            # table on rank 0, then one JSON line
     torchrun --nproc-per-node 2 -m benchmarks.allreduce --check    # correctness only; exit 0 if all correct
@@ -23,7 +24,7 @@ import torch.distributed as dist
 
 from benchmarks.gpu import require_cuda
 from benchmarks.timing import replay_ms
-from model import parallel
+from model import custom_all_reduce, parallel
 
 KB, MB = 1024, 1024 * 1024
 BENCH_SIZES = [8 * KB, 64 * KB, 256 * KB, 512 * KB, 1 * MB, 2 * MB, 8 * MB, 32 * MB, 64 * MB]
@@ -192,10 +193,10 @@ def parse_sizes(text: str) -> list[int]:
 def bench(a, rank, world, device, dtype, itemsize) -> int:
     sizes = parse_sizes(a.sizes) or BENCH_SIZES
     # a buffer as large as the largest size, so one-/two-shot can be timed everywhere; `auto` keeps the real cut-offs
-    on = parallel.init_custom_all_reduce(max(sizes), dtype, device, two_shot_max=max(sizes))
-    symm = parallel.get_symm_all_reduce()
+    on = custom_all_reduce.init_custom_all_reduce(max(sizes), dtype, device, two_shot_max=max(sizes))
+    symm = custom_all_reduce.get_symm_all_reduce()
     if symm is not None:
-        symm.two_shot_max = parallel.TWO_SHOT_MAX_BYTES
+        symm.two_shot_max = custom_all_reduce.TWO_SHOT_MAX_BYTES
     reason = None if on else "symmetric memory off (see the stderr line above)"
     fns = methods(symm)
     rows, all_ok = [], True
@@ -248,7 +249,10 @@ def bench(a, rank, world, device, dtype, itemsize) -> int:
             "symm": on,
             "symm_reason": reason,
             "fused_one_shot": symm is not None and symm._one_copy is not None,
-            "thresholds": {"one_shot_max": parallel.ONE_SHOT_MAX_BYTES, "two_shot_max": parallel.TWO_SHOT_MAX_BYTES},
+            "thresholds": {
+                "one_shot_max": custom_all_reduce.ONE_SHOT_MAX_BYTES,
+                "two_shot_max": custom_all_reduce.TWO_SHOT_MAX_BYTES,
+            },
             "suggested": suggest(rows) if symm is not None else None,
             "ok": all_ok,
             "rows": rows,
@@ -261,8 +265,8 @@ def check(a, rank, world, device, dtype, itemsize) -> int:
     """model.parallel.all_reduce (real thresholds and buffer cap) and each forced kernel against NCCL, eagerly and
     under CUDA graph capture/replay, including one graph that mixes paths as a forward pass does."""
     sizes = parse_sizes(a.sizes) or [4 * KB, 8 * KB, 96 * KB, 512 * KB, 512 * KB + 16, 2 * MB, 6 * MB, 32 * MB]
-    on = parallel.init_custom_all_reduce(max(sizes), dtype, device)
-    symm = parallel.get_symm_all_reduce()
+    on = custom_all_reduce.init_custom_all_reduce(max(sizes), dtype, device)
+    symm = custom_all_reduce.get_symm_all_reduce()
     results, ok = [], on
     fns = methods(symm)
     cases = [(n // itemsize, dtype) for n in sizes] + [(4097, dtype), (1, dtype), (3 * 4096, torch.float16)]
@@ -328,10 +332,10 @@ def fused_norm(a, rank, world, device, dtype) -> int:
     rows_list = [int(r) for r in a.sizes.split(",")] if a.sizes else [1, 8, 64, 256, 1024, 2048, 8192]
     itemsize = torch.empty((), dtype=dtype).element_size()
     max_bytes = max(rows_list) * hidden * itemsize
-    parallel.init_custom_all_reduce(max_bytes, dtype, device)
-    if max_bytes > parallel.FUSED_MAX_BYTES:  # a buffer as large as the largest size timed here
-        parallel._init_fused(max_bytes, dtype, device, dist.group.WORLD)
-    fz = parallel.get_fused_all_reduce_norm()
+    custom_all_reduce.init_custom_all_reduce(max_bytes, dtype, device)
+    if max_bytes > custom_all_reduce.FUSED_MAX_BYTES:  # a buffer as large as the largest size timed here
+        custom_all_reduce._init_fused(max_bytes, dtype, device, dist.group.WORLD)
+    fz = custom_all_reduce.get_fused_all_reduce_norm()
     if fz is None:
         print(json.dumps({"bench": "fused_norm", "ok": False, "error": "fused all-reduce unavailable"}))
         return 1
@@ -396,7 +400,7 @@ def fused_norm(a, rank, world, device, dtype) -> int:
             a.graph_calls,
             a.replays,
         )
-        r["unfused_path"] = parallel.get_symm_all_reduce().method_for(z.view(-1))
+        r["unfused_path"] = custom_all_reduce.get_symm_all_reduce().method_for(z.view(-1))
         r["in_place_us"] = time_graph(  # the projection wrote into the buffer half: no copy-in
             lambda _, zr=zr, rows=rows: fz(fz.next_input(rows, hidden, dtype), zr, weight, eps),
             1,

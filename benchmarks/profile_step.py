@@ -152,7 +152,8 @@ def main() -> None:
     require_cuda(int(os.environ.get("WORLD_SIZE", 1)))
     import torch.distributed as dist
 
-    from model.parallel import init_custom_all_reduce, set_tp
+    from model.custom_all_reduce import init_custom_all_reduce
+    from model.parallel import set_tp
 
     # under torchrun every rank runs the same steps, as the workers of one TP group do
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))

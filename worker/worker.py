@@ -125,7 +125,7 @@ class Worker:
         if device.type == "cuda" and self.world_size > 1:
             # collective (every rank): the symmetric all-reduce buffer, before weights, KV sizing and CUDA graphs
             from model.config import ModelConfig, parse_dtype
-            from model.parallel import init_custom_all_reduce
+            from model.custom_all_reduce import init_custom_all_reduce
 
             mc = ModelConfig.from_pretrained(cfg.model)
             dtype = parse_dtype(cfg.dtype, mc.dtype)

@@ -1,4 +1,4 @@
-"""Symmetric-memory all-reduce (model/parallel.py): on two CUDA GPUs, model.parallel.all_reduce and each forced
+"""Symmetric-memory all-reduce (model/custom_all_reduce.py): on two CUDA GPUs, model.parallel.all_reduce and each forced
 kernel equal NCCL's sum eagerly and under CUDA graph capture/replay (benchmarks/allreduce.py --check under
 torchrun), and the fused all-reduce + add + RMSNorm equals the unfused pair (--fused-norm). On the CPU only the
 fallback rules run."""
@@ -9,21 +9,21 @@ import subprocess
 import pytest
 import torch
 
-from model import parallel
+from model import custom_all_reduce, parallel
 from tests.support.processes import ROOT, torchrun_cmd
 
 
 def test_fallback_without_cuda_tp_group():
     # tp 1, or a CPU device: nothing to set up, no collective, all_reduce stays a no-op / gloo
     parallel.set_tp(0, 1)
-    assert parallel.init_custom_all_reduce(1 << 20, torch.bfloat16, "cpu") is False
-    assert parallel.get_symm_all_reduce() is None
+    assert custom_all_reduce.init_custom_all_reduce(1 << 20, torch.bfloat16, "cpu") is False
+    assert custom_all_reduce.get_symm_all_reduce() is None
     x = torch.ones(4)
     assert parallel.all_reduce(x) is x
     parallel.set_tp(0, 2)
     try:
-        assert parallel.init_custom_all_reduce(1 << 20, torch.bfloat16, "cpu") is False
-        assert parallel.get_symm_all_reduce() is None
+        assert custom_all_reduce.init_custom_all_reduce(1 << 20, torch.bfloat16, "cpu") is False
+        assert custom_all_reduce.get_symm_all_reduce() is None
     finally:
         parallel.set_tp(0, 1)
 
