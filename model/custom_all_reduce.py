@@ -15,8 +15,7 @@ import sys
 import torch
 import torch.distributed as dist
 
-from model import parallel
-from model.parallel import _TP
+from model.parallel import REDUCERS, tp_group, tp_rank, tp_size
 from protocol.settings import settings
 
 # Size cut-offs of the symmetric-memory all-reduce, in bytes per rank, from benchmarks/allreduce.py (2 NVLink
@@ -212,7 +211,7 @@ def _torch_version() -> tuple[int, int]:
 
 
 def _log(msg: str) -> None:
-    print(f"nanoserve[rank {_TP.rank}]: {msg}", file=sys.stderr, flush=True)
+    print(f"nanoserve[rank {tp_rank()}]: {msg}", file=sys.stderr, flush=True)
 
 
 def _all_ranks_ok(ok: bool, device: torch.device, group) -> bool:
@@ -223,7 +222,7 @@ def _all_ranks_ok(ok: bool, device: torch.device, group) -> bool:
 
 def get_symm_all_reduce() -> SymmAllReduce | None:
     """The active symmetric-memory all-reduce, or None when all_reduce uses NCCL only."""
-    return parallel._SYMM
+    return REDUCERS.symm
 
 
 def init_custom_all_reduce(
@@ -239,11 +238,11 @@ def init_custom_all_reduce(
     all that all_reduce can use; it is never reallocated. Call once, after set_tp and before any CUDA graph
     capture, on every rank of the group: with tp > 1 on CUDA over NCCL it is collective. Never raises for
     symm_mem trouble: a rank that hits some logs one line to stderr, and all ranks agree to keep NCCL."""
-    parallel._SYMM = parallel._FUSED = None
+    REDUCERS.symm = REDUCERS.fused = None
     device = torch.device(device)
-    if _TP.size <= 1 or device.type != "cuda" or not dist.is_initialized():
+    if tp_size() <= 1 or device.type != "cuda" or not dist.is_initialized():
         return False
-    group = _TP.group if _TP.group is not None else dist.group.WORLD
+    group = tp_group() if tp_group() is not None else dist.group.WORLD
     if dist.get_backend(group) != "nccl":
         return False
     # From here on every rank runs the same collectives (the votes), whatever fails locally.
@@ -260,13 +259,13 @@ def init_custom_all_reduce(
         symm, reason = _rendezvous(buf, group.group_name, one_shot_max, two_shot_max)
         if _all_ranks_ok(reason is None, device, group):
             try:  # also the eager first use of each kernel, which graph capture wants to have happened
-                reason = symm.self_test(_TP.rank, _TP.size)
+                reason = symm.self_test(tp_rank(), tp_size())
             except Exception as e:
                 reason = f"self-test failed ({type(e).__name__}: {e})"
             if _all_ranks_ok(reason is None, device, group):
-                parallel._SYMM = symm
+                REDUCERS.symm = symm
                 _init_fused(min(int(max_bytes), FUSED_MAX_BYTES), dtype, device, group)
-                if _TP.rank == 0:
+                if tp_rank() == 0:
                     fused = " (fused copy)" if symm._one_copy is not None else ""
                     _log(
                         f"symmetric-memory all-reduce on ({dtype}, buffer {symm.buffer_bytes >> 10} KiB): one-shot"
@@ -275,7 +274,7 @@ def init_custom_all_reduce(
                 return True
     if reason is None:
         reason, policy = "another rank could not set up symmetric memory", True
-    if _TP.rank == 0 or not policy:
+    if tp_rank() == 0 or not policy:
         _log(f"symmetric-memory all-reduce off, NCCL only: {reason}")
     return False
 
@@ -295,13 +294,13 @@ def _init_fused(nbytes: int, dtype: torch.dtype, device: torch.device, group) ->
 
             handle = symm_mem.rendezvous(buf, group.group_name)
             sms = torch.cuda.get_device_properties(device).multi_processor_count
-            fused = FusedAllReduceNorm(buf, handle, _TP.rank, _TP.size, 2 * sms)
+            fused = FusedAllReduceNorm(buf, handle, tp_rank(), tp_size(), 2 * sms)
             reason = fused.self_test()
         except Exception as e:
             reason = f"{type(e).__name__}: {e}"
         if _all_ranks_ok(reason is None, device, group):
-            parallel._FUSED = fused
-            if _TP.rank == 0:
+            REDUCERS.fused = fused
+            if tp_rank() == 0:
                 _log(f"fused all-reduce + RMSNorm on (<= {nbytes >> 10} KiB per call, {fused.max_programs} programs)")
             return
     if reason is not None:
@@ -309,7 +308,7 @@ def _init_fused(nbytes: int, dtype: torch.dtype, device: torch.device, group) ->
 
 
 def get_fused_all_reduce_norm() -> FusedAllReduceNorm | None:
-    return parallel._FUSED
+    return REDUCERS.fused
 
 
 def _allocate(nbytes: int, dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor | None, str | None]:
@@ -343,6 +342,6 @@ def _rendezvous(buf: torch.Tensor, group_name: str, one_shot_max: int, two_shot_
             symm_mem.enable_symm_mem_for_group(group_name)  # required before 2.11; deprecated and unneeded since
         if symm_mem.rendezvous(buf, group_name) is None:  # collective: the ranks map each other's buffers
             raise RuntimeError("rendezvous returned no handle")
-        return SymmAllReduce(buf, group_name, _TP.size, one_shot_max, two_shot_max), None
+        return SymmAllReduce(buf, group_name, tp_size(), one_shot_max, two_shot_max), None
     except Exception as e:
         return None, f"rendezvous failed ({type(e).__name__}: {e})"

@@ -22,17 +22,22 @@ class TPState:
     group: object | None = None  # torch.distributed ProcessGroup, None = default group
 
 
-_TP = TPState()
+@dataclass(slots=True)
+class CustomReducers:
+    """The symmetric-memory all-reduces in use (model/custom_all_reduce.py sets them); None: NCCL."""
 
-# The custom all-reduces in use (model/custom_all_reduce.py sets them up), None = NCCL.
-_SYMM: SymmAllReduce | None = None
-_FUSED: FusedAllReduceNorm | None = None
+    symm: SymmAllReduce | None = None
+    fused: FusedAllReduceNorm | None = None
+
+
+_TP = TPState()
+REDUCERS = CustomReducers()
 
 
 def set_tp(rank: int, size: int, group: object | None = None) -> None:
-    global _SYMM, _FUSED
     _TP.rank, _TP.size, _TP.group = rank, size, group
-    _SYMM = _FUSED = None  # a symmetric buffer belongs to one group: init_custom_all_reduce again after a change
+    # a symmetric buffer belongs to one group: init_custom_all_reduce again after a change
+    REDUCERS.symm = REDUCERS.fused = None
 
 
 def tp_rank() -> int:
@@ -43,10 +48,15 @@ def tp_size() -> int:
     return _TP.size
 
 
+def tp_group() -> object | None:
+    """The TP process group (None: the default group)."""
+    return _TP.group
+
+
 def all_reduce(x: torch.Tensor) -> torch.Tensor:
     """Sum ``x`` over the TP group in place and return it."""
     if _TP.size > 1:
-        symm = _SYMM
+        symm = REDUCERS.symm
         if symm is not None and x.is_cuda and symm.accepts(x):
             return symm(x)
         dist.all_reduce(x, group=_TP.group)
@@ -58,7 +68,7 @@ def all_reduce_add_rmsnorm(
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor] | None:
     """RMSNorm of (the sum of ``x`` over the TP group [+ residual]) in one kernel, as ``fused.rmsnorm`` returns
     it; None where that kernel does not apply (the caller then all-reduces and normalizes separately)."""
-    fused = _FUSED
+    fused = REDUCERS.fused
     if fused is None or not x.is_cuda or not fused.fits(x, residual):
         return None
     return fused(x, residual, weight, eps)
@@ -67,7 +77,7 @@ def all_reduce_add_rmsnorm(
 def partial_sum_buffer(rows: int, cols: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor | None:
     """Where a row-parallel projection whose partial sums go next to ``all_reduce_add_rmsnorm`` should write
     them (a view of the fused kernel's buffer, which spares the kernel a copy), or None for a fresh tensor."""
-    fused = _FUSED
+    fused = REDUCERS.fused
     if fused is None or device.type != "cuda":
         return None
     return fused.next_input(rows, cols, dtype)

@@ -1,5 +1,5 @@
 """Builds the FP8 kernels for an H100/H200 (sm_90a) on any machine, no GPU needed (``triton.compile`` for the target,
-as benchmarks/kernel_regs.py does): the activation quantization, the FP8 GEMM and GEMV in the variants fp8_linear
+as benchmarks/probes/kernel_regs.py does): the activation quantization, the FP8 GEMM and GEMV in the variants fp8_linear
 launches, and the attention kernels on an e4m3 cache.
 Prints one line per kernel and exits non-zero if any fails to build.
 
