@@ -99,12 +99,15 @@ async def _log_stats(engine: EngineClient, interval: float) -> None:
 
 
 def _listen_socket(args) -> socket.socket:
+    """The listening socket, wrapped from its descriptor so that its protocol reads as TCP: asyncio turns Nagle's
+    algorithm off (TCP_NODELAY) only on connections of a socket that says so, and with Nagle on an SSE event
+    waits for the client's delayed ACK (~40 ms)."""
     if args.fd is not None:
-        sock = socket.socket(fileno=args.fd)
+        fd = args.fd
     else:
-        sock = socket.create_server(
-            (args.host, args.port), family=socket.AF_INET6 if ":" in args.host else socket.AF_INET
-        )
+        family = socket.AF_INET6 if ":" in args.host else socket.AF_INET
+        fd = socket.create_server((args.host, args.port), family=family).detach()
+    sock = socket.socket(fileno=fd)
     sock.setblocking(False)
     return sock
 

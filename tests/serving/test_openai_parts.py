@@ -65,3 +65,35 @@ def test_each_seeded_choice_gets_its_own_seed():
     # LLM.generate fans out the same way: n requests of n=1
     assert [(p.n, p.seed) for p in SamplingParams(n=3, seed=7).choices()] == [(1, 7), (1, 8), (1, 9)]
     assert SamplingParams(n=2).choices() == [SamplingParams(), SamplingParams()]
+
+
+@pytest.mark.parametrize("inherited", [False, True])
+def test_http_connections_have_nagle_off(inherited):
+    """The front-end's listening socket (its own, or one launch.py bound and passed down) reads as TCP, so asyncio
+    sets TCP_NODELAY on every connection; else a streamed event can wait ~40 ms for the client's delayed ACK."""
+    import argparse
+    import asyncio
+    import socket
+
+    from client.openai_server.__main__ import _listen_socket
+
+    parent = socket.create_server(("127.0.0.1", 0)) if inherited else None
+    args = argparse.Namespace(fd=parent.detach() if inherited else None, host="127.0.0.1", port=0)
+    sock = _listen_socket(args)
+
+    async def nodelay_of_accepted() -> int:
+        accepted: asyncio.Future = asyncio.get_running_loop().create_future()
+
+        class Grab(asyncio.Protocol):
+            def connection_made(self, transport):
+                accepted.set_result(transport.get_extra_info("socket"))
+
+        server = await asyncio.get_running_loop().create_server(Grab, sock=sock)
+        _, writer = await asyncio.open_connection(*sock.getsockname()[:2])
+        conn = await asyncio.wait_for(accepted, 10)
+        flag = conn.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
+        writer.close()
+        server.close()
+        return flag
+
+    assert asyncio.run(nodelay_of_accepted()) != 0
