@@ -67,8 +67,9 @@ def test_each_seeded_choice_gets_its_own_seed():
     assert SamplingParams(n=2).choices() == [SamplingParams(), SamplingParams()]
 
 
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
 @pytest.mark.parametrize("inherited", [False, True])
-def test_http_connections_have_nagle_off(inherited):
+def test_http_connections_have_nagle_off(inherited, loop):
     """The front-end's listening socket (its own, or one launch.py bound and passed down) reads as TCP, so asyncio
     sets TCP_NODELAY on every connection; else a streamed event can wait ~40 ms for the client's delayed ACK."""
     import argparse
@@ -96,4 +97,5 @@ def test_http_connections_have_nagle_off(inherited):
         server.close()
         return flag
 
-    assert asyncio.run(nodelay_of_accepted()) != 0
+    run = pytest.importorskip("uvloop").run if loop == "uvloop" else asyncio.run  # the front-end's loop if installed
+    assert run(nodelay_of_accepted()) != 0
