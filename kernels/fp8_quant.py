@@ -69,7 +69,7 @@ def quantize_rows(x: torch.Tensor, group: int | None, rows: int | None = None) -
     scales = torch.empty((groups, rows), dtype=torch.float32, device=x.device)
     scales_view = scales.view(rows, 1) if group is None else scales.t()  # [R, 1] contiguous: torch's rowwise check
     if rows > m:
-        q[m:].zero_()
+        q[m:].view(torch.uint8).zero_()  # e4m3's +0.0, through a dtype every fill kernel takes
         scales[:, m:].fill_(1.0)
     if m == 0:
         return q, scales_view
