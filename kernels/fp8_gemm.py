@@ -297,6 +297,7 @@ def fp8_linear(
         if block is not None:
             return _block_scaled_mm(x, w_q, w_s, block, bias, out)
         x_q, x_s = quantize_rows(x, None)
-        return _scaled_mm(x_q, x_s, w_q, w_s, block, bias, out)
+        _scaled_mm(x_q, x_s, w_q, w_s, block, None, out)  # bias after: not every build's rowwise path takes one
+        return out if bias is None else out.add_(bias)
     x_q, x_s = quantize_rows(x, None if block is None else block[1])
     return fp8_gemm(x_q, x_s, w_q, w_s, block, bias, out)

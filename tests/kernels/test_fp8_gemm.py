@@ -165,6 +165,23 @@ def test_block_scaled_cublaslt_call_pads_rows_to_a_multiple_of_4(m, monkeypatch)
     assert rel(out, fp8.emulated_linear(x, w_q, w_s, fp8.Fp8Config(block=block), b)) < FMA_TOL
 
 
+def test_rowwise_cublaslt_call_adds_the_bias_after(monkeypatch):
+    """Per-channel weights with a bias (Qwen2's q/k/v): fp8_linear gives cuBLASLt no bias and adds it after."""
+
+    def scaled_mm(x_q, x_s, w_q, w_s, block_, bias, out):
+        assert bias is None and block_ is None and x_s.shape == (x_q.shape[0], 1)
+        return out.copy_(fp8.dequantize_activations(x_q, x_s, None) @ fp8.dequantize(w_q, w_s, None).t())
+
+    monkeypatch.setattr(fp8_gemm, "uses_scaled_mm", lambda *a: True)
+    monkeypatch.setattr(fp8_gemm, "_scaled_mm", scaled_mm)
+    gen = torch.Generator().manual_seed(9)
+    x = torch.randn(6, 128, generator=gen).to(DEVICE)
+    _, w_q, w_s = weights(48, 128, None, gen)
+    b = torch.randn(48, generator=gen).to(DEVICE)
+    out = fp8_gemm.fp8_linear(x, w_q, w_s, None, b)
+    assert rel(out, fp8.emulated_linear(x, w_q, w_s, fp8.Fp8Config(), b)) < FMA_TOL
+
+
 # ---- CUDA: real shapes --------------------------------------------------------------------------------------
 
 QWEN3_8B = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (24576, 4096), "down": (4096, 12288)}
