@@ -33,21 +33,24 @@ HALF_PTRS = {"q_ptr", "k_cache_ptr", "v_cache_ptr", "out_ptr"}
 FLOAT_PTRS = {"lse_ptr"}
 
 
-def compile_sm90(
-    fn, constexprs: dict, num_warps: int, num_stages: int, maxnreg: int | None = None, float_ptrs=FLOAT_PTRS
+def build_sm90(
+    fn,
+    types: dict,
+    constexprs: dict,
+    num_warps: int = 4,
+    num_stages: int = 1,
+    maxnreg: int | None = None,
+    registers: bool = True,
 ) -> dict:
-    """Compile ``fn`` for sm_90a; every pointer and integer the kernel does not exempt (``do_not_specialize``)
-    gets the 16-divisibility hint the JIT gives such values at run time. Pointers in ``float_ptrs`` are fp32, other
-    pointers named in HALF_PTRS bf16, the rest int32."""
+    """Compile ``fn`` for sm_90a as a launch would specialize it: argument types from ``types`` (pointers not named
+    there int32, scalars int32), and every pointer and integer the kernel does not exempt (``do_not_specialize``)
+    with the 16-divisibility hint the JIT gives such values at run time. Returns the PTX and shared memory and,
+    with ``registers``, ``ptxas -v``'s registers and spill stores and the programs an SM holds."""
     unhinted = {p.name for p in fn.params if p.do_not_specialize}
-    sig = {}
-    for name in fn.arg_names:
-        if name in constexprs:
-            sig[name] = "constexpr"
-        elif name.endswith("_ptr"):
-            sig[name] = "*fp32" if name in float_ptrs else "*bf16" if name in HALF_PTRS else "*i32"
-        else:
-            sig[name] = "fp32" if name == "qk_scale" else "i32"
+    sig = {
+        name: "constexpr" if name in constexprs else types.get(name, "*i32" if name.endswith("_ptr") else "i32")
+        for name in fn.arg_names
+    }
     hints = {
         (i,): [["tt.divisibility", 16]]
         for i, name in enumerate(fn.arg_names)
@@ -59,6 +62,9 @@ def compile_sm90(
         target=SM90,
         options={"num_warps": num_warps, "num_stages": num_stages, "maxnreg": maxnreg},
     )
+    out = {"ptx": kernel.asm["ptx"], "smem": kernel.metadata.shared}
+    if not registers:
+        return out
     ptxas = get_ptxas(90)
     with tempfile.TemporaryDirectory() as tmp:
         ptx = os.path.join(tmp, "k.ptx")
@@ -68,15 +74,22 @@ def compile_sm90(
         report = subprocess.run(cmd, capture_output=True, text=True, check=True).stderr
     regs = int(re.search(r"Used (\d+) registers", report).group(1))
     spill = re.search(r"(\d+) bytes spill stores", report)
-    smem = kernel.metadata.shared
     warp_regs = -(-regs * 32 // 256) * 256  # registers are handed out per warp in units of 256
     fit = min(
         REGS_PER_SM // (warp_regs * num_warps),
-        SMEM_PER_SM // (smem + 1024),  # the driver reserves 1 KB of shared memory per program
+        SMEM_PER_SM // (out["smem"] + 1024),  # the driver reserves 1 KB of shared memory per program
         THREADS_PER_SM // (32 * num_warps),
         PROGRAMS_PER_SM,
     )
-    return {"regs": regs, "spill": int(spill.group(1)) if spill else 0, "smem": smem, "per_sm": fit}
+    return out | {"regs": regs, "spill": int(spill.group(1)) if spill else 0, "per_sm": fit}
+
+
+def compile_sm90(
+    fn, constexprs: dict, num_warps: int, num_stages: int, maxnreg: int | None = None, float_ptrs=FLOAT_PTRS
+) -> dict:
+    """``build_sm90`` for the attention kernels: pointers in ``float_ptrs`` fp32, the others in HALF_PTRS bf16."""
+    types = {name: "*fp32" if name in float_ptrs else "*bf16" for name in (*HALF_PTRS, *float_ptrs)}
+    return build_sm90(fn, types | {"qk_scale": "fp32"}, constexprs, num_warps, num_stages, maxnreg)
 
 
 def main() -> None:

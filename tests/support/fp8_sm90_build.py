@@ -10,35 +10,15 @@ from __future__ import annotations
 
 import sys
 
-import triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
-
+from benchmarks.probes.kernel_regs import build_sm90
 from kernels import attention_decode, attention_prefill, attention_store, fp8_gemm, fp8_gemv, fp8_quant, fused
 
-SM90 = GPUTarget("cuda", 90, 32)
 FP8, BF16, F32 = "*fp8e4nv", "*bf16", "*fp32"
 
 
 def build(fn, types: dict, constexprs: dict, num_warps: int = 4, num_stages: int = 1) -> int:
-    """Shared memory of ``fn`` built for sm_90a; pointers default to int32, scalars to int32 (with the 16-divisibility
-    hint the JIT gives them at run time, except ``do_not_specialize`` ones)."""
-    unhinted = {p.name for p in fn.params if p.do_not_specialize}
-    sig = {}
-    for name in fn.arg_names:
-        if name in constexprs:
-            sig[name] = "constexpr"
-        else:
-            sig[name] = types.get(name, "*i32" if name.endswith("_ptr") else "i32")
-    hints = {
-        (i,): [["tt.divisibility", 16]]
-        for i, name in enumerate(fn.arg_names)
-        if sig[name] not in ("constexpr", "fp32") and name not in unhinted
-    }
-    consts = {(fn.arg_names.index(k),): v for k, v in constexprs.items()}
-    src = ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=hints)
-    kernel = triton.compile(src, target=SM90, options={"num_warps": num_warps, "num_stages": num_stages})
-    return kernel.metadata.shared
+    """Shared memory of ``fn`` built for sm_90a (benchmarks/probes/kernel_regs.py's ``build_sm90``)."""
+    return build_sm90(fn, types, constexprs, num_warps, num_stages, registers=False)["smem"]
 
 
 def cases():
