@@ -84,13 +84,16 @@ class PromptLogprobs:
         prompt_lens: np.ndarray,
         past_token_ids: np.ndarray,
     ) -> None:
+        self.free(slots)  # a slot's previous sequence may have asked
+        asking = [i for i, p in enumerate(params) if p.prompt_logprobs is not None]
+        if not asking:  # the common case: one pass over the new records, nothing else
+            return
         ends = np.cumsum(prompt_lens.astype(np.int64) + num_outputs)
-        for i, p in enumerate(params):
-            slot = int(slots[i])
-            self.prompts.pop(slot, None)
-            if p.prompt_logprobs is not None and num_outputs[i] == 0 and prompt_lens[i] > 1:
+        for i in asking:
+            if num_outputs[i] == 0 and prompt_lens[i] > 1:
                 begin = ends[i] - num_outputs[i] - prompt_lens[i]
-                self.prompts[slot] = (past_token_ids[begin : begin + prompt_lens[i]].copy(), p.prompt_logprobs)
+                prompt = past_token_ids[begin : begin + prompt_lens[i]].copy()
+                self.prompts[int(slots[i])] = (prompt, params[i].prompt_logprobs)
 
     def free(self, slots: np.ndarray) -> None:
         if self.prompts:
