@@ -19,8 +19,8 @@ float32 in slot order and rounded once (torch.sum's float32 accumulation). The s
 trees where fused_moe's are tl.dot chains (tensor-core MMAs on a GPU), so the float32 accumulators differ in
 their last bits and the outputs are not bitwise equal in general; where every accumulation is exact they are
 (tests/kernels/test_moe_decode.py). Grids depend only on the token count and the shapes: the layer captures in
-CUDA graphs. model/moe.py takes this path for T <= MAX_TOKENS once an H200 measurement says it is faster
-(benchmarks/moe_kernel.py --path both).
+CUDA graphs. model/moe.py takes this path for T <= MAX_TOKENS (benchmarks/moe_kernel.py --path both times the
+two).
 """
 
 from __future__ import annotations

@@ -3,7 +3,8 @@
 Under tensor parallelism every rank holds every expert's slice of the intermediate dimension (gate/up rows,
 down columns), like the dense MLP's column/row split, and returns its partial sum: the RMSNorm after the layer
 reduces it (``RMSNorm.forward_partial``), so the layer costs one all-reduce. On CUDA the experts run fused in
-Triton (kernels/fused_moe.py); elsewhere a plain torch path groups the pairs by expert and loops over experts."""
+Triton (kernels/fused_moe.py), a decode batch of a few tokens (``uses_moe_decode``) as two GEMV kernels
+(kernels/moe_decode.py); elsewhere a plain torch path groups the pairs by expert and loops over experts."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from kernels.fused_moe import fused_moe
+from kernels.moe_decode import moe_decode, uses_moe_decode
 from model.linear import LinearBase, check_shape
 from model.parallel import partial_sum_buffer, tp_rank, tp_size
 
@@ -87,7 +89,8 @@ class FusedMoE(nn.Module):
             weights, ids = route_torch(router_logits, self.top_k, self.renormalize)
             return experts_torch(x, self.w13_weight, self.w2_weight, weights, ids)
         out = partial_sum_buffer(x.shape[0], self.w2_weight.shape[1], x.dtype, x.device)
-        return fused_moe(x, router_logits, self.w13_weight, self.w2_weight, self.top_k, self.renormalize, out)
+        layer = moe_decode if uses_moe_decode(x.shape[0]) else fused_moe
+        return layer(x, router_logits, self.w13_weight, self.w2_weight, self.top_k, self.renormalize, out)
 
 
 class SparseMoeBlock(nn.Module):

@@ -83,3 +83,15 @@ def test_cuda_graph_replay_equals_eager(tokens):
         torch.cuda.synchronize()
         torch.testing.assert_close(out, moe_decode(x, logits, w13, w2, TOP_K, True), rtol=0, atol=0)
         assert_equal_up_to_summation_order(out, fused_moe(x, logits, w13, w2, TOP_K, True))
+
+
+@pytest.mark.parametrize("tokens", [1, MAX_TOKENS, MAX_TOKENS + 1])
+def test_the_model_layer_takes_the_decode_path_up_to_max_tokens(tokens):
+    from model.moe import FusedMoE
+
+    layer = FusedMoE(EXPERTS, TOP_K, HIDDEN, 192, renormalize=True).cuda()
+    w13, w2 = expert_weights(192)
+    layer.w13_weight.data, layer.w2_weight.data = w13, w2
+    x, logits = tokens_and_logits(tokens, seed=11)
+    expected = (moe_decode if tokens <= MAX_TOKENS else fused_moe)(x, logits, w13, w2, TOP_K, True)
+    assert torch.equal(layer(x, logits), expected)
