@@ -7,8 +7,7 @@ takes (kernels/fp8_gemm.py GEMV_ROWS) and which kernel takes the larger products
 Per (layer shape, rows), microseconds per product inside a CUDA graph over one weight per model layer (more than
 the L2 holds), each product behind an RMSNorm as in a decode step: bf16 (F.linear, what the 16-bit model runs
 without our decode kernels), the FP8 GEMV that quantizes the rows itself ("gemv", up to four rows; "gemv_recip"
-quantizing by the scale's reciprocal), the swap-AB tensor-core GEMV ("mma" at each of MMA_SWEEP's tilings, up to
-16 rows), our Triton FP8 GEMM after kernels/fp8_quant.py ("triton"; with --sweep
+quantizing by the scale's reciprocal), our Triton FP8 GEMM after kernels/fp8_quant.py ("triton"; with --sweep
 also at other tilings), torch._scaled_mm after that pass ("cublaslt", per-channel and block scales), and what
 fp8_linear picks ("auto"). One JSON line per row count, then the per-step totals.
 """
@@ -22,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from benchmarks.decode_gemm import SHAPES
-from kernels import fp8_gemm, fp8_gemv, fp8_gemv_mma, fused
+from kernels import fp8_gemm, fp8_gemv, fused
 from kernels.fp8_quant import quantize_rows
 from kernels.graph_timing import graph_replay_us
 from model.fp8 import quantize_blocks, quantize_per_channel
@@ -51,15 +50,7 @@ def paths(block):
 
         return run
 
-    def mma(tiles):
-        def run(x, w_q, w_s):
-            out = torch.empty(x.shape[0], w_q.shape[0], **_like(x))
-            return fp8_gemv_mma.fp8_gemv_mma(x, w_q, w_s, block, None, out, tiles)
-
-        return run
-
     sweep = {f"tiles{'x'.join(map(str, t))}": tiled(t) for t in TILE_SWEEP}
-    sweep |= {f"mma{'x'.join(map(str, t))}": mma(t) for t in MMA_SWEEP}
     return sweep | {
         "gemv": gemv,
         "gemv_recip": lambda x, w_q, w_s: gemv(x, w_q, w_s, reciprocal=True),
@@ -70,8 +61,6 @@ def paths(block):
 
 
 # (BLOCK_M, BLOCK_N, warps, stages, K splits) our Triton GEMM is also timed with (--sweep)
-# (BLOCK_N, BLOCK_K, warps, stages) the swap-AB tensor-core GEMV is timed with (up to 16 rows)
-MMA_SWEEP = [(64, 128, 4, 4), (64, 256, 4, 4), (128, 128, 4, 4), (64, 128, 4, 6), (32, 256, 4, 4), (16, 512, 4, 4)]
 TILE_SWEEP = [(16, 64, 4, 4, 1), (64, 64, 4, 4, 1), (64, 128, 4, 4, 1), (128, 64, 4, 4, 1), (64, 64, 4, 4, 2)]
 
 
@@ -123,8 +112,6 @@ def main() -> None:
                     if name.startswith("tiles") and (not a.sweep or block is not None):
                         continue
                     if name.startswith("gemv") and not fp8_gemv.supports(m, k, block):
-                        continue
-                    if name.startswith("mma") and not fp8_gemv_mma.supports(m, k, block):
                         continue
                     row[f"{scheme}_{name}"] = step_us(fn, ws, x)
             print(json.dumps({key: round(v, 2) if isinstance(v, float) else v for key, v in row.items()}), flush=True)

@@ -11,16 +11,7 @@ from __future__ import annotations
 import sys
 
 from benchmarks.probes.kernel_regs import build_sm90
-from kernels import (
-    attention_decode,
-    attention_prefill,
-    attention_store,
-    fp8_gemm,
-    fp8_gemv,
-    fp8_gemv_mma,
-    fp8_quant,
-    fused,
-)
+from kernels import attention_decode, attention_prefill, attention_store, fp8_gemm, fp8_gemv, fp8_quant, fused
 
 FP8, BF16, F32 = "*fp8e4nv", "*bf16", "*fp32"
 
@@ -77,23 +68,6 @@ def cases():
                 "USE_PDL": True,
             },
             {"num_warps": 8},
-        )
-    for group_n, k in ((0, 4096), (128, 12288)):
-        yield (
-            f"fp8 swap-AB gemv group_n={group_n} K={k}",
-            fp8_gemv_mma._fp8_gemv_mma_kernel,
-            {"x_ptr": BF16, "w_ptr": FP8, "ws_ptr": F32, "bias_ptr": BF16, "out_ptr": BF16},
-            {
-                "K": k,
-                "BLOCK_N": 64,
-                "BLOCK_K": 128,
-                "GROUP_N": group_n,
-                "GROUP_K": 128 if group_n else 1,
-                "HAS_BIAS": True,
-                "STAGES": 4,
-                "USE_PDL": True,
-            },
-            {"num_warps": 4, "num_stages": 4},
         )
     yield (
         "split-K sum",
