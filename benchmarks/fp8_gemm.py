@@ -6,10 +6,10 @@ takes (kernels/fp8_gemm.py GEMV_ROWS) and which kernel takes the larger products
 
 Per (layer shape, rows), microseconds per product inside a CUDA graph over one weight per model layer (more than
 the L2 holds), each product behind an RMSNorm as in a decode step: bf16 (F.linear, what the 16-bit model runs
-without our decode kernels), the FP8 GEMV that quantizes the rows itself ("gemv", up to four rows; "gemv_recip"
-quantizing by the scale's reciprocal), our Triton FP8 GEMM after kernels/fp8_quant.py ("triton"; with --sweep
-also at other tilings), torch._scaled_mm after that pass ("cublaslt", per-channel and block scales), and what
-fp8_linear picks ("auto"). One JSON line per row count, then the per-step totals.
+without our decode kernels), the FP8 GEMV that quantizes the rows itself ("gemv", up to four rows), our Triton
+FP8 GEMM after kernels/fp8_quant.py ("triton"; with --sweep also at other tilings), torch._scaled_mm after that
+pass ("cublaslt", per-channel and block scales), and what fp8_linear picks ("auto"). One JSON line per row
+count, then the per-step totals.
 """
 
 from __future__ import annotations
@@ -30,9 +30,9 @@ from model.fp8 import quantize_blocks, quantize_per_channel
 def paths(block):
     group = None if block is None else block[1]
 
-    def gemv(x, w_q, w_s, reciprocal=False):
+    def gemv(x, w_q, w_s):
         out = torch.empty(x.shape[0], w_q.shape[0], **_like(x))
-        return fp8_gemv.fp8_gemv(x, w_q, w_s, block, None, out, reciprocal)
+        return fp8_gemv.fp8_gemv(x, w_q, w_s, block, None, out)
 
     def triton(x, w_q, w_s):
         x_q, x_s = quantize_rows(x, group)
@@ -53,7 +53,6 @@ def paths(block):
     sweep = {f"tiles{'x'.join(map(str, t))}": tiled(t) for t in TILE_SWEEP}
     return sweep | {
         "gemv": gemv,
-        "gemv_recip": lambda x, w_q, w_s: gemv(x, w_q, w_s, reciprocal=True),
         "triton": triton,
         "cublaslt": cublaslt,
         "auto": lambda x, w_q, w_s: fp8_gemm.fp8_linear(x, w_q, w_s, block),

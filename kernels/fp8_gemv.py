@@ -42,7 +42,6 @@ def _fp8_gemv_kernel(
     GROUP_N: tl.constexpr,  # weight rows per block scale; 0: one scale per output channel and per token
     GROUP_K: tl.constexpr,  # columns per activation and weight block scale (divides BLOCK_K)
     HAS_BIAS: tl.constexpr,
-    RECIPROCAL: tl.constexpr,  # x times the scale's reciprocal instead of x / scale (a candidate, see fp8_gemv)
     USE_PDL: tl.constexpr,
 ):
     STEPS: tl.constexpr = (K + BLOCK_K - 1) // BLOCK_K
@@ -77,17 +76,13 @@ def _fp8_gemv_kernel(
                 w = tl.load(w_rows + ks[None, :], mask=mask_n[:, None] & (ks < K)[None, :], other=0.0)
             x = tl.load(x_row + ks, mask=row_ok & (ks < K), other=0.0).to(tl.float32)
             if GROUP_N == 0:
-                xs = x * inv if RECIPROCAL else tl.math.div_rn(x, sx)
-                xq = tl.clamp(xs, -FP8_MAX, FP8_MAX).to(w_ptr.dtype.element_ty)
+                xq = tl.clamp(x * inv, -FP8_MAX, FP8_MAX).to(w_ptr.dtype.element_ty)
                 acc += tl.sum(w.to(tl.float32) * xq.to(tl.float32)[None, :], axis=1)
             else:
                 xg = tl.reshape(x, (GROUPS, GROUP_K))
                 sxg = tl.math.div_rn(tl.maximum(tl.max(tl.abs(xg), axis=1), MIN_AMAX), FP8_MAX)
-                if RECIPROCAL:
-                    xs = xg * tl.math.div_rn(tl.full([GROUPS], 1.0, tl.float32), sxg)[:, None]
-                else:
-                    xs = tl.math.div_rn(xg, sxg[:, None])
-                xq = tl.clamp(xs, -FP8_MAX, FP8_MAX).to(w_ptr.dtype.element_ty)
+                inv = tl.math.div_rn(tl.full([GROUPS], 1.0, tl.float32), sxg)
+                xq = tl.clamp(xg * inv[:, None], -FP8_MAX, FP8_MAX).to(w_ptr.dtype.element_ty)
                 prod = w.to(tl.float32) * tl.reshape(xq.to(tl.float32), (BLOCK_K,))[None, :]
                 part = tl.sum(tl.reshape(prod, (BLOCK_N, GROUPS, GROUP_K)), axis=2)  # [BLOCK_N, GROUPS]
                 g = s * GROUPS + tl.arange(0, GROUPS)
@@ -125,12 +120,10 @@ def fp8_gemv(
     block: tuple[int, int] | None,
     bias: torch.Tensor | None,
     out: torch.Tensor,
-    reciprocal: bool = False,
 ) -> torch.Tensor:
     """``out = quant(x) @ (w_q * w_s).T (+ bias)`` for ``x`` [M <= MAX_ROWS, K] in 16 bits (or float32): scales
     per token and output channel [N] (``block`` None), or per token and ``block[1]`` columns against per-block
-    weight scales [N / block[0], K / block[1]]. ``reciprocal``: quantize as x * (1 / scale), one division per scale
-    instead of per element (cheaper, not model/fp8.py's rounding: a candidate benchmarks/fp8_gemm.py times)."""
+    weight scales [N / block[0], K / block[1]]."""
     m, k = x.shape
     n = w_q.shape[0]
     assert supports(m, k, block) and x.stride(1) == 1 and w_q.stride(1) == 1, (x.shape, block)
@@ -155,7 +148,6 @@ def fp8_gemv(
         GROUP_N=0 if block is None else block[0],
         GROUP_K=1 if block is None else block[1],
         HAS_BIAS=bias is not None,
-        RECIPROCAL=reciprocal,
         USE_PDL=pdl,
         num_warps=8 if x.is_cuda else 1,
         launch_pdl=pdl,

@@ -1,7 +1,8 @@
 """Dynamic activation quantization to e4m3 on the GPU: one Triton pass per row, one scale per token or per token
-and ``group`` columns (block-FP8 checkpoints), the arithmetic of model/fp8.py (scale = amax / 448, correctly
-rounded divisions, saturation at 448). Scales are written group-major ([groups, M], returned as its [M, groups]
-transpose), the layout cuBLASLt's block scaling reads. Also runs under ``TRITON_INTERPRET=1`` on CPU tensors."""
+and ``group`` columns (block-FP8 checkpoints), the arithmetic of model/fp8.py (scale = amax / 448 and its
+reciprocal, each correctly rounded; the values times the reciprocal, saturated at 448). Scales are written
+group-major ([groups, M], returned as its [M, groups] transpose), the layout cuBLASLt's block scaling reads. Also
+runs under ``TRITON_INTERPRET=1`` on CPU tensors."""
 
 from __future__ import annotations
 
@@ -42,17 +43,19 @@ def _quant_rows_kernel(
             amax = tl.maximum(amax, tl.max(tl.abs(x), axis=0))
         scale = tl.math.div_rn(tl.maximum(amax, MIN_AMAX), FP8_MAX)
         tl.store(s_ptr + row, scale)
+        inv = tl.math.div_rn(1.0, scale)
         for k0 in range(0, K, BLOCK):
             offs = k0 + tl.arange(0, BLOCK)
             x = tl.load(x_row + offs, mask=offs < K, other=0.0).to(tl.float32)
-            q = tl.clamp(tl.math.div_rn(x, scale), -FP8_MAX, FP8_MAX)
+            q = tl.clamp(x * inv, -FP8_MAX, FP8_MAX)
             tl.store(q_row + offs, q.to(q_ptr.dtype.element_ty), mask=offs < K)
     else:
         offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
         x = tl.load(x_row + offs, mask=offs < K, other=0.0).to(tl.float32)
         xg = tl.reshape(x, (BLOCK // GROUP, GROUP))
         scale = tl.math.div_rn(tl.maximum(tl.max(tl.abs(xg), axis=1), MIN_AMAX), FP8_MAX)
-        q = tl.clamp(tl.math.div_rn(xg, scale[:, None]), -FP8_MAX, FP8_MAX)
+        inv = tl.math.div_rn(tl.full([BLOCK // GROUP], 1.0, tl.float32), scale)
+        q = tl.clamp(xg * inv[:, None], -FP8_MAX, FP8_MAX)
         tl.store(q_row + offs, tl.reshape(q, (BLOCK,)).to(q_ptr.dtype.element_ty), mask=offs < K)
         g = tl.program_id(1) * (BLOCK // GROUP) + tl.arange(0, BLOCK // GROUP)
         tl.store(s_ptr + g * stride_sg + row, scale, mask=g * GROUP < K)

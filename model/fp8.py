@@ -83,13 +83,15 @@ def parse_kv_cache_dtype(name: str, model_dtype: torch.dtype) -> torch.dtype:
 
 
 def _to_fp8(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """``x / scale`` rounded to e4m3 (float32 math; clamped: e4m3fn has no infinity)."""
-    return (x.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8)
+    """``x * (1 / scale)`` rounded to e4m3 (float32 math; clamped: e4m3fn has no infinity). A product with the
+    reciprocal, not a quotient: the GPU kernels then pay one division per scale rather than one per element."""
+    inv = torch.ones_like(scale) / scale  # a tensor division, correctly rounded on every device
+    return (x.float() * inv).clamp(-FP8_MAX, FP8_MAX).to(FP8)
 
 
 def _scale_of(amax: torch.Tensor) -> torch.Tensor:
     # a tensor divisor: CUDA torch turns division by a Python number into a product with its rounded reciprocal,
-    # one ulp off the correctly rounded quotient the kernels compute
+    # one ulp off the correctly rounded quotient the kernels compute (tl.math.div_rn)
     amax = amax.float().clamp(min=MIN_AMAX)
     return amax / torch.full_like(amax, FP8_MAX)
 

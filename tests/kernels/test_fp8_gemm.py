@@ -111,9 +111,6 @@ def test_fp8_gemv_equals_emulation(m, n, k, block, bias):
     ref = fp8.emulated_linear(x, w_q, w_s, fp8.Fp8Config(block=block), b)
     assert out.isfinite().all()
     assert rel(out, ref) < FMA_TOL
-    # the reciprocal candidate: a rounding of its own, rarely one e4m3 step off on an element
-    fp8_gemv.fp8_gemv(x, w_q, w_s, block, b, out, reciprocal=True)
-    assert rel(out, ref) < 1e-3
 
 
 def test_fp8_linear_writes_into_out():

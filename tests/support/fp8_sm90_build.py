@@ -64,7 +64,6 @@ def cases():
                 "GROUP_N": group_n,
                 "GROUP_K": 128 if group_n else 1,
                 "HAS_BIAS": True,
-                "RECIPROCAL": rows == 1,
                 "USE_PDL": True,
             },
             {"num_warps": 8},
