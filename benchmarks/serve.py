@@ -61,17 +61,18 @@ def build_requests(args) -> list[tuple[list[int], int]]:
     return [([t % m for t in p], n) for p, n in reqs]
 
 
-async def one_request(client, url: str, body: dict, headers: dict) -> Result:
+async def one_request(session, url: str, body: dict, headers: dict) -> Result:
     res = Result(prompt_tokens=len(body["prompt"]))
     t0 = time.perf_counter()
     last = None
     try:
-        async with client.stream("POST", url, json=body, headers=headers) as resp:
-            if resp.status_code != 200:
-                res.error = f"HTTP {resp.status_code}: {(await resp.aread()).decode()[:200]}"
+        async with session.post(url, json=body, headers=headers) as resp:
+            if resp.status != 200:
+                res.error = f"HTTP {resp.status}: {(await resp.read()).decode()[:200]}"
                 return res
-            async for line in resp.aiter_lines():
-                if not line.startswith("data: ") or line == "data: [DONE]":
+            async for raw in resp.content:  # one server-sent-events line at a time
+                line = raw.strip()
+                if not line.startswith(b"data: ") or line == b"data: [DONE]":
                     continue
                 chunk = json.loads(line[6:])
                 if "error" in chunk:
@@ -95,16 +96,16 @@ async def one_request(client, url: str, body: dict, headers: dict) -> Result:
 
 
 async def run(args, reqs: list[tuple[list[int], int]]) -> tuple[list[Result], float]:
-    import httpx
+    import aiohttp  # vllm bench serve's client too: ~1.5 ms less per request than httpx's on an H200 host
 
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
-    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
-    timeout = httpx.Timeout(None, connect=60)
-    async with httpx.AsyncClient(limits=limits, timeout=timeout) as client:
+    connector = aiohttp.TCPConnector(limit=0)  # no cap on connections: --max-concurrency is the only gate
+    timeout = aiohttp.ClientTimeout(total=None, sock_connect=60)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout, read_bufsize=1 << 20) as session:
         model = args.model
         if model is None:
-            r = await client.get(args.base_url + "/models", headers=headers)
-            model = r.json()["data"][0]["id"]
+            async with session.get(args.base_url + "/models", headers=headers) as r:
+                model = (await r.json())["data"][0]["id"]
         url = args.base_url + "/completions"
         bodies = [
             {
@@ -118,7 +119,7 @@ async def run(args, reqs: list[tuple[list[int], int]]) -> tuple[list[Result], fl
 
         async def gated(body: dict) -> Result:
             async with gate:
-                return await one_request(client, url, body, headers)
+                return await one_request(session, url, body, headers)
 
         tasks = []
         t0 = time.perf_counter()

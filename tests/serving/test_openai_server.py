@@ -391,3 +391,18 @@ def test_readme_chat_example_runs(server, api):
     messages = [{"role": "user", "content": "Write a haiku about GPUs."}]
     same = api.chat.completions.create(model=NAME, messages=messages, max_tokens=64)  # greedy: top_k=1 default
     assert out.stdout == same.choices[0].message.content + "\n"
+
+
+def test_benchmark_serve_against_the_server(server):
+    """benchmarks/serve.py (the load generator, aiohttp) streams every request to its end and counts its tokens:
+    the last line is its JSON report."""
+    n, out_len = 6, 8
+    cmd = [sys.executable, "-m", "benchmarks.serve", "--base-url", server.base_url, "--dataset", "random",
+           "--random-input-len", "16", "--random-output-len", str(out_len), "--num-prompts", str(n),
+           "--request-rate", "50", "--max-token-id", "200", "--temperature", "0"]  # fmt: skip
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert (report["completed"], report["failed"]) == (n, 0), report["first_error"]
+    assert report["output_tokens"] == n * out_len
+    assert 0 < report["ttft_ms"]["p50"] and 0 < report["itl_ms"]["p50"]
