@@ -80,8 +80,11 @@ def _fp8_gemv_kernel(
                 acc += tl.sum(w.to(tl.float32) * xq.to(tl.float32)[None, :], axis=1)
             else:
                 xg = tl.reshape(x, (GROUPS, GROUP_K))
-                sxg = tl.math.div_rn(tl.maximum(tl.max(tl.abs(xg), axis=1), MIN_AMAX), FP8_MAX)
-                inv = tl.math.div_rn(tl.full([GROUPS], 1.0, tl.float32), sxg)
+                amax_g = tl.max(tl.abs(xg), axis=1)
+                sxg = tl.math.div_rn(tl.maximum(amax_g, MIN_AMAX), FP8_MAX)
+                # an all-zero group (past K, or zeros) quantizes to zeros either way; its 4.5e12 reciprocal made
+                # the Triton 3.6 sm_90a build return NaN at K=4352 with (16, 256) blocks (an H200, deterministic)
+                inv = tl.where(amax_g > 0, tl.math.div_rn(tl.full([GROUPS], 1.0, tl.float32), sxg), 0.0)
                 xq = tl.clamp(xg * inv[:, None], -FP8_MAX, FP8_MAX).to(w_ptr.dtype.element_ty)
                 prod = w.to(tl.float32) * tl.reshape(xq.to(tl.float32), (BLOCK_K,))[None, :]
                 part = tl.sum(tl.reshape(prod, (BLOCK_N, GROUPS, GROUP_K)), axis=2)  # [BLOCK_N, GROUPS]
