@@ -2,14 +2,15 @@
 takes (kernels/fp8_gemm.py GEMV_ROWS) and which kernel takes the larger products.
 
     python -m benchmarks.fp8_gemm [--shape qwen3-8b|qwen3-0.6b|qwen3-8b-tp2] [--rows 1 2 4 8 16 32 64 256 1024]
-        [--sweep]
+        [--sweep] [--only PATH ...]
 
 Per (layer shape, rows), microseconds per product inside a CUDA graph over one weight per model layer (more than
 the L2 holds), each product behind an RMSNorm as in a decode step: bf16 (F.linear, what the 16-bit model runs
-without our decode kernels), the FP8 GEMV that quantizes the rows itself ("gemv", up to four rows), our Triton
-FP8 GEMM after kernels/fp8_quant.py ("triton"; with --sweep also at other tilings), torch._scaled_mm after that
-pass ("cublaslt", per-channel and block scales), and what fp8_linear picks ("auto"). One JSON line per row
-count, then the per-step totals.
+without our decode kernels), the FP8 GEMV that quantizes the rows itself ("gemv", up to four rows; "gemv_32k"
+with twice the weight a program), our Triton FP8 GEMM after kernels/fp8_quant.py ("triton"; with --sweep also at
+other tilings), torch._scaled_mm after that pass ("cublaslt", per-channel and block scales), and what fp8_linear
+picks ("auto"); ``--only gemv cublaslt`` times just the paths whose names start so. One JSON line per row count,
+then the per-step totals.
 """
 
 from __future__ import annotations
@@ -30,9 +31,9 @@ from model.fp8 import quantize_blocks, quantize_per_channel
 def paths(block):
     group = None if block is None else block[1]
 
-    def gemv(x, w_q, w_s):
+    def gemv(x, w_q, w_s, slice_bytes=16384):
         out = torch.empty(x.shape[0], w_q.shape[0], **_like(x))
-        return fp8_gemv.fp8_gemv(x, w_q, w_s, block, None, out)
+        return fp8_gemv.fp8_gemv(x, w_q, w_s, block, None, out, slice_bytes)
 
     def triton(x, w_q, w_s):
         x_q, x_s = quantize_rows(x, group)
@@ -53,6 +54,7 @@ def paths(block):
     sweep = {f"tiles{'x'.join(map(str, t))}": tiled(t) for t in TILE_SWEEP}
     return sweep | {
         "gemv": gemv,
+        "gemv_32k": lambda x, w_q, w_s: gemv(x, w_q, w_s, 32768),  # twice the channels share a row's quantization
         "triton": triton,
         "cublaslt": cublaslt,
         "auto": lambda x, w_q, w_s: fp8_gemm.fp8_linear(x, w_q, w_s, block),
@@ -89,6 +91,7 @@ def main() -> None:
         action="store_true",
         help="also time our Triton GEMM at each of TILE_SWEEP's tiles (per-channel scales)",
     )
+    p.add_argument("--only", nargs="+", default=None, help="time only the paths whose names start with these")
     a = p.parse_args()
     device = torch.device("cuda")
     fp8_gemm.probe_scaled_mm(device)  # outside the graphs, as model loading does
@@ -109,6 +112,8 @@ def main() -> None:
                     if name == "cublaslt" and (not fp8_gemm.uses_scaled_mm(n, k, block, device) or (block and m % 4)):
                         continue
                     if name.startswith("tiles") and (not a.sweep or block is not None):
+                        continue
+                    if a.only and not name.startswith(tuple(a.only)):
                         continue
                     if name.startswith("gemv") and not fp8_gemv.supports(m, k, block):
                         continue

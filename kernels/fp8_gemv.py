@@ -101,12 +101,13 @@ def _fp8_gemv_kernel(
         )
 
 
-def gemv_tiles(k: int, block: tuple[int, int] | None) -> tuple[int, int]:
-    """(BLOCK_N, BLOCK_K): K steps of at most 4,096 columns (whole block-scale groups), 16 KB of weight a step."""
+def gemv_tiles(k: int, block: tuple[int, int] | None, slice_bytes: int = _SLICE) -> tuple[int, int]:
+    """(BLOCK_N, BLOCK_K): K steps of at most 4,096 columns (whole block-scale groups), ``slice_bytes`` of weight a
+    step (a program shares its rows' quantization among BLOCK_N channels)."""
     block_k = min(_MAX_BLOCK_K, triton.next_power_of_2(k))
     if block is not None:
         block_k = max(block_k, block[1])
-    return max(1, _SLICE // block_k), block_k
+    return max(1, slice_bytes // block_k), block_k
 
 
 def supports(m: int, k: int, block: tuple[int, int] | None) -> bool:
@@ -123,14 +124,15 @@ def fp8_gemv(
     block: tuple[int, int] | None,
     bias: torch.Tensor | None,
     out: torch.Tensor,
+    slice_bytes: int = _SLICE,
 ) -> torch.Tensor:
     """``out = quant(x) @ (w_q * w_s).T (+ bias)`` for ``x`` [M <= MAX_ROWS, K] in 16 bits (or float32): scales
     per token and output channel [N] (``block`` None), or per token and ``block[1]`` columns against per-block
-    weight scales [N / block[0], K / block[1]]."""
+    weight scales [N / block[0], K / block[1]]. ``slice_bytes``: weight per program and step (gemv_tiles)."""
     m, k = x.shape
     n = w_q.shape[0]
     assert supports(m, k, block) and x.stride(1) == 1 and w_q.stride(1) == 1, (x.shape, block)
-    block_n, block_k = gemv_tiles(k, block)
+    block_n, block_k = gemv_tiles(k, block, slice_bytes)
     pdl = use_pdl(x)
     _fp8_gemv_kernel[(triton.cdiv(n, block_n),)](
         x,
