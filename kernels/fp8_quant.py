@@ -53,8 +53,10 @@ def _quant_rows_kernel(
         offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
         x = tl.load(x_row + offs, mask=offs < K, other=0.0).to(tl.float32)
         xg = tl.reshape(x, (BLOCK // GROUP, GROUP))
-        scale = tl.math.div_rn(tl.maximum(tl.max(tl.abs(xg), axis=1), MIN_AMAX), FP8_MAX)
-        inv = tl.math.div_rn(tl.full([BLOCK // GROUP], 1.0, tl.float32), scale)
+        amax = tl.max(tl.abs(xg), axis=1)
+        scale = tl.math.div_rn(tl.maximum(amax, MIN_AMAX), FP8_MAX)
+        # zeros either way; a zero reciprocal for an all-zero group (the groups past K), as kernels/fp8_gemv.py does
+        inv = tl.where(amax > 0, tl.math.div_rn(tl.full([BLOCK // GROUP], 1.0, tl.float32), scale), 0.0)
         q = tl.clamp(xg * inv[:, None], -FP8_MAX, FP8_MAX)
         tl.store(q_row + offs, tl.reshape(q, (BLOCK,)).to(q_ptr.dtype.element_ty), mask=offs < K)
         g = tl.program_id(1) * (BLOCK // GROUP) + tl.arange(0, BLOCK // GROUP)
