@@ -6,11 +6,12 @@ takes (kernels/fp8_gemm.py GEMV_ROWS) and which kernel takes the larger products
 
 Per (layer shape, rows), microseconds per product inside a CUDA graph over one weight per model layer (more than
 the L2 holds), each product behind an RMSNorm as in a decode step: bf16 (F.linear, what the 16-bit model runs
-without our decode kernels), the FP8 GEMV that quantizes the rows itself ("gemv", up to four rows; "gemv_32k"
-with twice the weight a program), our Triton FP8 GEMM after kernels/fp8_quant.py ("triton"; with --sweep also at
-other tilings), torch._scaled_mm after that pass ("cublaslt", per-channel and block scales), and what fp8_linear
-picks ("auto"); ``--only gemv cublaslt`` times just the paths whose names start so. One JSON line per row count,
-then the per-step totals.
+without our decode kernels); the FP8 GEMV that quantizes the rows itself ("gemv", up to four rows; candidates:
+"gemv_32k" with twice the weight a program, "gemv_f16" multiplying and summing runs of 8 in float16, per-channel
+scales only); our Triton FP8 GEMM after kernels/fp8_quant.py ("triton"; with --sweep also at other tilings);
+torch._scaled_mm after that pass ("cublaslt", per-channel and block scales); and what fp8_linear picks ("auto").
+``--only gemv cublaslt`` times just the paths whose names start so. One JSON line per row count, then the
+per-step totals.
 """
 
 from __future__ import annotations
@@ -31,9 +32,9 @@ from model.fp8 import quantize_blocks, quantize_per_channel
 def paths(block):
     group = None if block is None else block[1]
 
-    def gemv(x, w_q, w_s, slice_bytes=16384):
+    def gemv(x, w_q, w_s, slice_bytes=16384, f16_sums=False):
         out = torch.empty(x.shape[0], w_q.shape[0], **_like(x))
-        return fp8_gemv.fp8_gemv(x, w_q, w_s, block, None, out, slice_bytes)
+        return fp8_gemv.fp8_gemv(x, w_q, w_s, block, None, out, slice_bytes, f16_sums)
 
     def triton(x, w_q, w_s):
         x_q, x_s = quantize_rows(x, group)
@@ -55,6 +56,8 @@ def paths(block):
     return sweep | {
         "gemv": gemv,
         "gemv_32k": lambda x, w_q, w_s: gemv(x, w_q, w_s, 32768),  # twice the channels share a row's quantization
+        "gemv_f16": lambda x, w_q, w_s: gemv(x, w_q, w_s, f16_sums=True),  # per-channel only: float16 sums of 8
+        "gemv_f16_32k": lambda x, w_q, w_s: gemv(x, w_q, w_s, 32768, True),
         "triton": triton,
         "cublaslt": cublaslt,
         "auto": lambda x, w_q, w_s: fp8_gemm.fp8_linear(x, w_q, w_s, block),
@@ -114,6 +117,8 @@ def main() -> None:
                     if name.startswith("tiles") and (not a.sweep or block is not None):
                         continue
                     if a.only and not name.startswith(tuple(a.only)):
+                        continue
+                    if "f16" in name and block is not None:
                         continue
                     if name.startswith("gemv") and not fp8_gemv.supports(m, k, block):
                         continue

@@ -113,6 +113,10 @@ def test_fp8_gemv_equals_emulation(m, n, k, block, bias):
         fp8_gemv.fp8_gemv(x, w_q, w_s, block, b, out, slice_bytes)
         assert out.isfinite().all()
         assert rel(out, ref) < FMA_TOL
+    if block is None:  # the float16-sums candidate: float16's rounding, under bf16's output rounding (2^-9)
+        out.fill_(float("nan"))
+        fp8_gemv.fp8_gemv(x, w_q, w_s, block, b, out, f16_sums=True)
+        assert out.isfinite().all() and rel(out, ref) < 2e-3, rel(out, ref)
 
 
 def test_fp8_linear_writes_into_out():
@@ -206,8 +210,9 @@ def test_fp8_linear_gpu(shape, block, m):
     tri = fp8_gemm.fp8_gemm(x_q, x_s, w_q, w_s, block, None, torch.empty_like(out))
     assert rel(tri, ref) < GPU_TOL, rel(tri, ref)
     if fp8_gemv.supports(m, k, block):
-        tri = fp8_gemv.fp8_gemv(x, w_q, w_s, block, None, torch.empty_like(out))
-        assert rel(tri, ref) < GPU_TOL, rel(tri, ref)
+        for f16_sums in (False, True):
+            tri = fp8_gemv.fp8_gemv(x, w_q, w_s, block, None, torch.empty_like(out), f16_sums=f16_sums)
+            assert rel(tri, ref) < GPU_TOL, (f16_sums, rel(tri, ref))
 
 
 @gpu
@@ -352,4 +357,4 @@ def test_fp8_kernels_build_for_sm90_without_a_gpu():
     cmd = [sys.executable, "-m", "tests.support.fp8_sm90_build"]
     out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-2000:]
-    assert out.stdout.count("ok ") == 18, out.stdout
+    assert out.stdout.count("ok ") == 19, out.stdout

@@ -50,10 +50,11 @@ def cases():
                 },
                 {"num_warps": warps, "num_stages": 3},
             )
-    for group_n, k, rows in ((0, 4096, 1), (0, 12288, 4), (128, 4096, 2), (128, 12288, 1)):
+    for group_n, k, rows, f16_sums in ((0, 4096, 1, False), (0, 4096, 1, True), (0, 12288, 4, False),
+                                       (128, 4096, 2, False), (128, 12288, 1, False)):  # fmt: skip
         block_n, block_k = fp8_gemv.gemv_tiles(k, None if group_n == 0 else (128, 128))
         yield (
-            f"fp8 gemv group_n={group_n} K={k} rows={rows}",
+            f"fp8 gemv group_n={group_n} K={k} rows={rows} f16_sums={f16_sums}",
             fp8_gemv._fp8_gemv_kernel,
             {"x_ptr": BF16, "w_ptr": FP8, "ws_ptr": F32, "bias_ptr": BF16, "out_ptr": BF16},
             {
@@ -64,6 +65,7 @@ def cases():
                 "GROUP_N": group_n,
                 "GROUP_K": 128 if group_n else 1,
                 "HAS_BIAS": True,
+                "F16_SUMS": f16_sums,
                 "USE_PDL": True,
             },
             {"num_warps": 8},
