@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # One device call: offline W1 and W2, then the same shape behind `launch.py --http-port` measured by benchmarks/serve.py
 # at rate=inf, 8 and 32 req/s (W1 requests) and 1 req/s (128 in / 16 out, greedy). SHAPE, EXTRA (engine flags), PORT.
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 SHAPE=${SHAPE:-qwen3-8b}; PORT=${PORT:-8000}; SCALE=${SCALE:-1}; OUT=${OUT:-/tmp/out}; mkdir -p $OUT
 DIR=$(python3 -c "from benchmarks.shapes import write_shape; print(write_shape('$SHAPE'))")
 timeout 150 python3 -m benchmarks.throughput --workload W1 --shape $SHAPE $EXTRA > $OUT/offline_w1.log 2>&1; echo "offline W1 rc=$?"; tail -1 $OUT/offline_w1.log | cut -c1-200
