@@ -8,7 +8,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from kernels.attention_store import dot_operand
+from kernels.attention_store import dot_operand, softmax_tile
 from kernels.pdl import pdl_enter
 
 
@@ -100,12 +100,7 @@ def _decode_split_kernel(
         v = tl.load(v_base + (page * stride_vc_b + in_page * stride_vc_s)[:, None], mask=kv_mask, other=0.0)
         qk = tl.dot(q, tl.trans(k.to(q.dtype))) * qk_scale
         qk = tl.where(mask_n[None, :], qk, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(qk, 1))
-        p = tl.exp2(qk - m_new[:, None])
-        alpha = tl.exp2(m_i - m_new)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype))
-        m_i = m_new
+        m_i, l_i, acc = softmax_tile(q, qk, v, m_i, l_i, acc)
 
     # Empty split (or seq_len == 0): l_i = 0, acc = 0 -> writes zeros and lse = -inf, which the merge ignores.
     l_safe = tl.where(l_i > 0.0, l_i, 1.0)

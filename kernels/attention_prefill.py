@@ -7,7 +7,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from kernels.attention_store import dot_operand
+from kernels.attention_store import dot_operand, softmax_tile
 from kernels.pdl import pdl_enter
 
 
@@ -91,12 +91,7 @@ def _prefill_kernel(
             k = tl.load(k_base + (page * stride_kc_b + in_page * stride_kc_s)[:, None], mask=mask_d[None, :], other=0.0)
             v = tl.load(v_base + (page * stride_vc_b + in_page * stride_vc_s)[:, None], mask=mask_d[None, :], other=0.0)
             qk = tl.dot(q, tl.trans(k.to(q.dtype))) * qk_scale
-            m_new = tl.maximum(m_i, tl.max(qk, 1))
-            p = tl.exp2(qk - m_new[:, None])
-            alpha = tl.exp2(m_i - m_new)
-            l_i = l_i * alpha + tl.sum(p, 1)
-            acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype))
-            m_i = m_new
+            m_i, l_i, acc = softmax_tile(q, qk, v, m_i, l_i, acc)
 
         for start_n in range(full_end, kv_end, BLOCK_N):
             pos_n = start_n + offs_n
@@ -110,12 +105,7 @@ def _prefill_kernel(
             qk = tl.dot(q, tl.trans(k.to(q.dtype))) * qk_scale
             causal = (pos_n[None, :] <= q_pos[:, None]) & mask_n[None, :]
             qk = tl.where(causal, qk, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(qk, 1))
-            p = tl.exp2(qk - m_new[:, None])
-            alpha = tl.exp2(m_i - m_new)
-            l_i = l_i * alpha + tl.sum(p, 1)
-            acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype))
-            m_i = m_new
+            m_i, l_i, acc = softmax_tile(q, qk, v, m_i, l_i, acc)
 
         acc = acc / l_i[:, None] * v_scale
         o_ptrs = out_ptr + q_rows[:, None] * stride_ot + head * stride_oh + offs_d[None, :]

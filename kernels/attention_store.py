@@ -7,7 +7,8 @@ Layout and metadata are those of :mod:`kernels.attention`; ``TorchAttentionBacke
 An e4m3 (FP8) cache holds ``value / scale`` with one float scale for K and one for V (``k_scale``, ``v_scale``;
 the model uses 1.0, as vLLM does without calibrated scales): the store kernel divides and saturates at 448, the
 attention kernels read e4m3 tiles, widen them (and a bf16 query) to float16 for the dots, fold ``k_scale`` into the
-softmax scale and apply ``v_scale`` to the output. A 16-bit cache ignores the scales.
+softmax scale and apply ``v_scale`` to the output. A 16-bit cache ignores the scales. The attention kernels' shared
+pieces live here too: the query as a dot operand and one tile of the online softmax.
 """
 
 from __future__ import annotations
@@ -92,3 +93,15 @@ def dot_operand(q, DOT_F16: tl.constexpr):
     if DOT_F16:  # float16's range is narrower than bfloat16's: saturate rather than overflow
         q = tl.clamp(q.to(tl.float32), -65504.0, 65504.0).to(tl.float16)
     return q
+
+
+@triton.jit
+def softmax_tile(q, qk, v, m_i, l_i, acc):
+    """One K/V tile of the online softmax: scores ``qk`` (log2 units, masked keys at -inf) update the running max
+    ``m_i`` and sum ``l_i`` and add the tile's values to ``acc``, rescaled; the dots in ``q``'s dtype."""
+    m_new = tl.maximum(m_i, tl.max(qk, 1))
+    p = tl.exp2(qk - m_new[:, None])
+    alpha = tl.exp2(m_i - m_new)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype))
+    return m_new, l_i, acc

@@ -84,6 +84,19 @@ def build_sm90(
     return out | {"regs": regs, "spill": int(spill.group(1)) if spill else 0, "per_sm": fit}
 
 
+def report_builds(cases, describe) -> int:
+    """Build every case (a label, then ``describe``'s arguments) for sm_90a: one "ok" line each with what
+    ``describe`` returns, or a "FAILED" line; 1 if any failed (the build-check scripts' exit status)."""
+    failed = 0
+    for label, *args in cases:
+        try:
+            print(f"ok      {label}{describe(*args)}", flush=True)
+        except Exception as e:  # report every kernel, then fail
+            failed += 1
+            print(f"FAILED  {label}: {type(e).__name__}: {e}", flush=True)
+    return 1 if failed else 0
+
+
 def compile_sm90(
     fn, constexprs: dict, num_warps: int, num_stages: int, maxnreg: int | None = None, float_ptrs=FLOAT_PTRS
 ) -> dict:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sys
 
-from benchmarks.probes.kernel_regs import build_sm90
+from benchmarks.probes.kernel_regs import build_sm90, report_builds
 from kernels import attention_decode, attention_prefill, attention_store, fp8_gemm, fp8_gemv, fp8_quant, fused
 
 FP8, BF16, F32 = "*fp8e4nv", "*bf16", "*fp32"
@@ -141,14 +141,7 @@ def cases():
 
 
 def main() -> int:
-    failed = 0
-    for label, fn, types, constexprs, options in cases():
-        try:
-            print(f"ok      {label} (shared memory {build(fn, types, constexprs, **options)} B)", flush=True)
-        except Exception as e:  # report every kernel, then fail
-            failed += 1
-            print(f"FAILED  {label}: {type(e).__name__}: {e}", flush=True)
-    return 1 if failed else 0
+    return report_builds(cases(), lambda *case: f" (shared memory {build(*case[:3], **case[3])} B)")
 
 
 if __name__ == "__main__":

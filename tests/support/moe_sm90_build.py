@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sys
 
-from benchmarks.probes.kernel_regs import build_sm90
+from benchmarks.probes.kernel_regs import build_sm90, report_builds
 from kernels import moe_decode
 
 HIDDEN, EXPERTS, TOP_K = 2048, 128, 8  # Qwen3-30B-A3B
@@ -44,20 +44,16 @@ def cases():
         )
 
 
+def describe(fn, types: dict, constexprs: dict, warps: int) -> str:
+    r = build_sm90(fn, types, constexprs, warps)
+    return (
+        f": {r['regs']} registers, {r['spill']} B spilled, shared {r['smem']} B, {r['per_sm']} programs an SM, "
+        f"pdl_wait={'griddepcontrol.wait' in r['ptx']}"
+    )
+
+
 def main() -> int:
-    failed = 0
-    for label, fn, types, constexprs, warps in cases():
-        try:
-            r = build_sm90(fn, types, constexprs, warps)
-            print(
-                f"ok      {label}: {r['regs']} registers, {r['spill']} B spilled, shared {r['smem']} B, "
-                f"{r['per_sm']} programs an SM, pdl_wait={'griddepcontrol.wait' in r['ptx']}",
-                flush=True,
-            )
-        except Exception as e:  # report every kernel, then fail
-            failed += 1
-            print(f"FAILED  {label}: {type(e).__name__}: {e}", flush=True)
-    return 1 if failed else 0
+    return report_builds(cases(), describe)
 
 
 if __name__ == "__main__":
