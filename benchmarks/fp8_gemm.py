@@ -32,9 +32,9 @@ from model.fp8 import quantize_blocks, quantize_per_channel
 def paths(block):
     group = None if block is None else block[1]
 
-    def gemv(x, w_q, w_s, slice_bytes=16384, f16_sums=False):
+    def gemv(x, w_q, w_s, slice_bytes=16384, f16_sums=False, max_block_k=4096):
         out = torch.empty(x.shape[0], w_q.shape[0], **_like(x))
-        return fp8_gemv.fp8_gemv(x, w_q, w_s, block, None, out, slice_bytes, f16_sums)
+        return fp8_gemv.fp8_gemv(x, w_q, w_s, block, None, out, slice_bytes, f16_sums, max_block_k)
 
     def triton(x, w_q, w_s):
         x_q, x_s = quantize_rows(x, group)
@@ -58,6 +58,10 @@ def paths(block):
         "gemv_32k": lambda x, w_q, w_s: gemv(x, w_q, w_s, 32768),  # twice the channels share a row's quantization
         "gemv_f16": lambda x, w_q, w_s: gemv(x, w_q, w_s, f16_sums=True),  # per-channel only: float16 sums of 8
         "gemv_f16_32k": lambda x, w_q, w_s: gemv(x, w_q, w_s, 32768, True),
+        # 16 KB steps 1,024 or 2,048 wide: 16 or 8 channels a program share the row's amax pass and quantization
+        "gemv_k1024": lambda x, w_q, w_s: gemv(x, w_q, w_s, 16384, False, 1024),
+        "gemv_k2048": lambda x, w_q, w_s: gemv(x, w_q, w_s, 16384, False, 2048),
+        "gemv_f16_k1024": lambda x, w_q, w_s: gemv(x, w_q, w_s, 16384, True, 1024),
         "triton": triton,
         "cublaslt": cublaslt,
         "auto": lambda x, w_q, w_s: fp8_gemm.fp8_linear(x, w_q, w_s, block),

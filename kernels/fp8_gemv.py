@@ -109,10 +109,12 @@ def _fp8_gemv_kernel(
         )
 
 
-def gemv_tiles(k: int, block: tuple[int, int] | None, slice_bytes: int = _SLICE) -> tuple[int, int]:
-    """(BLOCK_N, BLOCK_K): K steps of at most 4,096 columns (whole block-scale groups), ``slice_bytes`` of weight a
-    step (a program shares its rows' quantization among BLOCK_N channels)."""
-    block_k = min(_MAX_BLOCK_K, triton.next_power_of_2(k))
+def gemv_tiles(
+    k: int, block: tuple[int, int] | None, slice_bytes: int = _SLICE, max_block_k: int = _MAX_BLOCK_K
+) -> tuple[int, int]:
+    """(BLOCK_N, BLOCK_K): K steps of at most ``max_block_k`` columns (whole block-scale groups), ``slice_bytes`` of
+    weight a step (a program shares its rows' quantization among BLOCK_N channels)."""
+    block_k = min(max_block_k, triton.next_power_of_2(k))
     if block is not None:
         block_k = max(block_k, block[1])
     return max(1, slice_bytes // block_k), block_k
@@ -134,16 +136,18 @@ def fp8_gemv(
     out: torch.Tensor,
     slice_bytes: int = _SLICE,
     f16_sums: bool = False,
+    max_block_k: int = _MAX_BLOCK_K,
 ) -> torch.Tensor:
     """``out = quant(x) @ (w_q * w_s).T (+ bias)`` for ``x`` [M <= MAX_ROWS, K] in 16 bits (or float32): scales
     per token and output channel [N] (``block`` None), or per token and ``block[1]`` columns against per-block
-    weight scales [N / block[0], K / block[1]]. ``slice_bytes``: weight per program and step (gemv_tiles).
+    weight scales [N / block[0], K / block[1]]. ``slice_bytes``, ``max_block_k``: weight per program and step and
+    its width (gemv_tiles; narrower steps make wider programs, sharing a row's quantization among more channels).
     ``f16_sums`` (per-channel scales): the candidate that multiplies and sums runs of 8 in float16, fewer
     conversions per weight byte; its rounding is float16's, not the emulation's (benchmarks/fp8_gemm.py times it)."""
     m, k = x.shape
     n = w_q.shape[0]
     assert supports(m, k, block) and x.stride(1) == 1 and w_q.stride(1) == 1, (x.shape, block)
-    block_n, block_k = gemv_tiles(k, block, slice_bytes)
+    block_n, block_k = gemv_tiles(k, block, slice_bytes, max_block_k)
     pdl = use_pdl(x)
     _fp8_gemv_kernel[(triton.cdiv(n, block_n),)](
         x,
