@@ -193,22 +193,27 @@ def sweep_decode(
     tilings: list[tuple[int, ...]] | None = None,
     layout: str = "nhd",
     page: int = 16,
+    kv_fp8: bool = False,
 ) -> None:
     """Time decode tilings (keys per tile, warps, stages) and split counts on the batches W1 and W2 produce, for
     the Qwen3-0.6B (16 q / 8 kv heads) and Qwen3-8B (32 / 8) head layouts; prints the best per case. ``layout``
-    and ``page``: the cache's memory layout (see make_pool) and block size."""
+    and ``page``: the cache's memory layout (see make_pool) and block size; ``kv_fp8``: an e4m3 cache."""
     if tilings is None:
         tilings = [(bn, w, st, order) for bn, w, st in ((64, 4, 2), (128, 4, 2), (128, 4, 3)) for order in (0, 1)]
     for case in cases:
         heads, batch, lo, hi, *kv_heads = case
-        _sweep_case(heads, batch, lo, hi, dtype, seed, tilings, *kv_heads, layout=layout, page=page)
+        _sweep_case(heads, batch, lo, hi, dtype, seed, tilings, *kv_heads, layout=layout, page=page, kv_fp8=kv_fp8)
         torch.cuda.empty_cache()
 
 
-def _sweep_case(heads, batch, lo, hi, dtype, seed, tilings, kv_heads=NUM_KV_HEADS, layout="nhd", page=16) -> None:
+def _sweep_case(
+    heads, batch, lo, hi, dtype, seed, tilings, kv_heads=NUM_KV_HEADS, layout="nhd", page=16, kv_fp8=False
+) -> None:
     gen = torch.Generator(device="cuda").manual_seed(seed)
     lens = torch.randint(lo, hi + 1, (batch,), generator=gen, device="cuda")
     k_cache, v_cache, table = make_pool(lens.tolist(), page, dtype, gen, kv_heads, layout)
+    if kv_fp8:  # the same values as an e4m3 cache stores them (scale 1)
+        k_cache, v_cache = (c.to(torch.float8_e4m3fn) for c in (k_cache, v_cache))
     q = torch.randn(batch, heads, HEAD_DIM, dtype=dtype, device="cuda", generator=gen)
     meta = decode_meta(lens, table, 4096)  # max_model_len, as the CUDA graphs are captured
     ref = REF.decode(q, k_cache, v_cache, meta, 1.0)
@@ -237,7 +242,8 @@ def _sweep_case(heads, batch, lo, hi, dtype, seed, tilings, kv_heads=NUM_KV_HEAD
                 best = (ms, (*tiles, splits))
     again_ms = median_ms(default)  # the default timed again last: the first timing is not a warm-up artefact
     print(
-        f"\n{heads:5d} q /{kv_heads} kv heads, {layout} pages of {page}, batch {batch:5d}, context {lo}..{hi}: "
+        f"\n{heads:5d} q /{kv_heads} kv heads, {layout} pages of {page}{', e4m3' * kv_fp8}, batch {batch:5d}, "
+        f"context {lo}..{hi}: "
         f"default {default_ms:.4f} ms "
         f"(again {again_ms:.4f}) {kv_bytes / default_ms / 1e6:5.0f} GB/s, policy splits {policy}; best {best[0]:.4f} "
         f"{kv_bytes / best[0] / 1e6:5.0f} GB/s {best[1]}"
@@ -297,6 +303,7 @@ def main() -> None:
     )
     parser.add_argument("--kv-layout", choices=["nhd", "hnd"], default="nhd", help="sweep: the cache's memory layout")
     parser.add_argument("--page", type=int, default=16, help="sweep: the cache's block size")
+    parser.add_argument("--kv-fp8", action="store_true", help="sweep: an e4m3 cache (bf16 queries)")
     args = parser.parse_args()
     require_cuda()
     dtype = DTYPES[args.dtype]
@@ -305,7 +312,7 @@ def main() -> None:
     if args.sweep_decode:
         cases = [tuple(int(x) for x in c.split(",")) for c in args.cases] if args.cases else SWEEP_CASES
         tilings = [(*(int(x) for x in t.split(",")), 1) for t in args.tilings] if args.tilings else None
-        return sweep_decode(dtype, args.seed, cases, tilings, args.kv_layout, args.page)
+        return sweep_decode(dtype, args.seed, cases, tilings, args.kv_layout, args.page, args.kv_fp8)
     print(f"{torch.cuda.get_device_name()}  triton {triton.__version__}  torch {torch.__version__}  {args.dtype}")
     print(f"q heads {NUM_HEADS}, kv heads {NUM_KV_HEADS}, head_dim {HEAD_DIM}")
 
