@@ -1,7 +1,7 @@
 """FP8 linear layers for decode batches of a few rows: a GEMV over e4m3 weights, the activations quantized inside.
 
 At one to four rows an FP8 linear layer is a read of its e4m3 weight, and no tensor-core tiling helps: each program
-loads a 16 KB weight slice (whole before the PDL wait when the slice spans K), multiplies it by each row and sums
+loads a 16 or 32 KB weight slice (the first K step before the PDL wait), multiplies it by each row and sums
 along K in float32. Each row's activation scales are computed in the program from the row itself (a read of a few
 KB that every program of the row repeats from L2), so the numbers are model/fp8.py's: the row quantized to e4m3
 with its per-token (or per-group) scale, products of e4m3 values exact in float32, the scales applied to the sums.
@@ -18,8 +18,16 @@ from kernels.fp8_quant import FP8_MAX, MIN_AMAX
 from kernels.pdl import pdl_enter, use_pdl
 
 MAX_ROWS = 4  # rows the kernel unrolls; fp8_linear sends it fewer (kernels/fp8_gemm.py GEMV_ROWS)
-_SLICE = 16384  # weight bytes (e4m3 elements) per program and K step: the bf16 GEMV's best slice
 _MAX_BLOCK_K = 4096
+# (weight bytes a program and K step, widest step) by output channels; wider programs share a row's quantization
+# among more channels. H200, Qwen3-8B's products (benchmarks/fp8_gemm.py): 32 KB x 4,096 for 24,576 and 4,096 x
+# 12,288 (28.7 and 19.8 us against 32.8 and 22.3 at 16 KB), 16 KB x 1,024 for 6,144 and 4,096 x 4,096 (10.3, 8.3)
+_WIDE_N = 8192
+
+
+def default_tiling(n: int) -> tuple[int, int]:
+    """(slice_bytes, max_block_k) for ``n`` output channels."""
+    return (32768, _MAX_BLOCK_K) if n > _WIDE_N else (16384, 1024)
 
 
 @triton.jit(do_not_specialize=["M"])
@@ -109,9 +117,7 @@ def _fp8_gemv_kernel(
         )
 
 
-def gemv_tiles(
-    k: int, block: tuple[int, int] | None, slice_bytes: int = _SLICE, max_block_k: int = _MAX_BLOCK_K
-) -> tuple[int, int]:
+def gemv_tiles(k: int, block: tuple[int, int] | None, slice_bytes: int, max_block_k: int) -> tuple[int, int]:
     """(BLOCK_N, BLOCK_K): K steps of at most ``max_block_k`` columns (whole block-scale groups), ``slice_bytes`` of
     weight a step (a program shares its rows' quantization among BLOCK_N channels)."""
     block_k = min(max_block_k, triton.next_power_of_2(k))
@@ -134,20 +140,21 @@ def fp8_gemv(
     block: tuple[int, int] | None,
     bias: torch.Tensor | None,
     out: torch.Tensor,
-    slice_bytes: int = _SLICE,
+    slice_bytes: int | None = None,
     f16_sums: bool = False,
-    max_block_k: int = _MAX_BLOCK_K,
+    max_block_k: int | None = None,
 ) -> torch.Tensor:
     """``out = quant(x) @ (w_q * w_s).T (+ bias)`` for ``x`` [M <= MAX_ROWS, K] in 16 bits (or float32): scales
     per token and output channel [N] (``block`` None), or per token and ``block[1]`` columns against per-block
     weight scales [N / block[0], K / block[1]]. ``slice_bytes``, ``max_block_k``: weight per program and step and
-    its width (gemv_tiles; narrower steps make wider programs, sharing a row's quantization among more channels).
+    its width (gemv_tiles; None: ``default_tiling``).
     ``f16_sums`` (per-channel scales): the candidate that multiplies and sums runs of 8 in float16, fewer
     conversions per weight byte; its rounding is float16's, not the emulation's (benchmarks/fp8_gemm.py times it)."""
     m, k = x.shape
     n = w_q.shape[0]
     assert supports(m, k, block) and x.stride(1) == 1 and w_q.stride(1) == 1, (x.shape, block)
-    block_n, block_k = gemv_tiles(k, block, slice_bytes, max_block_k)
+    default_slice, default_width = default_tiling(n)
+    block_n, block_k = gemv_tiles(k, block, slice_bytes or default_slice, max_block_k or default_width)
     pdl = use_pdl(x)
     _fp8_gemv_kernel[(triton.cdiv(n, block_n),)](
         x,

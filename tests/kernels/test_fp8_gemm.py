@@ -108,11 +108,11 @@ def test_fp8_gemv_equals_emulation(m, n, k, block, bias):
     assert fp8_gemv.supports(m, k, block)
     out = torch.full((m, n), float("nan"), device=DEVICE)
     ref = fp8.emulated_linear(x, w_q, w_s, fp8.Fp8Config(block=block), b)
-    for slice_bytes in (16384, 32768):  # the tiling fp8_linear uses, and the wider one benchmarks/fp8_gemm.py times
+    for tiling in ((16384, 1024), (32768, 4096), (16384, 4096)):  # both of default_tiling's, and a narrow program
         out.fill_(float("nan"))
-        fp8_gemv.fp8_gemv(x, w_q, w_s, block, b, out, slice_bytes)
+        fp8_gemv.fp8_gemv(x, w_q, w_s, block, b, out, slice_bytes=tiling[0], max_block_k=tiling[1])
         assert out.isfinite().all()
-        assert rel(out, ref) < FMA_TOL
+        assert rel(out, ref) < FMA_TOL, (tiling, rel(out, ref))
     if block is None:  # the float16-sums candidate: float16's rounding, under bf16's output rounding (2^-9)
         out.fill_(float("nan"))
         fp8_gemv.fp8_gemv(x, w_q, w_s, block, b, out, f16_sums=True)
