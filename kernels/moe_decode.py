@@ -11,7 +11,8 @@ of kernels/fused_moe.py.
 
 At one token a grouped GEMM runs one 16-row block per expert and few programs per block (96 for Qwen3-30B-A3B's
 gate/up), so half the GPU's bandwidth goes unused; here thousands of programs each stream one small slice.
-The expert ids come from the routing kernel in front, so no weight can be loaded before the PDL wait.
+The expert ids come from the routing kernel in front, so gate/up loads no weight before its PDL wait; the down
+kernel, one launch further, loads its first weight step before its own wait, while gate/up finishes.
 
 Rounding follows fused_moe's epilogues exactly: gate and up rounded to the model dtype, SiLU in float32 rounded,
 their product rounded; each y_j = (float32 product * routing weight) rounded; the top_k rounded values summed in
@@ -54,14 +55,15 @@ class DecodeTiles(NamedTuple):
 
 
 def decode_tiles(hidden: int, inter: int, top_k: int, dtype: torch.dtype = torch.bfloat16) -> DecodeTiles:
-    """Whole rows: Qwen3-30B-A3B's gate/up programs load 2 gate + 2 up rows of 2048 (16 KB), its down programs 2 rows
-    of 8 experts' 768 (24 KB); Triton 3.9's sm_90a builds take 56 and 128 registers, 9 and 4 programs an SM
-    (tests/support/moe_sm90_build.py). 8 warps where 4 would need more than 64 registers a thread for the weights
-    (float32)."""
+    """Qwen3-30B-A3B's gate/up programs load 2 gate + 2 up rows of 2048 (16 KB, whole rows), its down programs 4 rows
+    of 8 experts' 768 in 3 steps of 256 (16 KB each, the first before the PDL wait); Triton 3.6's sm_90a builds take
+    56 and 96 registers, 9 and 5 programs an SM (tests/support/moe_sm90_build.py; whole 1,024-wide down rows took
+    217 registers with the early load, 2 programs an SM). 8 warps where 4 would need more than 64 registers a
+    thread for the weights (float32)."""
     block_h = min(triton.next_power_of_2(hidden), _MAX_ROW)
     block_i = max(2, min(_SLICE // (2 * block_h), triton.next_power_of_2(inter)))  # no 1-wide tiles
     k_pow2 = max(2, triton.next_power_of_2(top_k))
-    block_k = min(triton.next_power_of_2(inter), _SLICE // k_pow2)  # at most 2 * _SLICE elements with block_n = 2
+    block_k = min(triton.next_power_of_2(inter), _SLICE // (4 * k_pow2))
     block_n = max(2, _SLICE // (k_pow2 * block_k))
     gate_up, down = 2 * block_i * block_h * dtype.itemsize, k_pow2 * block_n * block_k * dtype.itemsize
     return DecodeTiles(block_i, block_h, block_n, block_k, _warps(gate_up), _warps(down))
@@ -153,13 +155,19 @@ def _down_kernel(
     slot_ok = slots < TOP_K
     pairs = token * TOP_K + slots
     w_ok = slot_ok[:, None, None] & (offs_n < hidden)[None, :, None]
-    pdl_enter(USE_PDL)  # ids and h come from the kernels in front
-    experts = tl.load(ids_ptr + pairs, mask=slot_ok, other=0).to(tl.int64)
+    # The ids come from the routing kernel in front of gate/up, complete before gate/up let this kernel launch
+    # (pdl_enter): the first weight step loads before the wait, overlapping gate/up's tail; h only after it.
+    # Read past L1 (.cg): a buffer of an earlier layer may have held them at the same address.
+    experts = tl.load(ids_ptr + pairs, mask=slot_ok, other=0, cache_modifier=".cg").to(tl.int64)
     w_ptrs = w_ptr + experts[:, None, None] * stride_we + offs_n[None, :, None].to(tl.int64) * stride_wn
     w_ptrs += offs_k[None, None, :]
     h_ptrs = h_ptr + pairs[:, None] * stride_hm + offs_k[None, :]
-    acc = tl.zeros((K_POW2, BLOCK_N), dtype=tl.float32)
-    for k0 in range(0, inter, BLOCK_K):
+    k_ok = offs_k < inter
+    w = tl.load(w_ptrs, mask=w_ok & k_ok[None, None, :], other=0.0)
+    pdl_enter(USE_PDL)
+    h = tl.load(h_ptrs, mask=slot_ok[:, None] & k_ok[None, :], other=0.0)
+    acc = tl.sum(w.to(tl.float32) * h.to(tl.float32)[:, None, :], axis=2)
+    for k0 in range(BLOCK_K, inter, BLOCK_K):
         if EVEN_K:
             h = tl.load(h_ptrs + k0, mask=slot_ok[:, None], other=0.0)
             w = tl.load(w_ptrs + k0, mask=w_ok, other=0.0)

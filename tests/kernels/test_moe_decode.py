@@ -132,12 +132,14 @@ def test_no_tokens():
     assert moe_decode(x, logits, w13, w2, 2, True).shape == (0, 32)
 
 
-def test_applies_to_a_few_tokens_and_tiles_take_whole_rows():
+def test_applies_to_a_few_tokens_and_tiles():
     assert [uses_moe_decode(t) for t in range(MAX_TOKENS + 2)] == [False] + [True] * MAX_TOKENS + [False]
-    # Qwen3-30B-A3B: 2 gate + 2 up rows of 2048 (16 KB) per gate/up program; 2 rows of 8 experts' 768 per down one
-    assert decode_tiles(2048, 768, 8) == DecodeTiles(2, 2048, 2, 1024, 4, 4)
+    # Qwen3-30B-A3B: 2 gate + 2 up rows of 2048 (16 KB) per gate/up program; 4 rows of 8 experts' 768 per down one,
+    # in steps of 256
+    assert decode_tiles(2048, 768, 8) == DecodeTiles(2, 2048, 4, 256, 4, 4)
     assert decode_tiles(2048, 192, 8) == DecodeTiles(2, 2048, 4, 256, 4, 4)  # one TP=4 rank
-    assert decode_tiles(2048, 768, 8, torch.float32) == DecodeTiles(2, 2048, 2, 1024, 4, 8)
+    assert decode_tiles(2048, 768, 8, torch.float32) == DecodeTiles(2, 2048, 4, 256, 4, 4)
+    assert decode_tiles(2048, 768, 2) == DecodeTiles(2, 2048, 4, 1024, 4, 4)  # top-2: 2 slots of 1,024 a step
 
 
 def test_kernels_build_for_sm90_without_a_gpu():
