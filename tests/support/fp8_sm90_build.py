@@ -52,8 +52,9 @@ def cases():
             )
     for group_n, k, rows, f16_sums in ((0, 4096, 1, False), (0, 4096, 1, True), (0, 12288, 4, False),
                                        (128, 4096, 2, False), (128, 12288, 1, False)):  # fmt: skip
-        tiling = fp8_gemv.default_tiling(k)  # K=4096: the narrow-N tiling, K=12288: the wide one
-        block_n, block_k = fp8_gemv.gemv_tiles(k, None if group_n == 0 else (128, 128), *tiling)
+        block = None if group_n == 0 else (128, 128)
+        tiling = fp8_gemv.default_tiling(k, block)  # K=4096: the narrow-N tiling, K=12288: the wide one
+        block_n, block_k = fp8_gemv.gemv_tiles(k, block, *tiling)
         yield (
             f"fp8 gemv group_n={group_n} K={k} rows={rows} f16_sums={f16_sums}",
             fp8_gemv._fp8_gemv_kernel,
