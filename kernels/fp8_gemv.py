@@ -1,11 +1,11 @@
 """FP8 linear layers for decode batches of a few rows: a GEMV over e4m3 weights, the activations quantized inside.
 
 At one to four rows an FP8 linear layer is a read of its e4m3 weight, and no tensor-core tiling helps: each program
-loads a 16 or 32 KB weight slice (the first K step before the PDL wait), multiplies it by each row and sums
-along K in float32. Each row's activation scales are computed in the program from the row itself (a read of a few
-KB that every program of the row repeats from L2), so the numbers are model/fp8.py's: the row quantized to e4m3
-with its per-token (or per-group) scale, products of e4m3 values exact in float32, the scales applied to the sums.
-One launch, no split-K workspace; CUDA-graph safe.
+loads a 32 KB weight slice (16 KB for float32 rows; its first K step before the PDL wait), multiplies it by each
+row and sums along K in float32. Each row's activation scales are computed in the program from the row itself (a
+read of a few KB that every program of the row repeats from L2), so the numbers are model/fp8.py's: the row
+quantized to e4m3 with its per-token (or per-group) scale, products of e4m3 values exact in float32, the scales
+applied to the sums. One launch, no split-K workspace; CUDA-graph safe.
 """
 
 from __future__ import annotations
@@ -19,18 +19,15 @@ from kernels.pdl import pdl_enter, use_pdl
 
 MAX_ROWS = 4  # rows the kernel unrolls; fp8_linear sends it fewer (kernels/fp8_gemm.py GEMV_ROWS)
 _MAX_BLOCK_K = 4096
-# (weight bytes a program and K step, widest step) by output channels; wider programs share a row's quantization
-# among more channels. H200, Qwen3-8B's products (benchmarks/fp8_gemm.py): 32 KB x 4,096 for 24,576 and 4,096 x
-# 12,288 (28.7 and 19.8 us against 32.8 and 22.3 at 16 KB), 16 KB x 1,024 for 6,144 and 4,096 x 4,096 (10.3, 8.3)
-_WIDE_N = 8192
 
 
-def default_tiling(n: int, block: tuple[int, int] | None) -> tuple[int, int]:
-    """(slice_bytes, max_block_k) for ``n`` output channels. Block scales keep 4,096-wide steps: 1,024-wide ones
-    returned NaN for a partial last program in float32 on the H200 (K=4352, (16, 256) blocks), and gained nothing."""
-    if n > _WIDE_N:
-        return 32768, _MAX_BLOCK_K
-    return (16384, 1024) if block is None else (16384, _MAX_BLOCK_K)
+def default_tiling(x_dtype: torch.dtype) -> tuple[int, int]:
+    """(slice_bytes, max_block_k): 32 KB programs, 4,096-wide steps, so each row's quantization is shared among 8
+    channels (H200, W2 FP8 Qwen3-8B: 2.996 against 3.273 ms/token at 16 KB, and 3.051 with 16 KB x 1,024 for the
+    products under 8,192 channels). Float32 rows take 16 KB x 1,024: with 4,096-wide steps the Triton 3.6 sm_90a
+    build returned NaN at K=4352 in float32 (per-channel, and 32 KB programs over (16, 256) blocks; every 16-bit
+    case was clean, the cause is not found)."""
+    return (16384, 1024) if x_dtype == torch.float32 else (32768, _MAX_BLOCK_K)
 
 
 @triton.jit(do_not_specialize=["M"])
@@ -156,7 +153,7 @@ def fp8_gemv(
     m, k = x.shape
     n = w_q.shape[0]
     assert supports(m, k, block) and x.stride(1) == 1 and w_q.stride(1) == 1, (x.shape, block)
-    default_slice, default_width = default_tiling(n, block)
+    default_slice, default_width = default_tiling(x.dtype)
     block_n, block_k = gemv_tiles(k, block, slice_bytes or default_slice, max_block_k or default_width)
     pdl = use_pdl(x)
     _fp8_gemv_kernel[(triton.cdiv(n, block_n),)](

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import sys
 
+import torch
+
 from benchmarks.probes.kernel_regs import build_sm90, report_builds
 from kernels import attention_decode, attention_prefill, attention_store, fp8_gemm, fp8_gemv, fp8_quant, fused
 
@@ -53,8 +55,7 @@ def cases():
     for group_n, k, rows, f16_sums in ((0, 4096, 1, False), (0, 4096, 1, True), (0, 12288, 4, False),
                                        (128, 4096, 2, False), (128, 12288, 1, False)):  # fmt: skip
         block = None if group_n == 0 else (128, 128)
-        tiling = fp8_gemv.default_tiling(k, block)  # K=4096: the narrow-N tiling, K=12288: the wide one
-        block_n, block_k = fp8_gemv.gemv_tiles(k, block, *tiling)
+        block_n, block_k = fp8_gemv.gemv_tiles(k, block, *fp8_gemv.default_tiling(torch.bfloat16))
         yield (
             f"fp8 gemv group_n={group_n} K={k} rows={rows} f16_sums={f16_sums}",
             fp8_gemv._fp8_gemv_kernel,
