@@ -24,6 +24,28 @@ ONE_PROGRAM_BLOCK = 512  # pairs per loop step there: one compiled variant for e
 CHUNK_PAIRS = 4096  # pairs per program of the multi-kernel grouping
 
 
+@triton.jit
+def route_tile(x, E_POW2: tl.constexpr, TOP_K: tl.constexpr, K_POW2: tl.constexpr, RENORMALIZE: tl.constexpr):
+    """HF's routing of router logits ``x`` [rows, E_POW2] in float32 (padding experts -inf, padding rows finite):
+    softmax, top-k by repeated argmax (the lowest index among equal maxima), optionally renormalized; returns the
+    weights and expert ids [rows, K_POW2] (slots past TOP_K zero)."""
+    cols = tl.arange(0, E_POW2)
+    p = tl.exp(x - tl.max(x, axis=1)[:, None])
+    probs = p / tl.sum(p, axis=1)[:, None]
+    slots = tl.arange(0, K_POW2)
+    top_w = tl.zeros((x.shape[0], K_POW2), dtype=tl.float32)
+    top_i = tl.zeros((x.shape[0], K_POW2), dtype=tl.int32)
+    for j in tl.static_range(TOP_K):
+        best = tl.argmax(probs, axis=1)
+        best_w = tl.max(probs, axis=1)
+        top_w = tl.where(slots[None, :] == j, best_w[:, None], top_w)
+        top_i = tl.where(slots[None, :] == j, best[:, None].to(tl.int32), top_i)
+        probs = tl.where(cols[None, :] == best[:, None], -1.0, probs)
+    if RENORMALIZE:
+        top_w = top_w / tl.sum(top_w, axis=1)[:, None]
+    return top_w, top_i
+
+
 @triton.jit(do_not_specialize=["num_tokens"])
 def _route_kernel(
     logits_ptr,
@@ -45,21 +67,9 @@ def _route_kernel(
     row_ok = rows < num_tokens
     mask = row_ok[:, None] & (cols[None, :] < E)
     x = tl.load(logits_ptr + rows[:, None].to(tl.int64) * stride_l + cols[None, :], mask=mask, other=-float("inf"))
-    x = x.to(tl.float32)
-    x = tl.where(row_ok[:, None], x, 0.0)  # padding rows: finite, never stored
-    p = tl.exp(x - tl.max(x, axis=1)[:, None])
-    probs = p / tl.sum(p, axis=1)[:, None]
+    x = tl.where(row_ok[:, None], x.to(tl.float32), 0.0)  # padding rows: finite, never stored
+    top_w, top_i = route_tile(x, E_POW2, TOP_K, K_POW2, RENORMALIZE)
     slots = tl.arange(0, K_POW2)
-    top_w = tl.zeros((BLOCK_T, K_POW2), dtype=tl.float32)
-    top_i = tl.zeros((BLOCK_T, K_POW2), dtype=tl.int32)
-    for j in tl.static_range(TOP_K):
-        best = tl.argmax(probs, axis=1)  # the lowest index among equal maxima
-        best_w = tl.max(probs, axis=1)
-        top_w = tl.where(slots[None, :] == j, best_w[:, None], top_w)
-        top_i = tl.where(slots[None, :] == j, best[:, None].to(tl.int32), top_i)
-        probs = tl.where(cols[None, :] == best[:, None], -1.0, probs)
-    if RENORMALIZE:
-        top_w = top_w / tl.sum(top_w, axis=1)[:, None]
     out = rows[:, None] * TOP_K + slots[None, :]
     keep = row_ok[:, None] & (slots[None, :] < TOP_K)
     tl.store(weights_ptr + out, top_w, mask=keep)

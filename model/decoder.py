@@ -80,6 +80,9 @@ class DecoderLayer(nn.Module):
         else:
             hidden, residual = self.input_layernorm.forward_partial(hidden, residual)
         hidden = self.self_attn(positions, hidden)
+        fused_front = getattr(self.mlp, "norm_and_forward", None)  # an MLP that takes its norm into its own kernels
+        if fused_front is not None and (out := fused_front(self.post_attention_layernorm, hidden, residual)):
+            return out
         hidden, residual = self.post_attention_layernorm.forward_partial(hidden, residual)
         return self.mlp(hidden), residual
 

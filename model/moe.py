@@ -13,9 +13,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from kernels.fused_moe import fused_moe
-from kernels.moe_decode import moe_decode, uses_moe_decode
+from kernels.moe_decode import decode_experts, moe_decode, uses_moe_decode
+from kernels.moe_norm_route import norm_route
+from model.layers import RMSNorm
 from model.linear import LinearBase, check_shape
 from model.parallel import partial_sum_buffer, tp_rank, tp_size
+from protocol.settings import settings
 
 # checkpoint projection of one expert -> (stacked parameter, block of rows in it: 0 = gate, 1 = up)
 EXPERT_PROJECTIONS = {"gate_proj": ("w13_weight", 0), "up_proj": ("w13_weight", 1), "down_proj": ("w2_weight", None)}
@@ -101,6 +104,27 @@ class SparseMoeBlock(nn.Module):
         super().__init__()
         self.gate = LinearBase(hidden, num_experts, bias=False)
         self.experts = FusedMoE(num_experts, top_k, hidden, intermediate, renormalize)
+        self.fused_front = settings().moe_norm_route
+        # the one-launch front's ticket (kernels/moe_norm_route.py): zero between launches, one per layer
+        self.register_buffer("route_ticket", torch.zeros(1, dtype=torch.int32), persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.experts(x, self.gate(x))
+
+    def norm_and_forward(
+        self, norm: RMSNorm, hidden: torch.Tensor, residual: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The layer after attention, from the norm in front of it on: (output, residual stream) with the norm,
+        router and routing as one launch (kernels/moe_norm_route.py) where that applies (CUDA, one rank, a decode
+        batch of a few tokens, a plain 16-bit router; on the CPU in Triton's interpreter, for tests); None elsewhere,
+        for the caller to run them apart."""
+        router = self.gate
+        on_triton = hidden.is_cuda or settings().triton_interpret
+        applies = self.fused_front and on_triton and tp_size() == 1 and uses_moe_decode(hidden.shape[0])
+        if not applies or router.bias is not None or router.weight.dtype != hidden.dtype:
+            return None
+        e = self.experts
+        h, residual, weights, ids = norm_route(
+            hidden, residual, norm.weight, norm.eps, router.weight, e.top_k, e.renormalize, self.route_ticket
+        )
+        return decode_experts(h, e.w13_weight, e.w2_weight, weights, ids), residual

@@ -1,6 +1,7 @@
 """Every environment variable nanoserve reads, in one typed place (the README lists them).
 
-Switches share one polarity: a feature is on unless its variable is "0". Values are read at call time, so a test or
+Switches share one polarity: a feature is on unless its variable is "0"; one not yet timed on a GPU is off unless
+its variable is "1". Values are read at call time, so a test or
 a launcher can set a variable before the process that uses it starts; hot paths cache what they read.
 """
 
@@ -15,6 +16,11 @@ PREFIX = "NANOSERVE_"
 
 def _switch(name: str) -> bool:
     return os.environ.get(PREFIX + name, "1").strip() != "0"
+
+
+def _opt_in(name: str) -> bool:
+    """A feature still to be timed on a GPU: off unless its variable is "1"."""
+    return os.environ.get(PREFIX + name, "0").strip() == "1"
 
 
 def _text(name: str) -> str | None:
@@ -33,6 +39,7 @@ class Settings:
     pdl: bool  # NANOSERVE_PDL=0: launch our Triton kernels without programmatic dependent launch
     decode_gemm: bool  # NANOSERVE_DECODE_GEMM=0: every linear layer through cuBLAS
     lt_tune: bool  # NANOSERVE_LT_TUNE=0: skip the start-up choice of cuBLASLt algorithms (faster start)
+    moe_norm_route: bool  # NANOSERVE_MOE_NORM_ROUTE=1: a MoE layer's norm, router and routing as one launch
     triton_interpret: bool  # TRITON_INTERPRET=1: Triton kernels run on CPU tensors (tests)
 
 
@@ -48,6 +55,7 @@ def settings() -> Settings:
         pdl=_switch("PDL"),
         decode_gemm=_switch("DECODE_GEMM"),
         lt_tune=_switch("LT_TUNE"),
+        moe_norm_route=_opt_in("MOE_NORM_ROUTE"),
         triton_interpret=os.environ.get("TRITON_INTERPRET", "0") == "1",
     )
 

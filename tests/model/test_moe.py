@@ -15,6 +15,7 @@ from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM
 
 from client import LLM, SamplingParams
+from kernels.moe_norm_route import norm_route
 from model.config import ModelConfig
 from model.loader import build_model, load_weights
 from model.moe import SparseMoeBlock
@@ -89,6 +90,34 @@ def test_teacher_forced_logits_match_hf(fixture, request):
     assert close(out[-1], refs[1][-2]) < 1e-4
     out = r.forward_logits(make_step([dict(slot=1, tokens=[prompts[1][-1]])]))
     assert close(out[0], refs[1][-1]) < 1e-4
+
+
+def test_one_launch_front_matches_hf(moe_sparse_step, monkeypatch):
+    """NANOSERVE_MOE_NORM_ROUTE=1: decode steps of 1-4 tokens run each MoE layer's norm, router and routing as
+    kernels/moe_norm_route.py and its experts as kernels/moe_decode.py (here in Triton's interpreter); the logits
+    stay HF's."""
+    import model.moe
+
+    monkeypatch.setenv("NANOSERVE_MOE_NORM_ROUTE", "1")
+    calls = []
+    monkeypatch.setattr(model.moe, "norm_route", lambda *a: calls.append(a[0].shape[0]) or norm_route(*a))
+    hf = hf_model(moe_sparse_step)
+    rng = np.random.default_rng(2)
+    prompts = [rng.integers(0, 500, n).tolist() for n in (9, 6, 7)]
+    with torch.no_grad():
+        refs = [hf(torch.tensor([p])).logits[0] for p in prompts]
+    r = ModelRunner(worker_config(moe_sparse_step), torch.device("cpu"))
+    r.allocate_kv(64)
+    step = [dict(slot=i, tokens=p[:-2], start=0, new_blocks=[i]) for i, p in enumerate(prompts)]
+    r.forward_logits(make_step(step))
+    assert calls == []  # a prefill of 19 tokens: the three launches
+    for back in (2, 1):
+        out = r.forward_logits(make_step([dict(slot=i, tokens=[p[-back]]) for i, p in enumerate(prompts)]))
+        for i, p in enumerate(prompts):
+            ref = refs[i][len(p) - back]
+            assert float((out[i] - ref).abs().max() / ref.abs().max()) < 1e-4
+    layers = sum(isinstance(m, SparseMoeBlock) for m in r.model.modules())
+    assert calls == [3] * (2 * layers)
 
 
 def test_greedy_parity_roomy_and_tight(moe_dense_middle):

@@ -1,7 +1,7 @@
-"""Builds the MoE decode kernels (kernels/moe_decode.py) for an H100/H200 (sm_90a) on any machine, no GPU needed, in
-the variants Qwen3-30B-A3B's layer launches (bf16, top-8 of 128 experts; the whole intermediate dim and one TP=4
-rank's quarter), with the integer hints the JIT gives at run time; prints one line per kernel with ptxas's
-registers and spills and exits non-zero if any fails to build.
+"""Builds the MoE decode kernels (kernels/moe_decode.py, kernels/moe_norm_route.py) for an H100/H200 (sm_90a) on
+any machine, no GPU needed, in the variants Qwen3-30B-A3B's layer launches (bf16, top-8 of 128 experts; the whole
+intermediate dim and one TP=4 rank's quarter; one and four tokens), with the integer hints the JIT gives at run
+time; prints one line per kernel with ptxas's registers and spills and exits non-zero if any fails to build.
 
     python -m tests.support.moe_sm90_build      (TRITON_INTERPRET must be unset)
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 import sys
 
 from benchmarks.probes.kernel_regs import build_sm90, report_builds
-from kernels import moe_decode
+from kernels import moe_decode, moe_norm_route
 
 HIDDEN, EXPERTS, TOP_K = 2048, 128, 8  # Qwen3-30B-A3B
 INTERS = {"TP=1": 768, "TP=4": 192}
@@ -44,6 +44,17 @@ def cases():
         )
 
 
+def front_cases():
+    """kernels/moe_norm_route.py at one and four tokens."""
+    bf16 = "*bf16"
+    types = {name: bf16 for name in ("x_ptr", "res_ptr", "norm_w_ptr", "router_w_ptr", "h_ptr", "res_out_ptr")}
+    types |= {"logits_ptr": bf16, "weights_ptr": "*fp32", "eps": "fp32"}
+    for tokens in (1, 4):
+        constexprs = {"H": HIDDEN, "BLOCK_H": HIDDEN, "E": EXPERTS, "E_POW2": EXPERTS, "BLOCK_E": 8, "T_POW2": tokens}
+        constexprs |= {"TOP_K": TOP_K, "K_POW2": TOP_K, "RENORMALIZE": True, "USE_PDL": True}
+        yield f"norm+route tokens={tokens} warps=8", moe_norm_route._norm_route_kernel, types, constexprs, 8
+
+
 def describe(fn, types: dict, constexprs: dict, warps: int) -> str:
     r = build_sm90(fn, types, constexprs, warps)
     return (
@@ -53,7 +64,7 @@ def describe(fn, types: dict, constexprs: dict, warps: int) -> str:
 
 
 def main() -> int:
-    return report_builds(cases(), describe)
+    return report_builds([*cases(), *front_cases()], describe)
 
 
 if __name__ == "__main__":
