@@ -22,9 +22,13 @@ from __future__ import annotations
 import gc
 import inspect
 import logging
+import statistics
 import time
+import traceback
 
 import torch
+
+from benchmarks.workloads import Request
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -150,3 +154,38 @@ class HFPeer:
                 done[result.request_id] = result
         seconds = time.perf_counter() - t0
         return seconds, sum(len(r.generated_tokens) for r in done.values())
+
+
+# ---- the peer's runs for benchmarks/throughput.py (after nanoserve's engine is closed) ----------------------
+
+
+def hf_safely(fn, *args) -> dict:
+    """Run an HF peer measurement; a failure is reported (stderr + ``hf_error``) without losing nanoserve's run."""
+    try:
+        return fn(*args)
+    except Exception as e:
+        traceback.print_exc()
+        return {"hf_error": f"{type(e).__name__}: {e}"}
+
+
+def hf_batch(ctx: dict, sub: list[Request]) -> dict:
+    hints = {"max_prompt_len": max(len(r.prompt) for r in sub), "max_new_tokens": max(r.max_tokens for r in sub)}
+    with HFPeer(**ctx["hf_kwargs"], **hints, num_requests=len(sub)) as peer:
+        peer.warmup()
+        hf_s, hf_tokens = peer.run([r.prompt for r in sub], [r.max_tokens for r in sub])
+    return {"hf_seconds": hf_s, "hf_output_tokens": hf_tokens, "hf_tok_s": hf_tokens / hf_s}
+
+
+def hf_single_stream(ctx: dict, prompts: list[list[int]], m: int) -> dict:
+    hints = {"max_prompt_len": len(prompts[0]), "max_new_tokens": m, "num_requests": 1}
+    with HFPeer(**{**ctx["hf_kwargs"], "temperature": 0.0}, **hints) as peer:
+        peer.warmup()
+        hf_ttft = statistics.median(peer.run([p], [1])[0] for p in prompts[:3])
+        hf_s, hf_tokens = peer.run([prompts[3]], [m])
+    return {
+        "hf_seconds": hf_s,
+        "hf_output_tokens": hf_tokens,
+        "hf_tok_s": hf_tokens / hf_s,
+        "hf_ttft_ms": hf_ttft * 1e3,
+        "hf_ms_per_token": (hf_s - hf_ttft) / (m - 1) * 1e3,
+    }

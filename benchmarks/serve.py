@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from benchmarks.throughput import w1_requests
+from benchmarks.workloads import w1_requests
 
 
 @dataclass(slots=True)
