@@ -128,7 +128,12 @@ def problem(m: int, n: int, k: int, dtype: torch.dtype) -> Problem:
 
 def heuristic_algos(m: int, n: int, k: int, dtype: torch.dtype, count: int = 32) -> list[Algo]:
     """cuBLASLt's candidates for this product, its first choice first (as fast as torch's matmul)."""
-    p = problem(m, n, k, dtype)
+    return candidates(problem(m, n, k, dtype), count)
+
+
+def candidates(p: Problem, count: int = 32) -> list[Algo]:
+    """cuBLASLt's heuristic candidates for the product ``p`` describes, its first choice first."""
+    _init()
     pref = ctypes.c_void_p()
     _call("cublasLtMatmulPreferenceCreate", ctypes.byref(pref))
     size = ctypes.c_uint64(WORKSPACE_BYTES)
@@ -176,9 +181,9 @@ def algo_config(algo: Algo) -> dict[str, int]:
     return config
 
 
-def split_k_variants(algo: Algo, m: int, n: int, k: int, dtype: torch.dtype, splits=(2, 3, 4, 6, 8)) -> list[Algo]:
-    """``algo`` with other split-K counts (fp32 partials reduced in the workspace), those the library accepts."""
-    p = problem(m, n, k, dtype)
+def split_k_variants(algo: Algo, p: Problem, splits=(2, 3, 4, 6, 8)) -> list[Algo]:
+    """``algo`` with other split-K counts (fp32 partials reduced in the workspace), those the library accepts for the
+    product ``p`` describes."""
     variants = []
     own = algo_config(algo).get("split_k", 1)
     for split in splits:
@@ -207,18 +212,23 @@ def lt_linear(x: torch.Tensor, w: torch.Tensor, algo: Algo, out: torch.Tensor | 
     n = w.shape[0]
     if out is None:
         out = torch.empty(m, n, device=x.device, dtype=x.dtype)
-    p = problem(m, n, k, x.dtype)
-    device = x.device.index
+    return matmul(problem(m, n, k, x.dtype), w, x, out, algo)
+
+
+def matmul(p: Problem, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, algo: Algo) -> torch.Tensor:
+    """cublasLtMatmul of the product ``p`` describes: A = ``a`` (the weight), B = ``b`` (the activations), into
+    ``out`` (C and D), with ``algo`` and the device's workspace, on the current stream."""
+    device = out.device.index
     if device not in _workspace:
-        _workspace[device] = torch.empty(WORKSPACE_BYTES, device=x.device, dtype=torch.uint8)
+        _workspace[device] = torch.empty(WORKSPACE_BYTES, device=out.device, dtype=torch.uint8)
     _call(
         "cublasLtMatmul",
         _handle,
         p.desc,
         ctypes.byref(_ALPHA),
-        ctypes.c_void_p(w.data_ptr()),
+        ctypes.c_void_p(a.data_ptr()),
         p.a_layout,
-        ctypes.c_void_p(x.data_ptr()),
+        ctypes.c_void_p(b.data_ptr()),
         p.b_layout,
         ctypes.byref(_BETA),
         ctypes.c_void_p(out.data_ptr()),
@@ -228,7 +238,7 @@ def lt_linear(x: torch.Tensor, w: torch.Tensor, algo: Algo, out: torch.Tensor | 
         ctypes.byref(algo),
         ctypes.c_void_p(_workspace[device].data_ptr()),
         ctypes.c_size_t(WORKSPACE_BYTES),
-        ctypes.c_void_p(torch.cuda.current_stream(x.device).cuda_stream),
+        ctypes.c_void_p(torch.cuda.current_stream(out.device).cuda_stream),
     )
     return out
 
@@ -293,9 +303,9 @@ def tune(
             tol = 1e-2 * ref.abs().max().item() + 1e-3
             torch_us = _graph_us(F.linear, x, ws)
             best = (torch_us, None)
-            candidates = heuristic_algos(m, n, k, dtype)
-            candidates += [v for a in candidates[:2] for v in split_k_variants(a, m, n, k, dtype)]
-            for algo in candidates:
+            algos = heuristic_algos(m, n, k, dtype)
+            algos += [v for a in algos[:2] for v in split_k_variants(a, problem(m, n, k, dtype))]
+            for algo in algos:
                 if (lt_linear(x, ws[0], algo).float() - ref).abs().max().item() > tol:
                     continue
                 us = _graph_us(lambda x, w, algo=algo: lt_linear(x, w, algo), x, ws)

@@ -46,7 +46,9 @@ def main() -> None:
             algos = cublaslt.heuristic_algos(m, n, k, dt, a.count)
             heuristic = len(algos)
             if a.split_k:  # ranks past the heuristic's count are variants
-                algos += [v for algo in algos[:4] for v in cublaslt.split_k_variants(algo, m, n, k, dt)]
+                algos += [
+                    v for algo in algos[:4] for v in cublaslt.split_k_variants(algo, cublaslt.problem(m, n, k, dt))
+                ]
             timed = []
             for rank, algo in enumerate(algos):
                 try:

@@ -27,6 +27,7 @@ NEEDS_GPU = {
     "benchmarks.decode_gemm": [],
     "benchmarks.profile_step": [],
     "benchmarks.probes.lt_algos": [],
+    "benchmarks.probes.lt_fp8_algos": [],
     "benchmarks.probes.pdl_chain": [],
     "benchmarks.throughput": ["--workload", "W2", "--shape", "tiny", "--device", "cuda"],
 }

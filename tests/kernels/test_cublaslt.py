@@ -23,12 +23,35 @@ def test_every_candidate_and_split_k_variant_computes_the_product(rows, n, k):
     ref = F.linear(x.float(), w.float())
     algos = cublaslt.heuristic_algos(rows, n, k, torch.bfloat16)
     assert algos, "the heuristic offered no algorithm"
-    variants = [v for a in algos[:2] for v in cublaslt.split_k_variants(a, rows, n, k, torch.bfloat16)]
+    variants = [
+        v for a in algos[:2] for v in cublaslt.split_k_variants(a, cublaslt.problem(rows, n, k, torch.bfloat16))
+    ]
     assert any(cublaslt.algo_config(v).get("split_k", 1) > 1 for v in variants)
     for algo in algos + variants:
         out = cublaslt.lt_linear(x, w, algo)
         assert _rel_err(out, ref) < 5e-3, cublaslt.algo_config(algo)
         assert torch.equal(out, cublaslt.lt_linear(x, w, algo)), "not deterministic"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rows,n,k", [(2, 6144, 4096), (16, 4096, 12288), (64, 24576, 4096)])
+def test_every_fp8_candidate_computes_the_scaled_product(rows, n, k):
+    """kernels/cublaslt_fp8.py: each candidate (and split-K variant) of the per-token x per-channel FP8 product
+    equals the dequantized product, as torch._scaled_mm does."""
+    from kernels import cublaslt_fp8
+    from kernels.fp8_quant import quantize_rows
+    from model.fp8 import quantize_per_channel
+
+    g = torch.Generator(device="cuda").manual_seed(rows + n)
+    x_q, x_s = quantize_rows(torch.randn(rows, k, device="cuda", generator=g).bfloat16(), None)
+    w_q, w_s = quantize_per_channel(torch.randn(n, k, device="cuda", generator=g) * k**-0.5)
+    ref = (x_q.float() * x_s) @ (w_q.float() * w_s[:, None]).t()
+    algos = cublaslt_fp8.algos(rows, n, k)
+    assert algos, "the heuristic offered no algorithm"
+    out = torch.empty(rows, n, device="cuda", dtype=torch.bfloat16)
+    for algo in algos:
+        cublaslt_fp8.scaled_linear(x_q, x_s, w_q, w_s, algo, out)
+        assert _rel_err(out, ref) < 5e-3, cublaslt.algo_config(algo)
 
 
 @pytest.mark.gpu
