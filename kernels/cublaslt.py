@@ -103,27 +103,34 @@ def problem(m: int, n: int, k: int, dtype: torch.dtype) -> Problem:
     key = (m, n, k, dtype)
     if key in _problems:
         return _problems[key]
-    _init()
     code = _dtype_code(dtype)
+    # A = w (k x n, op T), B = x (k x m), C = y (n x m)
+    _problems[key] = Problem(matmul_desc(), layout(code, k, n, k), layout(code, k, m, k), layout(code, n, m, n))
+    return _problems[key]
+
+
+def matmul_desc() -> ctypes.c_void_p:
+    """A matmul descriptor computing in float32 with A transposed (the weight, row-major [n, k])."""
+    _init()
     desc = ctypes.c_void_p()
     _call("cublasLtMatmulDescCreate", ctypes.byref(desc), ctypes.c_int(_COMPUTE_32F), ctypes.c_int(_R_32F))
-    for attr, op in ((_DESC_TRANSA, _OP_T), (_DESC_TRANSB, _OP_N)):
-        value = ctypes.c_int32(op)
-        _call("cublasLtMatmulDescSetAttribute", desc, ctypes.c_int(attr), ctypes.byref(value), ctypes.c_size_t(4))
-    layouts = []
-    for rows, cols, ld in ((k, n, k), (k, m, k), (n, m, n)):  # A = w (k x n, op T), B = x (k x m), C = y (n x m)
-        layout = ctypes.c_void_p()
-        _call(
-            "cublasLtMatrixLayoutCreate",
-            ctypes.byref(layout),
-            ctypes.c_int(code),
-            ctypes.c_uint64(rows),
-            ctypes.c_uint64(cols),
-            ctypes.c_int64(ld),
-        )
-        layouts.append(layout)
-    _problems[key] = Problem(desc, *layouts)
-    return _problems[key]
+    set_attribute(desc, _DESC_TRANSA, ctypes.c_int32(_OP_T))
+    set_attribute(desc, _DESC_TRANSB, ctypes.c_int32(_OP_N))
+    return desc
+
+
+def set_attribute(desc: ctypes.c_void_p, attr: int, value: ctypes._SimpleCData) -> None:
+    """One attribute of a matmul descriptor (``value`` a ctypes scalar of the attribute's type)."""
+    _call("cublasLtMatmulDescSetAttribute", desc, ctypes.c_int(attr), ctypes.byref(value),
+          ctypes.c_size_t(ctypes.sizeof(value)))  # fmt: skip
+
+
+def layout(code: int, rows: int, cols: int, ld: int) -> ctypes.c_void_p:
+    """A column-major matrix layout of data type ``code`` (library_types.h)."""
+    handle = ctypes.c_void_p()
+    _call("cublasLtMatrixLayoutCreate", ctypes.byref(handle), ctypes.c_int(code), ctypes.c_uint64(rows),
+          ctypes.c_uint64(cols), ctypes.c_int64(ld))  # fmt: skip
+    return handle
 
 
 def heuristic_algos(m: int, n: int, k: int, dtype: torch.dtype, count: int = 32) -> list[Algo]:

@@ -30,45 +30,21 @@ _PLACEHOLDER_SCALES = 0x7F0000000000
 _problems: dict[tuple[int, int, int, torch.dtype], Problem] = {}
 
 
-def _set(desc: ctypes.c_void_p, attr: int, value: ctypes._SimpleCData) -> None:
-    cublaslt._call("cublasLtMatmulDescSetAttribute", desc, ctypes.c_int(attr), ctypes.byref(value),
-                   ctypes.c_size_t(ctypes.sizeof(value)))  # fmt: skip
-
-
 def problem(m: int, n: int, k: int, out_dtype: torch.dtype = torch.bfloat16) -> Problem:
     """Descriptors of ``y[m, n] = x_q[m, k] @ w_q[n, k].T`` over e4m3 operands with outer-vector scales: as
     cublaslt.problem's, A = w (k x n, op T), B = x (k x m), C = y (n x m), column-major."""
     key = (m, n, k, out_dtype)
     if key in _problems:
         return _problems[key]
-    cublaslt._init()
-    desc = ctypes.c_void_p()
-    cublaslt._call(
-        "cublasLtMatmulDescCreate",
-        ctypes.byref(desc),
-        ctypes.c_int(cublaslt._COMPUTE_32F),
-        ctypes.c_int(cublaslt._R_32F),
-    )
-    _set(desc, cublaslt._DESC_TRANSA, ctypes.c_int32(cublaslt._OP_T))
-    _set(desc, cublaslt._DESC_TRANSB, ctypes.c_int32(cublaslt._OP_N))
+    desc = cublaslt.matmul_desc()
     for attr in (_DESC_A_SCALE_MODE, _DESC_B_SCALE_MODE):
-        _set(desc, attr, ctypes.c_int32(_SCALE_OUTER_VEC_32F))
+        cublaslt.set_attribute(desc, attr, ctypes.c_int32(_SCALE_OUTER_VEC_32F))
     for attr in (_DESC_A_SCALE_POINTER, _DESC_B_SCALE_POINTER):
-        _set(desc, attr, ctypes.c_void_p(_PLACEHOLDER_SCALES))
-    layouts = []
+        cublaslt.set_attribute(desc, attr, ctypes.c_void_p(_PLACEHOLDER_SCALES))
     out_code = cublaslt._dtype_code(out_dtype)
-    for code, rows, cols, ld in ((_R_8F_E4M3, k, n, k), (_R_8F_E4M3, k, m, k), (out_code, n, m, n)):
-        layout = ctypes.c_void_p()
-        cublaslt._call(
-            "cublasLtMatrixLayoutCreate",
-            ctypes.byref(layout),
-            ctypes.c_int(code),
-            ctypes.c_uint64(rows),
-            ctypes.c_uint64(cols),
-            ctypes.c_int64(ld),
-        )
-        layouts.append(layout)
-    _problems[key] = Problem(desc, *layouts)
+    a, b = cublaslt.layout(_R_8F_E4M3, k, n, k), cublaslt.layout(_R_8F_E4M3, k, m, k)
+    c = cublaslt.layout(out_code, n, m, n)
+    _problems[key] = Problem(desc, a, b, c)
     return _problems[key]
 
 
@@ -88,6 +64,6 @@ def scaled_linear(
     n = w_q.shape[0]
     assert x_q.is_contiguous() and w_q.is_contiguous() and x_s.numel() == m and w_s.numel() == n
     p = problem(m, n, k, out.dtype)
-    _set(p.desc, _DESC_A_SCALE_POINTER, ctypes.c_void_p(w_s.data_ptr()))
-    _set(p.desc, _DESC_B_SCALE_POINTER, ctypes.c_void_p(x_s.data_ptr()))
+    cublaslt.set_attribute(p.desc, _DESC_A_SCALE_POINTER, ctypes.c_void_p(w_s.data_ptr()))
+    cublaslt.set_attribute(p.desc, _DESC_B_SCALE_POINTER, ctypes.c_void_p(x_s.data_ptr()))
     return cublaslt.matmul(p, w_q, x_q, out, algo)
