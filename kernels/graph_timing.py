@@ -1,4 +1,4 @@
-"""Device time of a CUDA-graph replay: how the start-up tuner (kernels/cublaslt.py) and the benchmarks time
+"""Device time of a CUDA-graph replay: how the start-up tuner (kernels/cublaslt_tune.py) and the benchmarks time
 chains of kernels without launch overhead."""
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kernels import cublaslt
+from kernels import cublaslt, cublaslt_tune
 from kernels.decode_gemm import decode_linear, decode_linear_tiles
 from model.parallel import all_reduce, partial_sum_buffer, tp_rank, tp_size
 
@@ -73,7 +73,7 @@ class LinearBase(nn.Module):
             tiles = decode_linear_tiles(x, self.weight)
             if tiles is not None:
                 return decode_linear(x, self.weight, tiles, out)
-            algo = cublaslt.chosen_algo(x, self.weight) if x.is_cuda else None
+            algo = cublaslt_tune.chosen_algo(x, self.weight) if x.is_cuda else None
             if algo is not None and (out is None or out.is_contiguous()):
                 return cublaslt.lt_linear(x, self.weight, algo, out)
         if out is None:

@@ -10,7 +10,7 @@ import time
 import numpy as np
 import torch
 
-from kernels import cublaslt
+from kernels import cublaslt_tune
 from kernels.attention import AttentionMetadata
 from kernels.decode_gemm import decode_linear_tiles
 from kernels.sampling import warmup as sampling_warmup
@@ -111,7 +111,7 @@ def warmup_kernels(runner: ModelRunner) -> None:
 
 def tune_decode_gemms(runner: ModelRunner) -> None:
     """Choose cuBLASLt algorithms for the layer products at each decode graph's row count, where one beats
-    torch's pick (kernels/cublaslt.py). NANOSERVE_LT_TUNE=0 keeps torch's matmul (a faster start)."""
+    torch's pick (kernels/cublaslt_tune.py). NANOSERVE_LT_TUNE=0 keeps torch's matmul (a faster start)."""
     if not settings().lt_tune or runner.dtype not in (torch.bfloat16, torch.float16):
         return
     weights: dict[tuple[int, int], list[torch.Tensor]] = {}
@@ -120,13 +120,13 @@ def tune_decode_gemms(runner: ModelRunner) -> None:
             weights.setdefault(tuple(module.weight.shape), []).append(module.weight)
     start = time.perf_counter()
     with torch.inference_mode():
-        records = cublaslt.tune(
+        records = cublaslt_tune.tune(
             weights, batch_buckets(runner.cfg.max_num_seqs), skip=lambda x, w: decode_linear_tiles(x, w) is not None
         )
     torch.cuda.synchronize(runner.device)
     if tp_rank() == 0:  # what the tuning predicts for a step's layer products, per row count
         took = time.perf_counter() - start
-        print(f"nanoserve[gemm tuning] ({took:.1f} s): {cublaslt.summary(records)}", file=sys.stderr, flush=True)
+        print(f"nanoserve[gemm tuning] ({took:.1f} s): {cublaslt_tune.summary(records)}", file=sys.stderr, flush=True)
 
 
 def capture_graphs(runner: ModelRunner) -> None:

@@ -1,7 +1,7 @@
 """Does another cuBLASLt algorithm beat torch._scaled_mm's pick on the FP8 decode products (per-token x per-channel
 scales)? At 2-128 rows torch's pick streams Qwen3-8B's e4m3 weights no faster than bf16 (docs/PERFORMANCE_LOG.md
 log 21c); if a candidate of kernels/cublaslt_fp8.py does much better, the engine should choose at start as it does
-for bf16 (kernels/cublaslt.py ``tune``).
+for bf16 (kernels/cublaslt_tune.py ``tune``).
 
 For each product of the shape and each row count, times torch._scaled_mm (kernels/fp8_gemm.py ``_scaled_mm``)
 and every candidate, each behind an RMSNorm over one weight per model layer inside a CUDA graph (the activations

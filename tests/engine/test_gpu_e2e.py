@@ -101,16 +101,16 @@ def test_bf16_decode_graphs_on_cublaslt_choices_close_to_hf(bf16_ckpt, monkeypat
     """Decode steps replayed from CUDA graphs whose layer products run cuBLASLt's chosen algorithms (every product
     forced onto its fastest candidate, however small the gain) give HF's teacher-forced logits within bf16
     tolerance."""
-    from kernels import cublaslt
+    from kernels import cublaslt_tune
     from worker.model_runner import ModelRunner
 
-    monkeypatch.setattr(cublaslt, "tune", functools.partial(cublaslt.tune, min_gain=-1.0))
+    monkeypatch.setattr(cublaslt_tune, "tune", functools.partial(cublaslt_tune.tune, min_gain=-1.0))
     monkeypatch.delenv("NANOSERVE_LT_TUNE", raising=False)
     rng = np.random.default_rng(2)
     # 20 sequences: the decode graph of 32 rows, where cuBLAS (not our <= 16-row kernels) takes every product
     prompts = [rng.integers(0, 500, n).tolist() for n in rng.integers(1, 40, 20)]
     forced = [rng.integers(0, 500, 6).tolist() for _ in prompts]
-    cublaslt._chosen.clear()
+    cublaslt_tune._chosen.clear()
     try:
         cfg = worker_config(
             bf16_ckpt,
@@ -124,7 +124,7 @@ def test_bf16_decode_graphs_on_cublaslt_choices_close_to_hf(bf16_ckpt, monkeypat
         runner = ModelRunner(cfg, torch.device("cuda"))
         runner.allocate_kv(64)
         capture_graphs(runner)
-        assert any(rows == 32 for rows, *_ in cublaslt._chosen) and runner.graphs is not None
+        assert any(rows == 32 for rows, *_ in cublaslt_tune._chosen) and runner.graphs is not None
         first = [
             dict(slot=i, tokens=p, start=0, new_blocks=[3 * i, 3 * i + 1, 3 * i + 2]) for i, p in enumerate(prompts)
         ]
@@ -135,7 +135,7 @@ def test_bf16_decode_graphs_on_cublaslt_choices_close_to_hf(bf16_ckpt, monkeypat
             for j in range(len(forced[0]))
         ]
     finally:
-        cublaslt._chosen.clear()
+        cublaslt_tune._chosen.clear()
     hf = AutoModelForCausalLM.from_pretrained(bf16_ckpt, dtype=torch.bfloat16).cuda().eval()
     for i, (p, f) in enumerate(zip(prompts, forced)):
         with torch.no_grad():

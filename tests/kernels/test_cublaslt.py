@@ -1,5 +1,6 @@
-"""cuBLASLt algorithm choice (kernels/cublaslt.py): every candidate computes x @ w.T, the tuner only routes
-captured products, and a captured layer replays with new inputs like torch's matmul."""
+"""cuBLASLt algorithm choice (kernels/cublaslt.py, cublaslt_tune.py, cublaslt_fp8.py): every candidate computes
+x @ w.T (and the FP8 scaled product), the tuner only routes captured products, and a captured layer replays with
+new inputs like torch's matmul."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kernels import cublaslt
+from kernels import cublaslt, cublaslt_tune
 
 
 def _rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
@@ -62,13 +63,13 @@ def test_tuned_products_run_only_inside_a_capture_and_replay_new_inputs():
     layer = LinearBase(k, n, bias=False).cuda().bfloat16()
     torch.nn.init.normal_(layer.weight, std=k**-0.5)
     others = [torch.randn_like(layer.weight) * k**-0.5 for _ in range(7)]
-    cublaslt._chosen.clear()
+    cublaslt_tune._chosen.clear()
     try:
-        records = cublaslt.tune({(n, k): [layer.weight, *others]}, [rows], min_gain=-1.0)  # take the fastest
+        records = cublaslt_tune.tune({(n, k): [layer.weight, *others]}, [rows], min_gain=-1.0)  # take the fastest
         assert len(records) == 1 and records[0].config is not None
         x = torch.randn(rows, k, device="cuda").bfloat16()
-        assert cublaslt.chosen_algo(x, layer.weight) is None  # eager: torch's matmul
-        assert cublaslt.chosen_algo(x[:, : k // 2], layer.weight[:, : k // 2]) is None
+        assert cublaslt_tune.chosen_algo(x, layer.weight) is None  # eager: torch's matmul
+        assert cublaslt_tune.chosen_algo(x[:, : k // 2], layer.weight[:, : k // 2]) is None
         into = torch.empty(2 * rows * n, device="cuda", dtype=torch.bfloat16)[rows * n :].view(rows, n)
         with torch.inference_mode():
             layer(x)
@@ -82,16 +83,16 @@ def test_tuned_products_run_only_inside_a_capture_and_replay_new_inputs():
                 ref = F.linear(x.float(), layer.weight.float())
                 assert _rel_err(out, ref) < 5e-3 and _rel_err(into, ref) < 5e-3
     finally:
-        cublaslt._chosen.clear()
+        cublaslt_tune._chosen.clear()
 
 
 def test_summary_totals_each_row_count_over_every_layer():
     # what rank 0 prints after tuning: a kept product counts at torch's time, a changed one at its candidate's
     records = [
-        cublaslt.TunedProduct(16, 3072, 4096, 36, 12.0, 11.0, None),
-        cublaslt.TunedProduct(16, 4096, 2048, 36, 8.0, 6.0, {"tile": 15}),
-        cublaslt.TunedProduct(64, 3072, 4096, 36, 20.0, 10.0, {"tile": 16}),
+        cublaslt_tune.TunedProduct(16, 3072, 4096, 36, 12.0, 11.0, None),
+        cublaslt_tune.TunedProduct(16, 4096, 2048, 36, 8.0, 6.0, {"tile": 15}),
+        cublaslt_tune.TunedProduct(64, 3072, 4096, 36, 20.0, 10.0, {"tile": 16}),
     ]
-    text = cublaslt.summary(records)
+    text = cublaslt_tune.summary(records)
     assert text.startswith("2 of 3 products")
     assert "16:0.720->0.648" in text and "64:0.720->0.360" in text
