@@ -1,8 +1,8 @@
 """Every environment variable nanoserve reads, in one typed place (the README lists them).
 
 Switches share one polarity: a feature is on unless its variable is "0"; one not yet timed on a GPU is off unless
-its variable is "1". Values are read at call time, so a test or
-a launcher can set a variable before the process that uses it starts; hot paths cache what they read.
+its variable is "1". Values are read at call time, so a test or a launcher can set a variable before the process
+that uses it starts; hot paths cache what they read.
 """
 
 from __future__ import annotations
