@@ -185,6 +185,11 @@ def algo_config(algo: Algo) -> dict[str, int]:
     return config
 
 
+def with_split_k(p: Problem, algos: list[Algo], first: int = 2) -> list[Algo]:
+    """``algos`` and, after them, the first ``first`` of them at other split-K counts: what the tuners time."""
+    return algos + [v for a in algos[:first] for v in split_k_variants(a, p)]
+
+
 def split_k_variants(algo: Algo, p: Problem, splits=(2, 3, 4, 6, 8)) -> list[Algo]:
     """``algo`` with other split-K counts (fp32 partials reduced in the workspace), those the library accepts for the
     product ``p`` describes."""

@@ -48,11 +48,10 @@ def problem(m: int, n: int, k: int, out_dtype: torch.dtype = torch.bfloat16) -> 
     return _problems[key]
 
 
-def algos(m: int, n: int, k: int, count: int = 32, splits=(2, 3, 4, 6, 8)) -> list[Algo]:
+def algos(m: int, n: int, k: int, count: int = 32) -> list[Algo]:
     """cuBLASLt's candidates for the product (its first choice first), then the first two at other split-K counts."""
     p = problem(m, n, k)
-    found = cublaslt.candidates(p, count)
-    return found + [v for a in found[:2] for v in cublaslt.split_k_variants(a, p, splits)]
+    return cublaslt.with_split_k(p, cublaslt.candidates(p, count))
 
 
 def scaled_linear(

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from kernels.cublaslt import Algo, algo_config, heuristic_algos, lt_linear, problem, split_k_variants
+from kernels.cublaslt import Algo, algo_config, candidates, lt_linear, problem, with_split_k
 from kernels.graph_timing import graph_replay_us
 
 # (rows, n, k, dtype) -> the algorithm CUDA graphs capture for that product (filled by ``tune``)
@@ -73,8 +73,8 @@ def tune(
             tol = 1e-2 * ref.abs().max().item() + 1e-3
             torch_us = _graph_us(F.linear, x, ws)
             best = (torch_us, None)
-            algos = heuristic_algos(m, n, k, dtype)
-            algos += [v for a in algos[:2] for v in split_k_variants(a, problem(m, n, k, dtype))]
+            p = problem(m, n, k, dtype)
+            algos = with_split_k(p, candidates(p))
             for algo in algos:
                 if (lt_linear(x, ws[0], algo).float() - ref).abs().max().item() > tol:
                     continue

@@ -21,6 +21,15 @@ from kernels.pdl import pdl_enter, use_pdl
 
 
 @triton.jit
+def rms_normalized(x, N, eps):
+    """One row (padding columns zero) divided by its root mean square and rounded to ``x``'s dtype, as HF's RMSNorm
+    rounds it before the weight; in float32."""
+    xf = x.to(tl.float32)
+    rstd = 1.0 / tl.sqrt(tl.sum(xf * xf, axis=0) / N + eps)
+    return (xf * rstd).to(x.dtype).to(tl.float32)
+
+
+@triton.jit
 def _rmsnorm_kernel(
     x_ptr,
     res_ptr,
@@ -46,10 +55,8 @@ def _rmsnorm_kernel(
         r = tl.load(res_ptr + row * stride_r + offs, mask=mask, other=0.0)
         x = (x.to(tl.float32) + r.to(tl.float32)).to(x_ptr.dtype.element_ty)
         tl.store(res_out_ptr + row * stride_ro + offs, x, mask=mask)
-    xf = x.to(tl.float32)
-    rstd = 1.0 / tl.sqrt(tl.sum(xf * xf, axis=0) / N + eps)
-    w = tl.load(w_ptr + offs, mask=mask, other=0.0)
-    y = (xf * rstd).to(x_ptr.dtype.element_ty).to(tl.float32) * w.to(tl.float32)
+    y = rms_normalized(x, N, eps)
+    y = y * tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     tl.store(out_ptr + row * stride_o + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
 
 

@@ -17,6 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.fused import rms_normalized
 from kernels.moe_routing import route_tile
 from kernels.pdl import pdl_enter, use_pdl
 
@@ -62,7 +63,7 @@ def _norm_route_kernel(
     # the router's rows are parameters, written by no kernel of the step: in flight during the wait
     w_ptrs = router_w_ptr + experts[:, None].to(tl.int64) * stride_rw + offs_h[None, :]
     w = tl.load(w_ptrs, mask=mask_e[:, None] & mask_h[None, :], other=0.0)
-    norm_w = tl.load(norm_w_ptr + offs_h, mask=mask_h, other=0.0).to(tl.float32)
+    norm_w = tl.load(norm_w_ptr + offs_h, mask=mask_h, other=0.0)
     pdl_enter(USE_PDL)
     dtype = h_ptr.dtype.element_ty
     for t in tl.static_range(T_POW2):
@@ -72,9 +73,7 @@ def _norm_route_kernel(
         x = tl.load(x_ptr + t * stride_x + offs_h, mask=m, other=0.0)
         r = tl.load(res_ptr + t * stride_r + offs_h, mask=m, other=0.0)
         s = (x.to(tl.float32) + r.to(tl.float32)).to(dtype)
-        sf = s.to(tl.float32)
-        rstd = 1.0 / tl.sqrt(tl.sum(sf * sf, axis=0) / H + eps)
-        h = ((sf * rstd).to(dtype).to(tl.float32) * norm_w).to(dtype)
+        h = (rms_normalized(s, H, eps) * norm_w.to(tl.float32)).to(dtype)
         if pid == 0:
             tl.store(res_out_ptr + t * stride_ro + offs_h, s, mask=m)
             tl.store(h_ptr + t * stride_h + offs_h, h, mask=m)

@@ -71,6 +71,7 @@ class DecoderLayer(nn.Module):
         self.mlp = mlp
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp_front = getattr(mlp, "norm_and_forward", None)  # an MLP that may take its norm into its own kernels
 
     def forward(self, positions, hidden, residual):
         """``hidden``: the embedding (first layer, no residual yet) or the previous layer's MLP output as this
@@ -80,8 +81,7 @@ class DecoderLayer(nn.Module):
         else:
             hidden, residual = self.input_layernorm.forward_partial(hidden, residual)
         hidden = self.self_attn(positions, hidden)
-        fused_front = getattr(self.mlp, "norm_and_forward", None)  # an MLP that takes its norm into its own kernels
-        if fused_front is not None and (out := fused_front(self.post_attention_layernorm, hidden, residual)):
+        if self.mlp_front is not None and (out := self.mlp_front(self.post_attention_layernorm, hidden, residual)):
             return out
         hidden, residual = self.post_attention_layernorm.forward_partial(hidden, residual)
         return self.mlp(hidden), residual

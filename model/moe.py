@@ -104,7 +104,10 @@ class SparseMoeBlock(nn.Module):
         super().__init__()
         self.gate = LinearBase(hidden, num_experts, bias=False)
         self.experts = FusedMoE(num_experts, top_k, hidden, intermediate, renormalize)
-        self.fused_front = settings().moe_norm_route
+        # the one-launch front where Triton runs (CUDA; on the CPU only in the interpreter, for tests)
+        s = settings()
+        self.fused_front = s.moe_norm_route
+        self.front_on_cpu = s.triton_interpret
         # the one-launch front's ticket (kernels/moe_norm_route.py): zero between launches, one per layer
         self.register_buffer("route_ticket", torch.zeros(1, dtype=torch.int32), persistent=False)
 
@@ -118,10 +121,11 @@ class SparseMoeBlock(nn.Module):
         router and routing as one launch (kernels/moe_norm_route.py) where that applies (CUDA, one rank, a decode
         batch of a few tokens, a plain 16-bit router; on the CPU in Triton's interpreter, for tests); None elsewhere,
         for the caller to run them apart."""
+        if not (self.fused_front and (hidden.is_cuda or self.front_on_cpu)):
+            return None
         router = self.gate
-        on_triton = hidden.is_cuda or settings().triton_interpret
-        applies = self.fused_front and on_triton and tp_size() == 1 and uses_moe_decode(hidden.shape[0])
-        if not applies or router.bias is not None or router.weight.dtype != hidden.dtype:
+        plain_router = router.bias is None and router.weight.dtype == hidden.dtype  # unbiased, not quantized
+        if tp_size() > 1 or not uses_moe_decode(hidden.shape[0]) or not plain_router:
             return None
         e = self.experts
         h, residual, weights, ids = norm_route(
