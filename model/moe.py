@@ -104,10 +104,8 @@ class SparseMoeBlock(nn.Module):
         super().__init__()
         self.gate = LinearBase(hidden, num_experts, bias=False)
         self.experts = FusedMoE(num_experts, top_k, hidden, intermediate, renormalize)
-        # the one-launch front where Triton runs (CUDA; on the CPU only in the interpreter, for tests)
-        s = settings()
-        self.fused_front = s.moe_norm_route
-        self.front_on_cpu = s.triton_interpret
+        self.fused_front = settings().moe_norm_route  # the one-launch front, on CUDA
+        self.front_on_cpu = False  # tests set it to run the front in Triton's interpreter on CPU tensors
         # the one-launch front's ticket (kernels/moe_norm_route.py): zero between launches, one per layer
         self.register_buffer("route_ticket", torch.zeros(1, dtype=torch.int32), persistent=False)
 
@@ -119,7 +117,7 @@ class SparseMoeBlock(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor] | None:
         """The layer after attention, from the norm in front of it on: (output, residual stream) with the norm,
         router and routing as one launch (kernels/moe_norm_route.py) where that applies (CUDA, one rank, a decode
-        batch of a few tokens, a plain 16-bit router; on the CPU in Triton's interpreter, for tests); None elsewhere,
+        batch of a few tokens, a plain 16-bit router; on the CPU only where a test asks); None elsewhere,
         for the caller to run them apart."""
         if not (self.fused_front and (hidden.is_cuda or self.front_on_cpu)):
             return None

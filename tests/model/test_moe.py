@@ -92,13 +92,17 @@ def test_teacher_forced_logits_match_hf(fixture, request):
     assert close(out[0], refs[1][-1]) < 1e-4
 
 
-def test_one_launch_front_matches_hf(moe_sparse_step, monkeypatch):
-    """NANOSERVE_MOE_NORM_ROUTE=1: decode steps of 1-4 tokens run each MoE layer's norm, router and routing as
-    kernels/moe_norm_route.py and its experts as kernels/moe_decode.py (here in Triton's interpreter); the logits
-    stay HF's."""
+@pytest.mark.parametrize("switch", [None, "0"])
+def test_one_launch_front_matches_hf(moe_sparse_step, monkeypatch, switch):
+    """Decode steps of 1-4 tokens run each MoE layer's norm, router and routing as kernels/moe_norm_route.py (on by
+    default; on the CPU only where a test asks, here in Triton's interpreter) and its experts as
+    kernels/moe_decode.py; NANOSERVE_MOE_NORM_ROUTE=0 runs the three launches. The logits stay HF's either way."""
     import model.moe
 
-    monkeypatch.setenv("NANOSERVE_MOE_NORM_ROUTE", "1")
+    if switch is None:
+        monkeypatch.delenv("NANOSERVE_MOE_NORM_ROUTE", raising=False)
+    else:
+        monkeypatch.setenv("NANOSERVE_MOE_NORM_ROUTE", switch)
     calls = []
     monkeypatch.setattr(model.moe, "norm_route", lambda *a: calls.append(a[0].shape[0]) or norm_route(*a))
     hf = hf_model(moe_sparse_step)
@@ -107,6 +111,9 @@ def test_one_launch_front_matches_hf(moe_sparse_step, monkeypatch):
     with torch.no_grad():
         refs = [hf(torch.tensor([p])).logits[0] for p in prompts]
     r = ModelRunner(worker_config(moe_sparse_step), torch.device("cpu"))
+    blocks = [m for m in r.model.modules() if isinstance(m, SparseMoeBlock)]
+    for block in blocks:
+        block.front_on_cpu = True
     r.allocate_kv(64)
     step = [dict(slot=i, tokens=p[:-2], start=0, new_blocks=[i]) for i, p in enumerate(prompts)]
     r.forward_logits(make_step(step))
@@ -116,8 +123,7 @@ def test_one_launch_front_matches_hf(moe_sparse_step, monkeypatch):
         for i, p in enumerate(prompts):
             ref = refs[i][len(p) - back]
             assert float((out[i] - ref).abs().max() / ref.abs().max()) < 1e-4
-    layers = sum(isinstance(m, SparseMoeBlock) for m in r.model.modules())
-    assert calls == [3] * (2 * layers)
+    assert calls == ([3] * (2 * len(blocks)) if switch is None else [])
 
 
 def test_greedy_parity_roomy_and_tight(moe_dense_middle):
