@@ -52,14 +52,16 @@ def cases():
                 },
                 {"num_warps": warps, "num_stages": 3},
             )
-    for group_n, k, rows, f16_sums in ((0, 4096, 1, False), (0, 4096, 1, True), (0, 12288, 4, False),
-                                       (128, 4096, 2, False), (128, 12288, 1, False)):  # fmt: skip
+    for group_n, k, rows, f16_sums, pre in ((0, 4096, 1, False, False), (0, 4096, 1, True, False),
+                                            (0, 12288, 4, False, False), (0, 4096, 1, False, True),
+                                            (128, 4096, 2, False, False), (128, 12288, 1, False, False)):  # fmt: skip
         block = None if group_n == 0 else (128, 128)
         block_n, block_k = fp8_gemv.gemv_tiles(k, block, *fp8_gemv.default_tiling(torch.bfloat16))
         yield (
-            f"fp8 gemv group_n={group_n} K={k} rows={rows} f16_sums={f16_sums}",
+            f"fp8 gemv group_n={group_n} K={k} rows={rows} f16_sums={f16_sums} prequantized={pre}",
             fp8_gemv._fp8_gemv_kernel,
-            {"x_ptr": BF16, "w_ptr": FP8, "ws_ptr": F32, "bias_ptr": BF16, "out_ptr": BF16},
+            {"x_ptr": FP8 if pre else BF16, "xs_ptr": F32, "w_ptr": FP8, "ws_ptr": F32, "bias_ptr": BF16}
+            | {"out_ptr": BF16},
             {
                 "K": k,
                 "ROWS": rows,
@@ -69,6 +71,7 @@ def cases():
                 "GROUP_K": 128 if group_n else 1,
                 "HAS_BIAS": True,
                 "F16_SUMS": f16_sums,
+                "PREQUANT": pre,
                 "USE_PDL": True,
             },
             {"num_warps": 8},
@@ -104,11 +107,11 @@ def cases():
         | {"DOT_F16": True, "USE_PDL": True},
         {"num_stages": 2},
     )
-    for direct, block_n in ((True, 128), (False, 64)):
+    for direct, block_n, merge_last in ((True, 128, False), (False, 64, False), (False, 64, True)):
         yield (
-            f"split decode over e4m3 direct={direct}",
+            f"split decode over e4m3 direct={direct} merge_last={merge_last}",
             attention_decode._decode_split_kernel,
-            dict(attn, out_ptr=BF16 if direct else F32),
+            dict(attn, out_ptr=BF16 if direct else F32, final_ptr=BF16),
             {
                 "GROUP": 4,
                 "PAGE": 16,
@@ -117,6 +120,8 @@ def cases():
                 "BLOCK_H": 16,
                 "BLOCK_N": block_n,
                 "DIRECT_OUT": direct,
+                "MERGE_LAST": merge_last,
+                "BLOCK_S": 8,
                 "HEADS_FIRST": True,
                 "DOT_F16": True,
                 "USE_PDL": True,
