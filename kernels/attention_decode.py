@@ -23,8 +23,6 @@ def _decode_split_kernel(
     block_tables_ptr,
     out_ptr,  # final output when DIRECT_OUT, else the partial accumulators [B, Hq, num_splits, D] fp32
     lse_ptr,  # [B, Hq, num_splits] fp32, base-2 log-sum-exp of each split (unused when DIRECT_OUT)
-    final_ptr,  # MERGE_LAST: the final output [B, Hq, D]
-    ticket_ptr,  # MERGE_LAST: int32 [B * Hkv] of zeros, one arrival counter per (sequence, kv head)
     qk_scale,
     v_scale,
     stride_qb,
@@ -41,8 +39,6 @@ def _decode_split_kernel(
     stride_vc_s,
     stride_vc_h,
     stride_bt,
-    stride_fb,
-    stride_fh,
     num_splits,  # runtime int: a new split count does not recompile
     GROUP: tl.constexpr,
     PAGE: tl.constexpr,
@@ -51,8 +47,6 @@ def _decode_split_kernel(
     BLOCK_H: tl.constexpr,  # GROUP padded to >= 16 so the group's scores are one tl.dot
     BLOCK_N: tl.constexpr,
     DIRECT_OUT: tl.constexpr,  # single split: normalise and write the final output, no merge pass
-    MERGE_LAST: tl.constexpr,  # the last split of a (sequence, kv head) to finish merges them: no merge launch
-    BLOCK_S: tl.constexpr,  # MERGE_LAST: num_splits padded to a power of two
     HEADS_FIRST: tl.constexpr,  # grid (kv heads, splits, batch): a sequence's heads run side by side
     DOT_F16: tl.constexpr,  # dot_dtype_f16
     USE_PDL: tl.constexpr,
@@ -120,43 +114,6 @@ def _decode_split_kernel(
         tl.store(o_ptrs, acc, mask=o_mask)
         lse = tl.where(l_i > 0.0, m_i + tl.log2(l_safe), float("-inf"))
         tl.store(lse_ptr + b64 * stride_lb + heads * stride_lh + split, lse, mask=mask_h)
-        if MERGE_LAST:
-            # every thread's partials stored before the ticket (release); the last ticket sees all splits' (acquire)
-            tl.debug_barrier()
-            counter = ticket_ptr + b * tl.num_programs(0 if HEADS_FIRST else 1) + kv_head
-            if tl.atomic_add(counter, 1, sem="acq_rel") == num_splits - 1:
-                _merge_group(
-                    out_ptr + b64 * stride_ob + heads[:, None] * stride_oh + offs_d[None, :],
-                    lse_ptr + b64 * stride_lb + heads * stride_lh,
-                    final_ptr + b64 * stride_fb + heads[:, None] * stride_fh + offs_d[None, :],
-                    o_mask,
-                    mask_h,
-                    stride_os,
-                    num_splits,
-                    BLOCK_S,
-                )
-                tl.store(counter, 0)  # ready for the next launch
-
-
-@triton.jit
-def _merge_group(part_ptrs, lse_ptrs, final_ptrs, o_mask, mask_h, stride_os, num_splits, BLOCK_S: tl.constexpr):
-    """Merge one kv head's query group over its splits; ``.cg`` loads read the other programs' partials from L2."""
-    offs_s = tl.arange(0, BLOCK_S)
-    lse = tl.load(
-        lse_ptrs[:, None] + offs_s[None, :],
-        mask=mask_h[:, None] & (offs_s < num_splits)[None, :],
-        other=float("-inf"),
-        cache_modifier=".cg",
-    )
-    m = tl.max(lse, 1)
-    m = tl.where(m == float("-inf"), 0.0, m)  # all splits empty (padding row): weights 0, output 0
-    denom = tl.sum(tl.exp2(lse - m[:, None]), 1)
-    acc = tl.zeros(part_ptrs.shape, tl.float32)
-    for s in range(num_splits):
-        w = tl.exp2(tl.load(lse_ptrs + s, mask=mask_h, other=float("-inf"), cache_modifier=".cg") - m)
-        acc += w[:, None] * tl.load(part_ptrs + s * stride_os, mask=o_mask, other=0.0, cache_modifier=".cg")
-    acc = acc / tl.where(denom > 0.0, denom, 1.0)[:, None]
-    tl.store(final_ptrs, acc.to(final_ptrs.dtype.element_ty), mask=o_mask)
 
 
 @triton.jit(do_not_specialize=["stride_pb", "stride_ph", "stride_lb", "stride_lh", "num_splits"])

@@ -22,7 +22,6 @@ from kernels.attention_prefill import _prefill_kernel
 from kernels.attention_store import _store_kvcache_kernel, dot_dtype_f16
 from kernels.device import num_sms
 from kernels.pdl import use_pdl
-from protocol.settings import settings
 
 _LOG2E = 1.4426950408889634
 
@@ -89,9 +88,6 @@ class TritonAttentionBackend(AttentionBackend):
         # CUDA prefill tiling (queries per tile, keys per tile, warps, stages); None = the default below
         # (benchmarks/attention_kernels.py --sweep-prefill measures the alternatives).
         self.prefill_tiles = prefill_tiles
-        # Few-sequence decode: the last split program of each (sequence, kv head) merges, saving the merge launch.
-        self.merge_last = settings().decode_merge_last
-        self._tickets: dict[torch.device, torch.Tensor] = {}  # per device: MID_MIN_PROGRAMS arrival counters
 
     # -- store ---------------------------------------------------------------------------------------------------------
 
@@ -223,12 +219,6 @@ class TritonAttentionBackend(AttentionBackend):
             want = min(want, triton.cdiv(max_seq_len, self.min_split_tokens))
         return max(1, min(want, self.max_splits))
 
-    def _ticket_buffer(self, device: torch.device) -> torch.Tensor:
-        """The merge-last arrival counters (zero between launches); made at warm-up, before any graph capture."""
-        if device not in self._tickets:
-            self._tickets[device] = torch.zeros(self.MID_MIN_PROGRAMS, dtype=torch.int32, device=device)
-        return self._tickets[device]
-
     def warmup(self, k_cache: torch.Tensor, v_cache: torch.Tensor, num_heads: int, dtype: torch.dtype) -> None:
         """Compile every decode variant a run can meet (single split, each merge width up to max_splits, the
         tiles of both the few-sequence and the mid regime) at start-up, so no timed step stalls on the compiler."""
@@ -295,8 +285,6 @@ class TritonAttentionBackend(AttentionBackend):
             block_n, num_warps, num_stages = 16, 1, 1
 
         direct = num_splits == 1
-        merge_last = self.merge_last and not direct and batch * num_kv_heads < self.MID_MIN_PROGRAMS
-        tickets = self._ticket_buffer(q.device) if merge_last else out
         if direct:
             part, lse = out, out  # lse unused
             part_strides = (out.stride(0), out.stride(1), 0)
@@ -317,8 +305,6 @@ class TritonAttentionBackend(AttentionBackend):
             bt,
             part,
             lse,
-            out,
-            tickets,
             *_kernel_scales(k_cache, scale, k_scale, v_scale),
             q.stride(0),
             q.stride(1),
@@ -326,8 +312,6 @@ class TritonAttentionBackend(AttentionBackend):
             *lse_strides,
             *_page_strides(k_cache, v_cache),
             bt.stride(0),
-            out.stride(0),
-            out.stride(1),
             num_splits,
             GROUP=group,
             PAGE=page,
@@ -336,8 +320,6 @@ class TritonAttentionBackend(AttentionBackend):
             BLOCK_H=block_h,
             BLOCK_N=block_n,
             DIRECT_OUT=direct,
-            MERGE_LAST=merge_last,
-            BLOCK_S=triton.next_power_of_2(num_splits),
             HEADS_FIRST=heads_first,
             DOT_F16=dot_dtype_f16(q, k_cache),
             USE_PDL=pdl,
@@ -345,7 +327,7 @@ class TritonAttentionBackend(AttentionBackend):
             num_stages=num_stages,
             launch_pdl=pdl,
         )
-        if not direct and not merge_last:
+        if not direct:
             _decode_merge_kernel[(batch, num_heads)](
                 part,
                 lse,

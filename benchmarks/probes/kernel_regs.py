@@ -29,7 +29,7 @@ from kernels import attention_decode
 
 SM90 = GPUTarget("cuda", 90, 32)
 REGS_PER_SM, SMEM_PER_SM, THREADS_PER_SM, PROGRAMS_PER_SM = 65536, 228 * 1024, 2048, 32
-HALF_PTRS = {"q_ptr", "k_cache_ptr", "v_cache_ptr", "out_ptr", "final_ptr"}
+HALF_PTRS = {"q_ptr", "k_cache_ptr", "v_cache_ptr", "out_ptr"}
 FLOAT_PTRS = {"lse_ptr"}
 
 
@@ -114,21 +114,16 @@ def main() -> None:
     )
     tilings = [tuple(int(x) for x in t.split(",")) for t in parser.parse_args().tiles]
     common = dict(GROUP=4, PAGE=16, HEAD_DIM=128, BLOCK_D=128, BLOCK_H=16, NUM_KV=4, DOT_F16=False, USE_PDL=True)
-    common |= dict(BLOCK_S=4, HEADS_FIRST=True)
     split = attention_decode._decode_split_kernel
     print(f"{'kernel':38s} {'tiles':>10s} {'regs':>5s} {'spill B':>8s} {'smem KB':>8s} {'per SM':>7s}")
     for block_n, warps, stages in tilings:
-        for label, direct, merge_last in (
-            ("one split", True, False),
-            ("several", False, False),
-            ("merge last", False, True),
-        ):
-            consts = {**common, "BLOCK_N": block_n, "DIRECT_OUT": direct, "MERGE_LAST": merge_last}
+        for direct in (True, False):
+            consts = {**common, "BLOCK_N": block_n, "DIRECT_OUT": direct, "HEADS_FIRST": True}
             consts = {k: v for k, v in consts.items() if k in split.arg_names}
             # several splits write fp32 partials through out_ptr; one split writes the bf16 output
             float_ptrs = FLOAT_PTRS if direct else FLOAT_PTRS | {"out_ptr"}
             r = compile_sm90(split, consts, warps, stages, float_ptrs=float_ptrs)
-            label = "split decode, " + label
+            label = "split decode, " + ("one split" if direct else "several")
             tiles = f"{block_n},{warps},{stages}"
             print(f"{label:38s} {tiles:>10s} {r['regs']:5d} {r['spill']:8d} {r['smem'] / 1024:8.1f} {r['per_sm']:7d}")
 

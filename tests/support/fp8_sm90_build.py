@@ -107,11 +107,11 @@ def cases():
         | {"DOT_F16": True, "USE_PDL": True},
         {"num_stages": 2},
     )
-    for direct, block_n, merge_last in ((True, 128, False), (False, 64, False), (False, 64, True)):
+    for direct, block_n in ((True, 128), (False, 64)):
         yield (
-            f"split decode over e4m3 direct={direct} merge_last={merge_last}",
+            f"split decode over e4m3 direct={direct}",
             attention_decode._decode_split_kernel,
-            dict(attn, out_ptr=BF16 if direct else F32, final_ptr=BF16),
+            dict(attn, out_ptr=BF16 if direct else F32),
             {
                 "GROUP": 4,
                 "PAGE": 16,
@@ -120,8 +120,6 @@ def cases():
                 "BLOCK_H": 16,
                 "BLOCK_N": block_n,
                 "DIRECT_OUT": direct,
-                "MERGE_LAST": merge_last,
-                "BLOCK_S": 8,
                 "HEADS_FIRST": True,
                 "DOT_F16": True,
                 "USE_PDL": True,
