@@ -65,6 +65,7 @@ def paths(block):
         "gemv_32k": lambda x, w_q, w_s: gemv(x, w_q, w_s, 32768),  # twice the channels share a row's quantization
         "gemv_f16": lambda x, w_q, w_s: gemv(x, w_q, w_s, f16_sums=True),  # per-channel only: float16 sums of 8
         "gemv_f16_32k": lambda x, w_q, w_s: gemv(x, w_q, w_s, 32768, True),
+        "gemv_64k": lambda x, w_q, w_s: gemv(x, w_q, w_s, 65536),  # 16 channels a program
         # 16 KB steps 1,024 or 2,048 wide: 16 or 8 channels a program share the row's amax pass and quantization
         "gemv_k1024": lambda x, w_q, w_s: gemv(x, w_q, w_s, 16384, False, 1024),
         "gemv_k2048": lambda x, w_q, w_s: gemv(x, w_q, w_s, 16384, False, 2048),
