@@ -3,7 +3,7 @@
 of kernels/fused_moe.py.
 
   gate/up: grid (pair p = t * top_k + j, tiles of the intermediate dim). Each program reads its expert id, loads
-           the matching gate and up rows of w13 [E, 2I, H] (a ~16 KB slice, the whole row up to 4096 wide),
+           the matching gate and up rows of w13 [E, 2I, H] (a ~32 KB slice, the whole row up to 4096 wide),
            multiplies them by x[t], sums along H in float32 and writes h[p] = silu(gate) * up;
   down:    grid (token t, tiles of the hidden dim). Each program loads its tile's rows of w2 [E, H, I] from all of
            t's top_k experts at once, y_j = weight[t, j] * (h[p_j] @ w2[e_j, tile].T), and writes
@@ -36,7 +36,8 @@ from kernels.moe_routing import route
 from kernels.pdl import pdl_enter, use_pdl
 
 MAX_TOKENS = 4  # the GEMVs re-read an expert's slice per token sharing it; more tokens go to the grouped GEMMs
-_SLICE = 8192  # weight elements a gate/up program loads (16 KB in bf16), as decode_gemm's GEMV; down: up to twice
+_SLICE = 8192  # weight elements a down program loads a step (16 KB in bf16), as decode_gemm's GEMV
+_GATE_UP_SLICE = 16384  # a gate/up program's (32 KB): 29.1 against 30.6 us a layer at 16 KB (H200, 1 token)
 _MAX_ROW = 4096  # widest row a program loads whole; wider rows are looped over
 _WARP_BYTES = 32 * 1024  # weight bytes a 4-warp program holds (64 registers a thread); twice that takes 8 warps
 
@@ -55,13 +56,14 @@ class DecodeTiles(NamedTuple):
 
 
 def decode_tiles(hidden: int, inter: int, top_k: int, dtype: torch.dtype = torch.bfloat16) -> DecodeTiles:
-    """Qwen3-30B-A3B's gate/up programs load 2 gate + 2 up rows of 2048 (16 KB, whole rows), its down programs 4 rows
+    """Qwen3-30B-A3B's gate/up programs load 4 gate + 4 up rows of 2048 (32 KB, whole rows), its down programs 4 rows
     of 8 experts' 768 in 3 steps of 256 (16 KB each, the first before the PDL wait); Triton 3.6's sm_90a builds take
-    56 and 96 registers, 9 and 5 programs an SM (tests/support/moe_sm90_build.py; whole 1,024-wide down rows took
-    217 registers with the early load, 2 programs an SM). 8 warps where 4 would need more than 64 registers a
-    thread for the weights (float32)."""
+    96 registers each, 5 programs an SM (tests/support/moe_sm90_build.py; whole 1,024-wide down rows took 217
+    registers with the early load, 2 programs an SM). On an H200, `benchmarks.moe_kernel --path decode --layers 4`
+    over 8 tilings: 16 KB or 64 KB gate/up slices, 8 warps, down tiles of 2 or 8 rows, or steps of 128 or 512 were
+    all 0-13% slower. 8 warps where 4 would need more than 64 registers a thread for the weights (float32)."""
     block_h = min(triton.next_power_of_2(hidden), _MAX_ROW)
-    block_i = max(2, min(_SLICE // (2 * block_h), triton.next_power_of_2(inter)))  # no 1-wide tiles
+    block_i = max(2, min(_GATE_UP_SLICE // (2 * block_h), triton.next_power_of_2(inter)))  # no 1-wide tiles
     k_pow2 = max(2, triton.next_power_of_2(top_k))
     block_k = min(triton.next_power_of_2(inter), _SLICE // (4 * k_pow2))
     block_n = max(2, _SLICE // (k_pow2 * block_k))

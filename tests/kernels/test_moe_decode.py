@@ -134,12 +134,12 @@ def test_no_tokens():
 
 def test_applies_to_a_few_tokens_and_tiles():
     assert [uses_moe_decode(t) for t in range(MAX_TOKENS + 2)] == [False] + [True] * MAX_TOKENS + [False]
-    # Qwen3-30B-A3B: 2 gate + 2 up rows of 2048 (16 KB) per gate/up program; 4 rows of 8 experts' 768 per down one,
+    # Qwen3-30B-A3B: 4 gate + 4 up rows of 2048 (32 KB) per gate/up program; 4 rows of 8 experts' 768 per down one,
     # in steps of 256
-    assert decode_tiles(2048, 768, 8) == DecodeTiles(2, 2048, 4, 256, 4, 4)
-    assert decode_tiles(2048, 192, 8) == DecodeTiles(2, 2048, 4, 256, 4, 4)  # one TP=4 rank
-    assert decode_tiles(2048, 768, 8, torch.float32) == DecodeTiles(2, 2048, 4, 256, 4, 4)
-    assert decode_tiles(2048, 768, 2) == DecodeTiles(2, 2048, 4, 1024, 4, 4)  # top-2: 2 slots of 1,024 a step
+    assert decode_tiles(2048, 768, 8) == DecodeTiles(4, 2048, 4, 256, 4, 4)
+    assert decode_tiles(2048, 192, 8) == DecodeTiles(4, 2048, 4, 256, 4, 4)  # one TP=4 rank
+    assert decode_tiles(2048, 768, 8, torch.float32) == DecodeTiles(4, 2048, 4, 256, 8, 4)  # 64 KB: 8 warps
+    assert decode_tiles(2048, 768, 2) == DecodeTiles(4, 2048, 4, 1024, 4, 4)  # top-2: 2 slots of 1,024 a step
 
 
 def test_kernels_build_for_sm90_without_a_gpu():
