@@ -22,7 +22,6 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.fused import rms_rstd, rms_scaled
 from kernels.pdl import pdl_enter, use_pdl
 from protocol.settings import settings
 
@@ -81,18 +80,9 @@ def _gemv_kernel(
     stride_wn,
     stride_om,
     stride_os,  # between the splits' partial results (0 when there is one split)
-    res_ptr,  # NORM: the residual stream [M, K], added to x first
-    norm_w_ptr,  # NORM: the RMSNorm weight [K]
-    res_out_ptr,  # NORM: x + residual, written by the first program [M, K]
-    stride_rm,
-    stride_rom,
-    eps,
     ROWS: tl.constexpr,  # M rounded up to a power of two
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,  # the whole slice: BLOCK_K * splits == K
-    NORM: tl.constexpr,  # the rows are RMSNorm(x + residual) * norm_w, each program normalizing them itself
-    K: tl.constexpr,  # NORM: the row length
-    ROW_CHUNK: tl.constexpr,  # NORM: the whole row is read in chunks of this many columns for its sum of squares
     USE_PDL: tl.constexpr,
 ):
     # A few rows: per row a multiply and a sum along K, no tensor cores, so a slice may be a few weight rows tall.
@@ -108,36 +98,8 @@ def _gemv_kernel(
     for r in tl.static_range(ROWS):
         # row masks as tensors: the interpreter mis-types a scalar bool broadcast into a mask
         x = tl.load(x_ptr + r * stride_xm + offs_k, mask=(offs_k * 0 + r) < M, other=0.0)
-        if NORM:
-            x = _normed_slice(
-                x, x_ptr + r * stride_xm, res_ptr + r * stride_rm, res_out_ptr + r * stride_rom, norm_w_ptr, offs_k,
-                r, M, pid_n + pid_k, eps, K, ROW_CHUNK,
-            )  # fmt: skip
         acc = tl.sum(w * x.to(tl.float32)[None, :], axis=1)
         tl.store(out + r * stride_om, acc.to(out_ptr.dtype.element_ty), mask=(offs_n * 0 + r) < M)
-
-
-@triton.jit
-def _normed_slice(x, x_row, res_row, res_out_row, norm_w_ptr, offs_k, r, M, program, eps, K: tl.constexpr,
-                  ROW_CHUNK: tl.constexpr):  # fmt: skip
-    """The fused add + RMSNorm kernel's output (kernels/fused.py ``rmsnorm``) at this program's columns ``offs_k``:
-    the whole row x + residual is summed in chunks for its RMS (program 0 also stores it as the new residual
-    stream), then the slice is normalized and weighted with the same roundings. Row ``r`` of ``M`` (padding rows
-    past M read zeros and store nothing)."""
-    dtype = x.dtype
-    sum_sq = 0.0
-    for c in tl.static_range(0, K, ROW_CHUNK):
-        cols = c + tl.arange(0, ROW_CHUNK)
-        ok = (cols < K) & ((cols * 0 + r) < M)
-        s = tl.load(x_row + cols, mask=ok, other=0.0).to(tl.float32)
-        s = (s + tl.load(res_row + cols, mask=ok, other=0.0).to(tl.float32)).to(dtype)
-        tl.store(res_out_row + cols, s, mask=ok & ((cols * 0 + program) == 0))
-        sf = s.to(tl.float32)
-        sum_sq += tl.sum(sf * sf, axis=0)
-    res = tl.load(res_row + offs_k, mask=(offs_k * 0 + r) < M, other=0.0).to(tl.float32)
-    mine = (x.to(tl.float32) + res).to(dtype)
-    y = rms_scaled(mine, rms_rstd(sum_sq, K, eps)) * tl.load(norm_w_ptr + offs_k).to(tl.float32)
-    return y.to(dtype)
 
 
 @triton.jit(do_not_specialize=["numel"])
@@ -163,7 +125,7 @@ class Tiles(NamedTuple):
     gemv: bool = False
 
 
-def decode_linear_tiles(x: torch.Tensor, w: torch.Tensor, any_device: bool = False) -> Tiles | None:
+def decode_linear_tiles(x: torch.Tensor, w: torch.Tensor) -> Tiles | None:
     """The tiles when ``x @ w.T`` should take one of our kernels, else None (cuBLAS).
 
     From the H200 sweeps of benchmarks/decode_gemm.py:
@@ -174,11 +136,9 @@ def decode_linear_tiles(x: torch.Tensor, w: torch.Tensor, any_device: bool = Fal
     - the split-K ``tl.dot`` kernel for narrow outputs at up to 16 rows (0.6B o/down), and for single-row
       products with K > 4096 (8B down; the TP=2 down shard);
     - cuBLAS for everything else.
-
-    ``any_device``: CPU tensors too (tests, in Triton's interpreter).
     """
     if _DISABLED or not (
-        (x.is_cuda or any_device) and x.dim() == 2 and x.dtype in (torch.float16, torch.bfloat16) and w.dtype == x.dtype
+        x.is_cuda and x.dim() == 2 and x.dtype in (torch.float16, torch.bfloat16) and w.dtype == x.dtype
     ):
         return None
     m, k = x.shape
@@ -215,7 +175,23 @@ def decode_linear(x: torch.Tensor, w: torch.Tensor, t: Tiles, out: torch.Tensor 
     split_stride = m * n if split_k > 1 else 0
     grid = (n // t.block_n, split_k)
     if t.gemv:
-        _gemv(x, w, part, split_stride, t, pdl, None)
+        _gemv_kernel[grid](
+            x,
+            w,
+            part,
+            m,
+            x.stride(0),
+            w.stride(0),
+            n,
+            split_stride,
+            ROWS=triton.next_power_of_2(m),
+            BLOCK_N=t.block_n,
+            BLOCK_K=t.block_k,
+            USE_PDL=pdl,
+            num_warps=t.warps,
+            num_stages=t.stages,
+            launch_pdl=pdl,
+        )
     else:
         _split_gemm_kernel[grid](
             x,
@@ -238,69 +214,7 @@ def decode_linear(x: torch.Tensor, w: torch.Tensor, t: Tiles, out: torch.Tensor 
             launch_pdl=pdl,
         )
     if split_k > 1:
-        _sum_splits(part, out, pdl)
+        _sum_splits_kernel[(triton.cdiv(m * n, 1024),)](
+            part, out, m * n, SPLIT_K=split_k, BLOCK=1024, USE_PDL=pdl, num_warps=4, launch_pdl=pdl
+        )
     return out
-
-
-def normed_decode_linear(
-    x: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor, eps: float, w: torch.Tensor, t: Tiles
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(``h @ w.T``, ``x + residual``) with ``h = rmsnorm(x + residual) * norm_weight`` computed as kernels/fused.py's
-    ``rmsnorm`` does, inside the GEMV (``t.gemv`` tiles): each program normalizes the rows itself, so the norm's
-    own launch and its wait drop out of the step. Every program re-reads the whole rows from L2 for their RMS, so
-    where N allows it takes twice the weight (32 KB, 8 warps; Triton 3.6's sm_90a build: 64-78 registers), which
-    keeps those reads at a quarter of the weight bytes at K=4096 (8B) and an eighth at K=2048."""
-    m, k = x.shape
-    n = w.shape[0]
-    if n % (2 * t.block_n) == 0:
-        t = t._replace(block_n=2 * t.block_n, warps=8)
-    assert t.gemv and m <= GEMV_MAX_ROWS and t.block_k * t.split_k == k and n % t.block_n == 0, (x.shape, t)
-    assert x.stride(1) == 1 and residual.stride(1) == 1 and residual.shape == x.shape
-    out = torch.empty((m, n), dtype=x.dtype, device=x.device)
-    res_out = torch.empty_like(x)
-    if m == 0:
-        return out, res_out
-    pdl = use_pdl(x)
-    part = out if t.split_k == 1 else torch.empty((t.split_k, m, n), dtype=torch.float32, device=x.device)
-    _gemv(x, w, part, m * n if t.split_k > 1 else 0, t, pdl, (residual, norm_weight, res_out, eps))
-    if t.split_k > 1:
-        _sum_splits(part, out, pdl)
-    return out, res_out
-
-
-def _gemv(x: torch.Tensor, w: torch.Tensor, part: torch.Tensor, split_stride: int, t: Tiles, pdl: bool, norm) -> None:
-    m, k = x.shape
-    residual, norm_weight, res_out, eps = norm or (x, w, x, 0.0)  # unused without the norm
-    _gemv_kernel[(w.shape[0] // t.block_n, t.split_k)](
-        x,
-        w,
-        part,
-        m,
-        x.stride(0),
-        w.stride(0),
-        w.shape[0],
-        split_stride,
-        residual,
-        norm_weight,
-        res_out,
-        residual.stride(0),
-        res_out.stride(0),
-        eps,
-        ROWS=triton.next_power_of_2(m),
-        BLOCK_N=t.block_n,
-        BLOCK_K=t.block_k,
-        NORM=norm is not None,
-        K=k if norm is not None else 0,
-        ROW_CHUNK=min(1024, triton.next_power_of_2(k)) if norm is not None else 1,
-        USE_PDL=pdl,
-        num_warps=t.warps,
-        num_stages=t.stages,
-        launch_pdl=pdl,
-    )
-
-
-def _sum_splits(part: torch.Tensor, out: torch.Tensor, pdl: bool) -> None:
-    numel = out.numel()
-    _sum_splits_kernel[(triton.cdiv(numel, 1024),)](
-        part, out, numel, SPLIT_K=part.shape[0], BLOCK=1024, USE_PDL=pdl, num_warps=4, launch_pdl=pdl
-    )

@@ -25,19 +25,8 @@ def rms_normalized(x, N, eps):
     """One row (padding columns zero) divided by its root mean square and rounded to ``x``'s dtype, as HF's RMSNorm
     rounds it before the weight; in float32."""
     xf = x.to(tl.float32)
-    return rms_scaled(x, rms_rstd(tl.sum(xf * xf, axis=0), N, eps))
-
-
-@triton.jit
-def rms_rstd(sum_sq, N, eps):
-    """1 / RMS of a row of ``N`` values whose squares sum to ``sum_sq`` (float32)."""
-    return 1.0 / tl.sqrt(sum_sq / N + eps)
-
-
-@triton.jit
-def rms_scaled(x, rstd):
-    """Values of a row times its ``rstd``, rounded to ``x``'s dtype (HF's rounding before the weight); float32."""
-    return (x.to(tl.float32) * rstd).to(x.dtype).to(tl.float32)
+    rstd = 1.0 / tl.sqrt(tl.sum(xf * xf, axis=0) / N + eps)
+    return (xf * rstd).to(x.dtype).to(tl.float32)
 
 
 @triton.jit

@@ -43,10 +43,7 @@ class Attention(nn.Module):
         self.attn = PagedAttention(self.num_heads, self.num_kv_heads, cfg.head_dim, cfg.head_dim**-0.5)
 
     def forward(self, positions: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
-        return self.attend(positions, self.qkv_proj(hidden))
-
-    def attend(self, positions: torch.Tensor, qkv: torch.Tensor) -> torch.Tensor:
-        """The layer from its q/k/v projection on."""
+        qkv = self.qkv_proj(hidden)
         q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         qk = qkv[:, : q_size + kv_size].view(-1, self.num_heads + self.num_kv_heads, self.head_dim)
         v = qkv[:, q_size + kv_size :].view(-1, self.num_kv_heads, self.head_dim)
@@ -66,17 +63,6 @@ class GatedMLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(self.act(self.gate_up_proj(x)))
 
-    def norm_and_forward(
-        self, norm: RMSNorm, hidden: torch.Tensor, residual: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """(output, residual stream) from the norm in front on, the norm inside gate_up's GEMV where that applies
-        (``LinearBase.norm_and_forward``); None elsewhere."""
-        front = self.gate_up_proj.norm_and_forward(norm, hidden, residual)
-        if front is None:
-            return None
-        gate_up, residual = front
-        return self.down_proj(self.act(gate_up)), residual
-
 
 class DecoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig, layout: DenseLayout, rope: RotaryEmbedding, mlp: nn.Module) -> None:
@@ -86,20 +72,15 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp_front = getattr(mlp, "norm_and_forward", None)  # an MLP that may take its norm into its own kernels
-        self.attn_front = self.self_attn.qkv_proj.norm_and_forward  # likewise the q/k/v projection
 
     def forward(self, positions, hidden, residual):
         """``hidden``: the embedding (first layer, no residual yet) or the previous layer's MLP output as this
         rank's partial sum; returns this layer's MLP output, also unreduced, and the residual stream."""
         if residual is None:
             hidden, residual = self.input_layernorm(hidden), hidden
-            hidden = self.self_attn(positions, hidden)
-        elif (front := self.attn_front(self.input_layernorm, hidden, residual)) is not None:
-            qkv, residual = front
-            hidden = self.self_attn.attend(positions, qkv)
         else:
             hidden, residual = self.input_layernorm.forward_partial(hidden, residual)
-            hidden = self.self_attn(positions, hidden)
+        hidden = self.self_attn(positions, hidden)
         if self.mlp_front is not None and (out := self.mlp_front(self.post_attention_layernorm, hidden, residual)):
             return out
         hidden, residual = self.post_attention_layernorm.forward_partial(hidden, residual)

@@ -12,9 +12,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from kernels import cublaslt, cublaslt_tune
-from kernels.decode_gemm import decode_linear, decode_linear_tiles, normed_decode_linear
+from kernels.decode_gemm import decode_linear, decode_linear_tiles
 from model.parallel import all_reduce, partial_sum_buffer, tp_rank, tp_size
-from protocol.settings import settings
 
 
 def check_shape(param: torch.Tensor, loaded: torch.Tensor, what: str = "") -> None:
@@ -43,11 +42,9 @@ class Shard:
 
 class LinearBase(nn.Module):
     quant = None  # an FP8 method (model/fp8_linear.py) once the layer is quantized: it owns the forward
-    norm_front_on_cpu = False  # tests set it to run ``norm_and_forward``'s kernel in Triton's interpreter
 
     def __init__(self, in_features: int, out_features: int, bias: bool) -> None:
         super().__init__()
-        self.norm_front = settings().norm_gemv
         self.weight = nn.Parameter(torch.empty(out_features, in_features), requires_grad=False)
         self.weight.weight_loader = self.weight_loader
         if bias:
@@ -67,22 +64,6 @@ class LinearBase(nn.Module):
         if tuple(loaded.shape) != full:
             raise ValueError(f"shape mismatch: checkpoint has {tuple(loaded.shape)}, model expects {full}")
         default_weight_loader(param.data.narrow(s.dim, s.offset, s.size), loaded.narrow(s.dim, s.start, s.size))
-
-    def norm_and_forward(
-        self, norm: nn.Module, hidden: torch.Tensor, residual: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """(this layer of ``norm(hidden + residual)``, ``hidden + residual``) with the norm inside our decode GEMV
-        (kernels/decode_gemm.py ``normed_decode_linear``) where that applies: one rank (``hidden`` is then the whole
-        sum), a 16-bit unquantized layer without bias, a batch the GEMV takes; None elsewhere, for the caller to run
-        the norm apart."""
-        if not self.norm_front or self.quant is not None or self.bias is not None or tp_size() > 1:
-            return None
-        if not (hidden.is_cuda or self.norm_front_on_cpu) or hidden.dtype != norm.weight.dtype:
-            return None
-        tiles = decode_linear_tiles(hidden, self.weight, any_device=True)
-        if tiles is None or not tiles.gemv:
-            return None
-        return normed_decode_linear(hidden, residual, norm.weight, norm.eps, self.weight, tiles)
 
     def forward(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         """``x @ weight.T (+ bias)``, into ``out`` when given (a contiguous [rows, out_features] tensor)."""

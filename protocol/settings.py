@@ -40,7 +40,6 @@ class Settings:
     decode_gemm: bool  # NANOSERVE_DECODE_GEMM=0: every linear layer through cuBLAS
     lt_tune: bool  # NANOSERVE_LT_TUNE=0: skip the start-up choice of cuBLASLt algorithms (faster start)
     moe_norm_route: bool  # NANOSERVE_MOE_NORM_ROUTE=0: a MoE layer's norm, router and routing as three launches
-    norm_gemv: bool  # NANOSERVE_NORM_GEMV=1: a one-row decode's RMSNorms inside the GEMVs after them
     triton_interpret: bool  # TRITON_INTERPRET=1: Triton kernels run on CPU tensors (tests)
 
 
@@ -57,7 +56,6 @@ def settings() -> Settings:
         decode_gemm=_switch("DECODE_GEMM"),
         lt_tune=_switch("LT_TUNE"),
         moe_norm_route=_switch("MOE_NORM_ROUTE"),
-        norm_gemv=_opt_in("NORM_GEMV"),
         triton_interpret=os.environ.get("TRITON_INTERPRET", "0") == "1",
     )
 
