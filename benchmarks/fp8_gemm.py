@@ -36,13 +36,6 @@ def paths(block):
         out = torch.empty(x.shape[0], w_q.shape[0], **_like(x))
         return fp8_gemv.fp8_gemv(x, w_q, w_s, block, None, out, slice_bytes, f16_sums, max_block_k)
 
-    def gemv_pre(x, w_q, w_s, x_q=None, x_s=None):
-        # per-channel: the row quantized before the GEMV, by a launch of its own (x_q None) or outside the graph
-        if x_q is None:
-            x_q, x_s = quantize_rows(x, None)
-        out = torch.empty(x.shape[0], w_q.shape[0], **_like(x))
-        return fp8_gemv.fp8_gemv(x_q, w_q, w_s, None, None, out, 32768, x_scale=x_s.view(-1))
-
     def triton(x, w_q, w_s):
         x_q, x_s = quantize_rows(x, group)
         return fp8_gemm.fp8_gemm(x_q, x_s, w_q, w_s, block, None, torch.empty(x.shape[0], w_q.shape[0], **_like(x)))
@@ -70,9 +63,6 @@ def paths(block):
         "gemv_k1024": lambda x, w_q, w_s: gemv(x, w_q, w_s, 16384, False, 1024),
         "gemv_k2048": lambda x, w_q, w_s: gemv(x, w_q, w_s, 16384, False, 2048),
         "gemv_f16_k1024": lambda x, w_q, w_s: gemv(x, w_q, w_s, 16384, True, 1024),
-        "gemv_pre_launch": gemv_pre,  # per-channel only: the row quantized by a launch of its own first
-        # per-channel only: the row quantized once outside (what a norm that writes e4m3 rows would give)
-        "gemv_pre_outside": lambda x, w_q, w_s: gemv_pre(x, w_q, w_s, *_prequantized(x)),
         "triton": triton,
         "cublaslt": cublaslt,
         "auto": lambda x, w_q, w_s: fp8_gemm.fp8_linear(x, w_q, w_s, block),
@@ -81,17 +71,6 @@ def paths(block):
 
 # (BLOCK_M, BLOCK_N, warps, stages, K splits) our Triton GEMM is also timed with (--sweep)
 TILE_SWEEP = [(16, 64, 4, 4, 1), (64, 64, 4, 4, 1), (64, 128, 4, 4, 1), (128, 64, 4, 4, 1), (64, 64, 4, 4, 2)]
-
-
-_PREQUANTIZED: dict = {}
-
-
-def _prequantized(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The e4m3 row of ``x``'s shape, quantized once, before any graph capture reaches it (cached by shape)."""
-    key = tuple(x.shape)
-    if key not in _PREQUANTIZED:
-        _PREQUANTIZED[key] = quantize_rows(torch.randn_like(x), None)
-    return _PREQUANTIZED[key]
 
 
 def _like(x: torch.Tensor) -> dict:
@@ -144,7 +123,7 @@ def main() -> None:
                         continue
                     if a.only and not name.startswith(tuple(a.only)):
                         continue
-                    if ("f16" in name or "pre" in name) and block is not None:
+                    if "f16" in name and block is not None:
                         continue
                     if name.startswith("gemv") and not fp8_gemv.supports(m, k, block):
                         continue

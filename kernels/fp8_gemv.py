@@ -33,7 +33,6 @@ def default_tiling(x_dtype: torch.dtype) -> tuple[int, int]:
 @triton.jit(do_not_specialize=["M"])
 def _fp8_gemv_kernel(
     x_ptr,
-    xs_ptr,  # PREQUANT: the rows' scales [M]
     w_ptr,
     ws_ptr,
     bias_ptr,
@@ -52,7 +51,6 @@ def _fp8_gemv_kernel(
     GROUP_K: tl.constexpr,  # columns per activation and weight block scale (divides BLOCK_K)
     HAS_BIAS: tl.constexpr,
     F16_SUMS: tl.constexpr,  # per-channel scales only: products and runs of 8 summed in float16 (a candidate)
-    PREQUANT: tl.constexpr,  # per-channel scales only: x holds the rows already quantized (e4m3), xs their scales
     USE_PDL: tl.constexpr,
 ):
     STEPS: tl.constexpr = (K + BLOCK_K - 1) // BLOCK_K
@@ -70,9 +68,7 @@ def _fp8_gemv_kernel(
         # row masks as tensors: the interpreter mis-types a scalar bool broadcast into a mask
         x_row = x_ptr + r * stride_xm
         row_ok = (offs_k * 0 + r) < M
-        if PREQUANT:
-            sx = tl.load(xs_ptr + tl.minimum(r, M - 1))
-        elif GROUP_N == 0:  # one scale for the whole row: its amax first
+        if GROUP_N == 0:  # one scale for the whole row: its amax first
             amax = tl.zeros([BLOCK_K], dtype=tl.float32)
             for s in tl.static_range(STEPS):
                 ks = s * BLOCK_K + offs_k
@@ -87,12 +83,9 @@ def _fp8_gemv_kernel(
                 w = w_first
             else:
                 w = tl.load(w_rows + ks[None, :], mask=mask_n[:, None] & (ks < K)[None, :], other=0.0)
-            x = tl.load(x_row + ks, mask=row_ok & (ks < K), other=0.0)
+            x = tl.load(x_row + ks, mask=row_ok & (ks < K), other=0.0).to(tl.float32)
             if GROUP_N == 0:
-                if PREQUANT:
-                    xq = x
-                else:
-                    xq = tl.clamp(x.to(tl.float32) * inv, -FP8_MAX, FP8_MAX).to(w_ptr.dtype.element_ty)
+                xq = tl.clamp(x * inv, -FP8_MAX, FP8_MAX).to(w_ptr.dtype.element_ty)
                 if F16_SUMS:
                     # e4m3 widens to float16 in one instruction per pair; x / 64 keeps 8 products (<= 448 * 7
                     # each) under float16's 65,504, and the products of e4m3 values are exact in float16
@@ -102,7 +95,7 @@ def _fp8_gemv_kernel(
                 else:
                     acc += tl.sum(w.to(tl.float32) * xq.to(tl.float32)[None, :], axis=1)
             else:
-                xg = tl.reshape(x.to(tl.float32), (GROUPS, GROUP_K))
+                xg = tl.reshape(x, (GROUPS, GROUP_K))
                 amax_g = tl.max(tl.abs(xg), axis=1)
                 sxg = tl.math.div_rn(tl.maximum(amax_g, MIN_AMAX), FP8_MAX)
                 # an all-zero group (past K, or zeros) quantizes to zeros either way; its 4.5e12 reciprocal made
@@ -150,26 +143,21 @@ def fp8_gemv(
     slice_bytes: int | None = None,
     f16_sums: bool = False,
     max_block_k: int | None = None,
-    x_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``out = quant(x) @ (w_q * w_s).T (+ bias)`` for ``x`` [M <= MAX_ROWS, K] in 16 bits (or float32): scales
     per token and output channel [N] (``block`` None), or per token and ``block[1]`` columns against per-block
     weight scales [N / block[0], K / block[1]]. ``slice_bytes``, ``max_block_k``: weight per program and step and
     its width (gemv_tiles; None: ``default_tiling``).
     ``f16_sums`` (per-channel scales): the candidate that multiplies and sums runs of 8 in float16, fewer
-    conversions per weight byte; its rounding is float16's, not the emulation's (benchmarks/fp8_gemm.py times it).
-    ``x_scale`` [M] (per-channel scales): ``x`` is already quantized (e4m3) with these per-row scales."""
+    conversions per weight byte; its rounding is float16's, not the emulation's (benchmarks/fp8_gemm.py times it)."""
     m, k = x.shape
     n = w_q.shape[0]
     assert supports(m, k, block) and x.stride(1) == 1 and w_q.stride(1) == 1, (x.shape, block)
-    default_slice, default_width = default_tiling(torch.bfloat16 if x.dtype == w_q.dtype else x.dtype)
+    default_slice, default_width = default_tiling(x.dtype)
     block_n, block_k = gemv_tiles(k, block, slice_bytes or default_slice, max_block_k or default_width)
     pdl = use_pdl(x)
-    prequant = x_scale is not None
-    assert not prequant or (block is None and x.dtype == w_q.dtype), "pre-quantized rows: per-channel e4m3 only"
     _fp8_gemv_kernel[(triton.cdiv(n, block_n),)](
         x,
-        x_scale if prequant else w_s,
         w_q,
         w_s,
         bias if bias is not None else out,
@@ -188,7 +176,6 @@ def fp8_gemv(
         GROUP_K=1 if block is None else block[1],
         HAS_BIAS=bias is not None,
         F16_SUMS=f16_sums and block is None,
-        PREQUANT=prequant,
         USE_PDL=pdl,
         num_warps=8 if x.is_cuda else 1,
         launch_pdl=pdl,

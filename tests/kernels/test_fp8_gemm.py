@@ -122,11 +122,6 @@ def test_fp8_gemv_equals_emulation(m, n, k, block, bias):
         out.fill_(float("nan"))
         fp8_gemv.fp8_gemv(x, w_q, w_s, block, b, out, f16_sums=True)
         assert out.isfinite().all() and rel(out, ref) < 2e-3, rel(out, ref)
-        # bf16 rows quantized beforehand (kernels/fp8_quant.py) give the same sums as rows quantized in the GEMV
-        x_q, x_s = quantize_rows(x16, None)
-        pre = torch.full_like(out16, float("nan"))
-        fp8_gemv.fp8_gemv(x_q, w_q, w_s, block, b, pre, x_scale=x_s.view(-1))
-        assert torch.equal(pre, out16)
 
 
 def test_fp8_linear_writes_into_out():
