@@ -61,7 +61,8 @@ def decode_tiles(hidden: int, inter: int, top_k: int, dtype: torch.dtype = torch
     96 registers each, 5 programs an SM (tests/support/moe_sm90_build.py; whole 1,024-wide down rows took 217
     registers with the early load, 2 programs an SM). On an H200, `benchmarks.moe_kernel --path decode --layers 4`
     over 8 tilings: 16 KB or 64 KB gate/up slices, 8 warps, down tiles of 2 or 8 rows, or steps of 128 or 512 were
-    all 0-13% slower. 8 warps where 4 would need more than 64 registers a thread for the weights (float32)."""
+    all 5-14% slower at one token. 8 warps where 4 would need more than 64 registers a thread for the weights
+    (float32)."""
     block_h = min(triton.next_power_of_2(hidden), _MAX_ROW)
     block_i = max(2, min(_GATE_UP_SLICE // (2 * block_h), triton.next_power_of_2(inter)))  # no 1-wide tiles
     k_pow2 = max(2, triton.next_power_of_2(top_k))
