@@ -1,15 +1,17 @@
 """Triton split-K decode kernels for paged attention: one query per sequence, the context split over programs
-(stage 1, partial attention per split) and the splits' results merged (stage 2). The backend
-(:mod:`kernels.triton_attention`) launches them and picks the split count (``num_decode_splits``).
+(stage 1, partial attention per split) and the splits' results merged (stage 2), and ``split_decode``, which
+launches them. The backend (:mod:`kernels.triton_attention`) picks the split count (``num_decode_splits``) and the
+tiles.
 """
 
 from __future__ import annotations
 
+import torch
 import triton
 import triton.language as tl
 
-from kernels.attention_store import dot_operand, softmax_tile
-from kernels.pdl import pdl_enter
+from kernels.attention_store import dot_dtype_f16, dot_operand, kernel_scales, page_strides, softmax_tile
+from kernels.pdl import pdl_enter, use_pdl
 
 
 # Integers that change from step to step (block-table width, split count, their strides) are not specialized:
@@ -155,3 +157,83 @@ def _decode_merge_kernel(
     )
     o = tl.sum(parts * w[:, None], 0) / tl.where(denom > 0.0, denom, 1.0)
     tl.store(out_ptr + b * stride_ob + head * stride_oh + offs_d, o.to(out_ptr.dtype.element_ty), mask=mask_d)
+
+
+def split_decode(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_tables: torch.Tensor,
+    out: torch.Tensor,
+    scales: tuple[float, float, float],
+    num_splits: int,
+    tiles: tuple[int, int, int],
+    heads_first: bool,
+) -> None:
+    """``out`` [B, Hq, D] = each row of ``q`` attending over its sequence's cached context: the split kernel over
+    ``num_splits`` ranges of every context, then (several splits) the merge. ``scales``: the softmax scale, K's and
+    V's cache scales; ``tiles``: keys per tile, warps, pipeline stages; ``heads_first``: the grid's order."""
+    batch, num_heads, head_dim = q.shape
+    num_kv_heads, page = k_cache.shape[2], k_cache.shape[1]
+    block_d = max(16, triton.next_power_of_2(head_dim))
+    block_n, num_warps, num_stages = tiles
+    pdl = use_pdl(q)
+    direct = num_splits == 1
+    if direct:
+        part, lse = out, out  # lse unused
+        part_strides = (out.stride(0), out.stride(1), 0)
+        lse_strides = (0, 0)
+    else:
+        part = torch.empty((batch, num_heads, num_splits, head_dim), dtype=torch.float32, device=q.device)
+        lse = torch.empty((batch, num_heads, num_splits), dtype=torch.float32, device=q.device)
+        part_strides = part.stride()[:3]
+        lse_strides = lse.stride()[:2]
+    grid = (num_kv_heads, num_splits, batch) if heads_first else (batch, num_kv_heads, num_splits)
+    _decode_split_kernel[grid](
+        q,
+        k_cache,
+        v_cache,
+        seq_lens,
+        block_tables,
+        part,
+        lse,
+        *kernel_scales(k_cache, *scales),
+        q.stride(0),
+        q.stride(1),
+        *part_strides,
+        *lse_strides,
+        *page_strides(k_cache, v_cache),
+        block_tables.stride(0),
+        num_splits,
+        GROUP=num_heads // num_kv_heads,
+        PAGE=page,
+        HEAD_DIM=head_dim,
+        BLOCK_D=block_d,
+        BLOCK_H=max(16, triton.next_power_of_2(num_heads // num_kv_heads)),
+        BLOCK_N=block_n,
+        DIRECT_OUT=direct,
+        HEADS_FIRST=heads_first,
+        DOT_F16=dot_dtype_f16(q, k_cache),
+        USE_PDL=pdl,
+        num_warps=num_warps,
+        num_stages=num_stages,
+        launch_pdl=pdl,
+    )
+    if not direct:
+        _decode_merge_kernel[(batch, num_heads)](
+            part,
+            lse,
+            out,
+            *part_strides,
+            *lse_strides,
+            out.stride(0),
+            out.stride(1),
+            num_splits,
+            HEAD_DIM=head_dim,
+            BLOCK_S=triton.next_power_of_2(num_splits),
+            BLOCK_D=block_d,
+            USE_PDL=pdl,
+            num_warps=4 if q.is_cuda else 1,
+            launch_pdl=pdl,
+        )

@@ -8,7 +8,8 @@ An e4m3 (FP8) cache holds ``value / scale`` with one float scale for K and one f
 the model uses 1.0, as vLLM does without calibrated scales): the store kernel divides and saturates at 448, the
 attention kernels read e4m3 tiles, widen them (and a bf16 query) to float16 for the dots, fold ``k_scale`` into the
 softmax scale and apply ``v_scale`` to the output. A 16-bit cache ignores the scales. The attention kernels' shared
-pieces live here too: the query as a dot operand and one tile of the online softmax.
+pieces live here too: the query as a dot operand, one tile of the online softmax, and the launch arguments every
+attention kernel takes (the cache check, its page strides, the two scales).
 """
 
 from __future__ import annotations
@@ -17,8 +18,28 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.attention import is_fp8
+from kernels.attention import cache_scales, is_fp8
 from kernels.pdl import pdl_enter
+
+_LOG2E = 1.4426950408889634
+
+
+def check_cache(k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
+    # Kernels index the last dim with unit stride; the other strides are passed through.
+    if k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1:
+        raise ValueError("KV cache must have a contiguous head_dim")
+
+
+def kernel_scales(k_cache: torch.Tensor, scale: float, k_scale: float, v_scale: float) -> tuple[float, float]:
+    """The prefill and decode kernels' two scale arguments: q.k's (base-2 exponent, K's cache scale folded in), V's."""
+    k_mult, v_mult = cache_scales(k_cache, k_scale, v_scale)
+    return scale * _LOG2E * k_mult, v_mult
+
+
+def page_strides(k_cache: torch.Tensor, v_cache: torch.Tensor) -> tuple[int, ...]:
+    """Block, slot and head strides of the paged K then V cache, as the prefill and decode kernels take them."""
+    return (*k_cache.stride()[:3], *v_cache.stride()[:3])
+
 
 # ----------------------------------------------------------------------------------------------------------------------
 # store_kvcache

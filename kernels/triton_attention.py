@@ -16,31 +16,12 @@ from __future__ import annotations
 import torch
 import triton
 
-from kernels.attention import AttentionBackend, AttentionMetadata, cache_scales, is_fp8
-from kernels.attention_decode import _decode_merge_kernel, _decode_split_kernel
+from kernels.attention import AttentionBackend, AttentionMetadata, is_fp8
+from kernels.attention_decode import split_decode
 from kernels.attention_prefill import _prefill_kernel
-from kernels.attention_store import _store_kvcache_kernel, dot_dtype_f16
+from kernels.attention_store import _store_kvcache_kernel, check_cache, dot_dtype_f16, kernel_scales, page_strides
 from kernels.device import num_sms
 from kernels.pdl import use_pdl
-
-_LOG2E = 1.4426950408889634
-
-
-def _check_cache(k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
-    # Kernels index the last dim with unit stride; the other strides are passed through.
-    if k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1:
-        raise ValueError("KV cache must have a contiguous head_dim")
-
-
-def _kernel_scales(k_cache: torch.Tensor, scale: float, k_scale: float, v_scale: float) -> tuple[float, float]:
-    """The prefill and decode kernels' two scale arguments: q.k's (base-2 exponent, K's cache scale folded in), V's."""
-    k_mult, v_mult = cache_scales(k_cache, k_scale, v_scale)
-    return scale * _LOG2E * k_mult, v_mult
-
-
-def _page_strides(k_cache: torch.Tensor, v_cache: torch.Tensor) -> tuple[int, ...]:
-    """Block, slot and head strides of the paged K then V cache, as the prefill and decode kernels take them."""
-    return (*k_cache.stride()[:3], *v_cache.stride()[:3])
 
 
 class TritonAttentionBackend(AttentionBackend):
@@ -104,7 +85,7 @@ class TritonAttentionBackend(AttentionBackend):
         num_tokens, num_kv_heads, head_dim = k.shape
         if num_tokens == 0:
             return
-        _check_cache(k_cache, v_cache)
+        check_cache(k_cache, v_cache)
         if k.stride(-1) != 1 or v.stride(-1) != 1:
             raise ValueError("k and v must have a contiguous head_dim")
         # Slots address [num_blocks * block_size] rows; viewing keeps that valid for padded strides too.
@@ -159,7 +140,7 @@ class TritonAttentionBackend(AttentionBackend):
             return out
         if meta.max_seqlen_q <= 0:
             raise ValueError("meta.max_seqlen_q must be set (host int) for the Triton prefill grid")
-        _check_cache(k_cache, v_cache)
+        check_cache(k_cache, v_cache)
         assert num_heads % num_kv_heads == 0 and q.stride(-1) == 1 and out.stride(-1) == 1
         bt = meta.prefill_block_tables
         assert bt.stride(-1) == 1
@@ -183,12 +164,12 @@ class TritonAttentionBackend(AttentionBackend):
             meta.cu_seqlens_q,
             meta.prefill_seq_lens,
             bt,
-            *_kernel_scales(k_cache, scale, k_scale, v_scale),
+            *kernel_scales(k_cache, scale, k_scale, v_scale),
             q.stride(0),
             q.stride(1),
             out.stride(0),
             out.stride(1),
-            *_page_strides(k_cache, v_cache),
+            *page_strides(k_cache, v_cache),
             bt.stride(0),
             GROUP=num_heads // num_kv_heads,
             PAGE=page,
@@ -257,91 +238,30 @@ class TritonAttentionBackend(AttentionBackend):
         ``num_splits`` overrides the split policy (e.g. to pin it while capturing CUDA graphs).
         """
         batch, num_heads, head_dim = q.shape
-        num_kv_heads, page = k_cache.shape[2], k_cache.shape[1]
+        num_kv_heads = k_cache.shape[2]
         if out is None:
             out = torch.empty((batch, num_heads, head_dim), dtype=q.dtype, device=q.device)
         if batch == 0:
             return out
-        _check_cache(k_cache, v_cache)
+        check_cache(k_cache, v_cache)
         assert num_heads % num_kv_heads == 0 and q.stride(-1) == 1 and out.stride(-1) == 1
         bt = meta.decode_block_tables
         assert bt.stride(-1) == 1
-        group = num_heads // num_kv_heads
         if num_splits is None:
             num_splits = self.num_decode_splits(batch, num_kv_heads, meta.max_decode_seq_len, q.device)
 
-        block_d = max(16, triton.next_power_of_2(head_dim))
-        pdl = use_pdl(q)
-        block_h = max(16, triton.next_power_of_2(group))
         if q.is_cuda:
             # 128-key tiles: 3-4% faster than 64 at batch 256 on an H200; two stages of K and V tiles then take
             # 128 KB of shared memory at head_dim 128 in 16-bit types (64 keys in fp32). The split programs of the
             # mid regime take 64 keys, the best tiling there in the H200 sweeps (see num_decode_splits).
             mid = num_splits > 1 and batch * num_kv_heads >= self.MID_MIN_PROGRAMS
-            wide = block_d <= 128 and k_cache.element_size() <= 2 and not mid
-            block_n = 128 if wide else (64 if block_d <= 128 else 32)
-            block_n, num_warps, num_stages = self.decode_tiles or (block_n, 4, 2)
+            narrow = head_dim <= 128
+            wide = narrow and k_cache.element_size() <= 2 and not mid
+            tiles = self.decode_tiles or (128 if wide else (64 if narrow else 32), 4, 2)
         else:
-            block_n, num_warps, num_stages = 16, 1, 1
-
-        direct = num_splits == 1
-        if direct:
-            part, lse = out, out  # lse unused
-            part_strides = (out.stride(0), out.stride(1), 0)
-            lse_strides = (0, 0)
-        else:
-            part = torch.empty((batch, num_heads, num_splits, head_dim), dtype=torch.float32, device=q.device)
-            lse = torch.empty((batch, num_heads, num_splits), dtype=torch.float32, device=q.device)
-            part_strides = part.stride()[:3]
-            lse_strides = lse.stride()[:2]
-
-        heads_first = self.decode_heads_first
-        grid = (num_kv_heads, num_splits, batch) if heads_first else (batch, num_kv_heads, num_splits)
-        _decode_split_kernel[grid](
-            q,
-            k_cache,
-            v_cache,
-            meta.decode_seq_lens,
-            bt,
-            part,
-            lse,
-            *_kernel_scales(k_cache, scale, k_scale, v_scale),
-            q.stride(0),
-            q.stride(1),
-            *part_strides,
-            *lse_strides,
-            *_page_strides(k_cache, v_cache),
-            bt.stride(0),
-            num_splits,
-            GROUP=group,
-            PAGE=page,
-            HEAD_DIM=head_dim,
-            BLOCK_D=block_d,
-            BLOCK_H=block_h,
-            BLOCK_N=block_n,
-            DIRECT_OUT=direct,
-            HEADS_FIRST=heads_first,
-            DOT_F16=dot_dtype_f16(q, k_cache),
-            USE_PDL=pdl,
-            num_warps=num_warps,
-            num_stages=num_stages,
-            launch_pdl=pdl,
+            tiles = (16, 1, 1)
+        scales = (scale, k_scale, v_scale)
+        split_decode(
+            q, k_cache, v_cache, meta.decode_seq_lens, bt, out, scales, num_splits, tiles, self.decode_heads_first
         )
-        if not direct:
-            _decode_merge_kernel[(batch, num_heads)](
-                part,
-                lse,
-                out,
-                *part_strides,
-                *lse_strides,
-                out.stride(0),
-                out.stride(1),
-                num_splits,
-                HEAD_DIM=head_dim,
-                BLOCK_S=triton.next_power_of_2(num_splits),
-                BLOCK_D=block_d,
-                USE_PDL=pdl,
-                num_warps=4 if q.is_cuda else 1,
-                launch_pdl=pdl,
-            )
         return out
