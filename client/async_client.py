@@ -7,7 +7,7 @@ import asyncio
 
 import zmq.asyncio
 
-from client.client import (
+from client.base import (
     DEFAULT_ADDRESS,
     _as_dict,
     _Base,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import msgpack
 import pytest
 
-from client.client import _generate_msg, chat_prompt
+from client.base import _generate_msg, chat_prompt
 from client.openai_server.params import choice_params
 from client.openai_server.reasoning import Qwen3ReasoningParser
 from protocol.client_messages import CLIENT_PROTOCOL_VERSION, ChatPrompt, Generate, Tokenize
