@@ -7,17 +7,7 @@ import asyncio
 
 import zmq.asyncio
 
-from client.base import (
-    DEFAULT_ADDRESS,
-    _as_dict,
-    _Base,
-    _detokenize_msg,
-    _generate_msg,
-    _params_list,
-    _prompts_list,
-    _tokenize_msg,
-    chat_prompt,
-)
+from client.base import DEFAULT_ADDRESS, _as_dict, _Base, chat_prompt
 from client.liveness import DEFAULT_CONNECT_TIMEOUT_S
 from client.replies import Accumulator, StreamState, decode_reply, raise_error
 from protocol.client_messages import Abort, Delta, Error, Health, Info, Stats
@@ -125,7 +115,7 @@ class AsyncClient(_Base):
     # ---- API -------------------------------------------------------------------------------------------------
 
     async def generate(self, prompt, params: SamplingParams | None = None) -> Completion:
-        rid, q = self._open(_generate_msg(self._new_id(), self.token, prompt, params, stream=False))
+        rid, q = self._open(self._generate_request(prompt, params, False))
         try:
             reply = await self._next(rid, q)
         except BaseException:  # CancelledError included: the request must not run on without a reader
@@ -138,11 +128,7 @@ class AsyncClient(_Base):
 
     async def generate_many(self, prompts: list, params=None) -> list[Completion]:
         """Completions in input order; every request is sent at once."""
-        prompts = _prompts_list(prompts)
-        params = _params_list(prompts, params)
-        opened = [
-            self._open(_generate_msg(self._new_id(), self.token, p, sp, stream=False)) for p, sp in zip(prompts, params)
-        ]
+        opened = [self._open(m) for m in self._generate_requests(prompts, params)]
         out = []
         try:
             for rid, q in opened:
@@ -160,7 +146,7 @@ class AsyncClient(_Base):
     def stream(self, prompt, params: SamplingParams | None = None) -> AsyncStream:
         """Send the request now (call from a running event loop); ``async for`` over the result. ``prompt`` may
         be a ``chat_prompt(messages)``."""
-        rid, q = self._open(_generate_msg(self._new_id(), self.token, prompt, params, stream=True))
+        rid, q = self._open(self._generate_request(prompt, params, True))
         return AsyncStream(self, rid, q)
 
     async def chat(self, messages: list[dict], params: SamplingParams | None = None, chat_template_kwargs=None):
@@ -168,13 +154,13 @@ class AsyncClient(_Base):
         return await self.generate(chat_prompt(messages, chat_template_kwargs), params)
 
     async def tokenize(self, prompt, add_special_tokens: bool = True) -> list[int]:
-        return (await self._ask(_tokenize_msg(self, prompt, add_special_tokens))).token_ids
+        return (await self._ask(self._tokenize_request(prompt, add_special_tokens))).token_ids
 
     async def detokenize(self, token_ids, skip_special_tokens: bool = True) -> str:
-        return (await self._ask(_detokenize_msg(self, token_ids, False, skip_special_tokens))).text
+        return (await self._ask(self._detokenize_request(token_ids, False, skip_special_tokens))).text
 
     async def token_texts(self, token_ids) -> list[str]:
-        return (await self._ask(_detokenize_msg(self, token_ids, True, False))).token_texts
+        return (await self._ask(self._detokenize_request(token_ids, True, False))).token_texts
 
     async def abort(self, request_id: str) -> None:
         """As ``Client.abort``."""

@@ -41,16 +41,6 @@ def chat_prompt(messages: list[dict], chat_template_kwargs: dict | None = None) 
     return ChatPrompt(list(messages), chat_template_kwargs, True)
 
 
-def _tokenize_msg(base: _Base, prompt, add_special_tokens: bool) -> Tokenize:
-    if not isinstance(prompt, str):  # a conversation (list of messages)
-        prompt = prompt if isinstance(prompt, ChatPrompt) else chat_prompt(prompt)
-    return Tokenize(CLIENT_PROTOCOL_VERSION, base._new_id(), base.token, prompt, add_special_tokens)
-
-
-def _detokenize_msg(base: _Base, ids, per_token: bool, skip_special_tokens: bool) -> Detokenize:
-    return Detokenize(CLIENT_PROTOCOL_VERSION, base._new_id(), base.token, list(ids), per_token, skip_special_tokens)
-
-
 def _prompts_list(prompts) -> list:
     if isinstance(prompts, str) or (isinstance(prompts, (list, tuple)) and prompts and isinstance(prompts[0], int)):
         return [prompts]  # one prompt, as LLM.generate takes it
@@ -88,6 +78,24 @@ class _Base:
 
     def _control(self, cls, rid: str):
         return cls(CLIENT_PROTOCOL_VERSION, rid, self.token)
+
+    def _generate_request(self, prompt, params: SamplingParams | None, stream: bool) -> Generate:
+        return _generate_msg(self._new_id(), self.token, prompt, params, stream)
+
+    def _generate_requests(self, prompts, params) -> list[Generate]:
+        """Not streamed, in LLM.generate's shapes: one prompt or a list; one SamplingParams (or None) or one each."""
+        prompts = _prompts_list(prompts)
+        return [self._generate_request(p, sp, False) for p, sp in zip(prompts, _params_list(prompts, params))]
+
+    def _tokenize_request(self, prompt, add_special_tokens: bool) -> Tokenize:
+        if not isinstance(prompt, str):  # a conversation (list of messages)
+            prompt = prompt if isinstance(prompt, ChatPrompt) else chat_prompt(prompt)
+        return Tokenize(CLIENT_PROTOCOL_VERSION, self._new_id(), self.token, prompt, add_special_tokens)
+
+    def _detokenize_request(self, ids, per_token: bool, skip_special_tokens: bool) -> Detokenize:
+        return Detokenize(
+            CLIENT_PROTOCOL_VERSION, self._new_id(), self.token, list(ids), per_token, skip_special_tokens
+        )
 
     @staticmethod
     def _socket(ctx, address: str, connect_timeout: float | None) -> tuple[zmq.Socket, ConnectionWatch]:

@@ -20,17 +20,7 @@ import time
 
 import zmq
 
-from client.base import (
-    DEFAULT_ADDRESS,
-    _as_dict,
-    _Base,
-    _detokenize_msg,
-    _generate_msg,
-    _params_list,
-    _prompts_list,
-    _tokenize_msg,
-    chat_prompt,
-)
+from client.base import DEFAULT_ADDRESS, _as_dict, _Base, chat_prompt
 from client.liveness import DEFAULT_CONNECT_TIMEOUT_S
 from client.replies import Accumulator, StreamState, decode_reply, raise_error
 from protocol.client_messages import Abort, Delta, Error, Health, Info, Stats
@@ -123,7 +113,7 @@ class Client(_Base):
 
     def generate(self, prompt, params: SamplingParams | None = None) -> Completion:
         """One completion (the server sends it whole when it is finished)."""
-        rid = self._open(_generate_msg(self._new_id(), self.token, prompt, params, stream=False))
+        rid = self._open(self._generate_request(prompt, params, False))
         try:
             reply = self._next(rid)
         except BaseException:
@@ -136,10 +126,7 @@ class Client(_Base):
 
     def generate_many(self, prompts: list, params=None) -> list[Completion]:
         """Completions in input order; every request is sent before the first reply is awaited."""
-        prompts = _prompts_list(prompts)
-        params = _params_list(prompts, params)
-        msgs = [_generate_msg(self._new_id(), self.token, p, sp, stream=False) for p, sp in zip(prompts, params)]
-        rids = [self._open(m) for m in msgs]
+        rids = [self._open(m) for m in self._generate_requests(prompts, params)]
         out = []
         try:
             for rid in rids:
@@ -156,7 +143,7 @@ class Client(_Base):
 
     def stream(self, prompt, params: SamplingParams | None = None) -> Stream:
         """Send the request now; iterate the result for its deltas (the last has ``finish_reason`` set)."""
-        rid = self._open(_generate_msg(self._new_id(), self.token, prompt, params, stream=True))
+        rid = self._open(self._generate_request(prompt, params, True))
         return Stream(self, rid)
 
     def chat(self, messages: list[dict], params: SamplingParams | None = None, chat_template_kwargs=None):
@@ -165,14 +152,14 @@ class Client(_Base):
 
     def tokenize(self, prompt, add_special_tokens: bool = True) -> list[int]:
         """Token ids of a string, or of a conversation (list of messages) through the chat template."""
-        return self._ask(_tokenize_msg(self, prompt, add_special_tokens)).token_ids
+        return self._ask(self._tokenize_request(prompt, add_special_tokens)).token_ids
 
     def detokenize(self, token_ids, skip_special_tokens: bool = True) -> str:
-        return self._ask(_detokenize_msg(self, token_ids, False, skip_special_tokens)).text
+        return self._ask(self._detokenize_request(token_ids, False, skip_special_tokens)).text
 
     def token_texts(self, token_ids) -> list[str]:
         """Each id's own text (special tokens included)."""
-        return self._ask(_detokenize_msg(self, token_ids, True, False)).token_texts
+        return self._ask(self._detokenize_request(token_ids, True, False)).token_texts
 
     def abort(self, request_id: str) -> None:
         """Abort a request (no error if it already finished); the server frees its KV blocks. A stream of that
