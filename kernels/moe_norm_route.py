@@ -7,7 +7,7 @@ programs loads its slice of the router's weight before the PDL wait, normalizes 
 repeated by every program), writes its experts' logits, and takes a ticket; the program with the last ticket routes
 every token from all the logits and resets the ticket for the next launch. Program 0 writes the normalized rows and
 the residual stream. The arithmetic is theirs: the sum rounded to the model dtype, the norm as ``rmsnorm`` rounds
-it, the logits rounded to the model dtype (the router is a 16-bit linear layer), the routing ``route_tile``'s. CUDA
+it, the logits rounded to the model dtype (the router is a 16-bit linear layer), the routing ``route_rows``'. CUDA
 only (the ticket needs a GPU's atomics); tests run it in the interpreter, whose programs run one after another.
 """
 
@@ -18,7 +18,7 @@ import triton
 import triton.language as tl
 
 from kernels.fused import rms_normalized
-from kernels.moe_routing import route_tile
+from kernels.moe_routing import route_rows
 from kernels.pdl import pdl_enter, use_pdl
 
 MAX_TOKENS = 4  # the rows a program normalizes and multiplies, unrolled (kernels/moe_decode.py MAX_TOKENS)
@@ -94,13 +94,9 @@ def _norm_route_kernel(
             other=-float("inf"),
             cache_modifier=".cg",
         )
-        all_logits = tl.where(token_ok[:, None], all_logits.to(tl.float32), 0.0)  # padding rows: finite, unstored
-        top_w, top_i = route_tile(all_logits, E_POW2, TOP_K, K_POW2, RENORMALIZE)
-        slots = tl.arange(0, K_POW2)
-        pairs = tokens[:, None] * TOP_K + slots[None, :]
-        keep = token_ok[:, None] & (slots[None, :] < TOP_K)
-        tl.store(weights_ptr + pairs, top_w, mask=keep)
-        tl.store(ids_ptr + pairs, top_i, mask=keep)
+        route_rows(
+            all_logits.to(tl.float32), tokens, token_ok, weights_ptr, ids_ptr, E_POW2, TOP_K, K_POW2, RENORMALIZE
+        )
         tl.store(ticket_ptr, 0)
 
 

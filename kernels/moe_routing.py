@@ -46,6 +46,20 @@ def route_tile(x, E_POW2: tl.constexpr, TOP_K: tl.constexpr, K_POW2: tl.constexp
     return top_w, top_i
 
 
+@triton.jit
+def route_rows(x, rows, row_ok, weights_ptr, ids_ptr, E_POW2: tl.constexpr, TOP_K: tl.constexpr,
+               K_POW2: tl.constexpr, RENORMALIZE: tl.constexpr):  # fmt: skip
+    """Route the logits ``x`` [R, E_POW2] of token ``rows`` (float32, padding experts -inf) and store the weights
+    and expert ids of the rows in ``row_ok`` at [token, slot]; padding rows are routed from zeros, not stored."""
+    x = tl.where(row_ok[:, None], x, 0.0)
+    top_w, top_i = route_tile(x, E_POW2, TOP_K, K_POW2, RENORMALIZE)
+    slots = tl.arange(0, K_POW2)
+    out = rows[:, None] * TOP_K + slots[None, :]
+    keep = row_ok[:, None] & (slots[None, :] < TOP_K)
+    tl.store(weights_ptr + out, top_w, mask=keep)
+    tl.store(ids_ptr + out, top_i, mask=keep)
+
+
 @triton.jit(do_not_specialize=["num_tokens"])
 def _route_kernel(
     logits_ptr,
@@ -67,13 +81,7 @@ def _route_kernel(
     row_ok = rows < num_tokens
     mask = row_ok[:, None] & (cols[None, :] < E)
     x = tl.load(logits_ptr + rows[:, None].to(tl.int64) * stride_l + cols[None, :], mask=mask, other=-float("inf"))
-    x = tl.where(row_ok[:, None], x.to(tl.float32), 0.0)  # padding rows: finite, never stored
-    top_w, top_i = route_tile(x, E_POW2, TOP_K, K_POW2, RENORMALIZE)
-    slots = tl.arange(0, K_POW2)
-    out = rows[:, None] * TOP_K + slots[None, :]
-    keep = row_ok[:, None] & (slots[None, :] < TOP_K)
-    tl.store(weights_ptr + out, top_w, mask=keep)
-    tl.store(ids_ptr + out, top_i, mask=keep)
+    route_rows(x.to(tl.float32), rows, row_ok, weights_ptr, ids_ptr, E_POW2, TOP_K, K_POW2, RENORMALIZE)
 
 
 def route(logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
