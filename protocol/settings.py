@@ -1,8 +1,7 @@
 """Every environment variable nanoserve reads, in one typed place (the README lists them).
 
-Switches share one polarity: a feature is on unless its variable is "0"; one not yet timed on a GPU is off unless
-its variable is "1". Values are read at call time, so a test or a launcher can set a variable before the process
-that uses it starts; hot paths cache what they read.
+Switches share one polarity: a feature is on unless its variable is "0". Values are read at call time, so a test or
+a launcher can set a variable before the process that uses it starts; hot paths cache what they read.
 """
 
 from __future__ import annotations
@@ -16,11 +15,6 @@ PREFIX = "NANOSERVE_"
 
 def _switch(name: str) -> bool:
     return os.environ.get(PREFIX + name, "1").strip() != "0"
-
-
-def _opt_in(name: str) -> bool:
-    """A feature still to be timed on a GPU: off unless its variable is "1"."""
-    return os.environ.get(PREFIX + name, "0").strip() == "1"
 
 
 def _text(name: str) -> str | None:

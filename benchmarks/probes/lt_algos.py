@@ -46,9 +46,7 @@ def main() -> None:
             algos = cublaslt.heuristic_algos(m, n, k, dt, a.count)
             heuristic = len(algos)
             if a.split_k:  # ranks past the heuristic's count are variants
-                algos += [
-                    v for algo in algos[:4] for v in cublaslt.split_k_variants(algo, cublaslt.problem(m, n, k, dt))
-                ]
+                algos = cublaslt.with_split_k(cublaslt.problem(m, n, k, dt), algos, first=4)
             timed = []
             for rank, algo in enumerate(algos):
                 try:
