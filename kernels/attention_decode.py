@@ -10,7 +10,6 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.attention_front import DecodeFront, front_args, newest_key_state, normed_roped
 from kernels.attention_store import dot_dtype_f16, dot_operand, kernel_scales, page_strides, softmax_tile
 from kernels.pdl import pdl_enter, use_pdl
 
@@ -43,21 +42,6 @@ def _decode_split_kernel(
     stride_vc_h,
     stride_bt,
     num_splits,  # runtime int: a new split count does not recompile
-    pos_ptr,  # the front's operands (kernels/attention_front.py); unused unless FRONT
-    slot_ptr,
-    k_new_ptr,
-    v_new_ptr,
-    wq_ptr,
-    wk_ptr,
-    cos_sin_ptr,
-    stride_kn_b,
-    stride_kn_h,
-    stride_vn_b,
-    stride_vn_h,
-    stride_cs,
-    eps,
-    inv_k_scale,
-    inv_v_scale,
     GROUP: tl.constexpr,
     PAGE: tl.constexpr,
     HEAD_DIM: tl.constexpr,
@@ -67,9 +51,6 @@ def _decode_split_kernel(
     DIRECT_OUT: tl.constexpr,  # single split: normalise and write the final output, no merge pass
     HEADS_FIRST: tl.constexpr,  # grid (kv heads, splits, batch): a sequence's heads run side by side
     DOT_F16: tl.constexpr,  # dot_dtype_f16
-    FRONT: tl.constexpr,  # q is the raw projection: finish it, and the newest K/V, here (attention_front.py)
-    HAS_NORM: tl.constexpr,
-    KV_FP8: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
     pdl_enter(USE_PDL)
@@ -88,9 +69,6 @@ def _decode_split_kernel(
     split_len = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
     split_start = split * split_len
     split_end = tl.minimum(split_start + split_len, seq_len)
-    loop_end = split_end
-    if FRONT:  # the newest key comes from registers after the loop, not from the cache
-        loop_end = tl.minimum(split_end, seq_len - 1)
 
     offs_h = tl.arange(0, BLOCK_H)
     offs_n = tl.arange(0, BLOCK_N)
@@ -100,58 +78,22 @@ def _decode_split_kernel(
     heads = kv_head * GROUP + offs_h
 
     b64 = b.to(tl.int64)
-    q_rows = q_ptr + b64 * stride_qb + heads * stride_qh
-    cs_row = cos_sin_ptr
-    if FRONT:
-        cs_row = cos_sin_ptr + tl.load(pos_ptr + b64).to(tl.int64) * stride_cs
-        q = normed_roped(q_rows, mask_h, offs_d, wq_ptr, cs_row, eps, HEAD_DIM, HAS_NORM)
-    else:
-        q = tl.load(q_rows[:, None] + offs_d[None, :], mask=mask_h[:, None] & mask_d[None, :], other=0.0)
-    q = dot_operand(q, DOT_F16)
+    q_ptrs = q_ptr + b64 * stride_qb + heads[:, None] * stride_qh + offs_d[None, :]
+    q = dot_operand(tl.load(q_ptrs, mask=mask_h[:, None] & mask_d[None, :], other=0.0), DOT_F16)
 
     bt_row = block_tables_ptr + b64 * stride_bt
     k_base = k_cache_ptr + kv_head * stride_kc_h + offs_d[None, :]
     v_base = v_cache_ptr + kv_head * stride_vc_h + offs_d[None, :]
 
-    if FRONT:  # the program whose split holds the newest position starts from that key's state
-        one = tl.arange(0, 1)  # a [1] tensor: the interpreter mis-types a scalar bool broadcast into a mask
-        newest = ((split + one) == (seq_len - 1) // tl.maximum(split_len, 1)) & ((seq_len + one) > 0)
-        m_i, l_i, acc = newest_key_state(
-            q,
-            newest,
-            k_new_ptr + b64 * stride_kn_b + kv_head * stride_kn_h,
-            v_new_ptr + b64 * stride_vn_b + kv_head * stride_vn_h,
-            slot_ptr + b64,
-            wk_ptr,
-            cs_row,
-            k_cache_ptr + kv_head * stride_kc_h,
-            v_cache_ptr + kv_head * stride_vc_h,
-            stride_kc_b,
-            stride_kc_s,
-            stride_vc_b,
-            stride_vc_s,
-            offs_d,
-            qk_scale,
-            eps,
-            inv_k_scale,
-            inv_v_scale,
-            PAGE,
-            HEAD_DIM,
-            BLOCK_H,
-            BLOCK_D,
-            HAS_NORM,
-            KV_FP8,
-        )
-    else:
-        m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
-        l_i = tl.zeros([BLOCK_H], tl.float32)
-        acc = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
+    m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_H], tl.float32)
+    acc = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
 
-    # Every tile starts below loop_end, so it holds at least one valid key: the running max is finite
+    # Every tile starts below split_end, so it holds at least one valid key: the running max is finite
     # from the first iteration on (padded head rows have q = 0, hence finite scores too).
-    for start_n in range(split_start, loop_end, BLOCK_N):
+    for start_n in range(split_start, split_end, BLOCK_N):
         pos_n = start_n + offs_n
-        mask_n = pos_n < loop_end
+        mask_n = pos_n < split_end
         # Masked: table entries past seq_len may be garbage and must not even be read.
         page = tl.load(bt_row + pos_n // PAGE, mask=mask_n, other=0).to(tl.int64)
         in_page = (pos_n % PAGE).to(tl.int64)
@@ -228,12 +170,10 @@ def split_decode(
     num_splits: int,
     tiles: tuple[int, int, int],
     heads_first: bool,
-    front: DecodeFront | None = None,
 ) -> None:
     """``out`` [B, Hq, D] = each row of ``q`` attending over its sequence's cached context: the split kernel over
     ``num_splits`` ranges of every context, then (several splits) the merge. ``scales``: the softmax scale, K's and
-    V's cache scales; ``tiles``: keys per tile, warps, pipeline stages; ``heads_first``: the grid's order;
-    ``front``: ``q`` is the raw projection, finished in the kernel, which also writes the newest K/V."""
+    V's cache scales; ``tiles``: keys per tile, warps, pipeline stages; ``heads_first``: the grid's order."""
     batch, num_heads, head_dim = q.shape
     num_kv_heads, page = k_cache.shape[2], k_cache.shape[1]
     block_d = max(16, triton.next_power_of_2(head_dim))
@@ -250,7 +190,6 @@ def split_decode(
         part_strides = part.stride()[:3]
         lse_strides = lse.stride()[:2]
     grid = (num_kv_heads, num_splits, batch) if heads_first else (batch, num_kv_heads, num_splits)
-    front_vals, front_flags = front_args(front, q, k_cache, *scales[1:])
     _decode_split_kernel[grid](
         q,
         k_cache,
@@ -267,7 +206,6 @@ def split_decode(
         *page_strides(k_cache, v_cache),
         block_tables.stride(0),
         num_splits,
-        *front_vals,
         GROUP=num_heads // num_kv_heads,
         PAGE=page,
         HEAD_DIM=head_dim,
@@ -277,7 +215,6 @@ def split_decode(
         DIRECT_OUT=direct,
         HEADS_FIRST=heads_first,
         DOT_F16=dot_dtype_f16(q, k_cache),
-        **front_flags,
         USE_PDL=pdl,
         num_warps=num_warps,
         num_stages=num_stages,

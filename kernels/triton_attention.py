@@ -18,7 +18,6 @@ import triton
 
 from kernels.attention import AttentionBackend, AttentionMetadata, is_fp8
 from kernels.attention_decode import split_decode
-from kernels.attention_front import DecodeFront
 from kernels.attention_prefill import _prefill_kernel
 from kernels.attention_store import _store_kvcache_kernel, check_cache, dot_dtype_f16, kernel_scales, page_strides
 from kernels.device import num_sms
@@ -48,7 +47,6 @@ class TritonAttentionBackend(AttentionBackend):
     MID_MIN_PROGRAMS = 128
 
     name = "triton"
-    decode_front = True  # decode takes ``front`` (kernels/attention_front.py)
 
     def __init__(
         self,
@@ -202,28 +200,12 @@ class TritonAttentionBackend(AttentionBackend):
             want = min(want, triton.cdiv(max_seq_len, self.min_split_tokens))
         return max(1, min(want, self.max_splits))
 
-    def warmup(
-        self,
-        k_cache: torch.Tensor,
-        v_cache: torch.Tensor,
-        num_heads: int,
-        dtype: torch.dtype,
-        front_norm: bool | None = None,
-    ) -> None:
+    def warmup(self, k_cache: torch.Tensor, v_cache: torch.Tensor, num_heads: int, dtype: torch.dtype) -> None:
         """Compile every decode variant a run can meet (single split, each merge width up to max_splits, the
-        tiles of both the few-sequence and the mid regime; with ``front_norm``, the fused front's variants with or
-        without q/k norms) at start-up, so no timed step stalls on the compiler."""
+        tiles of both the few-sequence and the mid regime) at start-up, so no timed step stalls on the compiler."""
         head_dim, device, num_kv_heads = k_cache.shape[3], k_cache.device, k_cache.shape[2]
         for batch in sorted({2, triton.cdiv(self.MID_MIN_PROGRAMS, num_kv_heads)}):
             q = torch.zeros(batch, num_heads, head_dim, dtype=dtype, device=device)
-            fronts = [None]
-            if front_norm is not None:
-                kv = torch.zeros(batch, num_kv_heads, head_dim, dtype=dtype, device=device)
-                weight = torch.ones(head_dim, dtype=dtype, device=device) if front_norm else None
-                cos_sin = torch.zeros(1, head_dim, device=device)  # float32, as model/rotary.py keeps it
-                positions = torch.zeros(batch, dtype=torch.int64, device=device)
-                slots = torch.full((batch,), -1, dtype=torch.int64, device=device)  # writes nothing
-                fronts.append(DecodeFront(positions, slots, kv, kv, weight, weight, 1e-6, cos_sin))
             meta = AttentionMetadata(
                 slot_mapping=torch.zeros(0, dtype=torch.int64, device=device),
                 num_prefill_tokens=0,
@@ -234,8 +216,7 @@ class TritonAttentionBackend(AttentionBackend):
             )
             splits = 1
             while True:
-                for front in fronts:
-                    self.decode(q, k_cache, v_cache, meta, 1.0, num_splits=splits, front=front)
+                self.decode(q, k_cache, v_cache, meta, 1.0, num_splits=splits)
                 if splits >= self.max_splits:
                     break
                 splits = min(2 * splits, self.max_splits)
@@ -251,13 +232,10 @@ class TritonAttentionBackend(AttentionBackend):
         num_splits: int | None = None,
         k_scale: float = 1.0,
         v_scale: float = 1.0,
-        front: DecodeFront | None = None,
     ) -> torch.Tensor:
         """One query per row of ``q``; rows with seq_len 0 (batch padding) get zeros.
 
-        ``num_splits`` overrides the split policy (e.g. to pin it while capturing CUDA graphs). With ``front``,
-        ``q`` is the raw q projection: the kernel applies the norms and RoPE and writes the newest K/V itself
-        (kernels/attention_front.py), so no store precedes it.
+        ``num_splits`` overrides the split policy (e.g. to pin it while capturing CUDA graphs).
         """
         batch, num_heads, head_dim = q.shape
         num_kv_heads = k_cache.shape[2]
@@ -284,16 +262,6 @@ class TritonAttentionBackend(AttentionBackend):
             tiles = (16, 1, 1)
         scales = (scale, k_scale, v_scale)
         split_decode(
-            q,
-            k_cache,
-            v_cache,
-            meta.decode_seq_lens,
-            bt,
-            out,
-            scales,
-            num_splits,
-            tiles,
-            self.decode_heads_first,
-            front,
+            q, k_cache, v_cache, meta.decode_seq_lens, bt, out, scales, num_splits, tiles, self.decode_heads_first
         )
         return out

@@ -40,9 +40,7 @@ class Attention(nn.Module):
         self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if layout.qk_norm else None
         self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if layout.qk_norm else None
         self.rotary_emb = rope
-        self.attn = PagedAttention(
-            self.num_heads, self.num_kv_heads, cfg.head_dim, cfg.head_dim**-0.5, qk_norm=layout.qk_norm
-        )
+        self.attn = PagedAttention(self.num_heads, self.num_kv_heads, cfg.head_dim, cfg.head_dim**-0.5)
 
     def forward(self, positions: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
         qkv = self.qkv_proj(hidden)

@@ -9,12 +9,10 @@ from torch import nn
 
 from kernels import fused
 from kernels.attention import AttentionBackend, AttentionMetadata
-from kernels.attention_front import DecodeFront
 from model.context import get_context
 from model.linear import check_shape
 from model.parallel import all_reduce, all_reduce_add_rmsnorm, gather_to_rank0, tp_rank, tp_size
 from model.rotary import RotaryEmbedding, qk_norm_rope
-from protocol.settings import settings
 
 
 class VocabParallelEmbedding(nn.Module):
@@ -97,11 +95,9 @@ class SiluAndMul(nn.Module):
 class PagedAttention(nn.Module):
     """Writes this step's K/V into the pool and attends over it, using the context the runner set."""
 
-    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float, qk_norm: bool = False) -> None:
+    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float) -> None:
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim, self.scale = num_heads, num_kv_heads, head_dim, scale
-        self.qk_norm = qk_norm  # which variant of the fused decode front its steps use (start-up compiles it)
-        self.decode_front = settings().decode_front
         self.k_cache = self.v_cache = torch.tensor([])  # bound to the pool by the runner
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -123,15 +119,9 @@ class PagedAttention(nn.Module):
         layer."""
         if not qk.is_cuda:
             return self.forward(*qk_norm_rope(positions, qk, self.num_heads, q_norm, k_norm, rope), v)
-        ctx, meta = get_context(), get_context().meta
+        ctx = get_context()
+        store = fused.KVStore(v, self.k_cache, self.v_cache, ctx.meta.slot_mapping)
         wq, wk, eps = (None, None, 0.0) if q_norm is None else (q_norm.weight, k_norm.weight, q_norm.eps)
-        if self.decode_front and meta.num_prefill_tokens == 0 and getattr(ctx.backend, "decode_front", False):
-            # a decode step: the split decode kernel finishes q, k and stores K/V itself (kernels/attention_front.py)
-            front = DecodeFront(positions, meta.slot_mapping, qk[:, self.num_heads :], v, wq, wk, eps, rope.cos_sin)
-            return ctx.backend.decode(
-                qk[:, : self.num_heads], self.k_cache, self.v_cache, meta, self.scale, front=front
-            )
-        store = fused.KVStore(v, self.k_cache, self.v_cache, meta.slot_mapping)
         fused.qk_norm_rope_(qk, wq, wk, eps, rope.cos_sin, positions, self.num_heads, store)
         return self._attend(qk[:, : self.num_heads], ctx.meta, ctx.backend)
 

@@ -95,8 +95,7 @@ def warmup_kernels(runner: ModelRunner) -> None:
     mc, cfg = runner.model_config, runner.cfg
     if hasattr(runner.backend, "warmup"):
         attn = runner.attn_layers[0]
-        front_norm = attn.qk_norm if attn.decode_front else None
-        runner.backend.warmup(attn.k_cache, attn.v_cache, attn.num_heads, runner.dtype, front_norm)
+        runner.backend.warmup(attn.k_cache, attn.v_cache, attn.num_heads, runner.dtype)
     sampling_warmup(mc.vocab_size, runner.dtype, runner.device)  # every rank samples its shard
     # The LM head runs eagerly, at the step's number of sampled rows (the decode graphs end at the hidden
     # states). Without this pass, each prefill step that sampled a row count not seen before blocked the host

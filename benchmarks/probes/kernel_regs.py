@@ -15,7 +15,6 @@ separate target and put it first on PYTHONPATH to count for the device.
 from __future__ import annotations
 
 import argparse
-import itertools
 import os
 import re
 import subprocess
@@ -118,16 +117,13 @@ def main() -> None:
     split = attention_decode._decode_split_kernel
     print(f"{'kernel':38s} {'tiles':>10s} {'regs':>5s} {'spill B':>8s} {'smem KB':>8s} {'per SM':>7s}")
     for block_n, warps, stages in tilings:
-        for direct, front in itertools.product((True, False), (False, True)):
+        for direct in (True, False):
             consts = {**common, "BLOCK_N": block_n, "DIRECT_OUT": direct, "HEADS_FIRST": True}
-            consts |= {"FRONT": front, "HAS_NORM": front, "KV_FP8": False}  # the front of kernels/attention_front.py
             consts = {k: v for k, v in consts.items() if k in split.arg_names}
             # several splits write fp32 partials through out_ptr; one split writes the bf16 output
             float_ptrs = FLOAT_PTRS if direct else FLOAT_PTRS | {"out_ptr"}
-            if front:
-                float_ptrs = float_ptrs | {"cos_sin_ptr"}
             r = compile_sm90(split, consts, warps, stages, float_ptrs=float_ptrs)
-            label = "split decode, " + ("one split" if direct else "several") + (", front" if front else "")
+            label = "split decode, " + ("one split" if direct else "several")
             tiles = f"{block_n},{warps},{stages}"
             print(f"{label:38s} {tiles:>10s} {r['regs']:5d} {r['spill']:8d} {r['smem'] / 1024:8.1f} {r['per_sm']:7d}")
 

@@ -296,7 +296,7 @@ def test_warmup_compiles_every_decode_variant_without_error():
 
 def test_kernel_regs_counts_an_sm90_build_without_a_gpu():
     # benchmarks/probes/kernel_regs.py: a real sm_90a build and ptxas report on the CPU (a compiler run, so outside the
-    # interpreter this suite sets): the four split-decode variants get plausible registers, shared memory and an
+    # interpreter this suite sets): both split-decode variants get plausible registers, shared memory and an
     # occupancy that follows from them.
     import os
     import subprocess
@@ -309,7 +309,7 @@ def test_kernel_regs_counts_an_sm90_build_without_a_gpu():
     cmd = [sys.executable, os.path.join(root, "benchmarks", "probes", "kernel_regs.py"), "--tiles", "64,4,2"]
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, check=True).stdout
     rows = [line.split() for line in out.splitlines() if line.startswith("split decode")]
-    assert len(rows) == 4, out  # one split or several, each with and without the fused front
+    assert len(rows) == 2, out
     for *_, tiles, regs, _spill, smem, per_sm in rows:
         regs, smem, per_sm = int(regs), float(smem), int(per_sm)
         assert tiles == "64,4,2" and 32 <= regs <= 255 and smem > 0

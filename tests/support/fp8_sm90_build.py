@@ -8,7 +8,6 @@ Prints one line per kernel and exits non-zero if any fails to build.
 
 from __future__ import annotations
 
-import itertools
 import sys
 
 import torch
@@ -105,17 +104,12 @@ def cases():
         | {"DOT_F16": True, "USE_PDL": True},
         {"num_stages": 2},
     )
-    front = {"pos_ptr": "*i64", "slot_ptr": "*i64", "k_new_ptr": BF16, "v_new_ptr": BF16, "wq_ptr": BF16}
-    front |= {"wk_ptr": BF16, "cos_sin_ptr": F32, "eps": "fp32", "inv_k_scale": "fp32", "inv_v_scale": "fp32"}
-    for (direct, block_n), with_front in itertools.product(((True, 128), (False, 64)), (False, True)):
+    for direct, block_n in ((True, 128), (False, 64)):
         yield (
-            f"split decode over e4m3 direct={direct} front={with_front}",
+            f"split decode over e4m3 direct={direct}",
             attention_decode._decode_split_kernel,
-            dict(attn, out_ptr=BF16 if direct else F32) | front,
+            dict(attn, out_ptr=BF16 if direct else F32),
             {
-                "FRONT": with_front,
-                "HAS_NORM": with_front,
-                "KV_FP8": with_front,
                 "GROUP": 4,
                 "PAGE": 16,
                 "HEAD_DIM": 128,
