@@ -10,7 +10,6 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.attention_e4m3 import e4m3_dots, e4m3_query, e4m3_result, e4m3_tile
 from kernels.attention_store import dot_dtype_f16, dot_operand, kernel_scales, page_strides, softmax_tile
 from kernels.pdl import pdl_enter, use_pdl
 
@@ -52,7 +51,6 @@ def _decode_split_kernel(
     DIRECT_OUT: tl.constexpr,  # single split: normalise and write the final output, no merge pass
     HEADS_FIRST: tl.constexpr,  # grid (kv heads, splits, batch): a sequence's heads run side by side
     DOT_F16: tl.constexpr,  # dot_dtype_f16
-    E4M3_DOTS: tl.constexpr,  # e4m3 cache, 16-bit q: the dots of kernels/attention_e4m3.py
     USE_PDL: tl.constexpr,
 ):
     pdl_enter(USE_PDL)
@@ -81,13 +79,7 @@ def _decode_split_kernel(
 
     b64 = b.to(tl.int64)
     q_ptrs = q_ptr + b64 * stride_qb + heads[:, None] * stride_qh + offs_d[None, :]
-    q = tl.load(q_ptrs, mask=mask_h[:, None] & mask_d[None, :], other=0.0)
-    if E4M3_DOTS:
-        q_hi, q_lo, score_scale = e4m3_query(q, qk_scale)
-        acc_t = tl.zeros([BLOCK_D, BLOCK_H], tl.float32)
-    else:
-        q = dot_operand(q, DOT_F16)
-        acc = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
+    q = dot_operand(tl.load(q_ptrs, mask=mask_h[:, None] & mask_d[None, :], other=0.0), DOT_F16)
 
     bt_row = block_tables_ptr + b64 * stride_bt
     k_base = k_cache_ptr + kv_head * stride_kc_h + offs_d[None, :]
@@ -95,6 +87,7 @@ def _decode_split_kernel(
 
     m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_H], tl.float32)
+    acc = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
 
     # Every tile starts below split_end, so it holds at least one valid key: the running max is finite
     # from the first iteration on (padded head rows have q = 0, hence finite scores too).
@@ -107,14 +100,9 @@ def _decode_split_kernel(
         kv_mask = mask_n[:, None] & mask_d[None, :]
         k = tl.load(k_base + (page * stride_kc_b + in_page * stride_kc_s)[:, None], mask=kv_mask, other=0.0)
         v = tl.load(v_base + (page * stride_vc_b + in_page * stride_vc_s)[:, None], mask=kv_mask, other=0.0)
-        if E4M3_DOTS:
-            m_i, l_i, acc_t = e4m3_tile(k, v, q_hi, q_lo, score_scale, mask_n, m_i, l_i, acc_t)
-        else:
-            qk = tl.dot(q, tl.trans(k.to(q.dtype))) * qk_scale
-            qk = tl.where(mask_n[None, :], qk, float("-inf"))
-            m_i, l_i, acc = softmax_tile(q, qk, v, m_i, l_i, acc)
-    if E4M3_DOTS:
-        acc = e4m3_result(acc_t)
+        qk = tl.dot(q, tl.trans(k.to(q.dtype))) * qk_scale
+        qk = tl.where(mask_n[None, :], qk, float("-inf"))
+        m_i, l_i, acc = softmax_tile(q, qk, v, m_i, l_i, acc)
 
     # Empty split (or seq_len == 0): l_i = 0, acc = 0 -> writes zeros and lse = -inf, which the merge ignores.
     l_safe = tl.where(l_i > 0.0, l_i, 1.0)
@@ -227,7 +215,6 @@ def split_decode(
         DIRECT_OUT=direct,
         HEADS_FIRST=heads_first,
         DOT_F16=dot_dtype_f16(q, k_cache),
-        E4M3_DOTS=e4m3_dots(q, k_cache),
         USE_PDL=pdl,
         num_warps=num_warps,
         num_stages=num_stages,

@@ -34,7 +34,6 @@ class Settings:
     decode_gemm: bool  # NANOSERVE_DECODE_GEMM=0: every linear layer through cuBLAS
     lt_tune: bool  # NANOSERVE_LT_TUNE=0: skip the start-up choice of cuBLASLt algorithms (faster start)
     moe_norm_route: bool  # NANOSERVE_MOE_NORM_ROUTE=0: a MoE layer's norm, router and routing as three launches
-    e4m3_dots: bool  # NANOSERVE_E4M3_DOTS=0: decode over an e4m3 cache widens K and V to float16 for its dots
     triton_interpret: bool  # TRITON_INTERPRET=1: Triton kernels run on CPU tensors (tests)
 
 
@@ -51,7 +50,6 @@ def settings() -> Settings:
         decode_gemm=_switch("DECODE_GEMM"),
         lt_tune=_switch("LT_TUNE"),
         moe_norm_route=_switch("MOE_NORM_ROUTE"),
-        e4m3_dots=_switch("E4M3_DOTS"),
         triton_interpret=os.environ.get("TRITON_INTERPRET", "0") == "1",
     )
 

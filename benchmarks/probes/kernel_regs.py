@@ -114,7 +114,6 @@ def main() -> None:
     )
     tilings = [tuple(int(x) for x in t.split(",")) for t in parser.parse_args().tiles]
     common = dict(GROUP=4, PAGE=16, HEAD_DIM=128, BLOCK_D=128, BLOCK_H=16, NUM_KV=4, DOT_F16=False, USE_PDL=True)
-    common |= dict(E4M3_DOTS=False)  # bf16 caches
     split = attention_decode._decode_split_kernel
     print(f"{'kernel':38s} {'tiles':>10s} {'regs':>5s} {'spill B':>8s} {'smem KB':>8s} {'per SM':>7s}")
     for block_n, warps, stages in tilings:
