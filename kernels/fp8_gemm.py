@@ -3,7 +3,7 @@ dynamically per token (or per token and 128 columns).
 
 Which kernel: one row, kernels/fp8_gemv.py (a read of the weight; it quantizes the row itself). More rows:
 ``torch._scaled_mm`` (cuBLASLt FP8) after kernels/fp8_quant.py, where this build and device run the scaling (rowwise
-scales for per-channel weights; 1x128 activation blocks against 128x128 weight blocks where torch and cuBLAS >= 12.9
+scales for per-channel weights, or up to 128 rows scalar ones and a rescale, kernels/fp8_rescale.py; 1x128 activation blocks against 128x128 weight blocks where torch and cuBLAS >= 12.9
 support it, checked once by ``probe_scaled_mm``); otherwise our Triton kernel, which takes either scaling, splits K
 over more programs for small batches (partial sums in float32, added in a fixed order) and loads its first weight
 tile before the PDL wait. All are CUDA-graph safe (no host syncs). The Triton kernels also run under
@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels import fp8_gemv
+from kernels import fp8_gemv, fp8_rescale
 from kernels.device import num_sms
 from kernels.fp8_quant import quantize_rows
 from kernels.pdl import pdl_enter, use_pdl
@@ -297,6 +297,8 @@ def fp8_linear(
         if block is not None:
             return _block_scaled_mm(x, w_q, w_s, block, bias, out)
         x_q, x_s = quantize_rows(x, None)
+        if fp8_rescale.applies(m):
+            return fp8_rescale.scalar_scaled_linear(x_q, x_s, w_q, w_s, bias, out)
         _scaled_mm(x_q, x_s, w_q, w_s, block, None, out)  # bias after: not every build's rowwise path takes one
         return out if bias is None else out.add_(bias)
     x_q, x_s = quantize_rows(x, None if block is None else block[1])

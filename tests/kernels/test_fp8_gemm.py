@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from kernels import fp8_gemm, fp8_gemv
+from kernels import fp8_gemm, fp8_gemv, fp8_rescale
 from kernels.fp8_quant import quantize_rows
 from model import fp8
 from tests.support.builders import make_step, worker_config
@@ -188,6 +188,40 @@ def test_rowwise_cublaslt_call_adds_the_bias_after(monkeypatch):
     b = torch.randn(48, generator=gen).to(DEVICE)
     out = fp8_gemm.fp8_linear(x, w_q, w_s, None, b)
     assert rel(out, fp8.emulated_linear(x, w_q, w_s, fp8.Fp8Config(), b)) < FMA_TOL
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_scalar_scaled_product_then_rescale_equals_emulation(bias):
+    """kernels/fp8_rescale.py: the product with scalar scales, then the token's and channel's scales (and the bias)
+    applied by the rescale kernel (torch's CPU build runs scalar scaling; the kernel in the interpreter)."""
+    gen = torch.Generator().manual_seed(11)
+    x = torch.randn(6, 512, generator=gen).to(DEVICE)
+    _, w_q, w_s = weights(2100, 512, None, gen)  # more columns than one program's 2,048
+    b = torch.randn(2100, generator=gen).to(DEVICE) if bias else None
+    x_q, x_s = quantize_rows(x, None)
+    out = torch.full((6, 2100), float("nan"), device=DEVICE)
+    got = fp8_rescale.scalar_scaled_linear(x_q, x_s, w_q, w_s, b, out)
+    assert got.data_ptr() == out.data_ptr()
+    assert rel(out, fp8.emulated_linear(x, w_q, w_s, fp8.Fp8Config(), b)) < TC_TOL
+
+
+@pytest.mark.parametrize("switch", ["1", "0"])
+def test_fp8_linear_takes_scalar_scales_up_to_max_rows(switch, monkeypatch):
+    """Per-channel products of 2..MAX_ROWS rows take the scalar-scaled product and the rescale, more rows (or
+    NANOSERVE_FP8_SCALAR_GEMM=0) the rowwise one; each equals the emulation."""
+    monkeypatch.setenv("NANOSERVE_FP8_SCALAR_GEMM", switch)
+    monkeypatch.setattr(fp8_gemm, "uses_scaled_mm", lambda *a: True)
+    taken = []
+    scalar, rowwise = fp8_rescale.scalar_scaled_linear, fp8_gemm._scaled_mm
+    monkeypatch.setattr(fp8_rescale, "scalar_scaled_linear", lambda *a: taken.append("scalar") or scalar(*a))
+    monkeypatch.setattr(fp8_gemm, "_scaled_mm", lambda *a: taken.append("rowwise") or rowwise(*a))
+    gen = torch.Generator().manual_seed(5)
+    _, w_q, w_s = weights(64, 128, None, gen)
+    for m in (2, fp8_rescale.MAX_ROWS, fp8_rescale.MAX_ROWS + 1):
+        x = torch.randn(m, 128, generator=gen).to(DEVICE)
+        out = fp8_gemm.fp8_linear(x, w_q, w_s, None)
+        assert rel(out, fp8.emulated_linear(x, w_q, w_s, fp8.Fp8Config())) < TC_TOL
+    assert taken == (["scalar", "scalar", "rowwise"] if switch == "1" else ["rowwise"] * 3)
 
 
 # ---- CUDA: real shapes --------------------------------------------------------------------------------------

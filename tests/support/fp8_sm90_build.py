@@ -13,7 +13,16 @@ import sys
 import torch
 
 from benchmarks.probes.kernel_regs import build_sm90, report_builds
-from kernels import attention_decode, attention_prefill, attention_store, fp8_gemm, fp8_gemv, fp8_quant, fused
+from kernels import (
+    attention_decode,
+    attention_prefill,
+    attention_store,
+    fp8_gemm,
+    fp8_gemv,
+    fp8_quant,
+    fp8_rescale,
+    fused,
+)
 
 FP8, BF16, F32 = "*fp8e4nv", "*bf16", "*fp32"
 
@@ -73,6 +82,13 @@ def cases():
             },
             {"num_warps": 8},
         )
+    yield (
+        "rescale after a scalar-scaled product",
+        fp8_rescale._rescale_kernel,
+        {"out_ptr": BF16, "xs_ptr": F32, "ws_ptr": F32, "bias_ptr": BF16},
+        {"BLOCK_N": 2048, "HAS_BIAS": True, "USE_PDL": True},
+        {},
+    )
     yield (
         "split-K sum",
         fp8_gemm._sum_splits_kernel,

@@ -1,0 +1,99 @@
+"""Per-token x per-channel FP8 products as a scalar-scaled cuBLASLt product and one rescale.
+
+torch._scaled_mm with rowwise scales runs the one cuBLASLt algorithm that takes per-row and per-column scales, and
+at 16-128 rows it streams Qwen3-8B's e4m3 weights no faster than bf16 (docs/PERFORMANCE_LOG.md logs 21c, 22b).
+With scalar scales (1.0) cuBLASLt picks from its whole FP8 catalogue: 2.45-2.77 against 3.75-4.22 ms of products a
+step at 16-128 rows (log 23c). So up to ``MAX_ROWS`` rows the product runs unscaled into the 16-bit output and
+one kernel applies the token's and the channel's scale (and the bias) in place, in float32.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels.pdl import pdl_enter, use_pdl
+from protocol.settings import settings
+
+MAX_ROWS = 128  # past this, the rescale's bytes cost what the product saves (log 23c): rowwise scales
+_BLOCK_N = 2048
+
+
+@triton.jit(do_not_specialize=["N"])
+def _rescale_kernel(
+    out_ptr,
+    xs_ptr,
+    ws_ptr,
+    bias_ptr,
+    N,
+    stride_om,
+    BLOCK_N: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    USE_PDL: tl.constexpr,
+):
+    # One program per (row, BLOCK_N columns); the channel scales and the bias are weights: read before the wait.
+    row = tl.program_id(1).to(tl.int64)
+    offs = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask = offs < N
+    ws = tl.load(ws_ptr + offs, mask=mask, other=0.0)
+    if HAS_BIAS:
+        bias = tl.load(bias_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    pdl_enter(USE_PDL)
+    xs = tl.load(xs_ptr + row)
+    ptrs = out_ptr + row * stride_om + offs
+    y = tl.load(ptrs, mask=mask, other=0.0).to(tl.float32) * (xs * ws)
+    if HAS_BIAS:
+        y += bias
+    tl.store(ptrs, y.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def rescale_(out: torch.Tensor, x_s: torch.Tensor, w_s: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """In place: ``out`` [M, N] times ``x_s`` [M] (or [M, 1]) along rows and ``w_s`` [N] along columns, plus
+    ``bias`` [N]."""
+    m, n = out.shape
+    assert out.stride(1) == 1 and x_s.numel() == m and w_s.numel() == n
+    if m == 0:
+        return out
+    pdl = use_pdl(out)
+    _rescale_kernel[(triton.cdiv(n, _BLOCK_N), m)](
+        out,
+        x_s,
+        w_s,
+        out if bias is None else bias,
+        n,
+        out.stride(0),
+        BLOCK_N=_BLOCK_N,
+        HAS_BIAS=bias is not None,
+        USE_PDL=pdl,
+        num_warps=4,
+        launch_pdl=pdl,
+    )
+    return out
+
+
+@functools.cache
+def _one(device: torch.device) -> torch.Tensor:
+    return torch.ones((), dtype=torch.float32, device=device)
+
+
+def applies(m: int) -> bool:
+    """Whether an ``m``-row per-channel product takes this path (NANOSERVE_FP8_SCALAR_GEMM=0: never)."""
+    return m <= MAX_ROWS and settings().fp8_scalar_gemm
+
+
+def scalar_scaled_linear(
+    x_q: torch.Tensor,
+    x_s: torch.Tensor,
+    w_q: torch.Tensor,
+    w_s: torch.Tensor,
+    bias: torch.Tensor | None,
+    out: torch.Tensor,
+) -> torch.Tensor:
+    """``(x_q * x_s) @ (w_q * w_s).T + bias`` into ``out``: e4m3 ``x_q`` [M, K] with per-row scales, ``w_q`` [N, K]
+    with per-channel scales."""
+    one = _one(out.device)
+    torch._scaled_mm(x_q, w_q.t(), scale_a=one, scale_b=one, out_dtype=out.dtype, out=out)
+    return rescale_(out, x_s, w_s, bias)
