@@ -3,8 +3,9 @@ dynamically per token (or per token and 128 columns).
 
 Which kernel: one row, kernels/fp8_gemv.py (a read of the weight; it quantizes the row itself). More rows:
 ``torch._scaled_mm`` (cuBLASLt FP8) after kernels/fp8_quant.py, where this build and device run the scaling (rowwise
-scales for per-channel weights, or up to 128 rows scalar ones and a rescale, kernels/fp8_rescale.py; 1x128 activation blocks against 128x128 weight blocks where torch and cuBLAS >= 12.9
-support it, checked once by ``probe_scaled_mm``); otherwise our Triton kernel, which takes either scaling, splits K
+scales for per-channel weights, up to 128 rows scalar ones and a rescale, kernels/fp8_rescale.py; 1x128 activation
+blocks against 128x128 weight blocks where torch and cuBLAS >= 12.9 support it, checked once by
+``probe_scaled_mm``); otherwise our Triton kernel, which takes either scaling, splits K
 over more programs for small batches (partial sums in float32, added in a fixed order) and loads its first weight
 tile before the PDL wait. All are CUDA-graph safe (no host syncs). The Triton kernels also run under
 ``TRITON_INTERPRET=1`` on CPU tensors (tests).
