@@ -175,9 +175,12 @@ def test_block_scaled_cublaslt_call_pads_rows_to_a_multiple_of_4(m, monkeypatch)
 
 def test_rowwise_cublaslt_call_adds_the_bias_after(monkeypatch):
     """Per-channel weights with a bias (Qwen2's q/k/v): fp8_linear gives cuBLASLt no bias and adds it after."""
+    monkeypatch.setenv("NANOSERVE_FP8_SCALAR_GEMM", "0")  # the rowwise call at any row count
+    called = []
 
     def scaled_mm(x_q, x_s, w_q, w_s, block_, bias, out):
         assert bias is None and block_ is None and x_s.shape == (x_q.shape[0], 1)
+        called.append(x_q.shape[0])
         return out.copy_(fp8.dequantize_activations(x_q, x_s, None) @ fp8.dequantize(w_q, w_s, None).t())
 
     monkeypatch.setattr(fp8_gemm, "uses_scaled_mm", lambda *a: True)
@@ -187,7 +190,7 @@ def test_rowwise_cublaslt_call_adds_the_bias_after(monkeypatch):
     _, w_q, w_s = weights(48, 128, None, gen)
     b = torch.randn(48, generator=gen).to(DEVICE)
     out = fp8_gemm.fp8_linear(x, w_q, w_s, None, b)
-    assert rel(out, fp8.emulated_linear(x, w_q, w_s, fp8.Fp8Config(), b)) < FMA_TOL
+    assert called == [6] and rel(out, fp8.emulated_linear(x, w_q, w_s, fp8.Fp8Config(), b)) < FMA_TOL
 
 
 # cuBLASLt's rowwise FP8 writes bfloat16 only: on a GPU the products below take bf16 rows and outputs
@@ -201,10 +204,10 @@ def test_scalar_scaled_product_then_rescale_equals_emulation(bias):
     applied by the rescale kernel (torch's CPU build runs scalar scaling; the kernel in the interpreter)."""
     gen = torch.Generator().manual_seed(11)
     x = torch.randn(6, 512, generator=gen).to(DEVICE, DTYPE)
-    _, w_q, w_s = weights(2100, 512, None, gen)  # more columns than one program's 2,048
-    b = torch.randn(2100, generator=gen).to(DEVICE, DTYPE) if bias else None
+    _, w_q, w_s = weights(2112, 512, None, gen)  # more columns than one program's 2,048; cuBLASLt: N % 16 == 0
+    b = torch.randn(2112, generator=gen).to(DEVICE, DTYPE) if bias else None
     x_q, x_s = quantize_rows(x, None)
-    out = torch.full((6, 2100), float("nan"), device=DEVICE, dtype=DTYPE)
+    out = torch.full((6, 2112), float("nan"), device=DEVICE, dtype=DTYPE)
     got = fp8_rescale.scalar_scaled_linear(x_q, x_s, w_q, w_s, b, out)
     assert got.data_ptr() == out.data_ptr()
     assert rel(out, fp8.emulated_linear(x.float(), w_q, w_s, fp8.Fp8Config(), b)) < OUT_TOL
@@ -401,4 +404,4 @@ def test_fp8_kernels_build_for_sm90_without_a_gpu():
     cmd = [sys.executable, "-m", "tests.support.fp8_sm90_build"]
     out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-2000:]
-    assert out.stdout.count("ok ") == 19, out.stdout
+    assert out.stdout.count("ok ") == 20, out.stdout
