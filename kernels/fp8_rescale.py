@@ -20,6 +20,7 @@ from protocol.settings import settings
 
 MAX_ROWS = 128  # past this, the rescale's bytes cost what the product saves (log 23c): rowwise scales
 _BLOCK_N = 2048
+_ENABLED = settings().fp8_scalar_gemm  # NANOSERVE_FP8_SCALAR_GEMM=0: rowwise scales at every row count
 
 
 @triton.jit(do_not_specialize=["N"])
@@ -81,7 +82,7 @@ def _one(device: torch.device) -> torch.Tensor:
 
 def applies(m: int) -> bool:
     """Whether an ``m``-row per-channel product takes this path (NANOSERVE_FP8_SCALAR_GEMM=0: never)."""
-    return m <= MAX_ROWS and settings().fp8_scalar_gemm
+    return _ENABLED and m <= MAX_ROWS
 
 
 def scalar_scaled_linear(
