@@ -19,36 +19,41 @@ from kernels.pdl import pdl_enter, use_pdl
 from protocol.settings import settings
 
 MAX_ROWS = 128  # past this, the rescale's bytes cost what the product saves (log 23c): rowwise scales
-_BLOCK_N = 2048
+_BLOCK_N, _ROWS = 1024, 4  # a program's columns and rows
 _ENABLED = settings().fp8_scalar_gemm  # NANOSERVE_FP8_SCALAR_GEMM=0: rowwise scales at every row count
 
 
-@triton.jit(do_not_specialize=["N"])
+@triton.jit(do_not_specialize=["M", "N"])
 def _rescale_kernel(
     out_ptr,
     xs_ptr,
     ws_ptr,
     bias_ptr,
+    M,
     N,
     stride_om,
     BLOCK_N: tl.constexpr,
+    ROWS: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
-    # One program per (row, BLOCK_N columns); the channel scales and the bias are weights: read before the wait.
-    row = tl.program_id(1).to(tl.int64)
+    # One program per (ROWS rows, BLOCK_N columns): the channel scales and the bias, weights read before the wait,
+    # serve ROWS rows (one row a program read them as often as the output itself).
     offs = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     mask = offs < N
     ws = tl.load(ws_ptr + offs, mask=mask, other=0.0)
     if HAS_BIAS:
         bias = tl.load(bias_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     pdl_enter(USE_PDL)
-    xs = tl.load(xs_ptr + row)
-    ptrs = out_ptr + row * stride_om + offs
-    y = tl.load(ptrs, mask=mask, other=0.0).to(tl.float32) * (xs * ws)
-    if HAS_BIAS:
-        y += bias
-    tl.store(ptrs, y.to(out_ptr.dtype.element_ty), mask=mask)
+    for r in tl.static_range(ROWS):
+        row = tl.program_id(1).to(tl.int64) * ROWS + r
+        row_mask = mask & ((row + 0 * offs) < M)  # a tensor: the interpreter mis-types a scalar bool in a mask
+        xs = tl.load(xs_ptr + tl.minimum(row, M - 1))
+        ptrs = out_ptr + row * stride_om + offs
+        y = tl.load(ptrs, mask=row_mask, other=0.0).to(tl.float32) * (xs * ws)
+        if HAS_BIAS:
+            y += bias
+        tl.store(ptrs, y.to(out_ptr.dtype.element_ty), mask=row_mask)
 
 
 def rescale_(out: torch.Tensor, x_s: torch.Tensor, w_s: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -59,14 +64,16 @@ def rescale_(out: torch.Tensor, x_s: torch.Tensor, w_s: torch.Tensor, bias: torc
     if m == 0:
         return out
     pdl = use_pdl(out)
-    _rescale_kernel[(triton.cdiv(n, _BLOCK_N), m)](
+    _rescale_kernel[(triton.cdiv(n, _BLOCK_N), triton.cdiv(m, _ROWS))](
         out,
         x_s,
         w_s,
         out if bias is None else bias,
+        m,
         n,
         out.stride(0),
         BLOCK_N=_BLOCK_N,
+        ROWS=_ROWS,
         HAS_BIAS=bias is not None,
         USE_PDL=pdl,
         num_warps=4,

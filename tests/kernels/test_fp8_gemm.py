@@ -203,11 +203,11 @@ def test_scalar_scaled_product_then_rescale_equals_emulation(bias):
     """kernels/fp8_rescale.py: the product with scalar scales, then the token's and channel's scales (and the bias)
     applied by the rescale kernel (torch's CPU build runs scalar scaling; the kernel in the interpreter)."""
     gen = torch.Generator().manual_seed(11)
-    x = torch.randn(6, 512, generator=gen).to(DEVICE, DTYPE)
-    _, w_q, w_s = weights(2112, 512, None, gen)  # more columns than one program's 2,048; cuBLASLt: N % 16 == 0
+    x = torch.randn(7, 512, generator=gen).to(DEVICE, DTYPE)  # a partial program of rows
+    _, w_q, w_s = weights(2112, 512, None, gen)  # a partial program of columns; cuBLASLt: N % 16 == 0
     b = torch.randn(2112, generator=gen).to(DEVICE, DTYPE) if bias else None
     x_q, x_s = quantize_rows(x, None)
-    out = torch.full((6, 2112), float("nan"), device=DEVICE, dtype=DTYPE)
+    out = torch.full((7, 2112), float("nan"), device=DEVICE, dtype=DTYPE)
     got = fp8_rescale.scalar_scaled_linear(x_q, x_s, w_q, w_s, b, out)
     assert got.data_ptr() == out.data_ptr()
     assert rel(out, fp8.emulated_linear(x.float(), w_q, w_s, fp8.Fp8Config(), b)) < OUT_TOL

@@ -86,7 +86,7 @@ def cases():
         "rescale after a scalar-scaled product",
         fp8_rescale._rescale_kernel,
         {"out_ptr": BF16, "xs_ptr": F32, "ws_ptr": F32, "bias_ptr": BF16},
-        {"BLOCK_N": 2048, "HAS_BIAS": True, "USE_PDL": True},
+        {"BLOCK_N": 1024, "ROWS": 4, "HAS_BIAS": True, "USE_PDL": True},
         {},
     )
     yield (
