@@ -50,9 +50,11 @@ def time_rows(k: int, m: int, bf16: list, fp8: list) -> tuple[list[float], float
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--shape", default="qwen3-8b", choices=list(SHAPES))
-    p.add_argument("--rows", type=int, nargs="+", default=[16, 32, 64, 128, 256])
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False
+    )
+    p.add_argument("--shape", default="qwen3-8b", choices=list(SHAPES), help="model whose linear layers to time")
+    p.add_argument("--rows", type=int, nargs="+", default=[16, 32, 64, 128, 256], help="rows per product")
     a = p.parse_args()
     require_cuda()
     shapes, layers = SHAPES[a.shape]
