@@ -37,8 +37,8 @@ def _rescale_kernel(
     HAS_BIAS: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
-    # One program per (ROWS rows, BLOCK_N columns): the channel scales and the bias, weights read before the wait,
-    # serve ROWS rows (one row a program read them as often as the output itself).
+    # One program per (ROWS rows, BLOCK_N columns); the channel scales and the bias are weights: read before the
+    # wait, once for all ROWS rows.
     offs = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     mask = offs < N
     ws = tl.load(ws_ptr + offs, mask=mask, other=0.0)
