@@ -1,5 +1,5 @@
-"""The sampling-controls cases (penalties, logprobs) and their check against HF's logits, shared by the CPU and
-the CUDA end-to-end tests."""
+"""Sampling controls for tests: ``controls``, per-row SamplingTensors for the sampler's unit tests; and the cases
+(penalties, logprobs) with their check against HF's logits, shared by the CPU and the CUDA end-to-end tests."""
 
 from __future__ import annotations
 
@@ -8,6 +8,39 @@ import torch
 
 from protocol.sampling_params import SamplingParams
 from tests.support.builders import vllm_penalized
+from worker.sampler import SamplingTensors
+
+
+def controls(
+    n: int,
+    temperature=1.0,
+    top_k=0,
+    top_p=1.0,
+    min_p=0.0,
+    seed=-1,
+    position=0,
+) -> SamplingTensors:
+    """Per-row controls; each argument is a scalar (broadcast) or a sequence of n values."""
+
+    def col(v, dtype):
+        return torch.as_tensor(np.broadcast_to(np.asarray(v), (n,)).copy(), dtype=dtype)
+
+    t, k, p = col(temperature, torch.float32), col(top_k, torch.int64), col(top_p, torch.float32)
+    mp, sd, pos = col(min_p, torch.float32), col(seed, torch.int64), col(position, torch.int64)
+    return SamplingTensors(
+        temperature=t,
+        top_k=k,
+        top_p=p,
+        min_p=mp,
+        seed=sd,
+        position=pos,
+        all_greedy=bool((t == 0).all()),
+        any_top_k=bool((k > 0).any()),
+        any_top_p=bool((p < 1).any()),
+        any_min_p=bool((mp > 0).any()),
+        any_seed=bool((sd >= 0).any()),
+    )
+
 
 MAX_TOKENS = 24
 CASES = [  # cycled over the prompts, so one batch mixes all of them
