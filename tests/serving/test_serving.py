@@ -2,69 +2,28 @@
 
 Greedy float32 outputs through the server (streaming or not, sync or async client) equal the offline ``LLM``
 API's; stop strings that span tokens never leak into streamed text; aborting frees KV blocks; 8 clients x 32
-streams complete; 1,000+ malformed frames leave the server up and answering."""
+streams complete. The fixtures (a server, the offline API's outputs): conftest.py; malformed frames:
+test_client_wire.py."""
 
 from __future__ import annotations
 
 import asyncio
-import math
 import os
-import random
 import subprocess
 import sys
 import threading
 import time
 
-import msgpack
 import numpy as np
 import pytest
 import zmq
 
 from client import AsyncClient, Client, EngineDeadError, OverloadedError, RequestError, SamplingParams
-from protocol.client_messages import CLIENT_PROTOCOL_VERSION, Abort, Error, Generate, Health
-from protocol.codec import ProtocolError, decode, encode
+from protocol.codec import encode
 from tests.support.processes import ROOT
-from tests.support.server import ENGINE_KWARGS, ServerProcess
+from tests.support.server import MAX_PENDING, generate_frame, wait_stats
 
-MAX_PENDING = 300
-MAX_MESSAGE_BYTES = 1 << 20
 GREEDY = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
-
-
-@pytest.fixture(scope="module")
-def server(tiny_tied, tmp_path_factory):
-    srv = ServerProcess(
-        tiny_tied,
-        tmp_path_factory.mktemp("server") / "server.log",
-        "--max-pending-requests", str(MAX_PENDING), "--max-message-bytes", str(MAX_MESSAGE_BYTES),
-    )  # fmt: skip
-    try:
-        yield srv
-    finally:
-        srv.stop()
-
-
-@pytest.fixture(scope="module")
-def offline(tiny_tied):
-    """Greedy outputs of the offline API, computed once per prompt with a long budget (shorter requests
-    are prefixes of these: ignore_eos, greedy)."""
-    from client import LLM
-
-    with LLM(str(tiny_tied), **ENGINE_KWARGS) as llm:
-        cache: dict = {}
-
-        def expect(prompt, max_tokens: int = 48):
-            key = prompt if isinstance(prompt, str) else tuple(prompt)
-            if key not in cache:
-                (c,) = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=48, ignore_eos=True), False)
-                cache[key] = c
-            c = cache[key]
-            return c.token_ids[:max_tokens], llm.tokenizer.decode(c.token_ids[:max_tokens], skip_special_tokens=True)
-
-        expect.llm = llm
-        expect.tokenizer = llm.tokenizer
-        expect.generate = llm.generate
-        yield expect
 
 
 def some_prompts(n: int = 16, seed: int = 3) -> list:
@@ -177,19 +136,10 @@ def test_logprobs_and_penalties(server, offline):
 # ---- abort ---------------------------------------------------------------------------------------------------
 
 
-def _wait_stats(c: Client, cond, timeout: float = 10) -> dict:
-    deadline = time.monotonic() + timeout
-    while True:
-        s = c.stats()
-        if cond(s) or time.monotonic() > deadline:
-            return s
-        time.sleep(0.05)
-
-
 def test_abort_frees_kv_blocks(server):
     long = SamplingParams(temperature=0, max_tokens=900, ignore_eos=True)
     with Client(server.address, timeout=30) as c:
-        idle = _wait_stats(c, lambda s: s["pending"] == 0)
+        idle = wait_stats(c, lambda s: s["pending"] == 0)
         total = idle["kv_blocks_total"]
         assert idle["kv_blocks_free"] == total
         # leaving a stream early aborts it
@@ -199,7 +149,7 @@ def test_abort_frees_kv_blocks(server):
         busy = c.stats()
         assert busy["running"] == 1 and busy["kv_blocks_free"] < total and busy["kv_usage"] > 0
         stream.close()
-        after = _wait_stats(c, lambda s: s["pending"] == 0 and s["kv_blocks_free"] == total)
+        after = wait_stats(c, lambda s: s["pending"] == 0 and s["kv_blocks_free"] == total)
         assert after["kv_blocks_free"] == total and after["running"] == 0 and after["waiting"] == 0
         assert after["requests_aborted"] == idle["requests_aborted"] + 1
         # an explicit abort ends the stream with finish_reason "abort"
@@ -210,14 +160,14 @@ def test_abort_frees_kv_blocks(server):
         assert rest[-1].finish_reason == "abort"
         assert len(first.token_ids) + sum(len(d.token_ids) for d in rest) < 900
         assert stream.completion.finish_reason == "abort"
-        after = _wait_stats(c, lambda s: s["pending"] == 0 and s["kv_blocks_free"] == total)
+        after = wait_stats(c, lambda s: s["pending"] == 0 and s["kv_blocks_free"] == total)
         assert after["kv_blocks_free"] == total
         # a client-side timeout aborts too
     with Client(server.address, timeout=0.05) as c:
         with pytest.raises(TimeoutError):
             c.generate(list(range(10, 50)), SamplingParams(max_tokens=900, ignore_eos=True))
     with Client(server.address, timeout=30) as c:
-        after = _wait_stats(c, lambda s: s["pending"] == 0 and s["kv_blocks_free"] == total)
+        after = wait_stats(c, lambda s: s["pending"] == 0 and s["kv_blocks_free"] == total)
         assert after["pending"] == 0 and after["kv_blocks_free"] == total
 
 
@@ -254,7 +204,7 @@ def test_overloaded(server):
                 next(s)
         for s in streams:
             s.close()
-        s = _wait_stats(c, lambda s: s["pending"] == 0)
+        s = wait_stats(c, lambda s: s["pending"] == 0)
         assert s["pending"] == 0 and s["kv_blocks_free"] == s["kv_blocks_total"]
 
 
@@ -303,7 +253,7 @@ def test_8_clients_x_32_streams(server, offline):
             assert deltas[-1].finish_reason == "length"
     print(f"8 x 32 streams in {time.monotonic() - t0:.1f} s")
     with Client(server.address, timeout=30) as c:
-        s = _wait_stats(c, lambda s: s["pending"] == 0)
+        s = wait_stats(c, lambda s: s["pending"] == 0)
         assert s["kv_blocks_free"] == s["kv_blocks_total"]
         assert s["prefix_cache_hit_tokens"] > 0 and 0 < s["prefix_cache_hit_rate"] <= 1
 
@@ -320,19 +270,19 @@ def test_slow_and_vanished_clients_do_not_stall(server, offline):
     try:
         for i in range(32):
             slow.send(
-                encode(_valid_generate(f"s{i}", prompt=[5 + i] * 10, stream=True, max_tokens=100, ignore_eos=True))
+                encode(generate_frame(f"s{i}", prompt=[5 + i] * 10, stream=True, max_tokens=100, ignore_eos=True))
             )
             gone.send(
-                encode(_valid_generate(f"g{i}", prompt=[9 + i] * 10, stream=True, max_tokens=100, ignore_eos=True))
+                encode(generate_frame(f"g{i}", prompt=[9 + i] * 10, stream=True, max_tokens=100, ignore_eos=True))
             )
         gone.close()  # lingers until its requests are out, then vanishes
         ids, text = offline("hello", 8)
         with Client(server.address, timeout=30) as c:
-            assert _wait_stats(c, lambda s: s["pending"] > 0)["pending"] > 0
+            assert wait_stats(c, lambda s: s["pending"] > 0)["pending"] > 0
             comp = c.generate("hello", SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
             assert comp.token_ids == ids and comp.text == text
             # their requests run to completion (or until aborted); nothing is stuck
-            s = _wait_stats(c, lambda s: s["pending"] == 0, timeout=60)
+            s = wait_stats(c, lambda s: s["pending"] == 0, timeout=60)
             assert s["pending"] == 0 and s["kv_blocks_free"] == s["kv_blocks_total"]
     finally:
         slow.close()
@@ -407,200 +357,6 @@ def test_cli_client_streams_to_terminal(server, offline):
     assert out.returncode == 0, out.stderr
     assert out.stdout.decode("utf-8") == text + "\n"
     assert b"finish_reason=length" in out.stderr
-
-
-# ---- fuzz -----------------------------------------------------------------------------------------------------
-
-
-def _random_value(rng: random.Random, depth: int = 0):
-    kinds = ["int", "bigint", "float", "str", "bytes", "none", "bool"] + (["list", "dict"] if depth < 3 else [])
-    k = rng.choice(kinds)
-    if k == "int":
-        return rng.randint(-(2**31), 2**31)
-    if k == "bigint":
-        return rng.choice([2**63 - 1, -(2**63), 2**64 - 1])
-    if k == "float":
-        return rng.choice([0.5, -1e300, math.inf, -math.inf, math.nan, 1e-320])
-    if k == "str":
-        return "".join(chr(rng.randint(0, 0x2FFF)) for _ in range(rng.randint(0, 20)))
-    if k == "bytes":
-        return rng.randbytes(rng.randint(0, 40))
-    if k == "none":
-        return None
-    if k == "bool":
-        return rng.random() < 0.5
-    if k == "list":
-        return [_random_value(rng, depth + 1) for _ in range(rng.randint(0, 6))]
-    return {str(i): _random_value(rng, depth + 1) for i in range(rng.randint(0, 4))}
-
-
-def _valid_generate(rid: str, **kw) -> Generate:
-    """A Generate frame; keyword arguments override its fields or its params' (set after construction, so that
-    bad values reach the wire unvalidated)."""
-    msg = Generate(CLIENT_PROTOCOL_VERSION, rid, None, "hello", False, SamplingParams(temperature=0.0, max_tokens=4))
-    for name, value in kw.items():
-        setattr(msg if hasattr(msg, name) and name != "params" else msg.params, name, value)
-    return msg
-
-
-# (field overrides, what the error must mention): each is a well-formed frame with one bad value
-BAD_VALUES = [
-    ({"prompt": ""}, "prompt"),
-    ({"prompt": []}, "prompt"),
-    ({"prompt": [True, False]}, "prompt"),
-    ({"prompt": [1, 2.5]}, "prompt"),
-    ({"prompt": {"a": 1}}, "prompt"),
-    ({"prompt": 12}, "prompt"),
-    ({"prompt": [-1]}, "vocabulary"),
-    ({"prompt": [512]}, "vocabulary"),
-    ({"prompt": [2**40]}, "vocabulary"),
-    ({"prompt": "x" * 600_000}, "prompt"),
-    ({"prompt": list(range(1100))}, "max_model_len"),
-    ({"prompt": [i % 500 for i in range(1000)], "max_tokens": 100}, "max_tokens"),
-    ({"max_tokens": 0}, "max_tokens"),
-    ({"max_tokens": -5}, "max_tokens"),
-    ({"max_tokens": 10_000}, "max_tokens"),
-    ({"temperature": -0.1}, "temperature"),
-    ({"temperature": 1e9}, "temperature"),
-    ({"temperature": math.nan}, "temperature"),
-    ({"temperature": math.inf}, "temperature"),
-    ({"top_p": 0.0}, "top_p"),
-    ({"top_p": 1.5}, "top_p"),
-    ({"top_p": math.nan}, "top_p"),
-    ({"top_k": -2}, "top_k"),
-    ({"min_p": 1.5}, "min_p"),
-    ({"min_p": -0.1}, "min_p"),
-    ({"min_tokens": 10, "max_tokens": 4}, "min_tokens"),
-    ({"min_tokens": -1}, "min_tokens"),
-    ({"stop": [""]}, "stop"),
-    ({"stop_token_ids": [-1]}, "stop_token_ids"),
-    ({"stop_token_ids": [100_000]}, "stop_token_ids"),
-    ({"stop_token_ids": [True]}, "stop_token_ids"),
-    ({"seed": -1}, "seed"),
-    ({"logprobs": 21}, "logprobs"),
-    ({"logprobs": -1}, "logprobs"),
-    ({"presence_penalty": 2.5}, "presence_penalty"),
-    ({"frequency_penalty": -3.0}, "frequency_penalty"),
-    ({"repetition_penalty": 0.0}, "repetition_penalty"),
-    ({"temperature": "hot"}, "temperature"),  # wrong types: rejected by the codec, still attributed
-    ({"max_tokens": 4.0}, "max_tokens"),
-    ({"max_tokens": True}, "max_tokens"),
-    ({"stream": 1}, "stream"),
-    ({"stop": "x"}, "stop"),
-    ({"stop": [1]}, "stop"),
-    ({"protocol_version": 99}, "protocol_version"),
-]
-
-
-def test_fuzz_client_endpoint(server, offline):
-    rng = random.Random(20240611)
-    ctx = zmq.Context()
-    sock = ctx.socket(zmq.DEALER)
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.setsockopt(zmq.RCVHWM, 0)
-    sock.setsockopt(zmq.SNDHWM, 0)
-    sock.connect(server.address)
-    big = ctx.socket(zmq.DEALER)  # frames over --max-message-bytes get their connection dropped: own socket
-    big.setsockopt(zmq.LINGER, 0)
-    big.connect(server.address)
-    expect_error: dict[str, str] = {}  # request id -> what the error message must mention
-    sent = 0
-    try:
-        for i in range(1200):
-            rid = f"fz{i}"
-            kind = i % 12
-            if kind == 0:
-                frame = rng.randbytes(rng.randint(0, 2000))
-            elif kind == 1:
-                frame = msgpack.packb(_random_value(rng), use_bin_type=True)
-            elif kind == 2:  # a known or unknown tag with random fields
-                frame = msgpack.packb(
-                    [rng.choice([20, 21, 22, 23, 24, 30, 31, 1, 7, 99, -1])]
-                    + [_random_value(rng) for _ in range(rng.randint(0, 22))],
-                    use_bin_type=True,
-                )
-            elif kind in (3, 4, 5):  # one bad value in an otherwise valid Generate: an error naming it
-                overrides, field = BAD_VALUES[(i // 12 * 3 + kind - 3) % len(BAD_VALUES)]
-                frame = encode(_valid_generate(rid, **overrides))
-                expect_error[rid] = field
-            elif kind == 6:  # unknown (extra) or missing fields, in the request or in its params record
-                raw = msgpack.unpackb(encode(_valid_generate(rid)), raw=False)
-                where = raw if rng.random() < 0.5 else raw[-1]
-                if rng.random() < 0.5:
-                    where += [_random_value(rng) for _ in range(3)]
-                else:  # the request keeps its tag, version, request_id and token: the error can name it
-                    del where[len(where) - rng.randint(1, min(len(where) - 4, 15)) :]
-                frame = msgpack.packb(raw, use_bin_type=True)
-                expect_error[rid] = "fields"
-            elif kind == 7:  # a valid Generate with one field (or one of its params) replaced by random garbage
-                raw = msgpack.unpackb(encode(_valid_generate(rid)), raw=False)
-                where = raw if rng.random() < 0.5 else raw[-1]
-                j = rng.randint(4 if where is raw else 1, len(where) - 1)
-                where[j] = _random_value(rng)
-                frame = msgpack.packb(raw, use_bin_type=True)
-            elif kind == 8:  # control messages with odd ids (including unknown aborts)
-                frame = encode(Abort(CLIENT_PROTOCOL_VERSION, rng.choice(["", "nope", "x" * 300, rid]), None))
-            elif kind == 9:  # multipart frames
-                sock.send_multipart([rng.randbytes(8) for _ in range(rng.randint(2, 4))])
-                sent += 1
-                continue
-            elif kind == 10:  # truncated valid frames
-                data = encode(_valid_generate(rid))
-                frame = data[: rng.randint(0, len(data) - 1)]
-            else:  # a reply record sent to the server, or a wrong-version frame with a bad id
-                wrong_version = msgpack.packb([20, CLIENT_PROTOCOL_VERSION + 1, 123, None], use_bin_type=True)
-                frame = rng.choice([encode(Error(rid, "x", "y")), wrong_version, b"\x91" * 5000])
-            sock.send(frame)
-            sent += 1
-        for _ in range(3):  # oversized
-            big.send(b"\x00" * (MAX_MESSAGE_BYTES + 1024))
-        assert sent >= 1000
-
-        # every attributable bad request got an error that names the problem
-        got: dict[str, Error] = {}
-        deadline = time.monotonic() + 60
-        while set(expect_error) - set(got) and time.monotonic() < deadline:
-            if sock.poll(200):
-                msg = decode(sock.recv())
-                if isinstance(msg, Error) and msg.request_id in expect_error:
-                    got[msg.request_id] = msg
-        missing = sorted(set(expect_error) - set(got))
-        assert not missing, f"no error reply for {missing[:10]}"
-        for rid, field in expect_error.items():
-            assert field in got[rid].message, (rid, field, got[rid])
-            assert got[rid].kind in ("RequestError", "Protocol")
-    finally:
-        sock.close()
-        big.close()
-        ctx.term()
-
-    assert server.proc.poll() is None, server.stderr()
-    ids, text = offline("hello", 8)
-    with Client(server.address, timeout=30) as c:
-        assert c.health()["healthy"]
-        comp = c.generate("hello", SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
-        assert comp.token_ids == ids and comp.text == text
-        stats = _wait_stats(c, lambda s: s["pending"] == 0)
-        assert stats["frames_dropped"] > 100 and stats["requests_rejected"] > 100
-    assert server.proc.poll() is None
-
-
-def test_health_message_raw(server):
-    """The wire format by hand: a DEALER, one msgpack frame, replies matched by request id."""
-    ctx = zmq.Context()
-    sock = ctx.socket(zmq.DEALER)
-    sock.setsockopt(zmq.LINGER, 0)
-    try:
-        sock.connect(server.address)
-        sock.send(encode(Health(CLIENT_PROTOCOL_VERSION, "h1", None)))
-        assert sock.poll(10_000)
-        reply = decode(sock.recv())
-        assert reply.request_id == "h1" and reply.healthy
-        with pytest.raises(ProtocolError):
-            decode(b"\xc1")
-    finally:
-        sock.close()
-        ctx.term()
 
 
 def test_errors_are_exceptions():

@@ -10,6 +10,8 @@ import sys
 import time
 from pathlib import Path
 
+from client import SamplingParams
+from protocol.client_messages import CLIENT_PROTOCOL_VERSION, Generate
 from tests.support.processes import ROOT, children_of
 
 ENGINE_ARGS = [
@@ -19,6 +21,29 @@ ENGINE_ARGS = [
 ENGINE_KWARGS = dict(
     device="cpu", dtype="float32", max_model_len=1024, num_kv_blocks=256, max_num_seqs=64, max_num_batched_tokens=1024
 )
+
+
+MAX_PENDING = 300  # the ZMQ serving tests' server: --max-pending-requests
+MAX_MESSAGE_BYTES = 1 << 20  # and --max-message-bytes
+
+
+def wait_stats(client, cond, timeout: float = 10) -> dict:
+    """The server's stats once ``cond(stats)`` holds, or at ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        s = client.stats()
+        if cond(s) or time.monotonic() > deadline:
+            return s
+        time.sleep(0.05)
+
+
+def generate_frame(rid: str, **kw) -> Generate:
+    """A Generate frame; keyword arguments override its fields or its params' (set after construction, so that
+    bad values reach the wire unvalidated)."""
+    msg = Generate(CLIENT_PROTOCOL_VERSION, rid, None, "hello", False, SamplingParams(temperature=0.0, max_tokens=4))
+    for name, value in kw.items():
+        setattr(msg if hasattr(msg, name) and name != "params" else msg.params, name, value)
+    return msg
 
 
 class ServerProcess:

@@ -1,0 +1,45 @@
+"""The ZMQ serving tests' shared fixtures: one ``python launch.py`` server per test module, with the request and
+frame limits of tests/support/server.py, and the offline API's greedy outputs to compare it with."""
+
+from __future__ import annotations
+
+import pytest
+
+from client import SamplingParams
+from tests.support.server import ENGINE_KWARGS, MAX_MESSAGE_BYTES, MAX_PENDING, ServerProcess
+
+
+@pytest.fixture(scope="module")
+def server(tiny_tied, tmp_path_factory):
+    srv = ServerProcess(
+        tiny_tied,
+        tmp_path_factory.mktemp("server") / "server.log",
+        "--max-pending-requests", str(MAX_PENDING), "--max-message-bytes", str(MAX_MESSAGE_BYTES),
+    )  # fmt: skip
+    try:
+        yield srv
+    finally:
+        srv.stop()
+
+
+@pytest.fixture(scope="module")
+def offline(tiny_tied):
+    """Greedy outputs of the offline API, computed once per prompt with a long budget (shorter requests
+    are prefixes of these: ignore_eos, greedy)."""
+    from client import LLM
+
+    with LLM(str(tiny_tied), **ENGINE_KWARGS) as llm:
+        cache: dict = {}
+
+        def expect(prompt, max_tokens: int = 48):
+            key = prompt if isinstance(prompt, str) else tuple(prompt)
+            if key not in cache:
+                (c,) = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=48, ignore_eos=True), False)
+                cache[key] = c
+            c = cache[key]
+            return c.token_ids[:max_tokens], llm.tokenizer.decode(c.token_ids[:max_tokens], skip_special_tokens=True)
+
+        expect.llm = llm
+        expect.tokenizer = llm.tokenizer
+        expect.generate = llm.generate
+        yield expect
