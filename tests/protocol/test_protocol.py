@@ -1,23 +1,16 @@
 """protocol/codec.py + protocol/messages.py: every registered message round-trips, arrays travel as packed
-little-endian bytes, malformed frames raise ProtocolError and nothing else; the decode step stays small; and
-the worker handshake over a real ZMQ socket with a real worker process."""
+little-endian bytes, malformed frames raise ProtocolError and nothing else; the decode step stays small. The
+worker handshake over a real socket: test_worker_handshake.py."""
 
 from __future__ import annotations
 
 import dataclasses
 import importlib
-import os
 import pkgutil
-import subprocess
-import sys
-import tempfile
-import time
-from pathlib import Path
 
 import msgpack
 import numpy as np
 import pytest
-import zmq
 
 import protocol
 import protocol.messages
@@ -25,8 +18,7 @@ from protocol import codec
 from protocol.codec import ProtocolError, decode, encode
 from protocol.messages import PROTOCOL_VERSION, Shutdown, StepCommand, StepResult, WorkerHello
 from protocol.sampling_params import SamplingParams
-from tests.support.builders import make_step, worker_config
-from tests.support.processes import ROOT
+from tests.support.builders import make_step
 
 ARRAY_DTYPES = {"I32": "<i4", "I64": "<i8", "F32": "<f4"}
 SCALAR_TYPES = {"int": int, "float": float, "str": str, "bool": bool, "bytes": bytes}
@@ -350,73 +342,3 @@ def test_decode_step_at_256_sequences_is_under_4_kib():
     assert size <= 3188, f"{size} bytes: more than before the per-start settings became records (3,188)"
     # a decode step lists no per-row token counts and no sample rows: every row computes and samples one token
     assert len(step.prefill_num_tokens) == 0 and len(step.skip_sample_rows) == 0
-
-
-# ---- handshake with a real worker process --------------------------------------------------------------
-
-
-def _env() -> dict:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH", "")]))
-    return env
-
-
-@pytest.fixture
-def ipc_address():
-    d = tempfile.mkdtemp(prefix="nanoserve-test-")
-    yield f"ipc://{d}/sock"
-    for f in Path(d).iterdir():
-        f.unlink()
-    os.rmdir(d)
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        proc.kill()
-    proc.wait(timeout=10)
-
-
-def test_worker_says_hello(ipc_address):
-    ctx = zmq.Context()
-    sock = ctx.socket(zmq.ROUTER)
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.bind(ipc_address)
-    cmd = [sys.executable, "-m", "worker", "--coordinator", ipc_address, "--rank", "0", "--world-size", "1"]
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=_env(), stdin=subprocess.DEVNULL)
-    try:
-        assert sock.poll(60_000), "no hello from the worker within 60 s"
-        identity, data = sock.recv_multipart()
-        hello = decode(data, expect=WorkerHello)
-        assert identity == b"rank0"
-        assert hello.protocol_version == PROTOCOL_VERSION
-        assert (hello.rank, hello.world_size, hello.pid) == (0, 1, proc.pid)
-        assert hello.hostname
-        # told to stop before any config, it exits by itself
-        sock.send_multipart([identity, encode(Shutdown("test over"))])
-        assert proc.wait(timeout=30) == 1
-    finally:
-        _stop(proc)
-        sock.close(0)
-        ctx.term()
-
-
-def test_protocol_version_mismatch_is_refused(ipc_address, tiny_tied):
-    from coordinator.worker_group import WorkerGroup
-
-    code = (
-        "import sys\n"
-        "import worker.worker as w\n"
-        f"w.PROTOCOL_VERSION = {PROTOCOL_VERSION + 41}\n"
-        f"sys.exit(w.main(['--coordinator', {ipc_address!r}, '--rank', '0', '--world-size', '1']))\n"
-    )
-    proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, env=_env(), stdin=subprocess.DEVNULL)
-    try:
-        t0 = time.monotonic()
-        with pytest.raises(RuntimeError, match="protocol version mismatch") as e:
-            WorkerGroup(worker_config(tiny_tied), 1, external=True, address=ipc_address, start_timeout_s=60)
-        assert f"speaks {PROTOCOL_VERSION + 41}" in str(e.value) and f"speaks {PROTOCOL_VERSION}" in str(e.value)
-        assert time.monotonic() - t0 < 60
-        # the worker was told why and went away on its own
-        assert proc.wait(timeout=30) == 1
-    finally:
-        _stop(proc)
