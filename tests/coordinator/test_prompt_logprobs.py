@@ -13,7 +13,7 @@ from coordinator.output_processor import OutputProcessor
 from coordinator.sequence import Sequence
 from protocol.outputs import Logprob
 from protocol.sampling_params import SamplingParams
-from tests.coordinator.test_scheduler import assert_all_released, make_seq, new_scheduler
+from tests.support.scheduler_driver import assert_all_released, make_seq, new_scheduler
 
 PROMPT = list(range(100, 124))  # 24 tokens: 6 blocks of 4
 
