@@ -11,15 +11,9 @@ from tests.support.server import ENGINE_KWARGS, MAX_MESSAGE_BYTES, MAX_PENDING, 
 
 @pytest.fixture(scope="module")
 def server(tiny_tied, tmp_path_factory):
-    srv = ServerProcess(
-        tiny_tied,
-        tmp_path_factory.mktemp("server") / "server.log",
-        "--max-pending-requests", str(MAX_PENDING), "--max-message-bytes", str(MAX_MESSAGE_BYTES),
-    )  # fmt: skip
-    try:
+    flags = ["--max-pending-requests", str(MAX_PENDING), "--max-message-bytes", str(MAX_MESSAGE_BYTES)]
+    with ServerProcess(tiny_tied, tmp_path_factory.mktemp("server") / "server.log", *flags) as srv:
         yield srv
-    finally:
-        srv.stop()
 
 
 @pytest.fixture(scope="module")

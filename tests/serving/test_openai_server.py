@@ -44,14 +44,9 @@ def model_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def server(model_dir, tmp_path_factory):
-    srv = HttpServer(
-        model_dir, tmp_path_factory.mktemp("http") / "server.log", "--served-model-name", NAME,
-        "--log-stats-interval", "1",
-    )  # fmt: skip
-    try:
+    flags = ["--served-model-name", NAME, "--log-stats-interval", "1"]
+    with HttpServer(model_dir, tmp_path_factory.mktemp("http") / "server.log", *flags) as srv:
         yield srv
-    finally:
-        srv.stop()
 
 
 @pytest.fixture(scope="module")

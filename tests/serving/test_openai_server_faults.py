@@ -45,14 +45,9 @@ def test_http_port_in_use_fails_before_loading():
 
 @pytest.fixture(scope="module")
 def server(tiny_tied, tmp_path_factory):
-    srv = HttpServer(
-        tiny_tied, tmp_path_factory.mktemp("http_keyed") / "server.log", "--api-key", KEY,
-        "--max-pending-requests", "2",
-    )  # fmt: skip
-    try:
+    flags = ["--api-key", KEY, "--max-pending-requests", "2"]
+    with HttpServer(tiny_tied, tmp_path_factory.mktemp("http_keyed") / "server.log", *flags) as srv:
         yield srv
-    finally:
-        srv.stop()
 
 
 def test_api_key(server):

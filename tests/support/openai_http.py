@@ -18,7 +18,8 @@ ENGINE_ARGS = [
 
 
 class HttpServer:
-    """``python launch.py --port 0 --http-port 0 ...``: both lines read from its stdout. Always ``stop()`` it."""
+    """``python launch.py --port 0 --http-port 0 ...``: both lines read from its stdout. Always ``stop()`` it
+    (or leave a ``with`` block)."""
 
     def __init__(self, model_dir, log_path: Path, *extra: str, timeout: float = 120) -> None:
         cmd = [sys.executable, str(ROOT / "launch.py"), "--port", "0", "--http-port", "0", "--model", str(model_dir)]
@@ -52,6 +53,12 @@ class HttpServer:
     def stderr(self) -> str:
         self.log.flush()
         return self.log_path.read_text()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
 
     def stop(self) -> None:
         if self.proc.poll() is None:

@@ -47,7 +47,8 @@ def generate_frame(rid: str, **kw) -> Generate:
 
 
 class ServerProcess:
-    """``python launch.py --port 0 ...``; ``address`` from its "listening" line. Always ``stop()`` it."""
+    """``python launch.py --port 0 ...``; ``address`` from its "listening" line. Always ``stop()`` it
+    (or leave a ``with`` block)."""
 
     def __init__(self, model_dir, log_path: Path, *extra: str, timeout: float = 90) -> None:
         cmd = [sys.executable, str(ROOT / "launch.py"), "--port", "0", "--model", str(model_dir), *ENGINE_ARGS]
@@ -80,6 +81,12 @@ class ServerProcess:
     def stderr(self) -> str:
         self.log.flush()
         return self.log_path.read_text()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
 
     def stop(self) -> None:
         """SIGTERM (a graceful exit removes the worker socket's files), SIGKILL if that takes over 10 s."""
