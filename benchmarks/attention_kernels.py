@@ -224,7 +224,7 @@ def _sweep_case(
     all_splits = sorted({1, 2, 4, 8, 16, policy})
     best, grid = (default_ms, None), {}
     for tiles in tilings:
-        be = TritonAttentionBackend(decode_tiles=tiles[:3], decode_heads_first=bool(tiles[3:] and tiles[3]))
+        be = TritonAttentionBackend(decode_tiles=(*tiles[:3], *tiles[4:]), decode_heads_first=bool(tiles[3]))
         for splits in all_splits:
             if batch * kv_heads * splits > 64 * 132:
                 continue
@@ -299,7 +299,10 @@ def main() -> None:
         help="sweep cases as q_heads,batch,ctx_lo,ctx_hi[,kv_heads] (default: W1/W2-like)",
     )
     parser.add_argument(
-        "--tilings", nargs="+", default=None, help="swept tilings as keys,warps,stages (heads-first grids)"
+        "--tilings",
+        nargs="+",
+        default=None,
+        help="swept tilings as keys,warps,stages[,max registers per thread] (heads-first grids)",
     )
     parser.add_argument("--kv-layout", choices=["nhd", "hnd"], default="nhd", help="sweep: the cache's memory layout")
     parser.add_argument("--page", type=int, default=16, help="sweep: the cache's block size")
@@ -311,7 +314,9 @@ def main() -> None:
         return sweep_prefill(dtype, args.seed, [(16, 4, 15, 100, 1024), (16, 8, 15, 100, 1024), (32, 8, 15, 100, 1024)])
     if args.sweep_decode:
         cases = [tuple(int(x) for x in c.split(",")) for c in args.cases] if args.cases else SWEEP_CASES
-        tilings = [(*(int(x) for x in t.split(",")), 1) for t in args.tilings] if args.tilings else None
+        # (keys, warps, stages, heads-first order, register cap if given)
+        tilings = [(*t[:3], 1, *t[3:]) for t in (tuple(int(x) for x in s.split(",")) for s in args.tilings or [])]
+        tilings = tilings or None
         return sweep_decode(dtype, args.seed, cases, tilings, args.kv_layout, args.page, args.kv_fp8)
     print(f"{torch.cuda.get_device_name()}  triton {triton.__version__}  torch {torch.__version__}  {args.dtype}")
     print(f"q heads {NUM_HEADS}, kv heads {NUM_KV_HEADS}, head_dim {HEAD_DIM}")

@@ -173,11 +173,13 @@ def split_decode(
 ) -> None:
     """``out`` [B, Hq, D] = each row of ``q`` attending over its sequence's cached context: the split kernel over
     ``num_splits`` ranges of every context, then (several splits) the merge. ``scales``: the softmax scale, K's and
-    V's cache scales; ``tiles``: keys per tile, warps, pipeline stages; ``heads_first``: the grid's order."""
+    V's cache scales; ``tiles``: keys per tile, warps, pipeline stages and optionally a register cap per thread
+    (0: none); ``heads_first``: the grid's order."""
     batch, num_heads, head_dim = q.shape
     num_kv_heads, page = k_cache.shape[2], k_cache.shape[1]
     block_d = max(16, triton.next_power_of_2(head_dim))
-    block_n, num_warps, num_stages = tiles
+    block_n, num_warps, num_stages, *cap = tiles
+    caps = {"maxnreg": cap[0]} if cap and cap[0] and q.is_cuda else {}
     pdl = use_pdl(q)
     direct = num_splits == 1
     if direct:
@@ -219,6 +221,7 @@ def split_decode(
         num_warps=num_warps,
         num_stages=num_stages,
         launch_pdl=pdl,
+        **caps,
     )
     if not direct:
         _decode_merge_kernel[(batch, num_heads)](

@@ -53,7 +53,7 @@ class TritonAttentionBackend(AttentionBackend):
         max_splits: int = 32,
         min_split_tokens: int = 256,
         programs_per_sm: int = 4,
-        decode_tiles: tuple[int, int, int] | None = None,
+        decode_tiles: tuple[int, ...] | None = None,
         decode_heads_first: bool = True,
         prefill_tiles: tuple[int, int, int, int] | None = None,
     ) -> None:
