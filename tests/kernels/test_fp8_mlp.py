@@ -29,7 +29,7 @@ def unfused(y, x_s, w_s, bias):
 
 
 @pytest.mark.parametrize("bias", [False, True])
-@pytest.mark.parametrize("m,n", [(2, 96), (3, 300), (2, 2100)])  # 2,100 columns: two steps of 2,048
+@pytest.mark.parametrize("m,n", [(2, 96), (3, 300), (2, 2100)])  # 2,100 columns: two steps (on the CPU)
 def test_silu_mul_quant_equals_the_unfused_kernels(m, n, bias):
     gen = torch.Generator().manual_seed(m * n)
     y = (torch.randn(m, 2 * n, generator=gen) * 300).to(torch.bfloat16).to(DEVICE)
@@ -62,5 +62,6 @@ def test_fp8_gated_mlp_equals_the_unfused_layers(m):
     ref = fp8_gemm.fp8_linear(act, w_d, s_d, None)
     if fp8_rescale.applies(m):  # both take the scalar-scaled gate/up product: the same bits
         assert torch.equal(out, ref)
-    else:  # the unfused gate/up takes rowwise scales: its rounding differs
-        assert ((out.double() - ref.double()).norm() / ref.double().norm()).item() < 1e-2
+    else:  # the unfused gate/up takes rowwise scales: a bf16 ulp apart, which moves some e4m3 roundings of the act
+        err = ((out.double() - ref.double()).norm() / ref.double().norm()).item()
+        assert err < 3e-2, err
