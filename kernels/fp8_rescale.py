@@ -20,7 +20,7 @@ from protocol.settings import settings
 
 MAX_ROWS = 128  # past this, the rescale's bytes cost what the product saves (log 23c): rowwise scales
 _BLOCK_N, _ROWS = 1024, 4  # a program's columns and rows
-ENABLED = settings().fp8_scalar_gemm  # NANOSERVE_FP8_SCALAR_GEMM=0: rowwise scales at every row count
+_ENABLED = settings().fp8_scalar_gemm  # NANOSERVE_FP8_SCALAR_GEMM=0: rowwise scales at every row count
 
 
 @triton.jit(do_not_specialize=["M", "N"])
@@ -89,7 +89,7 @@ def _one(device: torch.device) -> torch.Tensor:
 
 def applies(m: int) -> bool:
     """Whether an ``m``-row per-channel product takes this path (NANOSERVE_FP8_SCALAR_GEMM=0: never)."""
-    return ENABLED and m <= MAX_ROWS
+    return _ENABLED and m <= MAX_ROWS
 
 
 def scalar_scaled_linear(
@@ -102,10 +102,6 @@ def scalar_scaled_linear(
 ) -> torch.Tensor:
     """``(x_q * x_s) @ (w_q * w_s).T + bias`` into ``out``: e4m3 ``x_q`` [M, K] with per-row scales, ``w_q`` [N, K]
     with per-channel scales."""
-    return rescale_(unscaled_product(x_q, w_q, out), x_s, w_s, bias)
-
-
-def unscaled_product(x_q: torch.Tensor, w_q: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-    """``x_q @ w_q.T`` of e4m3 operands into the 16-bit ``out``, no scales (cuBLASLt's scalar-scaled product)."""
     one = _one(out.device)
-    return torch._scaled_mm(x_q, w_q.t(), scale_a=one, scale_b=one, out_dtype=out.dtype, out=out)
+    torch._scaled_mm(x_q, w_q.t(), scale_a=one, scale_b=one, out_dtype=out.dtype, out=out)
+    return rescale_(out, x_s, w_s, bias)

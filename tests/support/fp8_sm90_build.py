@@ -1,6 +1,6 @@
 """Builds the FP8 kernels for an H100/H200 (sm_90a) on any machine, no GPU needed (``triton.compile`` for the target,
 as benchmarks/probes/kernel_regs.py does): the activation quantization, the FP8 GEMM and GEMV in the variants fp8_linear
-launches, the fused MLP middle, and the attention kernels on an e4m3 cache.
+launches, and the attention kernels on an e4m3 cache.
 Prints one line per kernel and exits non-zero if any fails to build.
 
     python -m tests.support.fp8_sm90_build      (TRITON_INTERPRET must be unset)
@@ -19,7 +19,6 @@ from kernels import (
     attention_store,
     fp8_gemm,
     fp8_gemv,
-    fp8_mlp,
     fp8_quant,
     fp8_rescale,
     fused,
@@ -89,13 +88,6 @@ def cases():
         {"out_ptr": BF16, "xs_ptr": F32, "ws_ptr": F32, "bias_ptr": BF16},
         {"BLOCK_N": 1024, "ROWS": 4, "HAS_BIAS": True, "USE_PDL": True},
         {},
-    )
-    yield (
-        "scales + SiLU-and-mul + quantization of an MLP",
-        fp8_mlp._silu_mul_quant_kernel,
-        {"y_ptr": BF16, "xs_ptr": F32, "ws_ptr": F32, "bias_ptr": BF16, "q_ptr": FP8, "s_ptr": F32},
-        {"HAS_BIAS": True, "BLOCK": 2048, "USE_PDL": True},
-        {"num_warps": 8},
     )
     yield (
         "split-K sum",
