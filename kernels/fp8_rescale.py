@@ -23,7 +23,10 @@ _BLOCK_N, _ROWS = 1024, 4  # a program's columns and rows
 _ENABLED = settings().fp8_scalar_gemm  # NANOSERVE_FP8_SCALAR_GEMM=0: rowwise scales at every row count
 
 
-@triton.jit(do_not_specialize=["M", "N"])
+# M (the step's rows) is not specialized: a new row count does not recompile. N is: its divisibility by 16 (every N
+# cuBLASLt's FP8 path takes) lets the column masks and addresses vectorize (sm_90a: 16-byte loads and stores
+# instead of 2-byte ones).
+@triton.jit(do_not_specialize=["M"])
 def _rescale_kernel(
     out_ptr,
     xs_ptr,
