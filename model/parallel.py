@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 
 if TYPE_CHECKING:
-    from model.custom_all_reduce import FusedAllReduceNorm, SymmAllReduce
+    from model.symm_reducers import FusedAllReduceNorm, SymmAllReduce
 
 
 @dataclass(slots=True)
