@@ -60,7 +60,7 @@ class TritonAttentionBackend(AttentionBackend):
         self.max_splits = max_splits  # bounds the grid and the partial-result buffers
         self.min_split_tokens = min_split_tokens  # shorter splits cost more in merging than they win
         self.programs_per_sm = programs_per_sm
-        # CUDA decode tiling (keys per tile, warps, pipeline stages); None = the default below.
+        # CUDA decode tiling (keys per tile, warps, pipeline stages[, register cap]); None = the default below.
         # benchmarks/attention_kernels.py --sweep-decode measures the alternatives.
         self.decode_tiles = decode_tiles
         # Grid order (kv heads, splits, batch): the programs of one sequence's kv heads run side by side and
