@@ -30,7 +30,8 @@ SMALL_M = 16  # up to this many rows our Triton kernel splits K (small batches)
 GEMV_ROWS = 1
 
 
-@triton.jit(do_not_specialize=["M", "k_per_split"])
+# M unspecialized: a new row count does not recompile. k_per_split (a multiple of BLOCK_K) specialized: 16-byte loads
+@triton.jit(do_not_specialize=["M"])
 def _fp8_gemm_kernel(
     x_ptr,
     w_ptr,
