@@ -1,7 +1,7 @@
 """Builds the FP8 kernels for an H100/H200 (sm_90a) on any machine, no GPU needed (``triton.compile`` for the target,
 as benchmarks/probes/kernel_regs.py does): the activation quantization, the FP8 GEMM and GEMV in the variants fp8_linear
 launches, and the attention kernels on an e4m3 cache.
-Prints one line per kernel and exits non-zero if any fails to build.
+Prints one line per kernel and exits non-zero if any fails to build or reads its operands a value at a time.
 
     python -m tests.support.fp8_sm90_build      (TRITON_INTERPRET must be unset)
 """
@@ -12,7 +12,7 @@ import sys
 
 import torch
 
-from benchmarks.probes.kernel_regs import build_sm90, report_builds
+from benchmarks.probes.kernel_regs import build_sm90, check_vector_loads, report_builds
 from kernels import (
     attention_decode,
     attention_prefill,
@@ -28,8 +28,11 @@ FP8, BF16, F32 = "*fp8e4nv", "*bf16", "*fp32"
 
 
 def build(fn, types: dict, constexprs: dict, num_warps: int = 4, num_stages: int = 1) -> int:
-    """Shared memory of ``fn`` built for sm_90a (benchmarks/probes/kernel_regs.py's ``build_sm90``)."""
-    return build_sm90(fn, types, constexprs, num_warps, num_stages, registers=False)["smem"]
+    """Shared memory of ``fn`` built for sm_90a (benchmarks/probes/kernel_regs.py's ``build_sm90``); raises if the
+    build reads values one at a time (``check_vector_loads``)."""
+    r = build_sm90(fn, types, constexprs, num_warps, num_stages, registers=False)
+    check_vector_loads(r["ptx"])
+    return r["smem"]
 
 
 def cases():

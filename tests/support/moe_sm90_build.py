@@ -1,7 +1,8 @@
 """Builds the MoE decode kernels (kernels/moe_decode.py, kernels/moe_norm_route.py) for an H100/H200 (sm_90a) on
 any machine, no GPU needed, in the variants Qwen3-30B-A3B's layer launches (bf16, top-8 of 128 experts; the whole
 intermediate dim and one TP=4 rank's quarter; one and four tokens), with the integer hints the JIT gives at run
-time; prints one line per kernel with ptxas's registers and spills and exits non-zero if any fails to build.
+time; prints one line per kernel with ptxas's registers and spills and exits non-zero if any fails to build or
+reads its operands a value at a time.
 
     python -m tests.support.moe_sm90_build      (TRITON_INTERPRET must be unset)
 """
@@ -10,7 +11,7 @@ from __future__ import annotations
 
 import sys
 
-from benchmarks.probes.kernel_regs import build_sm90, report_builds
+from benchmarks.probes.kernel_regs import build_sm90, check_vector_loads, report_builds
 from kernels import moe_decode, moe_norm_route
 
 HIDDEN, EXPERTS, TOP_K = 2048, 128, 8  # Qwen3-30B-A3B
@@ -57,6 +58,7 @@ def front_cases():
 
 def describe(fn, types: dict, constexprs: dict, warps: int) -> str:
     r = build_sm90(fn, types, constexprs, warps)
+    check_vector_loads(r["ptx"])
     return (
         f": {r['regs']} registers, {r['spill']} B spilled, shared {r['smem']} B, {r['per_sm']} programs an SM, "
         f"pdl_wait={'griddepcontrol.wait' in r['ptx']}"
