@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from benchmarks.decode_gemm import SHAPES
-from kernels import fp8_gemm, fp8_gemv, fused
+from kernels import fp8_gemm, fp8_gemv, fused, scaled_mm
 from kernels.fp8_quant import quantize_rows
 from kernels.graph_timing import graph_replay_us
 from model.fp8 import quantize_blocks, quantize_per_channel
@@ -42,7 +42,7 @@ def paths(block):
 
     def cublaslt(x, w_q, w_s):
         x_q, x_s = quantize_rows(x, group)
-        return fp8_gemm._scaled_mm(x_q, x_s, w_q, w_s, block, None, torch.empty(x.shape[0], w_q.shape[0], **_like(x)))
+        return scaled_mm.scaled_mm(x_q, x_s, w_q, w_s, block, None, torch.empty(x.shape[0], w_q.shape[0], **_like(x)))
 
     def tiled(tiles):
         def run(x, w_q, w_s):
@@ -102,7 +102,7 @@ def main() -> None:
     p.add_argument("--only", nargs="+", default=None, help="time only the paths whose names start with these")
     a = p.parse_args()
     device = torch.device("cuda")
-    fp8_gemm.probe_scaled_mm(device)  # outside the graphs, as model loading does
+    scaled_mm.probe_scaled_mm(device)  # outside the graphs, as model loading does
     layer_shapes, layers = SHAPES[a.shape]
     totals: dict[int, dict[str, float]] = {}
     for n, k in layer_shapes:
@@ -117,7 +117,7 @@ def main() -> None:
             for scheme, ws in variants.items():
                 block = None if scheme == "channel" else (128, 128)
                 for name, fn in paths(block).items():
-                    if name == "cublaslt" and (not fp8_gemm.uses_scaled_mm(n, k, block, device) or (block and m % 4)):
+                    if name == "cublaslt" and (not scaled_mm.uses_scaled_mm(n, k, block, device) or (block and m % 4)):
                         continue
                     if name.startswith("tiles") and (not a.sweep or block is not None):
                         continue

@@ -2,18 +2,16 @@
 dynamically per token (or per token and 128 columns).
 
 Which kernel: one row, kernels/fp8_gemv.py (a read of the weight; it quantizes the row itself). More rows:
-``torch._scaled_mm`` (cuBLASLt FP8) after kernels/fp8_quant.py, where this build and device run the scaling (rowwise
-scales for per-channel weights, up to 128 rows scalar ones and a rescale, kernels/fp8_rescale.py; 1x128 activation
-blocks against 128x128 weight blocks where torch and cuBLAS >= 12.9 support it, checked once by
-``probe_scaled_mm``); otherwise our Triton kernel, which takes either scaling, splits K
+``torch._scaled_mm`` (cuBLASLt FP8, kernels/scaled_mm.py) after kernels/fp8_quant.py, where this build and device
+run the scaling (rowwise scales for per-channel weights, up to 128 rows scalar ones and a rescale,
+kernels/fp8_rescale.py; 1x128 activation blocks against 128x128 weight blocks where torch and cuBLAS >= 12.9
+support it); otherwise our Triton kernel, which takes either scaling, splits K
 over more programs for small batches (partial sums in float32, added in a fixed order) and loads its first weight
 tile before the PDL wait. All are CUDA-graph safe (no host syncs). The Triton kernels also run under
 ``TRITON_INTERPRET=1`` on CPU tensors (tests).
 """
 
 from __future__ import annotations
-
-import functools
 
 import torch
 import triton
@@ -23,6 +21,7 @@ from kernels import fp8_gemv, fp8_rescale
 from kernels.device import num_sms
 from kernels.fp8_quant import quantize_rows
 from kernels.pdl import pdl_enter, use_pdl
+from kernels.scaled_mm import block_scaled_mm, scaled_mm, uses_scaled_mm
 
 SMALL_M = 16  # up to this many rows our Triton kernel splits K (small batches)
 # rows the GEMV takes: on an H200 (Qwen3-8B layers, per step) it takes 3.2 ms at one row against cuBLASLt's 4.6, but
@@ -213,70 +212,6 @@ def fp8_gemm(
     return out
 
 
-def _scaled_mm(x_q, x_s, w_q, w_s, block, bias, out) -> torch.Tensor:
-    """cuBLASLt through torch: rowwise scales ([M, 1] and [1, N]), or 1x128 activation blocks ([M, K/128], M the
-    unit-stride dim) against 128x128 weight blocks (the [N/128, K/128] scales transposed, as torch expects)."""
-    scale_b = w_s.view(1, -1) if block is None else w_s.t()
-    return torch._scaled_mm(x_q, w_q.t(), scale_a=x_s, scale_b=scale_b, bias=bias, out_dtype=out.dtype, out=out)
-
-
-@functools.cache
-def _scaled_mm_modes(index: int) -> frozenset[str]:
-    """Which scalings torch._scaled_mm runs correctly here: "channel" (rowwise), "block" (1x128 by 128x128), each
-    checked against the product of the dequantized operands."""
-    device = torch.device("cuda", index)
-    gen = torch.Generator(device=device).manual_seed(0)
-    x = torch.randn(64, 512, device=device, generator=gen).bfloat16()
-    w_q = torch.randn(256, 512, device=device, generator=gen).mul(40).to(torch.float8_e4m3fn)
-    modes = set()
-    for mode, block in (("channel", None), ("block", (128, 128))):
-        shape = (256,) if block is None else (2, 4)
-        w_s = torch.rand(shape, device=device, generator=gen) + 0.5
-        x_q, x_s = quantize_rows(x, None if block is None else 128)
-        if block is None:
-            ref = (x_q.float() * x_s) @ (w_q.float() * w_s[:, None]).t()
-        else:
-            w_full = w_s.repeat_interleave(128, 0).repeat_interleave(128, 1)
-            ref = (x_q.float() * x_s.repeat_interleave(128, 1)) @ (w_q.float() * w_full).t()
-        out = torch.empty(64, 256, dtype=torch.bfloat16, device=device)
-        try:
-            _scaled_mm(x_q, x_s, w_q, w_s, block, None, out)
-        except (RuntimeError, ValueError, TypeError):  # torch's checks raise all three
-            continue
-        if ((out.float() - ref).norm() / ref.norm()).item() < 1e-2:
-            modes.add(mode)
-    return frozenset(modes)
-
-
-def probe_scaled_mm(device: torch.device) -> frozenset[str]:
-    """Run (once per device, outside CUDA graphs) the check of which scalings torch._scaled_mm supports here."""
-    return _scaled_mm_modes(device.index if device.index is not None else torch.cuda.current_device())
-
-
-def uses_scaled_mm(n: int, k: int, block: tuple[int, int] | None, device: torch.device) -> bool:
-    """Whether a product of more rows than the GEMV takes goes to cuBLASLt (else our Triton kernel)."""
-    if n % 16 or k % 16 or device.type != "cuda":
-        return False
-    if block is None:
-        return "channel" in probe_scaled_mm(device)
-    # cuBLASLt's block scaling: 128x128 weight blocks (and activation scales with 16-byte aligned strides, which
-    # _block_scaled_mm pads the rows for)
-    return block == (128, 128) and k % 512 == 0 and "block" in probe_scaled_mm(device)
-
-
-def _block_scaled_mm(x, w_q, w_s, block, bias, out) -> torch.Tensor:
-    """cuBLASLt's block-scaled product. Its activation scales [M, K/128] (M the unit-stride dim) need a 16-byte
-    aligned stride, so M is padded to a multiple of 4 with zero rows, computed into a scratch output."""
-    m, n = x.shape[0], w_q.shape[0]
-    rows = -(-m // 4) * 4
-    x_q, x_s = quantize_rows(x, block[1], rows)
-    dst = out if rows == m else torch.empty((rows, n), dtype=out.dtype, device=out.device)
-    _scaled_mm(x_q, x_s, w_q, w_s, block, None, dst)  # no bias epilogue with block scaling
-    if dst is not out:
-        out.copy_(dst[:m])
-    return out if bias is None else out.add_(bias)
-
-
 def fp8_linear(
     x: torch.Tensor,
     w_q: torch.Tensor,
@@ -297,11 +232,11 @@ def fp8_linear(
         return fp8_gemv.fp8_gemv(x, w_q, w_s, block, bias, out)
     if uses_scaled_mm(n, k, block, x.device):
         if block is not None:
-            return _block_scaled_mm(x, w_q, w_s, block, bias, out)
+            return block_scaled_mm(x, w_q, w_s, block, bias, out)
         x_q, x_s = quantize_rows(x, None)
         if fp8_rescale.applies(m):
             return fp8_rescale.scalar_scaled_linear(x_q, x_s, w_q, w_s, bias, out)
-        _scaled_mm(x_q, x_s, w_q, w_s, block, None, out)  # bias after: not every build's rowwise path takes one
+        scaled_mm(x_q, x_s, w_q, w_s, block, None, out)  # bias after: not every build's rowwise path takes one
         return out if bias is None else out.add_(bias)
     x_q, x_s = quantize_rows(x, None if block is None else block[1])
     return fp8_gemm(x_q, x_s, w_q, w_s, block, bias, out)

@@ -148,6 +148,6 @@ def _prepare_kernels(model: nn.Module) -> None:
     """On CUDA, find out once (outside any CUDA graph) which FP8 GEMMs this device and torch build can run."""
     device = next(model.parameters()).device
     if device.type == "cuda":
-        from kernels.fp8_gemm import probe_scaled_mm
+        from kernels.scaled_mm import probe_scaled_mm
 
         probe_scaled_mm(device)

@@ -19,7 +19,7 @@ import torch
 
 from benchmarks.decode_gemm import SHAPES, graph_us
 from benchmarks.gpu import require_cuda
-from kernels import fp8_gemm, fp8_rescale
+from kernels import fp8_rescale, scaled_mm
 from kernels.fp8_quant import quantize_rows
 from model.fp8 import quantize_per_channel
 
@@ -31,7 +31,7 @@ def time_rows(k: int, m: int, bf16: list, fp8: list) -> tuple[list[float], float
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
     x_q, x_s = quantize_rows(x, None)
     out = torch.empty(m, bf16[0].shape[0], device="cuda", dtype=torch.bfloat16)
-    ref = fp8_gemm._scaled_mm(x_q, x_s, *fp8[0], None, None, out).float().clone()
+    ref = scaled_mm.scaled_mm(x_q, x_s, *fp8[0], None, None, out).float().clone()
 
     def scalar(_, w):
         return torch._scaled_mm(x_q, w[0].t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16, out=out)
@@ -41,7 +41,7 @@ def time_rows(k: int, m: int, bf16: list, fp8: list) -> tuple[list[float], float
 
     err = ((rescaled(None, fp8[0]).float() - ref).norm() / ref.norm()).item()
     us = [
-        graph_us(lambda _, w: fp8_gemm._scaled_mm(x_q, x_s, *w, None, None, out), fp8, x),
+        graph_us(lambda _, w: scaled_mm.scaled_mm(x_q, x_s, *w, None, None, out), fp8, x),
         graph_us(scalar, fp8, x),
         graph_us(rescaled, fp8, x),
         graph_us(lambda h, w: h @ w.t(), bf16, x),

@@ -3,7 +3,7 @@ scales)? At 2-128 rows torch's pick streams Qwen3-8B's e4m3 weights no faster th
 log 21c); if a candidate of kernels/cublaslt_fp8.py does much better, the engine should choose at start as it does
 for bf16 (kernels/cublaslt_tune.py ``tune``).
 
-For each product of the shape and each row count, times torch._scaled_mm (kernels/fp8_gemm.py ``_scaled_mm``)
+For each product of the shape and each row count, times torch._scaled_mm (kernels/scaled_mm.py ``scaled_mm``)
 and every candidate, each behind an RMSNorm over one weight per model layer inside a CUDA graph (the activations
 quantized once, outside: the products alone are compared). Prints us per product, the best candidate's rank and
 config, then per-step totals by row count. GPU only.
@@ -20,7 +20,7 @@ import torch
 
 from benchmarks.decode_gemm import SHAPES, graph_us
 from benchmarks.gpu import require_cuda
-from kernels import cublaslt, cublaslt_fp8, fp8_gemm
+from kernels import cublaslt, cublaslt_fp8, scaled_mm
 from kernels.fp8_quant import quantize_rows
 from model.fp8 import quantize_per_channel
 
@@ -30,8 +30,8 @@ def time_cell(n: int, k: int, m: int, weights: list, count: int) -> tuple[float,
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
     x_q, x_s = quantize_rows(x, None)
     out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
-    ref = fp8_gemm._scaled_mm(x_q, x_s, *weights[0], None, None, out).float().clone()
-    torch_us = graph_us(lambda _, w: fp8_gemm._scaled_mm(x_q, x_s, *w, None, None, out), weights, x)
+    ref = scaled_mm.scaled_mm(x_q, x_s, *weights[0], None, None, out).float().clone()
+    torch_us = graph_us(lambda _, w: scaled_mm.scaled_mm(x_q, x_s, *w, None, None, out), weights, x)
     try:
         algos = cublaslt_fp8.algos(m, n, k, count)
     except RuntimeError as e:  # a refused descriptor or heuristic query: report, keep going

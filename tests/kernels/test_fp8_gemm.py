@@ -1,8 +1,8 @@
-"""kernels/fp8_quant.py, fp8_gemv.py, fp8_gemm.py and fp8_rescale.py: the activation quantization kernel computes
-model/fp8.py's scales and e4m3 values exactly; the FP8 GEMV, our Triton GEMM and torch._scaled_mm (rowwise, or
-scalar scales and the rescale; where the device runs it) equal the float32 emulation up to the sum's rounding. CPU:
-tiny shapes in the Triton interpreter; CUDA (``gpu``): Qwen3-8B's layer shapes and CUDA graphs. The engine's FP8
-logits: tests/engine/test_fp8_engine_gpu.py."""
+"""kernels/fp8_quant.py, fp8_gemv.py, fp8_gemm.py, scaled_mm.py and fp8_rescale.py: the activation quantization
+kernel computes model/fp8.py's scales and e4m3 values exactly; the FP8 GEMV, our Triton GEMM and torch._scaled_mm
+(rowwise, or scalar scales and the rescale; where the device runs it) equal the float32 emulation up to the sum's
+rounding. CPU: tiny shapes in the Triton interpreter; CUDA (``gpu``): Qwen3-8B's layer shapes and CUDA graphs. The
+engine's FP8 logits: tests/engine/test_fp8_engine_gpu.py."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import json
 import pytest
 import torch
 
-from kernels import fp8_gemm, fp8_gemv, fp8_rescale
+from kernels import fp8_gemm, fp8_gemv, fp8_rescale, scaled_mm
 from kernels.fp8_quant import quantize_rows
 from model import fp8
 from tests.support.interpreter_fp8 import fix_interpreter_fp8_rounding
@@ -140,7 +140,7 @@ def test_scaled_mm_call_with_rowwise_scales():
     _, w_q, w_s = weights(256, 512, None, gen)
     x_q, x_s = quantize_rows(x, None)
     out = torch.empty(64, 256, device=DEVICE)
-    got = fp8_gemm._scaled_mm(x_q, x_s, w_q, w_s, None, None, out)
+    got = scaled_mm.scaled_mm(x_q, x_s, w_q, w_s, None, None, out)
     assert got.data_ptr() == out.data_ptr()
     assert rel(out, fp8.emulated_linear(x, w_q, w_s, fp8.Fp8Config())) < TC_TOL
 
@@ -152,7 +152,7 @@ def test_block_scaled_cublaslt_call_pads_rows_to_a_multiple_of_4(m, monkeypatch)
     layout rule and computes the product from the dequantized operands (block scaling needs CUDA)."""
     block = (128, 128)
 
-    def scaled_mm(x_q, x_s, w_q, w_s, block_, bias, out):
+    def fake_scaled_mm(x_q, x_s, w_q, w_s, block_, bias, out):
         rows = x_q.shape[0]
         assert rows % 4 == 0 and x_s.shape == (rows, 2) and x_s.stride() == (1, rows) and out.shape[0] == rows
         assert bias is None and torch.equal(x_q[m:].float(), torch.zeros_like(x_q[m:].float()))
@@ -160,7 +160,7 @@ def test_block_scaled_cublaslt_call_pads_rows_to_a_multiple_of_4(m, monkeypatch)
         return out.copy_(x @ fp8.dequantize(w_q, w_s, block_).t())
 
     monkeypatch.setattr(fp8_gemm, "uses_scaled_mm", lambda *a: True)
-    monkeypatch.setattr(fp8_gemm, "_scaled_mm", scaled_mm)
+    monkeypatch.setattr(scaled_mm, "scaled_mm", fake_scaled_mm)  # what block_scaled_mm calls
     gen = torch.Generator().manual_seed(m)
     x = torch.randn(m, 256, generator=gen).to(DEVICE)
     _, w_q, w_s = weights(96, 256, block, gen)
@@ -175,13 +175,13 @@ def test_rowwise_cublaslt_call_adds_the_bias_after(monkeypatch):
     monkeypatch.setattr(fp8_rescale, "_ENABLED", False)  # NANOSERVE_FP8_SCALAR_GEMM=0: the rowwise call at any rows
     called = []
 
-    def scaled_mm(x_q, x_s, w_q, w_s, block_, bias, out):
+    def fake_scaled_mm(x_q, x_s, w_q, w_s, block_, bias, out):
         assert bias is None and block_ is None and x_s.shape == (x_q.shape[0], 1)
         called.append(x_q.shape[0])
         return out.copy_(fp8.dequantize_activations(x_q, x_s, None) @ fp8.dequantize(w_q, w_s, None).t())
 
     monkeypatch.setattr(fp8_gemm, "uses_scaled_mm", lambda *a: True)
-    monkeypatch.setattr(fp8_gemm, "_scaled_mm", scaled_mm)
+    monkeypatch.setattr(fp8_gemm, "scaled_mm", fake_scaled_mm)
     gen = torch.Generator().manual_seed(9)
     x = torch.randn(6, 128, generator=gen).to(DEVICE)
     _, w_q, w_s = weights(48, 128, None, gen)
@@ -217,9 +217,9 @@ def test_fp8_linear_takes_scalar_scales_up_to_max_rows(switch, monkeypatch):
     monkeypatch.setattr(fp8_rescale, "_ENABLED", switch == "1")  # what NANOSERVE_FP8_SCALAR_GEMM sets at import
     monkeypatch.setattr(fp8_gemm, "uses_scaled_mm", lambda *a: True)
     taken = []
-    scalar, rowwise = fp8_rescale.scalar_scaled_linear, fp8_gemm._scaled_mm
+    scalar, rowwise = fp8_rescale.scalar_scaled_linear, scaled_mm.scaled_mm
     monkeypatch.setattr(fp8_rescale, "scalar_scaled_linear", lambda *a: taken.append("scalar") or scalar(*a))
-    monkeypatch.setattr(fp8_gemm, "_scaled_mm", lambda *a: taken.append("rowwise") or rowwise(*a))
+    monkeypatch.setattr(fp8_gemm, "scaled_mm", lambda *a: taken.append("rowwise") or rowwise(*a))
     gen = torch.Generator().manual_seed(5)
     _, w_q, w_s = weights(64, 128, None, gen)
     for m in (2, fp8_rescale.MAX_ROWS, fp8_rescale.MAX_ROWS + 1):
@@ -264,7 +264,7 @@ def test_fp8_linear_gpu(shape, block, m):
 def test_scaled_mm_modes_reported():
     """Which scalings torch._scaled_mm runs on this device and build (the lead records it; both are expected on an
     H200 with torch >= 2.9 built against cuBLAS >= 12.9), each checked against the reference at real shapes."""
-    modes = fp8_gemm.probe_scaled_mm(DEVICE)
+    modes = scaled_mm.probe_scaled_mm(DEVICE)
     print(json.dumps({"torch": torch.__version__, "cuda": torch.version.cuda, "scaled_mm_modes": sorted(modes)}))
     assert "channel" in modes
     gen = torch.Generator().manual_seed(1)
@@ -274,7 +274,7 @@ def test_scaled_mm_modes_reported():
         x = torch.randn(256, 4096, generator=gen).to(DEVICE).bfloat16()
         _, w_q, w_s = weights(6144, 4096, block, gen)
         x_q, x_s = quantize_rows(x, None if block is None else 128)
-        out = fp8_gemm._scaled_mm(x_q, x_s, w_q, w_s, block, None, torch.empty(256, 6144, device=DEVICE).bfloat16())
+        out = scaled_mm.scaled_mm(x_q, x_s, w_q, w_s, block, None, torch.empty(256, 6144, device=DEVICE).bfloat16())
         assert rel(out, fp8.emulated_linear(x.float(), w_q, w_s, fp8.Fp8Config(block=block))) < GPU_TOL
 
 
@@ -285,7 +285,7 @@ def test_scaled_mm_modes_reported():
 def test_fp8_linear_in_a_cuda_graph(block, m):
     gen = torch.Generator().manual_seed(2)
     _, w_q, w_s = weights(6144, 4096, block, gen)
-    fp8_gemm.probe_scaled_mm(DEVICE)  # outside the capture, as model loading does
+    scaled_mm.probe_scaled_mm(DEVICE)  # outside the capture, as model loading does
     x = torch.randn(m, 4096, generator=gen).to(DEVICE).bfloat16()
     out = torch.empty(m, 6144, device=DEVICE, dtype=torch.bfloat16)
     fp8_gemm.fp8_linear(x, w_q, w_s, block, out=out)  # compile outside the capture
