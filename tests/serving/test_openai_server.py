@@ -17,13 +17,12 @@ import numpy as np
 import openai
 import pytest
 import torch
-from prometheus_client.parser import text_string_to_metric_families
-from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from client import Client
 from model.tiny import TinySpec, write_tiny_checkpoint
 from protocol.sampling_params import SamplingParams
-from tests.support.openai_http import HttpServer
+from tests.support.hf_oracle import Oracle
+from tests.support.openai_http import HttpServer, metric, metrics
 from tests.support.processes import ROOT
 
 NAME = "tiny-chat"
@@ -54,55 +53,9 @@ def api(server) -> openai.OpenAI:
     return openai.OpenAI(base_url=server.base_url, api_key="unused", max_retries=0, timeout=60)
 
 
-class Oracle:
-    """HF transformers on the same checkpoint: greedy continuations and logprobs (float32)."""
-
-    def __init__(self, model_dir: Path) -> None:
-        self.tok = AutoTokenizer.from_pretrained(model_dir)
-        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-        self.model.generation_config.eos_token_id = None  # ignore_eos
-
-    def ids(self, prompt: str | list[int]) -> list[int]:
-        return prompt if isinstance(prompt, list) else self.tok.encode(prompt, add_special_tokens=False)
-
-    def chat_ids(self, messages: list[dict]) -> list[int]:
-        text = self.tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        return self.tok.encode(text, add_special_tokens=False)
-
-    @torch.no_grad()
-    def greedy(self, ids: list[int], n: int) -> list[int]:
-        x = torch.tensor([ids])
-        out = self.model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=n, do_sample=False)
-        return out[0, len(ids) :].tolist()
-
-    def text(self, ids: list[int]) -> str:
-        return self.tok.decode(ids, skip_special_tokens=True)
-
-    @torch.no_grad()
-    def logprobs(self, prompt: list[int], output: list[int]) -> torch.Tensor:
-        """[len(output), vocab] log-probabilities of each output position."""
-        logits = self.model(torch.tensor([prompt + output])).logits[0, len(prompt) - 1 : -1]
-        return torch.log_softmax(logits.double(), -1)
-
-
 @pytest.fixture(scope="module")
 def hf(model_dir) -> Oracle:
     return Oracle(model_dir)
-
-
-def metrics(server) -> dict:
-    """Every sample of /metrics, parsed by prometheus_client: {(name, sorted labels): value}."""
-    text = httpx.get(server.root + "/metrics", timeout=30).text
-    out = {}
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            labels = tuple(sorted((k, v) for k, v in s.labels.items() if k != "model_name"))
-            out[(s.name, labels)] = s.value
-    return out
-
-
-def metric(server, name: str, **labels) -> float:
-    return metrics(server).get((name, tuple(sorted(labels.items()))), 0.0)
 
 
 # ---- parity with HF ----------------------------------------------------------------------------------------

@@ -9,6 +9,9 @@ import sys
 import time
 from pathlib import Path
 
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
 from tests.support.processes import ROOT
 
 ENGINE_ARGS = [
@@ -70,3 +73,18 @@ class HttpServer:
         self.proc.wait()
         self.proc.stdout.close()
         self.log.close()
+
+
+def metrics(server) -> dict:
+    """Every sample of /metrics, parsed by prometheus_client: {(name, sorted labels): value}."""
+    text = httpx.get(server.root + "/metrics", timeout=30).text
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            labels = tuple(sorted((k, v) for k, v in s.labels.items() if k != "model_name"))
+            out[(s.name, labels)] = s.value
+    return out
+
+
+def metric(server, name: str, **labels) -> float:
+    return metrics(server).get((name, tuple(sorted(labels.items()))), 0.0)
