@@ -84,13 +84,13 @@ def build_sm90(
     return out | {"regs": regs, "spill": int(spill.group(1)) if spill else 0, "per_sm": fit}
 
 
-MAX_SUBWORD_LOADS = 4  # the most scalar 8/16-bit global loads a thread the build checks accept in a hot kernel
+MAX_SUBWORD_LOADS = 4  # the most scalar 8/16-bit global loads the build checks accept in a hot kernel's PTX
 
 
 def subword_loads(ptx: str) -> int:
-    """Scalar 8- and 16-bit global loads in ``ptx``. A kernel with many reads its rows a value at a time, most often
-    because a size the JIT was told not to specialize hides the alignment of its masks (docs/PERFORMANCE_LOG.md
-    log 24f: the rescale's 2-byte and the FP8 GEMM's 1-byte loads)."""
+    """Scalar 8- and 16-bit global load instructions in ``ptx``. A kernel with many reads its rows a value at a time,
+    most often because a size the JIT was told not to specialize hides the alignment of its masks
+    (docs/PERFORMANCE_LOG.md log 24f: the rescale's 2-byte and the FP8 GEMM's 1-byte loads)."""
     loads = re.findall(r"\bld\.global[\w.]*", ptx)
     return sum(1 for op in loads if ".v" not in op and op.endswith(("8", "16")))
 
@@ -98,7 +98,7 @@ def subword_loads(ptx: str) -> int:
 def check_vector_loads(ptx: str) -> None:
     """Raise if ``ptx`` has more than MAX_SUBWORD_LOADS scalar 8/16-bit global loads (the build scripts' check)."""
     if (n := subword_loads(ptx)) > MAX_SUBWORD_LOADS:
-        raise RuntimeError(f"{n} scalar 8/16-bit global loads a thread (an unspecialized size hiding alignment?)")
+        raise RuntimeError(f"{n} scalar 8/16-bit global loads in the PTX (an unspecialized size hiding alignment?)")
 
 
 def report_builds(cases, describe) -> int:
