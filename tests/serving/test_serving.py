@@ -3,14 +3,10 @@
 Greedy float32 outputs through the server (streaming or not, sync or async client) equal the offline ``LLM``
 API's; stop strings that span tokens never leak into streamed text; aborting frees KV blocks; 8 clients x 32
 streams complete. The fixtures (a server, the offline API's outputs): conftest.py; malformed frames:
-test_client_wire.py."""
+test_client_wire.py; the async and command-line clients: test_async_client.py."""
 
 from __future__ import annotations
 
-import asyncio
-import os
-import subprocess
-import sys
 import threading
 import time
 
@@ -18,24 +14,11 @@ import numpy as np
 import pytest
 import zmq
 
-from client import AsyncClient, Client, EngineDeadError, OverloadedError, RequestError, SamplingParams
+from client import Client, OverloadedError, RequestError, SamplingParams
 from protocol.codec import encode
-from tests.support.processes import ROOT
-from tests.support.server import MAX_PENDING, generate_frame, wait_stats
+from tests.support.server import MAX_PENDING, generate_frame, some_prompts, wait_stats
 
 GREEDY = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
-
-
-def some_prompts(n: int = 16, seed: int = 3) -> list:
-    rng = np.random.default_rng(seed)
-    words = ["def", "class", "return", "import os", "hello", "the quick brown fox", "for i in range(", "Ünïcödé ✓"]
-    prompts: list = []
-    for i in range(n):
-        if i % 2:
-            prompts.append(rng.integers(3, 500, int(rng.integers(1, 70))).tolist())
-        else:
-            prompts.append(" ".join(rng.choice(words, int(rng.integers(1, 8)))))
-    return prompts
 
 
 # ---- parity ------------------------------------------------------------------------------------------------
@@ -288,76 +271,3 @@ def test_slow_and_vanished_clients_do_not_stall(server, offline):
         slow.close()
         ctx.term()
     assert server.proc.poll() is None
-
-
-# ---- async client ---------------------------------------------------------------------------------------------
-
-
-def test_async_client(server, offline):
-    prompts = some_prompts(8, seed=9)
-
-    async def main():
-        async with AsyncClient(server.address) as c:
-            assert (await c.health())["healthy"]
-            info = await c.info()
-            assert info["max_model_len"] == 1024 and info["tensor_parallel_size"] == 1 and info["worker_pids"]
-            comps = await asyncio.gather(*(c.generate(p, GREEDY) for p in prompts))
-            assert [x.token_ids for x in comps] == [offline(p, GREEDY.max_tokens)[0] for p in prompts]
-            many = await c.generate_many(prompts, GREEDY)
-            assert [x.token_ids for x in many] == [x.token_ids for x in comps]
-
-            async def collect(p):
-                ids, text = [], ""
-                async for d in c.stream(p, GREEDY):
-                    ids += d.token_ids
-                    text += d.text
-                return ids, text
-
-            streamed = await asyncio.gather(*(collect(p) for p in prompts))
-            assert streamed == [offline(p, GREEDY.max_tokens) for p in prompts]
-            with pytest.raises(RequestError, match="max_tokens"):
-                await c.generate("x", SamplingParams(max_tokens=2000))
-            with pytest.raises(RequestError, match="prompt"):
-                await c.generate(3.5)
-            # cancelling the task that awaits a request aborts it on the server
-            long = SamplingParams(max_tokens=900, ignore_eos=True)
-            before = await c.stats()
-            task = asyncio.create_task(c.generate(list(range(5, 30)), long))
-            while (await c.stats())["running"] == 0:
-                await asyncio.sleep(0.01)
-            task.cancel()
-            with pytest.raises(asyncio.CancelledError):
-                await task
-            # and so does leaving a stream early
-            stream = c.stream(list(range(5, 30)), long)
-            async for _ in stream:
-                break
-            await stream.aclose()
-            for _ in range(200):
-                s = await c.stats()
-                if s["pending"] == 0:
-                    break
-                await asyncio.sleep(0.05)
-            assert s["pending"] == 0 and s["kv_blocks_free"] == s["kv_blocks_total"]
-            assert s["requests_aborted"] == before["requests_aborted"] + 2
-
-    asyncio.run(asyncio.wait_for(main(), 60))
-
-
-def test_cli_client_streams_to_terminal(server, offline):
-    ids, text = offline("hello world", 16)
-    out = subprocess.run(
-        [sys.executable, "-m", "client", "--address", server.address, "--temperature", "0", "--max-tokens", "16"]
-        + ["--ignore-eos", "hello", "world"],
-        cwd=ROOT,
-        env=dict(os.environ, PYTHONIOENCODING="utf-8"),
-        capture_output=True,
-        timeout=60,
-    )
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.decode("utf-8") == text + "\n"
-    assert b"finish_reason=length" in out.stderr
-
-
-def test_errors_are_exceptions():
-    assert issubclass(EngineDeadError, RuntimeError) and issubclass(RequestError, ValueError)

@@ -10,6 +10,8 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
+
 from client import SamplingParams
 from protocol.client_messages import CLIENT_PROTOCOL_VERSION, Generate
 from tests.support.processes import ROOT, children_of
@@ -105,3 +107,16 @@ class ServerProcess:
                 pass
         self.proc.stdout.close()
         self.log.close()
+
+
+def some_prompts(n: int = 16, seed: int = 3) -> list:
+    """``n`` prompts, alternately text (words including non-ASCII) and random token ids of 1-69 tokens."""
+    rng = np.random.default_rng(seed)
+    words = ["def", "class", "return", "import os", "hello", "the quick brown fox", "for i in range(", "Ünïcödé ✓"]
+    prompts: list = []
+    for i in range(n):
+        if i % 2:
+            prompts.append(rng.integers(3, 500, int(rng.integers(1, 70))).tolist())
+        else:
+            prompts.append(" ".join(rng.choice(words, int(rng.integers(1, 8)))))
+    return prompts
