@@ -314,9 +314,10 @@ def main() -> None:
         return sweep_prefill(dtype, args.seed, [(16, 4, 15, 100, 1024), (16, 8, 15, 100, 1024), (32, 8, 15, 100, 1024)])
     if args.sweep_decode:
         cases = [tuple(int(x) for x in c.split(",")) for c in args.cases] if args.cases else SWEEP_CASES
-        # (keys, warps, stages, heads-first order, register cap if given)
-        tilings = [(*t[:3], 1, *t[3:]) for t in (tuple(int(x) for x in s.split(",")) for s in args.tilings or [])]
-        tilings = tilings or None
+        tilings = None
+        if args.tilings:  # (keys, warps, stages, heads-first order, register cap if given)
+            parsed = [tuple(int(x) for x in t.split(",")) for t in args.tilings]
+            tilings = [(*t[:3], 1, *t[3:]) for t in parsed]
         return sweep_decode(dtype, args.seed, cases, tilings, args.kv_layout, args.page, args.kv_fp8)
     print(f"{torch.cuda.get_device_name()}  triton {triton.__version__}  torch {torch.__version__}  {args.dtype}")
     print(f"q heads {NUM_HEADS}, kv heads {NUM_KV_HEADS}, head_dim {HEAD_DIM}")

@@ -168,7 +168,7 @@ def split_decode(
     out: torch.Tensor,
     scales: tuple[float, float, float],
     num_splits: int,
-    tiles: tuple[int, int, int],
+    tiles: tuple[int, ...],
     heads_first: bool,
 ) -> None:
     """``out`` [B, Hq, D] = each row of ``q`` attending over its sequence's cached context: the split kernel over

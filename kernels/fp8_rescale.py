@@ -9,13 +9,12 @@ one kernel applies the token's and the channel's scale (and the bias) in place, 
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import triton
 import triton.language as tl
 
 from kernels.pdl import pdl_enter, use_pdl
+from kernels.scaled_mm import unscaled_mm
 from protocol.settings import settings
 
 MAX_ROWS = 128  # past this, the rescale's bytes cost what the product saves (log 23c): rowwise scales
@@ -85,11 +84,6 @@ def rescale_(out: torch.Tensor, x_s: torch.Tensor, w_s: torch.Tensor, bias: torc
     return out
 
 
-@functools.cache
-def _one(device: torch.device) -> torch.Tensor:
-    return torch.ones((), dtype=torch.float32, device=device)
-
-
 def applies(m: int) -> bool:
     """Whether an ``m``-row per-channel product takes this path (NANOSERVE_FP8_SCALAR_GEMM=0: never)."""
     return _ENABLED and m <= MAX_ROWS
@@ -105,6 +99,4 @@ def scalar_scaled_linear(
 ) -> torch.Tensor:
     """``(x_q * x_s) @ (w_q * w_s).T + bias`` into ``out``: e4m3 ``x_q`` [M, K] with per-row scales, ``w_q`` [N, K]
     with per-channel scales."""
-    one = _one(out.device)
-    torch._scaled_mm(x_q, w_q.t(), scale_a=one, scale_b=one, out_dtype=out.dtype, out=out)
-    return rescale_(out, x_s, w_s, bias)
+    return rescale_(unscaled_mm(x_q, w_q, out), x_s, w_s, bias)

@@ -1,7 +1,8 @@
 """FP8 products through ``torch._scaled_mm`` (cuBLASLt): which scalings this torch build and device run correctly
 (checked once per device, outside CUDA graphs, by ``probe_scaled_mm``), which products go there
-(``uses_scaled_mm``), and the calls: rowwise scales for per-channel weights, 1x128 activation blocks against 128x128
-weight blocks. kernels/fp8_gemm.py's ``fp8_linear`` chooses between these, the GEMV and our Triton GEMM."""
+(``uses_scaled_mm``), and the calls: rowwise scales for per-channel weights, 1x128 activation blocks against
+128x128 weight blocks, or no scales (``unscaled_mm``). kernels/fp8_gemm.py's ``fp8_linear`` chooses between these,
+the GEMV and our Triton GEMM."""
 
 from __future__ import annotations
 
@@ -17,6 +18,18 @@ def scaled_mm(x_q, x_s, w_q, w_s, block, bias, out) -> torch.Tensor:
     unit-stride dim) against 128x128 weight blocks (the [N/128, K/128] scales transposed, as torch expects)."""
     scale_b = w_s.view(1, -1) if block is None else w_s.t()
     return torch._scaled_mm(x_q, w_q.t(), scale_a=x_s, scale_b=scale_b, bias=bias, out_dtype=out.dtype, out=out)
+
+
+@functools.cache
+def _one(device: torch.device) -> torch.Tensor:
+    return torch.ones((), dtype=torch.float32, device=device)
+
+
+def unscaled_mm(x_q: torch.Tensor, w_q: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """``x_q @ w_q.T`` of e4m3 operands into the 16-bit ``out``, with scalar scales of 1: cuBLASLt then picks from its
+    whole FP8 catalogue (kernels/fp8_rescale.py applies the real scales after)."""
+    one = _one(out.device)
+    return torch._scaled_mm(x_q, w_q.t(), scale_a=one, scale_b=one, out_dtype=out.dtype, out=out)
 
 
 @functools.cache
