@@ -212,6 +212,22 @@ def fp8_gemm(
     return out
 
 
+def quantized_linear(
+    x_q: torch.Tensor,
+    x_s: torch.Tensor,
+    w_q: torch.Tensor,
+    w_s: torch.Tensor,
+    bias: torch.Tensor | None,
+    out: torch.Tensor,
+) -> torch.Tensor:
+    """``fp8_linear``'s cuBLASLt product of already quantized rows (``x_q`` e4m3 [M, K], scales [M, 1]) and a
+    per-channel weight, into ``out``: scalar scales and a rescale up to fp8_rescale.MAX_ROWS rows, else rowwise."""
+    if fp8_rescale.applies(x_q.shape[0]):
+        return fp8_rescale.scalar_scaled_linear(x_q, x_s, w_q, w_s, bias, out)
+    scaled_mm(x_q, x_s, w_q, w_s, None, None, out)  # bias after: not every build's rowwise path takes one
+    return out if bias is None else out.add_(bias)
+
+
 def fp8_linear(
     x: torch.Tensor,
     w_q: torch.Tensor,
@@ -233,10 +249,6 @@ def fp8_linear(
     if uses_scaled_mm(n, k, block, x.device):
         if block is not None:
             return block_scaled_mm(x, w_q, w_s, block, bias, out)
-        x_q, x_s = quantize_rows(x, None)
-        if fp8_rescale.applies(m):
-            return fp8_rescale.scalar_scaled_linear(x_q, x_s, w_q, w_s, bias, out)
-        scaled_mm(x_q, x_s, w_q, w_s, block, None, out)  # bias after: not every build's rowwise path takes one
-        return out if bias is None else out.add_(bias)
+        return quantized_linear(*quantize_rows(x, None), w_q, w_s, bias, out)
     x_q, x_s = quantize_rows(x, None if block is None else block[1])
     return fp8_gemm(x_q, x_s, w_q, w_s, block, bias, out)

@@ -19,7 +19,7 @@ from protocol.settings import settings
 
 MAX_ROWS = 128  # past this, the rescale's bytes cost what the product saves (log 23c): rowwise scales
 _BLOCK_N, _ROWS = 1024, 4  # a program's columns and rows
-_ENABLED = settings().fp8_scalar_gemm  # NANOSERVE_FP8_SCALAR_GEMM=0: rowwise scales at every row count
+ENABLED = settings().fp8_scalar_gemm  # NANOSERVE_FP8_SCALAR_GEMM=0: rowwise scales at every row count
 
 
 # M (the step's rows) is not specialized: a new row count does not recompile. N is: its divisibility by 16 (every N
@@ -86,7 +86,7 @@ def rescale_(out: torch.Tensor, x_s: torch.Tensor, w_s: torch.Tensor, bias: torc
 
 def applies(m: int) -> bool:
     """Whether an ``m``-row per-channel product takes this path (NANOSERVE_FP8_SCALAR_GEMM=0: never)."""
-    return _ENABLED and m <= MAX_ROWS
+    return ENABLED and m <= MAX_ROWS
 
 
 def scalar_scaled_linear(

@@ -44,6 +44,19 @@ class Fp8LinearMethod:
                 y = out.copy_(y)
         return y.view(*lead, y.shape[-1])
 
+    def gated_mlp(self, gate_up: LinearBase, down: LinearBase, x: torch.Tensor) -> torch.Tensor | None:
+        """``down(silu(gate(x)) * up(x))`` with the gate/up scales, SiLU-and-mul and the down input's quantization in
+        one kernel (kernels/fp8_mlp.py), where that path applies (CUDA, per-channel scales, 2+ rows); else None."""
+        if not x.is_cuda or x.dim() != 2 or self.cfg.block is not None or down.quant is None:
+            return None
+        from kernels import fp8_mlp
+
+        if not fp8_mlp.applies(x.shape[0], gate_up.weight, down.weight):
+            return None
+        gu = (gate_up.weight, gate_up.weight_scale, gate_up.bias)
+        y = fp8_mlp.fp8_gated_mlp(x, gu, (down.weight, down.weight_scale, down.bias), down.output_buffer(x))
+        return down.finish(y)
+
 
 def _param(data: torch.Tensor, loader=None) -> nn.Parameter:
     p = nn.Parameter(data, requires_grad=False)

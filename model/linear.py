@@ -156,7 +156,15 @@ class RowParallelLinear(LinearBase):
         super().weight_loader(param, loaded, shard_id)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.reduce_results:
-            return all_reduce(super().forward(x))
-        out = partial_sum_buffer(x.shape[0], self.weight.shape[0], x.dtype, x.device) if x.dim() == 2 else None
-        return super().forward(x, out)
+        return self.finish(super().forward(x, self.output_buffer(x)))
+
+    def output_buffer(self, x: torch.Tensor) -> torch.Tensor | None:
+        """Where the output for input rows ``x`` goes: unsummed, the buffer the consumer's fused all-reduce reads;
+        else a new tensor (None)."""
+        if self.reduce_results or x.dim() != 2:
+            return None
+        return partial_sum_buffer(x.shape[0], self.weight.shape[0], x.dtype, x.device)
+
+    def finish(self, y: torch.Tensor) -> torch.Tensor:
+        """The layer's result from this rank's product ``y``: summed over the ranks unless the consumer does it."""
+        return all_reduce(y) if self.reduce_results else y

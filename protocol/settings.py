@@ -35,6 +35,7 @@ class Settings:
     lt_tune: bool  # NANOSERVE_LT_TUNE=0: skip the start-up choice of cuBLASLt algorithms (faster start)
     moe_norm_route: bool  # NANOSERVE_MOE_NORM_ROUTE=0: a MoE layer's norm, router and routing as three launches
     fp8_scalar_gemm: bool  # NANOSERVE_FP8_SCALAR_GEMM=0: per-channel FP8 products always take rowwise scales
+    fp8_fused_mlp: bool  # NANOSERVE_FP8_FUSED_MLP=0: an FP8 MLP's rescale, SiLU-and-mul and quantization unfused
     triton_interpret: bool  # TRITON_INTERPRET=1: Triton kernels run on CPU tensors (tests)
 
 
@@ -52,6 +53,7 @@ def settings() -> Settings:
         lt_tune=_switch("LT_TUNE"),
         moe_norm_route=_switch("MOE_NORM_ROUTE"),
         fp8_scalar_gemm=_switch("FP8_SCALAR_GEMM"),
+        fp8_fused_mlp=_switch("FP8_FUSED_MLP"),
         triton_interpret=os.environ.get("TRITON_INTERPRET", "0") == "1",
     )
 

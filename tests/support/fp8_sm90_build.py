@@ -1,6 +1,6 @@
 """Builds the FP8 kernels for an H100/H200 (sm_90a) on any machine, no GPU needed (``triton.compile`` for the target,
 as benchmarks/probes/kernel_regs.py does): the activation quantization, the FP8 GEMM and GEMV in the variants fp8_linear
-launches, and the attention kernels on an e4m3 cache.
+launches, the fused MLP middle, and the attention kernels on an e4m3 cache.
 Prints one line per kernel and exits non-zero if any fails to build or reads its operands a value at a time.
 
     python -m tests.support.fp8_sm90_build      (TRITON_INTERPRET must be unset)
@@ -19,6 +19,7 @@ from kernels import (
     attention_store,
     fp8_gemm,
     fp8_gemv,
+    fp8_mlp,
     fp8_quant,
     fp8_rescale,
     fused,
@@ -92,6 +93,14 @@ def cases():
         {"BLOCK_N": 1024, "ROWS": 4, "HAS_BIAS": True, "USE_PDL": True},
         {},
     )
+    for block, one_step, warps in ((16384, True, 16), (2048, False, 4)):  # a whole Qwen3-8B row; a wider one's steps
+        yield (
+            f"scales + SiLU-and-mul + quantization of an MLP one_step={one_step}",
+            fp8_mlp._silu_mul_quant_kernel,
+            {"y_ptr": BF16, "xs_ptr": F32, "ws_ptr": F32, "bias_ptr": BF16, "q_ptr": FP8, "s_ptr": F32},
+            {"HAS_BIAS": True, "BLOCK": block, "ONE_STEP": one_step, "USE_PDL": True},
+            {"num_warps": warps},
+        )
     yield (
         "split-K sum",
         fp8_gemm._sum_splits_kernel,
