@@ -24,7 +24,7 @@ import triton
 import triton.testing
 
 from benchmarks.gpu import require_cuda
-from kernels.attention import AttentionMetadata, TorchAttentionBackend
+from kernels.attention import AttentionMetadata, TorchAttentionBackend, copy_to_value_cache
 from kernels.triton_attention import TritonAttentionBackend
 
 NUM_HEADS, NUM_KV_HEADS, HEAD_DIM = 32, 8, 128  # Qwen3-8B
@@ -212,8 +212,9 @@ def _sweep_case(
     gen = torch.Generator(device="cuda").manual_seed(seed)
     lens = torch.randint(lo, hi + 1, (batch,), generator=gen, device="cuda")
     k_cache, v_cache, table = make_pool(lens.tolist(), page, dtype, gen, kv_heads, layout)
-    if kv_fp8:  # the same values as an e4m3 cache stores them (scale 1)
+    if kv_fp8:  # the same values as the engine's e4m3 cache stores them (scale 1; V keys-contiguous unless hnd)
         k_cache, v_cache = (c.to(torch.float8_e4m3fn) for c in (k_cache, v_cache))
+        v_cache = copy_to_value_cache(v_cache) if layout == "nhd" else v_cache
     q = torch.randn(batch, heads, HEAD_DIM, dtype=dtype, device="cuda", generator=gen)
     meta = decode_meta(lens, table, 4096)  # max_model_len, as the CUDA graphs are captured
     ref = REF.decode(q, k_cache, v_cache, meta, 1.0)

@@ -1,7 +1,8 @@
 """Attention over a paged KV cache: the backend interface, the per-step metadata and the torch reference.
 kernels/backends.py picks a backend; the Triton and flash-attn backends build on this module, never the reverse.
 
-KV cache layout, per layer: ``k_cache, v_cache: [num_blocks, block_size, num_kv_heads, head_dim]``.
+KV cache layout, per layer: ``k_cache, v_cache: [num_blocks, block_size, num_kv_heads, head_dim]`` (an e4m3
+V cache is that shape as a view of pages stored keys-contiguous, ``value_cache``).
 Token ``i`` of a sequence lives in slot ``block_table[i // block_size] * block_size + i % block_size``;
 ``slot_mapping`` holds that slot for every token computed in a step (-1 = padding, not written).
 
@@ -21,6 +22,8 @@ import math
 from dataclasses import dataclass
 
 import torch
+
+from protocol.settings import settings
 
 
 @dataclass(slots=True)
@@ -93,6 +96,28 @@ def to_cache(x: torch.Tensor, cache: torch.Tensor, scale: float) -> torch.Tensor
     return x.to(cache.dtype)
 
 
+def value_cache(v: torch.Tensor) -> torch.Tensor:
+    """The V cache attention reads from the contiguous [blocks, page, kv heads, head_dim] memory ``v``: as is when
+    16-bit; e4m3 stores each page as [kv heads, head_dim, page] instead (keys contiguous), returned as a view of the
+    usual shape. The P.V dot wants each value's keys side by side, which an 8-bit [keys, head_dim] tile holds only
+    after byte-wise transposes (half the decode kernel's instructions; 128 registers a thread instead of 250)."""
+    if not is_fp8(v) or not settings().fp8_v_keys:
+        return v
+    blocks, page, heads, dim = v.shape
+    return v.as_strided(v.shape, (heads * dim * page, 1, dim * page, page), v.storage_offset())
+
+
+def copy_to_value_cache(v: torch.Tensor) -> torch.Tensor:
+    """A copy of the [blocks, page, kv heads, head_dim] values ``v`` in ``value_cache``'s layout (tests, benchmarks)."""
+    return value_cache(torch.empty(v.shape, dtype=v.dtype, device=v.device)).copy_(v)
+
+
+def keys_contiguous(v_cache: torch.Tensor) -> bool:
+    """Whether ``v_cache`` is ``value_cache``'s keys-contiguous layout."""
+    page = v_cache.shape[1]
+    return page > 1 and v_cache.stride(1) == 1 and v_cache.stride(3) == page
+
+
 def gather_paged(cache: torch.Tensor, block_table: torch.Tensor, length: int) -> torch.Tensor:
     """The first ``length`` tokens of one sequence from the pool: [length, num_kv_heads, head_dim]."""
     block_size = cache.shape[1]
@@ -108,8 +133,9 @@ class TorchAttentionBackend(AttentionBackend):
     def store_kvcache(self, k, v, k_cache, v_cache, slot_mapping, k_scale=1.0, v_scale=1.0):
         keep = slot_mapping >= 0
         slots = slot_mapping[keep].long()
-        k_cache.view(-1, *k_cache.shape[2:])[slots] = to_cache(k[keep], k_cache, k_scale)
-        v_cache.view(-1, *v_cache.shape[2:])[slots] = to_cache(v[keep], v_cache, v_scale)
+        block, in_page = slots // k_cache.shape[1], slots % k_cache.shape[1]  # any layout, value_cache's too
+        k_cache[block, in_page] = to_cache(k[keep], k_cache, k_scale)
+        v_cache[block, in_page] = to_cache(v[keep], v_cache, v_scale)
 
     def prefill(self, q, k_cache, v_cache, meta, scale, k_scale=1.0, v_scale=1.0):
         k_scale, v_scale = cache_scales(k_cache, k_scale, v_scale)

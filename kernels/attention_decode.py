@@ -10,7 +10,15 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.attention_store import dot_dtype_f16, dot_operand, kernel_scales, page_strides, softmax_tile
+from kernels.attention_store import (
+    check_cache,
+    dot_dtype_f16,
+    dot_operand,
+    kernel_scales,
+    load_keys_contiguous,
+    page_strides,
+    softmax_tile,
+)
 from kernels.pdl import pdl_enter, use_pdl
 
 
@@ -51,6 +59,7 @@ def _decode_split_kernel(
     DIRECT_OUT: tl.constexpr,  # single split: normalise and write the final output, no merge pass
     HEADS_FIRST: tl.constexpr,  # grid (kv heads, splits, batch): a sequence's heads run side by side
     DOT_F16: tl.constexpr,  # dot_dtype_f16
+    V_KEYS: tl.constexpr,  # V stored keys-contiguous (kernels/attention.py value_cache): read as [D, keys] tiles
     USE_PDL: tl.constexpr,
 ):
     pdl_enter(USE_PDL)
@@ -83,7 +92,10 @@ def _decode_split_kernel(
 
     bt_row = block_tables_ptr + b64 * stride_bt
     k_base = k_cache_ptr + kv_head * stride_kc_h + offs_d[None, :]
-    v_base = v_cache_ptr + kv_head * stride_vc_h + offs_d[None, :]
+    if V_KEYS:
+        v_base = v_cache_ptr + kv_head * stride_vc_h + offs_d[:, None] * PAGE
+    else:
+        v_base = v_cache_ptr + kv_head * stride_vc_h + offs_d[None, :]
 
     m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_H], tl.float32)
@@ -94,12 +106,17 @@ def _decode_split_kernel(
     for start_n in range(split_start, split_end, BLOCK_N):
         pos_n = start_n + offs_n
         mask_n = pos_n < split_end
-        # Masked: table entries past seq_len may be garbage and must not even be read.
-        page = tl.load(bt_row + pos_n // PAGE, mask=mask_n, other=0).to(tl.int64)
+        # Masked: table entries past seq_len may be garbage and must not even be read. Keys past split_end in
+        # its last page get that page (read whole by V_KEYS; their p is 0).
+        page = tl.load(bt_row + pos_n // PAGE, mask=pos_n // PAGE < tl.cdiv(split_end, PAGE), other=0).to(tl.int64)
         in_page = (pos_n % PAGE).to(tl.int64)
         kv_mask = mask_n[:, None] & mask_d[None, :]
         k = tl.load(k_base + (page * stride_kc_b + in_page * stride_kc_s)[:, None], mask=kv_mask, other=0.0)
-        v = tl.load(v_base + (page * stride_vc_b + in_page * stride_vc_s)[:, None], mask=kv_mask, other=0.0)
+        v_off = page * stride_vc_b + in_page * stride_vc_s  # stride_vc_s = 1 when V_KEYS
+        if V_KEYS:
+            v = tl.trans(load_keys_contiguous(v_base, v_off, mask_d, PAGE, BLOCK_N))
+        else:
+            v = tl.load(v_base + v_off[:, None], mask=kv_mask, other=0.0)
         qk = tl.dot(q, tl.trans(k.to(q.dtype))) * qk_scale
         qk = tl.where(mask_n[None, :], qk, float("-inf"))
         m_i, l_i, acc = softmax_tile(q, qk, v, m_i, l_i, acc)
@@ -177,6 +194,7 @@ def split_decode(
     (0: none); ``heads_first``: the grid's order."""
     batch, num_heads, head_dim = q.shape
     num_kv_heads, page = k_cache.shape[2], k_cache.shape[1]
+    v_keys = check_cache(k_cache, v_cache)
     block_d = max(16, triton.next_power_of_2(head_dim))
     block_n, num_warps, num_stages, *cap = tiles
     caps = {"maxnreg": cap[0]} if cap and cap[0] and q.is_cuda else {}
@@ -217,6 +235,7 @@ def split_decode(
         DIRECT_OUT=direct,
         HEADS_FIRST=heads_first,
         DOT_F16=dot_dtype_f16(q, k_cache),
+        V_KEYS=v_keys,
         USE_PDL=pdl,
         num_warps=num_warps,
         num_stages=num_stages,

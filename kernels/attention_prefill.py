@@ -7,7 +7,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from kernels.attention_store import dot_operand, softmax_tile
+from kernels.attention_store import dot_operand, load_keys_contiguous, softmax_tile
 from kernels.pdl import pdl_enter
 
 
@@ -42,6 +42,7 @@ def _prefill_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     DOT_F16: tl.constexpr,  # dot_dtype_f16
+    V_KEYS: tl.constexpr,  # V stored keys-contiguous (kernels/attention.py value_cache): read as [D, keys] tiles
     USE_PDL: tl.constexpr,
 ):
     pdl_enter(USE_PDL)
@@ -71,7 +72,10 @@ def _prefill_kernel(
 
         bt_row = block_tables_ptr + seq.to(tl.int64) * stride_bt
         k_base = k_cache_ptr + kv_head * stride_kc_h + offs_d[None, :]
-        v_base = v_cache_ptr + kv_head * stride_vc_h + offs_d[None, :]
+        if V_KEYS:
+            v_base = v_cache_ptr + kv_head * stride_vc_h + offs_d[:, None] * PAGE
+        else:
+            v_base = v_cache_ptr + kv_head * stride_vc_h + offs_d[None, :]
 
         m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_M], tl.float32)
@@ -89,19 +93,28 @@ def _prefill_kernel(
             page = tl.load(bt_row + pos_n // PAGE).to(tl.int64)
             in_page = (pos_n % PAGE).to(tl.int64)
             k = tl.load(k_base + (page * stride_kc_b + in_page * stride_kc_s)[:, None], mask=mask_d[None, :], other=0.0)
-            v = tl.load(v_base + (page * stride_vc_b + in_page * stride_vc_s)[:, None], mask=mask_d[None, :], other=0.0)
+            v_off = page * stride_vc_b + in_page * stride_vc_s  # stride_vc_s = 1 when V_KEYS
+            if V_KEYS:
+                v = tl.trans(load_keys_contiguous(v_base, v_off, mask_d, PAGE, BLOCK_N))
+            else:
+                v = tl.load(v_base + v_off[:, None], mask=mask_d[None, :], other=0.0)
             qk = tl.dot(q, tl.trans(k.to(q.dtype))) * qk_scale
             m_i, l_i, acc = softmax_tile(q, qk, v, m_i, l_i, acc)
 
         for start_n in range(full_end, kv_end, BLOCK_N):
             pos_n = start_n + offs_n
-            # Never touch block-table entries or cache slots at or past kv_len: they may be garbage.
+            # Never touch block-table entries past kv_len's page, or (but V_KEYS's) slots at or past kv_len: they
+            # may be garbage.
             mask_n = pos_n < kv_len
-            page = tl.load(bt_row + pos_n // PAGE, mask=mask_n, other=0).to(tl.int64)
+            page = tl.load(bt_row + pos_n // PAGE, mask=pos_n // PAGE < tl.cdiv(kv_len, PAGE), other=0).to(tl.int64)
             in_page = (pos_n % PAGE).to(tl.int64)
             kv_mask = mask_n[:, None] & mask_d[None, :]
             k = tl.load(k_base + (page * stride_kc_b + in_page * stride_kc_s)[:, None], mask=kv_mask, other=0.0)
-            v = tl.load(v_base + (page * stride_vc_b + in_page * stride_vc_s)[:, None], mask=kv_mask, other=0.0)
+            v_off = page * stride_vc_b + in_page * stride_vc_s  # stride_vc_s = 1 when V_KEYS
+            if V_KEYS:
+                v = tl.trans(load_keys_contiguous(v_base, v_off, mask_d, PAGE, BLOCK_N))
+            else:
+                v = tl.load(v_base + v_off[:, None], mask=kv_mask, other=0.0)
             qk = tl.dot(q, tl.trans(k.to(q.dtype))) * qk_scale
             causal = (pos_n[None, :] <= q_pos[:, None]) & mask_n[None, :]
             qk = tl.where(causal, qk, float("-inf"))

@@ -18,16 +18,18 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.attention import cache_scales, is_fp8
+from kernels.attention import cache_scales, is_fp8, keys_contiguous
 from kernels.pdl import pdl_enter
 
 _LOG2E = 1.4426950408889634
 
 
-def check_cache(k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
-    # Kernels index the last dim with unit stride; the other strides are passed through.
-    if k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1:
-        raise ValueError("KV cache must have a contiguous head_dim")
+def check_cache(k_cache: torch.Tensor, v_cache: torch.Tensor) -> bool:
+    """Whether V is stored keys-contiguous (``value_cache``). Kernels index K's last dim, and V's unless so, with
+    unit stride; the other strides are passed through."""
+    if k_cache.stride(-1) != 1 or not (v_cache.stride(-1) == 1 or keys_contiguous(v_cache)):
+        raise ValueError("KV cache must have a contiguous head_dim (or, for V, contiguous keys)")
+    return keys_contiguous(v_cache)
 
 
 def kernel_scales(k_cache: torch.Tensor, scale: float, k_scale: float, v_scale: float) -> tuple[float, float]:
@@ -39,6 +41,11 @@ def kernel_scales(k_cache: torch.Tensor, scale: float, k_scale: float, v_scale: 
 def page_strides(k_cache: torch.Tensor, v_cache: torch.Tensor) -> tuple[int, ...]:
     """Block, slot and head strides of the paged K then V cache, as the prefill and decode kernels take them."""
     return (*k_cache.stride()[:3], *v_cache.stride()[:3])
+
+
+def store_strides(k_cache: torch.Tensor, v_cache: torch.Tensor) -> tuple[int, ...]:
+    """``page_strides`` and V's head_dim stride, as the KV store kernels take them."""
+    return (*page_strides(k_cache, v_cache), v_cache.stride(3))
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -63,12 +70,16 @@ def _store_kvcache_kernel(
     stride_kh,
     stride_vt,
     stride_vh,
-    stride_kc_slot,
+    stride_kc_b,
+    stride_kc_s,
     stride_kc_h,
-    stride_vc_slot,
+    stride_vc_b,
+    stride_vc_s,
     stride_vc_h,
+    stride_vc_d,  # 1, or the page size when V is stored keys-contiguous
     inv_k_scale,
     inv_v_scale,
+    PAGE: tl.constexpr,
     NUM_KV_HEADS: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     BLOCK_H: tl.constexpr,
@@ -91,8 +102,10 @@ def _store_kvcache_kernel(
     if KV_FP8:
         k = fp8_cache_value(k, inv_k_scale)
         v = fp8_cache_value(v, inv_v_scale)
-    kc = k_cache_ptr + slot * stride_kc_slot + offs_h[:, None] * stride_kc_h + offs_d[None, :]
-    vc = v_cache_ptr + slot * stride_vc_slot + offs_h[:, None] * stride_vc_h + offs_d[None, :]
+    block, in_page = slot // PAGE, slot % PAGE
+    kc = k_cache_ptr + block * stride_kc_b + in_page * stride_kc_s + offs_h[:, None] * stride_kc_h + offs_d[None, :]
+    vc = v_cache_ptr + block * stride_vc_b + in_page * stride_vc_s + offs_h[:, None] * stride_vc_h
+    vc += offs_d[None, :] * stride_vc_d
     tl.store(kc, k.to(k_cache_ptr.dtype.element_ty), mask=mask)
     tl.store(vc, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
 
@@ -114,6 +127,17 @@ def dot_operand(q, DOT_F16: tl.constexpr):
     if DOT_F16:  # float16's range is narrower than bfloat16's: saturate rather than overflow
         q = tl.clamp(q.to(tl.float32), -65504.0, 65504.0).to(tl.float16)
     return q
+
+
+@triton.jit
+def load_keys_contiguous(v_base, offsets, mask_d, PAGE: tl.constexpr, BLOCK_N: tl.constexpr):
+    """A [D, BLOCK_N] tile of a keys-contiguous V cache (``v_base``: the head's [D, 1] row pointers; ``offsets``:
+    each key's page offset plus slot, from a tile that starts page-aligned). Runs of a page's keys are contiguous,
+    which the hints tell the compiler (the page numbers come from memory): 16-byte loads, and an operand the P.V
+    dot reads K-major. No key mask: slots past the context hold finite stale values, weighted by p = 0."""
+    RUN: tl.constexpr = min(PAGE, BLOCK_N)
+    offsets = tl.max_contiguous(tl.multiple_of(offsets, RUN), RUN)
+    return tl.load(v_base + offsets[None, :], mask=mask_d[:, None], other=0.0)
 
 
 @triton.jit

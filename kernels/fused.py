@@ -16,7 +16,7 @@ import triton
 import triton.language as tl
 
 from kernels.attention import is_fp8
-from kernels.attention_store import fp8_cache_value
+from kernels.attention_store import check_cache, fp8_cache_value, store_strides
 from kernels.pdl import pdl_enter, use_pdl
 
 
@@ -105,13 +105,17 @@ def _qk_norm_rope_kernel(
     stride_cs,
     stride_vt,
     stride_vh,
-    stride_kc_slot,
+    stride_kc_b,
+    stride_kc_s,
     stride_kc_h,
-    stride_vc_slot,
+    stride_vc_b,
+    stride_vc_s,
     stride_vc_h,
+    stride_vc_d,  # 1, or the page size when V is stored keys-contiguous (kernels/attention.py value_cache)
     eps,
     inv_k_scale,  # an e4m3 cache's 1 / k_scale and 1 / v_scale (unused for 16-bit caches)
     inv_v_scale,
+    PAGE: tl.constexpr,
     NUM_Q_HEADS: tl.constexpr,
     NUM_HEADS: tl.constexpr,
     HALF: tl.constexpr,
@@ -154,7 +158,9 @@ def _qk_norm_rope_kernel(
         slot = tl.load(slot_ptr + t).to(tl.int64)
         # compared as a tensor: the interpreter mis-types a scalar bool broadcast into a mask
         kmask = hmask & (h[:, None] >= NUM_Q_HEADS) & ((slot + 0 * h) >= 0)[:, None]
-        kc = k_cache_ptr + slot * stride_kc_slot + (h[:, None] - NUM_Q_HEADS) * stride_kc_h + d[None, :]
+        block, in_page = slot // PAGE, slot % PAGE
+        kc = k_cache_ptr + block * stride_kc_b + in_page * stride_kc_s + (h[:, None] - NUM_Q_HEADS) * stride_kc_h
+        kc += d[None, :]
         k1, k2 = o1, o2
         if KV_FP8:
             k1, k2 = fp8_cache_value(o1, inv_k_scale), fp8_cache_value(o2, inv_k_scale)
@@ -166,7 +172,8 @@ def _qk_norm_rope_kernel(
         v = tl.load(v_ptr + t * stride_vt + kv[:, None] * stride_vh + dd[None, :], mask=vmask)
         if KV_FP8:
             v = fp8_cache_value(v, inv_v_scale)
-        vc = v_cache_ptr + slot * stride_vc_slot + kv[:, None] * stride_vc_h + dd[None, :]
+        vc = v_cache_ptr + block * stride_vc_b + in_page * stride_vc_s + kv[:, None] * stride_vc_h
+        vc += dd[None, :] * stride_vc_d
         tl.store(vc, v.to(v_cache_ptr.dtype.element_ty), mask=vmask)
 
 
@@ -208,21 +215,11 @@ def qk_norm_rope_(
         v, k_cache, v_cache, slots, k_scale, v_scale = kv_store
         kv_fp8, inv_scales = is_fp8(k_cache), (1.0 / k_scale, 1.0 / v_scale)
         assert v.shape == (tokens, num_kv, head_dim) and v.stride(-1) == 1
-        kc, vc = k_cache.view(-1, num_kv, head_dim), v_cache.view(-1, num_kv, head_dim)  # rows = slots
-        store_args = (
-            v,
-            kc,
-            vc,
-            slots,
-            v.stride(0),
-            v.stride(1),
-            kc.stride(0),
-            kc.stride(1),
-            vc.stride(0),
-            vc.stride(1),
-        )
+        check_cache(k_cache, v_cache)
+        store_args = (v, k_cache, v_cache, slots, v.stride(0), v.stride(1), *store_strides(k_cache, v_cache))
+        page = k_cache.shape[1]
     else:
-        store_args = (qk, qk, qk, positions, 0, 0, 0, 0, 0, 0)
+        store_args, page = (qk, qk, qk, positions, *[0] * 9), 1
     has_norm = q_weight is not None
     _qk_norm_rope_kernel[(tokens,)](
         qk,
@@ -237,6 +234,7 @@ def qk_norm_rope_(
         *store_args[4:],
         eps,
         *inv_scales,
+        PAGE=page,
         NUM_Q_HEADS=num_q_heads,
         NUM_HEADS=heads,
         HALF=head_dim // 2,

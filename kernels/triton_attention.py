@@ -19,7 +19,14 @@ import triton
 from kernels.attention import AttentionBackend, AttentionMetadata, is_fp8
 from kernels.attention_decode import split_decode
 from kernels.attention_prefill import _prefill_kernel
-from kernels.attention_store import _store_kvcache_kernel, check_cache, dot_dtype_f16, kernel_scales, page_strides
+from kernels.attention_store import (
+    _store_kvcache_kernel,
+    check_cache,
+    dot_dtype_f16,
+    kernel_scales,
+    page_strides,
+    store_strides,
+)
 from kernels.device import num_sms
 from kernels.pdl import use_pdl
 
@@ -88,26 +95,21 @@ class TritonAttentionBackend(AttentionBackend):
         check_cache(k_cache, v_cache)
         if k.stride(-1) != 1 or v.stride(-1) != 1:
             raise ValueError("k and v must have a contiguous head_dim")
-        # Slots address [num_blocks * block_size] rows; viewing keeps that valid for padded strides too.
-        kc = k_cache.view(-1, num_kv_heads, head_dim)
-        vc = v_cache.view(-1, num_kv_heads, head_dim)
         pdl = use_pdl(k)
         _store_kvcache_kernel[(num_tokens,)](
             k,
             v,
-            kc,
-            vc,
+            k_cache,
+            v_cache,
             slot_mapping,
             k.stride(0),
             k.stride(1),
             v.stride(0),
             v.stride(1),
-            kc.stride(0),
-            kc.stride(1),
-            vc.stride(0),
-            vc.stride(1),
+            *store_strides(k_cache, v_cache),
             1.0 / k_scale,
             1.0 / v_scale,
+            PAGE=k_cache.shape[1],
             NUM_KV_HEADS=num_kv_heads,
             HEAD_DIM=head_dim,
             BLOCK_H=triton.next_power_of_2(num_kv_heads),
@@ -140,7 +142,7 @@ class TritonAttentionBackend(AttentionBackend):
             return out
         if meta.max_seqlen_q <= 0:
             raise ValueError("meta.max_seqlen_q must be set (host int) for the Triton prefill grid")
-        check_cache(k_cache, v_cache)
+        v_keys = check_cache(k_cache, v_cache)
         assert num_heads % num_kv_heads == 0 and q.stride(-1) == 1 and out.stride(-1) == 1
         bt = meta.prefill_block_tables
         assert bt.stride(-1) == 1
@@ -178,6 +180,7 @@ class TritonAttentionBackend(AttentionBackend):
             BLOCK_M=block_m,
             BLOCK_N=block_n,
             DOT_F16=dot_dtype_f16(q, k_cache),
+            V_KEYS=v_keys,
             USE_PDL=pdl,
             num_warps=num_warps,
             num_stages=num_stages,

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from kernels.attention import AttentionMetadata
+from kernels.attention import AttentionMetadata, value_cache
 from kernels.backends import get_backend
 from model.config import ModelConfig, parse_dtype
 from model.context import forward_context
@@ -85,7 +85,7 @@ class ModelRunner:
         shape = (len(self.attn_layers), 2, num_blocks, self.block_size, layer.num_kv_heads, layer.head_dim)
         self.kv_cache = torch.zeros(shape, dtype=self.kv_dtype, device=self.device)
         for i, attn in enumerate(self.attn_layers):
-            attn.k_cache, attn.v_cache = self.kv_cache[i, 0], self.kv_cache[i, 1]
+            attn.k_cache, attn.v_cache = self.kv_cache[i, 0], value_cache(self.kv_cache[i, 1])
         self.num_blocks = num_blocks
 
     # ---- one step --------------------------------------------------------------------------------------

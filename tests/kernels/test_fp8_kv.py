@@ -5,18 +5,20 @@ torch reference on the same e4m3 pool (on the CPU through the interpreter, tiny 
 from __future__ import annotations
 
 import dataclasses
+import os
 
 import numpy as np
 import pytest
 import torch
 
 from kernels import fused
-from kernels.attention import AttentionMetadata, to_cache
+from kernels.attention import AttentionMetadata, copy_to_value_cache, keys_contiguous, to_cache, value_cache
 from model.rotary import RotaryEmbedding
 from tests.support.builders import make_step, worker_config
 from tests.support.interpreter_fp8 import fix_interpreter_fp8_rounding
 from tests.support.oracle import prompts_with_shared_prefixes, rel_err
 from tests.support.paged_cache import DEVICE, ON_GPU, REF, TRI, PagedCache, prefill_meta
+from tests.support.processes import ROOT
 
 FP8 = torch.float8_e4m3fn
 gpu = pytest.mark.gpu
@@ -35,9 +37,12 @@ def _gpu_like_rounding():
 
 
 def fp8_cache(cache: PagedCache, k_scale: float, v_scale: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """The pool's values as an e4m3 pool stores them (NaN padding blocks become 0: e4m3fn's NaN would stay NaN)."""
-    k, v = cache.clean()
-    return to_cache(k, torch.empty(0, dtype=FP8), k_scale), to_cache(v, torch.empty(0, dtype=FP8), v_scale)
+    """The pool's values as the engine's e4m3 pool stores them: V keys-contiguous (``value_cache``), the padding
+    slots (NaN in the float pool; e4m3fn's NaN would stay NaN) at the largest finite value, which the kernels read
+    past a context's end and must weigh by 0."""
+    fp8 = torch.empty(0, dtype=FP8)
+    k, v = (to_cache(torch.nan_to_num(x, nan=448.0), fp8, s) for x, s in ((cache.k, k_scale), (cache.v, v_scale)))
+    return k, copy_to_value_cache(v)
 
 
 @pytest.mark.parametrize("k_scale,v_scale", SCALES)
@@ -50,7 +55,9 @@ def test_store_writes_scaled_saturated_e4m3(k_scale, v_scale):
     k, v = qkv[:, heads : 2 * heads], qkv[:, 2 * heads :]
     shape = (blocks, block_size, heads, head_dim)
     kc, vc = (torch.full(shape, 3.0, device=DEVICE).to(FP8) for _ in range(2))
+    vc = value_cache(vc)  # the engine's e4m3 V layout
     kr, vr = kc.clone(), vc.clone()
+    assert keys_contiguous(vc) and keys_contiguous(vr)
     slots = slots.to(DEVICE)
     TRI.store_kvcache(k, v, kc, vc, slots, k_scale, v_scale)
     REF.store_kvcache(k, v, kr, vr, slots, k_scale, v_scale)
@@ -64,6 +71,22 @@ def test_store_writes_scaled_saturated_e4m3(k_scale, v_scale):
     untouched = torch.ones(blocks * block_size, dtype=torch.bool, device=DEVICE)
     untouched[slots[slots >= 0]] = False
     assert (kc.view(-1, heads, head_dim)[untouched].float() == 3.0).all()
+
+
+def test_v_keys_switch_keeps_the_16_bit_layout():
+    """NANOSERVE_FP8_V_KEYS=0 (read at start-up, hence a fresh interpreter): value_cache leaves e4m3 V as it is."""
+    import subprocess
+    import sys
+
+    code = (
+        "import torch; from kernels.attention import keys_contiguous, value_cache; "
+        "v = torch.zeros(3, 16, 2, 8, dtype=torch.float8_e4m3fn); print(keys_contiguous(value_cache(v)))"
+    )
+    for switch, want in (("1", "True"), ("0", "False")):
+        env = dict(os.environ, NANOSERVE_FP8_V_KEYS=switch)
+        cmd = [sys.executable, "-c", code]
+        out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+        assert out.stdout.strip() == want, out.stderr[-2000:]
 
 
 def prefill_case(q_dtype, k_scale, v_scale, chunks, heads, head_dim, block_size):
@@ -134,14 +157,18 @@ def test_fused_qk_norm_rope_stores_fp8(k_scale, v_scale):
     slots = torch.tensor([5, 0, -1, 15, 9, 2], device=DEVICE)
     shape = (4, 4, k_heads, head_dim)
     k_cache, v_cache = (torch.zeros(shape, device=DEVICE).to(FP8) for _ in range(2))
+    v_cache = value_cache(v_cache)
     store = fused.KVStore(v, k_cache, v_cache, slots, k_scale, v_scale)
     fused.qk_norm_rope_(qk, w, w, 1e-6, rope.cos_sin, positions, q_heads, store)
     live = slots >= 0
-    kc, vc = k_cache.view(-1, k_heads, head_dim), v_cache.view(-1, k_heads, head_dim)
+    block, in_page = slots[live] // shape[1], slots[live] % shape[1]
     want_k = to_cache(qk[live, q_heads:], k_cache, k_scale)  # the finished K left in qk, as the pool stores it
     want_v = to_cache(v[live], v_cache, v_scale)
-    assert torch.equal(kc[slots[live]].view(torch.uint8), want_k.view(torch.uint8))
-    assert torch.equal(vc[slots[live]].view(torch.uint8), want_v.view(torch.uint8))
+    assert torch.equal(k_cache[block, in_page].view(torch.uint8), want_k.view(torch.uint8))
+    assert torch.equal(v_cache[block, in_page].view(torch.uint8), want_v.view(torch.uint8))
+    written = torch.zeros(shape[:2], dtype=torch.bool, device=DEVICE)
+    written[block, in_page] = True
+    assert not v_cache[~written].float().any()  # nothing else written
 
 
 # ---- real sizes on CUDA ---------------------------------------------------------------------------------------

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels import fp8_gemm, fp8_mlp, fp8_rescale, fused
+from kernels import fp8_gemm, fp8_mlp, fp8_rescale, fused, scaled_mm
 from kernels.fp8_quant import quantize_rows
 from model import fp8
 from tests.support.interpreter_fp8 import fix_interpreter_fp8_rounding
@@ -55,7 +55,7 @@ def test_fp8_gated_mlp_equals_the_unfused_layers(m):
     x = torch.randn(m, hidden, generator=gen).to(torch.bfloat16).cuda()
     w_gu, s_gu = fp8.quantize_per_channel((torch.randn(2 * inter, hidden, generator=gen) * 0.05).cuda())
     w_d, s_d = fp8.quantize_per_channel((torch.randn(hidden, inter, generator=gen) * 0.05).cuda())
-    fp8_gemm.probe_scaled_mm(x.device)
+    scaled_mm.probe_scaled_mm(x.device)
     assert fp8_mlp.applies(m, w_gu, w_d)
     out = fp8_mlp.fp8_gated_mlp(x, (w_gu, s_gu, None), (w_d, s_d, None))
     act = fused.silu_and_mul(fp8_gemm.fp8_linear(x, w_gu, s_gu, None))

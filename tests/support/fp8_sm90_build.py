@@ -121,7 +121,7 @@ def cases():
         attention_store._store_kvcache_kernel,
         {"k_ptr": BF16, "v_ptr": BF16, "k_cache_ptr": FP8, "v_cache_ptr": FP8, "slot_ptr": "*i64"}
         | {"inv_k_scale": "fp32", "inv_v_scale": "fp32"},
-        {"NUM_KV_HEADS": 8, "HEAD_DIM": 128, "BLOCK_H": 8, "BLOCK_D": 128, "KV_FP8": True, "USE_PDL": True},
+        {"PAGE": 16, "NUM_KV_HEADS": 8, "HEAD_DIM": 128, "BLOCK_H": 8, "BLOCK_D": 128, "KV_FP8": True, "USE_PDL": True},
         {},
     )
     yield (
@@ -129,7 +129,7 @@ def cases():
         attention_prefill._prefill_kernel,
         dict(attn, out_ptr=BF16),
         {"GROUP": 4, "PAGE": 16, "HEAD_DIM": 128, "BLOCK_D": 128, "BLOCK_M": 64, "BLOCK_N": 64}
-        | {"DOT_F16": True, "USE_PDL": True},
+        | {"DOT_F16": True, "V_KEYS": True, "stride_vc_s": 1, "USE_PDL": True},
         {"num_stages": 2},
     )
     for direct, block_n in ((True, 128), (False, 64)):
@@ -147,6 +147,8 @@ def cases():
                 "DIRECT_OUT": direct,
                 "HEADS_FIRST": True,
                 "DOT_F16": True,
+                "V_KEYS": True,  # value_cache's layout, with its unit slot stride (specialized at run time)
+                "stride_vc_s": 1,
                 "USE_PDL": True,
             },
             {"num_stages": 2},
@@ -158,6 +160,7 @@ def cases():
         | {"k_cache_ptr": FP8, "v_cache_ptr": FP8, "slot_ptr": "*i64", "eps": "fp32"}
         | {"inv_k_scale": "fp32", "inv_v_scale": "fp32"},
         {
+            "PAGE": 16,
             "NUM_Q_HEADS": 32,
             "NUM_HEADS": 40,
             "HALF": 64,
