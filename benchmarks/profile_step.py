@@ -130,9 +130,78 @@ def host_profile(runner, slots, prompt: int, blocks, temperature: float, decode_
     pstats.Stats(prof).sort_stats("tottime").print_stats(22)
 
 
-def main() -> None:
+def prefill_prompts(runner, slots: list[int], prompt: int, blocks: list[list[int]], temperature: float = 0.0) -> None:
+    """Prompts of ``prompt`` tokens for new sequences in ``slots`` (on ``blocks``), in steps within the token budget."""
+    per_step = max(1, 8192 // prompt)
+    for lo in range(0, len(slots), per_step):
+        hi = min(len(slots), lo + per_step)
+        new = {"slots": slots[lo:hi], "temperature": temperature}
+        runner.execute(step(0, slots[lo:hi], [prompt] * (hi - lo), [1] * (prompt * (hi - lo)), blocks[lo:hi], new))
+
+
+def decode_step(step_id: int, slots: list[int]) -> StepCommand:
+    """One decode token for each of ``slots`` (its sampled token fed back)."""
+    return step(step_id, slots, [1] * len(slots), [-1] * len(slots), [[] for _ in slots])
+
+
+def make_runner(shape: str, max_bs: int, num_blocks: int, quantization, kv_cache_dtype: str, enforce_eager: bool):
+    """A worker's ModelRunner in this process for ``shape`` (random weights), its KV pool of ``num_blocks``, kernels
+    warmed up and CUDA graphs captured; under torchrun one per rank, rank 0 the one that prints."""
     from benchmarks.gpu import require_cuda
-    from benchmarks.shapes import SHAPES, load_config, write_shape
+    from benchmarks.shapes import load_config, write_shape
+
+    require_cuda(int(os.environ.get("WORLD_SIZE", 1)))
+    import torch.distributed as dist
+
+    from model.custom_all_reduce import init_custom_all_reduce
+    from model.parallel import set_tp
+
+    # under torchrun every rank runs the same steps, as the workers of one TP group do
+    rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    init = "env://" if world > 1 else "tcp://127.0.0.1:29555"
+    dist.init_process_group("nccl", init_method=init, rank=rank, world_size=world)
+    torch.cuda.set_device(rank)
+    set_tp(rank, world)
+    model_dir = write_shape(shape) if rank == 0 else None
+    dist.barrier()
+    model_dir = write_shape(shape)  # written by rank 0; the others only find it
+    if world > 1:
+        hidden = load_config(model_dir)["hidden_size"]
+        init_custom_all_reduce(8192 * hidden * 2, torch.bfloat16, torch.device("cuda", rank))
+    if rank:
+        sys.stdout = open(os.devnull, "w")  # rank 0 reports
+    from worker import startup
+    from worker.model_runner import ModelRunner
+
+    cfg = WorkerConfig(
+        model=str(model_dir),
+        device="cuda",
+        dtype="auto",
+        load_format="dummy",
+        block_size=16,
+        max_num_seqs=max_bs,
+        max_num_batched_tokens=8192,
+        max_model_len=4096,
+        num_kv_blocks=num_blocks,
+        gpu_memory_utilization=0.9,
+        kv_cache_memory_bytes=0,
+        enforce_eager=enforce_eager,
+        seed=0,
+        attention_backend="auto",
+        dist_init_method="",
+        eos_token_ids=[],
+        quantization=quantization or "",
+        kv_cache_dtype=kv_cache_dtype,
+    )
+    runner = ModelRunner(cfg, torch.device("cuda", rank))
+    runner.allocate_kv(num_blocks)
+    startup.warmup_kernels(runner)
+    startup.capture_graphs(runner)
+    return runner
+
+
+def main() -> None:
+    from benchmarks.shapes import SHAPES
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     p.add_argument("--shape", default="qwen3-0.6b", choices=list(SHAPES), help="model shape (random weights)")
@@ -149,56 +218,9 @@ def main() -> None:
         help="time the host launch of a prefill step (plus a decode row per other sequence) and cProfile it",
     )
     a = p.parse_args()
-    require_cuda(int(os.environ.get("WORLD_SIZE", 1)))
-    import torch.distributed as dist
-
-    from model.custom_all_reduce import init_custom_all_reduce
-    from model.parallel import set_tp
-
-    # under torchrun every rank runs the same steps, as the workers of one TP group do
-    rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
-    init = "env://" if world > 1 else "tcp://127.0.0.1:29555"
-    dist.init_process_group("nccl", init_method=init, rank=rank, world_size=world)
-    torch.cuda.set_device(rank)
-    set_tp(rank, world)
-    model_dir = write_shape(a.shape) if rank == 0 else None
-    dist.barrier()
-    model_dir = write_shape(a.shape)  # written by rank 0; the others only find it
-    if world > 1:
-        hidden = load_config(model_dir)["hidden_size"]
-        init_custom_all_reduce(8192 * hidden * 2, torch.bfloat16, torch.device("cuda", rank))
-    if rank:
-        sys.stdout = open(os.devnull, "w")  # rank 0 reports
-    from worker import startup
-    from worker.model_runner import ModelRunner
-
     max_bs = max(a.batch)
     blocks_per_seq = (a.context + 512) // 16 + 1  # room for the prompt and every timed step
-    num_blocks = max_bs * blocks_per_seq
-    cfg = WorkerConfig(
-        model=str(model_dir),
-        device="cuda",
-        dtype="auto",
-        load_format="dummy",
-        block_size=16,
-        max_num_seqs=max_bs,
-        max_num_batched_tokens=8192,
-        max_model_len=4096,
-        num_kv_blocks=num_blocks,
-        gpu_memory_utilization=0.9,
-        kv_cache_memory_bytes=0,
-        enforce_eager=a.enforce_eager,
-        seed=0,
-        attention_backend="auto",
-        dist_init_method="",
-        eos_token_ids=[],
-        quantization=a.quantization or "",
-        kv_cache_dtype=a.kv_cache_dtype,
-    )
-    runner = ModelRunner(cfg, torch.device("cuda", rank))
-    runner.allocate_kv(num_blocks)
-    startup.warmup_kernels(runner)
-    startup.capture_graphs(runner)
+    runner = make_runner(a.shape, max_bs, max_bs * blocks_per_seq, a.quantization, a.kv_cache_dtype, a.enforce_eager)
     rows = []
     for bs in a.batch:
         slots = list(range(bs))
@@ -213,18 +235,7 @@ def main() -> None:
                 torch.cuda.synchronize()
                 prefill_prof.start()
                 t0 = time.perf_counter()
-            for lo in range(0, bs, per_step):
-                hi = min(bs, lo + per_step)
-                runner.execute(
-                    step(
-                        0,
-                        slots[lo:hi],
-                        [prompt] * (hi - lo),
-                        [1] * (prompt * (hi - lo)),
-                        blocks[lo:hi],
-                        {"slots": slots[lo:hi], "temperature": a.temperature},
-                    )
-                )
+            prefill_prompts(runner, slots, prompt, blocks, a.temperature)
             if profiled:
                 torch.cuda.synchronize()
                 elapsed = time.perf_counter() - t0
@@ -247,7 +258,7 @@ def main() -> None:
         for _ in range(100):
             torch.cuda.synchronize()
             t0 = time.perf_counter()
-            runner.execute(step(sid, slots, [1] * bs, [-1] * bs, [[] for _ in slots]))
+            runner.execute(decode_step(sid, slots))
             times.append(time.perf_counter() - t0)
             sid += 1
 
@@ -255,7 +266,7 @@ def main() -> None:
             """n decode steps as the worker loop runs them (launch N+1 before waiting on N); the next step id."""
             prev = None
             for _ in range(n):
-                cur = runner.launch(step(sid, slots, [1] * bs, [-1] * bs, [[] for _ in slots]))
+                cur = runner.launch(decode_step(sid, slots))
                 sid += 1
                 if prev is not None:
                     prev.wait()
