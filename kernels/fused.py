@@ -219,7 +219,7 @@ def qk_norm_rope_(
         store_args = (v, k_cache, v_cache, slots, v.stride(0), v.stride(1), *store_strides(k_cache, v_cache))
         page = k_cache.shape[1]
     else:
-        store_args, page = (qk, qk, qk, positions, *[0] * 9), 1
+        store_args, page = (qk, qk, qk, positions, *[0] * 9), 1  # placeholders: the V rows' and caches' 9 strides
     has_norm = q_weight is not None
     _qk_norm_rope_kernel[(tokens,)](
         qk,
