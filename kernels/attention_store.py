@@ -27,9 +27,10 @@ _LOG2E = 1.4426950408889634
 def check_cache(k_cache: torch.Tensor, v_cache: torch.Tensor) -> bool:
     """Whether V is stored keys-contiguous (``value_cache``). Kernels index K's last dim, and V's unless so, with
     unit stride; the other strides are passed through."""
-    if k_cache.stride(-1) != 1 or not (v_cache.stride(-1) == 1 or keys_contiguous(v_cache)):
+    v_keys = keys_contiguous(v_cache)
+    if k_cache.stride(-1) != 1 or not (v_cache.stride(-1) == 1 or v_keys):
         raise ValueError("KV cache must have a contiguous head_dim (or, for V, contiguous keys)")
-    return keys_contiguous(v_cache)
+    return v_keys
 
 
 def kernel_scales(k_cache: torch.Tensor, scale: float, k_scale: float, v_scale: float) -> tuple[float, float]:

@@ -246,7 +246,6 @@ class TritonAttentionBackend(AttentionBackend):
             out = torch.empty((batch, num_heads, head_dim), dtype=q.dtype, device=q.device)
         if batch == 0:
             return out
-        check_cache(k_cache, v_cache)
         assert num_heads % num_kv_heads == 0 and q.stride(-1) == 1 and out.stride(-1) == 1
         bt = meta.decode_block_tables
         assert bt.stride(-1) == 1
