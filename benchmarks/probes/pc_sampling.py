@@ -10,7 +10,8 @@ Triton kernels; library kernels have no lines). Reading it: ``selected`` is issu
 ``long_scoreboard`` waiting on global memory, ``wait`` on fixed-latency results, ``barrier`` on bar.sync. Log 25b
 found the e4m3 decode attention's byte-wise V transposes this way. Sampling serializes kernels: read shares, not
 times. Proton maps samples to lines only for modules loaded after it starts, so the session starts before the model
-is built and is paused until the sampled steps.
+is built and is paused until the sampled steps. The steps run eager: CUDA graph capture fails under a sampling
+session (error 900); only the GEMM algorithms tuned at capture may differ.
 """
 
 from __future__ import annotations
