@@ -95,7 +95,7 @@ def _prefill_kernel(
             k = tl.load(k_base + (page * stride_kc_b + in_page * stride_kc_s)[:, None], mask=mask_d[None, :], other=0.0)
             v_off = page * stride_vc_b + in_page * stride_vc_s  # stride_vc_s = 1 when V_KEYS
             if V_KEYS:
-                v = tl.trans(load_keys_contiguous(v_base, v_off, mask_d, PAGE, BLOCK_N))
+                v = tl.trans(load_keys_contiguous(v_base, v_off, mask_d))
             else:
                 v = tl.load(v_base + v_off[:, None], mask=mask_d[None, :], other=0.0)
             qk = tl.dot(q, tl.trans(k.to(q.dtype))) * qk_scale
@@ -112,7 +112,7 @@ def _prefill_kernel(
             k = tl.load(k_base + (page * stride_kc_b + in_page * stride_kc_s)[:, None], mask=kv_mask, other=0.0)
             v_off = page * stride_vc_b + in_page * stride_vc_s  # stride_vc_s = 1 when V_KEYS
             if V_KEYS:
-                v = tl.trans(load_keys_contiguous(v_base, v_off, mask_d, PAGE, BLOCK_N))
+                v = tl.trans(load_keys_contiguous(v_base, v_off, mask_d))
             else:
                 v = tl.load(v_base + v_off[:, None], mask=kv_mask, other=0.0)
             qk = tl.dot(q, tl.trans(k.to(q.dtype))) * qk_scale

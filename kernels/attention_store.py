@@ -131,13 +131,12 @@ def dot_operand(q, DOT_F16: tl.constexpr):
 
 
 @triton.jit
-def load_keys_contiguous(v_base, offsets, mask_d, PAGE: tl.constexpr, BLOCK_N: tl.constexpr):
+def load_keys_contiguous(v_base, offsets, mask_d):
     """A [D, BLOCK_N] tile of a keys-contiguous V cache (``v_base``: the head's [D, 1] row pointers; ``offsets``:
-    each key's page offset plus slot, from a tile that starts page-aligned). Runs of a page's keys are contiguous,
-    which the hints tell the compiler (the page numbers come from memory): 16-byte loads, and an operand the P.V
-    dot reads K-major. No key mask: slots past the context hold finite stale values, weighted by p = 0."""
-    RUN: tl.constexpr = min(PAGE, BLOCK_N)
-    offsets = tl.max_contiguous(tl.multiple_of(offsets, RUN), RUN)
+    each key's page offset plus slot, from a tile that starts page-aligned). The compiler finds the runs of a
+    page's keys contiguous from the offsets' arithmetic (page * stride + pos % PAGE, the slot stride specialized to
+    1; hints on a callee's argument are dropped): 16-byte loads, and an operand the P.V dot reads K-major. No key
+    mask: slots past the context hold finite stale values, weighted by p = 0."""
     return tl.load(v_base + offsets[None, :], mask=mask_d[:, None], other=0.0)
 
 
