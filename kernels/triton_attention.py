@@ -256,7 +256,7 @@ class TritonAttentionBackend(AttentionBackend):
             # 128-key tiles: 3-4% faster than 64 at batch 256 on an H200; two stages of K and V tiles then take
             # 128 KB of shared memory at head_dim 128 in 16-bit types (64 keys in fp32). Split programs take 64
             # keys: the best tiling of the mid regime in the H200 sweeps (see num_decode_splits), and at 1-4
-            # sequences of 200-600 tokens 0.9-3.4 us faster than 128 (split + merge; W2 -1.3%, log 26c).
+            # sequences of 200-600 tokens 0.9-3.4 us faster than 128 (split + merge; W2 -1.3%, log 26d).
             narrow = head_dim <= 128
             wide = narrow and k_cache.element_size() <= 2 and num_splits == 1
             tiles = self.decode_tiles or (128 if wide else (64 if narrow else 32), 4, 2)
