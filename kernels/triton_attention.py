@@ -48,7 +48,7 @@ class TritonAttentionBackend(AttentionBackend):
     # Decode regimes by programs per split (batch x kv heads), measured on an H200:
     # from DIRECT_PROGRAMS_PER_SM x SMs up, one 128-key program per (sequence, kv head) streams at the copy
     # ceiling; from MID_MIN_PROGRAMS up, 64-key programs split so that ~MID_PROGRAMS_PER_SM x SMs programs run
-    # beat it by 3-8%; below that, the long-context few-sequence case, splits fill the GPU as before.
+    # beat it by 3-8%; below that, the few-sequence case, 64-key splits fill the GPU.
     DIRECT_PROGRAMS_PER_SM = 12
     MID_PROGRAMS_PER_SM = 32
     MID_MIN_PROGRAMS = 128
