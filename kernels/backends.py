@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 
 from kernels.attention import AttentionBackend, TorchAttentionBackend
+from protocol.settings import settings
 
 BACKEND_NAMES = ("auto", "torch", "triton", "flash")
 
@@ -35,5 +36,5 @@ def get_backend(
     if name == "triton":
         from kernels.triton_attention import TritonAttentionBackend
 
-        return TritonAttentionBackend()
+        return TritonAttentionBackend(decode_tiles=settings().decode_tiles)
     return TorchAttentionBackend()

@@ -22,6 +22,28 @@ def _text(name: str) -> str | None:
     return value or None
 
 
+def _pow2(n: int) -> bool:
+    return n > 0 and n & (n - 1) == 0
+
+
+def _decode_tiles() -> tuple[int, ...] | None:
+    """NANOSERVE_DECODE_TILES as (keys, warps, stages[, max registers a thread]); ValueError naming it if malformed."""
+    text = _text("DECODE_TILES")
+    if text is None:
+        return None
+    try:
+        tiles = tuple(int(x) for x in text.split(","))
+    except ValueError:
+        tiles = ()
+    keys, warps, stages, *cap = tiles if len(tiles) in (3, 4) else (0, 0, 0)
+    if not (_pow2(keys) and keys >= 16 and _pow2(warps) and warps <= 16 and stages >= 1 and all(c >= 0 for c in cap)):
+        raise ValueError(
+            f"{PREFIX}DECODE_TILES={text!r}: expected keys,warps,stages[,max registers] with keys a power of two "
+            ">= 16, warps a power of two <= 16, stages >= 1 (e.g. 32,1,2,128)"
+        )
+    return tiles
+
+
 @dataclass(frozen=True, slots=True)
 class Settings:
     cache_dir: Path  # NANOSERVE_CACHE: where the embedded default model and benchmark checkpoints are written
@@ -37,6 +59,7 @@ class Settings:
     fp8_scalar_gemm: bool  # NANOSERVE_FP8_SCALAR_GEMM=0: per-channel FP8 products always take rowwise scales
     fp8_fused_mlp: bool  # NANOSERVE_FP8_FUSED_MLP=0: an FP8 MLP's rescale, SiLU-and-mul and quantization unfused
     fp8_v_keys: bool  # NANOSERVE_FP8_V_KEYS=0: an e4m3 V cache in the [keys, head_dim] page layout of 16-bit ones
+    decode_tiles: tuple[int, ...] | None  # NANOSERVE_DECODE_TILES=keys,warps,stages[,regs]: CUDA decode tiles (sweeps)
     triton_interpret: bool  # TRITON_INTERPRET=1: Triton kernels run on CPU tensors (tests)
 
 
@@ -56,6 +79,7 @@ def settings() -> Settings:
         fp8_scalar_gemm=_switch("FP8_SCALAR_GEMM"),
         fp8_fused_mlp=_switch("FP8_FUSED_MLP"),
         fp8_v_keys=_switch("FP8_V_KEYS"),
+        decode_tiles=_decode_tiles(),
         triton_interpret=os.environ.get("TRITON_INTERPRET", "0") == "1",
     )
 
