@@ -1,6 +1,7 @@
 """Tiling sweeps of the Triton attention kernels, run through benchmarks/attention_kernels.py
 (``--sweep-decode``, ``--sweep-prefill``): decode tilings x split counts timed as CUDA-graph replays of ten calls
-(the device's time, as the decode graphs run them, not the host's launch time), prefill tilings timed eagerly."""
+(the device's time, as the decode graphs run them, not the host's launch time; a cache smaller than the L2 stays
+in it across the ten calls, where a step's other layers would evict it), prefill tilings timed eagerly."""
 
 from __future__ import annotations
 
