@@ -31,7 +31,7 @@ def test_greedy_equals_torch_argmax_on_padded_rows(dtype, rows):
 
 def test_sampled_tokens_follow_softmax_over_temperature():
     torch.manual_seed(0)
-    vocab, rows, temperature = (64, 64, 0.7) if not ON_GPU else (VOCAB, 256, 0.7)
+    vocab, rows, temperature = (64, 32, 0.7) if not ON_GPU else (VOCAB, 256, 0.7)  # CPU: 384 draws, >= 20 per token
     base = torch.full((vocab,), -torch.inf)
     support = torch.tensor([3, 10, 11, vocab - 1])
     base[support] = torch.tensor([1.0, 0.2, -0.5, 0.8])  # -inf elsewhere: masked tokens must never be drawn
