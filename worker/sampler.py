@@ -107,7 +107,8 @@ def apply_controls(logits: torch.Tensor, st: SamplingTensors) -> torch.Tensor:
         rows, tokens, bias = st.logit_bias
         logits.index_put_((rows, tokens), bias, accumulate=True)
     if st.banned is not None:
-        logits.index_put_(st.banned, torch.tensor(-torch.inf, device=logits.device))
+        # a -inf filled on the device: torch.tensor(..., device=cuda) is a blocking copy that waits for the stream
+        logits.index_put_(st.banned, logits.new_full((), -torch.inf))
     if st.penalty_rows is not None:
         rows = st.penalty_rows
         logits[rows] = apply_penalties(
