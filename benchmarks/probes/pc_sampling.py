@@ -114,7 +114,7 @@ def sample_decode(args: argparse.Namespace) -> list:
     blocks_per_seq = (args.context + args.steps) // 16 + 2
     num_blocks = args.batch * blocks_per_seq
     # eager: a CUPTI PC sampling session, even deactivated, makes CUDA graph capture fail (error 900)
-    runner = make_runner(args.shape, args.batch, num_blocks, args.quantization, args.kv_cache_dtype, True)
+    runner = make_runner(args.shape, args.batch, num_blocks, args.quantization, args.kv_cache_dtype, enforce_eager=True)
     slots = list(range(args.batch))
     blocks = [[s * blocks_per_seq + j for j in range(blocks_per_seq)] for s in slots]
     prefill_prompts(runner, slots, args.context, blocks)
