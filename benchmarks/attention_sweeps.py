@@ -84,7 +84,7 @@ def _sweep_case(
     kv_bytes = 2 * int(lens.sum()) * kv_heads * HEAD_DIM * k_cache.element_size()
     default = functools.partial(TRI.decode, q, k_cache, v_cache, meta, 1.0)
     default_ms = graph_ms(default)
-    policy = TRI.num_decode_splits(batch, kv_heads, 4096, q.device)
+    policy = TRI.num_decode_splits(batch, kv_heads, 4096, q.device, fp8_cache=kv_fp8)
     all_splits = sorted({1, 2, 4, 8, 16, policy})
     best, grid = (default_ms, None), {}
     for tiles in tilings:

@@ -52,6 +52,12 @@ class TritonAttentionBackend(AttentionBackend):
     DIRECT_PROGRAMS_PER_SM = 12
     MID_PROGRAMS_PER_SM = 32
     MID_MIN_PROGRAMS = 128
+    # An e4m3 cache from MID_MIN_PROGRAMS up: one-warp programs of 16 keys beat both regimes by 10-18% at 16-256
+    # sequences (fewer dependent steps per key). Split to one wave (16 per SM at 128 registers); where one split
+    # already fills half a wave or more, to ~4 waves (two waves: their tail of uneven contexts cost 7% at 256).
+    ONE_WARP_TILES = (16, 1, 2, 128)
+    ONE_WARP_WAVE_PER_SM = 16
+    ONE_WARP_WAVES = 4
 
     name = "triton"
 
@@ -190,12 +196,18 @@ class TritonAttentionBackend(AttentionBackend):
 
     # -- decode --------------------------------------------------------------------------------------------------------
 
-    def num_decode_splits(self, batch: int, num_kv_heads: int, max_seq_len: int, device: torch.device) -> int:
+    def num_decode_splits(
+        self, batch: int, num_kv_heads: int, max_seq_len: int, device: torch.device, fp8_cache: bool = False
+    ) -> int:
         """Host-only split policy: enough programs to fill the GPU, but splits of >= min_split_tokens."""
         programs, sms = max(1, batch * num_kv_heads), num_sms(device, cpu=4)
-        if programs >= self.DIRECT_PROGRAMS_PER_SM * sms:
+        if fp8_cache and programs >= self.MID_MIN_PROGRAMS:  # the one-warp regime's target
+            wave = self.ONE_WARP_WAVE_PER_SM * sms
+            waves = wave // programs if wave // programs > 1 else self.ONE_WARP_WAVES * wave // programs
+            want = 1 << max(0, waves.bit_length() - 1)
+        elif programs >= self.DIRECT_PROGRAMS_PER_SM * sms:
             return 1
-        if programs >= self.MID_MIN_PROGRAMS:  # the largest power of two within the mid regime's target
+        elif programs >= self.MID_MIN_PROGRAMS:  # the largest power of two within the mid regime's target
             want = 1 << max(1, (self.MID_PROGRAMS_PER_SM * sms // programs).bit_length() - 1)
         else:
             want = triton.cdiv(sms * self.programs_per_sm, programs)
@@ -205,9 +217,11 @@ class TritonAttentionBackend(AttentionBackend):
 
     def warmup(self, k_cache: torch.Tensor, v_cache: torch.Tensor, num_heads: int, dtype: torch.dtype) -> None:
         """Compile every decode variant a run can meet (single split, each merge width up to max_splits, the
-        tiles of both the few-sequence and the mid regime) at start-up, so no timed step stalls on the compiler."""
+        tiles of the few-sequence, the mid and the one-warp regime) at start-up, so no timed step stalls on the
+        compiler."""
         head_dim, device, num_kv_heads = k_cache.shape[3], k_cache.device, k_cache.shape[2]
-        for batch in sorted({2, triton.cdiv(self.MID_MIN_PROGRAMS, num_kv_heads)}):
+        one_warp_rows = triton.cdiv(self.ONE_WARP_WAVE_PER_SM * num_sms(device, cpu=4), num_kv_heads)
+        for batch in sorted({2, triton.cdiv(self.MID_MIN_PROGRAMS, num_kv_heads), one_warp_rows}):
             q = torch.zeros(batch, num_heads, head_dim, dtype=dtype, device=device)
             meta = AttentionMetadata(
                 slot_mapping=torch.zeros(0, dtype=torch.int64, device=device),
@@ -249,17 +263,22 @@ class TritonAttentionBackend(AttentionBackend):
         assert num_heads % num_kv_heads == 0 and q.stride(-1) == 1 and out.stride(-1) == 1
         bt = meta.decode_block_tables
         assert bt.stride(-1) == 1
+        narrow = head_dim <= 128
+        one_warp = q.is_cuda and narrow and k_cache.element_size() == 1 and not self.decode_tiles
         if num_splits is None:
-            num_splits = self.num_decode_splits(batch, num_kv_heads, meta.max_decode_seq_len, q.device)
+            num_splits = self.num_decode_splits(batch, num_kv_heads, meta.max_decode_seq_len, q.device, one_warp)
 
         if q.is_cuda:
             # 128-key tiles: 3-4% faster than 64 at batch 256 on an H200; two stages of K and V tiles then take
             # 128 KB of shared memory at head_dim 128 in 16-bit types (64 keys in fp32). Split programs take 64
             # keys: the best tiling of the mid regime in the H200 sweeps (see num_decode_splits), and at 1-4
             # sequences of 200-600 tokens 0.9-3.4 us faster than 128 (split + merge; W2 -1.3%, log 26d).
-            narrow = head_dim <= 128
             wide = narrow and k_cache.element_size() <= 2 and num_splits == 1
             tiles = self.decode_tiles or (128 if wide else (64 if narrow else 32), 4, 2)
+            programs = batch * num_kv_heads
+            if one_warp and programs >= self.MID_MIN_PROGRAMS:
+                if 2 * programs * num_splits >= self.ONE_WARP_WAVE_PER_SM * num_sms(q.device, cpu=4):  # half a wave
+                    tiles = self.ONE_WARP_TILES
         else:
             tiles = (16, 1, 1)
         scales = (scale, k_scale, v_scale)

@@ -183,8 +183,9 @@ def test_fp8_kv_attention_gpu(q_dtype, k_scale, v_scale, block_size):
     chunks = [(0, 1024), (0, 1), (700, 324), (2048, 77), (1000, 1500)]
     prefill_case(q_dtype, k_scale, v_scale, chunks, (32, 8), 128, block_size)
     lens = [1, 4000, 0, 77, 513, 2048] * 8
-    for splits in (None, 1, 7):
+    for splits in (None, 1, 7):  # None and 7: one-warp split programs; 1: the 4-warp direct ones
         decode_case(q_dtype, k_scale, v_scale, lens, (32, 8), 128, block_size, splits)
+    decode_case(q_dtype, k_scale, v_scale, lens * 6, (32, 8), 128, block_size, 1)  # one-warp direct programs
 
 
 # ---- the engine ---------------------------------------------------------------------------------------------

@@ -233,6 +233,11 @@ def test_decode_split_policy(monkeypatch):
     assert all(m >= 2 and m & (m - 1) == 0 for m in mid) and mid == sorted(mid, reverse=True)
     assert mid == [8, 8, 8, 4]  # 16 and 32 sequences want more than max_splits
     assert be.num_decode_splits(TritonAttentionBackend.DIRECT_PROGRAMS_PER_SM * 132 // 8, 8, 100_000, dev) == 1
+    # an e4m3 cache: one-warp programs split to one wave from the mid regime up (max_splits 8 caps 16
+    # sequences), to ~4 waves where one split fills a wave; the same as 16-bit caches below the mid regime
+    fp8 = [be.num_decode_splits(b, 8, 100_000, dev, fp8_cache=True) for b in (2, 16, 64, 128, 256, 512, 1024)]
+    assert fp8 == [be.num_decode_splits(2, 8, 100_000, dev), 8, 4, 2, 4, 2, 1]
+    assert be.num_decode_splits(256, 8, 300, dev, fp8_cache=True) == 2  # still capped by length
 
 
 @gpu
