@@ -133,10 +133,10 @@ def decode_linear_tiles(x: torch.Tensor, w: torch.Tensor) -> Tiles | None:
       (8B qkv/o/gate_up at one row: 0.83-0.96x cuBLAS's time, at two: 0.90-0.98x; 0.6B: 0.22-0.95x) and for
       narrow outputs at up to four rows (0.6B o/down: 0.48-0.92x). Its per-row cost grows with the rows: at
       four rows the wide products take 1.2-1.3x cuBLAS's time, at eight 1.5-2.2x;
-    - the same GEMV split into whole 4096-column slices for single-row products with K a multiple of 4096
-      (8B down);
+    - the same GEMV split into whole slices of 2048-4096 columns for single-row products with K a multiple of
+      2048 (Qwen3-8B's and Llama-3.1-8B's down: 28.3 against 29.3 us with split-K);
     - the split-K ``tl.dot`` kernel for narrow outputs at up to 16 rows (0.6B o/down), and for other single-row
-      products with K > 4096 (the TP=2 down shard);
+      products with K > 4096;
     - cuBLAS for everything else.
     """
     if _DISABLED or not (
@@ -148,7 +148,7 @@ def decode_linear_tiles(x: torch.Tensor, w: torch.Tensor) -> Tiles | None:
     if not (0 < m <= MAX_ROWS and x.stride(1) == 1 and w.is_contiguous()):
         return None
     narrow = n <= 2048
-    long_row = m == 1 and k % 4096 == 0  # 8B down at one row: 3 whole-slice splits, 28.3 vs 29.3 us split-K
+    long_row = m == 1 and k % 2048 == 0  # 8B down at one row: whole-slice splits beat split-K (W2 -1.6-2.1%)
     if (k <= 4096 or long_row) and k % 64 == 0 and (m <= 2 or (m <= 4 and narrow)):
         block_k = min(4096, k & -k)  # the largest power of two dividing K
         block_n = max(1, _GEMV_SLICE // block_k)
