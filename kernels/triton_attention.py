@@ -220,8 +220,10 @@ class TritonAttentionBackend(AttentionBackend):
         tiles of the few-sequence, the mid and the one-warp regime) at start-up, so no timed step stalls on the
         compiler."""
         head_dim, device, num_kv_heads = k_cache.shape[3], k_cache.device, k_cache.shape[2]
-        one_warp_rows = triton.cdiv(self.ONE_WARP_WAVE_PER_SM * num_sms(device, cpu=4), num_kv_heads)
-        for batch in sorted({2, triton.cdiv(self.MID_MIN_PROGRAMS, num_kv_heads), one_warp_rows}):
+        batches = {2, triton.cdiv(self.MID_MIN_PROGRAMS, num_kv_heads)}
+        if k_cache.is_cuda and k_cache.element_size() == 1:  # one-warp tiles take unsplit programs from a wave up
+            batches.add(triton.cdiv(self.ONE_WARP_WAVE_PER_SM * num_sms(device, cpu=4), num_kv_heads))
+        for batch in sorted(batches):
             q = torch.zeros(batch, num_heads, head_dim, dtype=dtype, device=device)
             meta = AttentionMetadata(
                 slot_mapping=torch.zeros(0, dtype=torch.int64, device=device),

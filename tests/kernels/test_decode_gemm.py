@@ -28,7 +28,7 @@ def test_decode_linear_matches_matmul(rows, tiles):
 
 @pytest.mark.parametrize("rows", [1, 3, 8])
 @pytest.mark.parametrize(
-    "tiles", [Tiles(4, 128, 4, 4, 1, True), Tiles(8, 512, 1, 4, 1, True), Tiles(2, 64, 8, 1, 1, True)]
+    "tiles", [Tiles(4, 128, 4, 4, 1, True), Tiles(8, 512, 1, 4, 1, True), Tiles(8, 64, 8, 1, 1, True)]
 )
 def test_gemv_matches_matmul(tiles, rows):
     """The GEMV kernel: whole weight slices of 1-8 K splits, rows padded up to a power of two (3 -> 4). 64 output
