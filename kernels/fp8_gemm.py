@@ -22,6 +22,7 @@ from kernels.device import num_sms
 from kernels.fp8_quant import quantize_rows
 from kernels.pdl import pdl_enter, use_pdl
 from kernels.scaled_mm import block_scaled_mm, scaled_mm, uses_scaled_mm
+from kernels.split_sums import sum_splits
 
 SMALL_M = 16  # up to this many rows our Triton kernel splits K (small batches)
 # rows the GEMV takes: on an H200 (Qwen3-8B layers, per step) it takes 3.2 ms at one row against cuBLASLt's 4.6, but
@@ -94,31 +95,6 @@ def _fp8_gemm_kernel(
         acc += tl.load(bias_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
     out = out_ptr + pid_k * stride_os + offs_m[:, None].to(tl.int64) * stride_om + offs_n[None, :]
     tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
-
-
-@triton.jit
-def _sum_splits_kernel(
-    part_ptr,
-    bias_ptr,
-    out_ptr,
-    N,
-    stride_ps,
-    stride_om,
-    SPLIT_K: tl.constexpr,
-    BLOCK: tl.constexpr,
-    HAS_BIAS: tl.constexpr,
-    USE_PDL: tl.constexpr,
-):
-    pdl_enter(USE_PDL)
-    row = tl.program_id(0).to(tl.int64)
-    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < N
-    acc = tl.load(part_ptr + row * N + offs, mask=mask, other=0.0)
-    for s in tl.static_range(1, SPLIT_K):
-        acc += tl.load(part_ptr + s * stride_ps + row * N + offs, mask=mask, other=0.0)
-    if HAS_BIAS:
-        acc += tl.load(bias_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    tl.store(out_ptr + row * stride_om + offs, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 def _split_k(m: int, n: int, k: int, block_m: int, block_n: int, block_k: int, device: torch.device) -> int:
@@ -194,21 +170,7 @@ def fp8_gemm(
         launch_pdl=pdl,
     )
     if split > 1:
-        sum_block = min(1024, triton.next_power_of_2(n))
-        _sum_splits_kernel[(m, triton.cdiv(n, sum_block))](
-            part,
-            bias if bias is not None else out,
-            out,
-            n,
-            m * n,
-            out.stride(0),
-            SPLIT_K=split,
-            BLOCK=sum_block,
-            HAS_BIAS=bias is not None,
-            USE_PDL=pdl,
-            num_warps=4,
-            launch_pdl=pdl,
-        )
+        sum_splits(part, bias, out)
     return out
 
 
