@@ -1,7 +1,7 @@
 """cuBLAS (F.linear) vs kernels/decode_gemm.py on Qwen3 linear shapes at decode batch sizes (GPU only).
 
-    python -m benchmarks.decode_gemm [--shape qwen3-0.6b|qwen3-8b|qwen3-8b-tp2|qwen3-30b-a3b] [--rows 1 16]
-        [--whole-slices]
+    python -m benchmarks.decode_gemm [--shape qwen3-0.6b|qwen3-8b|qwen3-8b-tp2|qwen3-30b-a3b|lm-head-8b|
+        lm-head-30b-a3b] [--rows 1 16] [--whole-slices]
 
 Each GEMM is timed inside a CUDA graph of (RMSNorm, GEMM) pairs over one layer's weight per model layer (more
 than the L2 holds), as a decode step runs them; our kernel with PDL on, as the model launches it. Prints the best
@@ -26,6 +26,9 @@ SHAPES = {  # per layer (N, K): qkv, o, gate_up, down; and the layer count
     "qwen3-8b": ([(6144, 4096), (4096, 4096), (24576, 4096), (4096, 12288)], 36),
     "qwen3-8b-tp2": ([(3072, 4096), (4096, 2048), (12288, 4096), (4096, 6144)], 36),  # one rank's shards
     "qwen3-30b-a3b": ([(5120, 2048), (2048, 4096)], 48),  # qkv and o only: its experts take kernels/moe_decode.py
+    # the LM heads (Qwen3's vocabulary), which run on cuBLAS outside the graphs: would the GEMV take them?
+    "lm-head-8b": ([(151936, 4096)], 1),
+    "lm-head-30b-a3b": ([(151936, 2048)], 1),
 }
 
 
