@@ -120,10 +120,19 @@ def report_builds(cases, describe) -> int:
 
 
 def compile_sm90(
-    fn, constexprs: dict, num_warps: int, num_stages: int, maxnreg: int | None = None, float_ptrs=FLOAT_PTRS
+    fn,
+    constexprs: dict,
+    num_warps: int,
+    num_stages: int,
+    maxnreg: int | None = None,
+    float_ptrs=FLOAT_PTRS,
+    kv_fp8: bool = False,
 ) -> dict:
-    """``build_sm90`` for the attention kernels: pointers in ``float_ptrs`` fp32, the others in HALF_PTRS bf16."""
+    """``build_sm90`` for the attention kernels: pointers in ``float_ptrs`` fp32, the others in HALF_PTRS bf16 (the
+    cache's in e4m3 with ``kv_fp8``)."""
     types = {name: "*fp32" if name in float_ptrs else "*bf16" for name in (*HALF_PTRS, *float_ptrs)}
+    if kv_fp8:
+        types |= {"k_cache_ptr": "*fp8e4nv", "v_cache_ptr": "*fp8e4nv"}
     return build_sm90(fn, types | {"qk_scale": "fp32"}, constexprs, num_warps, num_stages, maxnreg)
 
 
@@ -132,22 +141,29 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False
     )
     parser.add_argument(
-        "--tiles", nargs="+", default=["64,4,2", "128,4,2", "64,8,2", "128,8,2"], help="keys,warps,stages"
+        "--tiles",
+        nargs="+",
+        default=["64,4,2", "128,4,2", "64,8,2", "128,8,2"],
+        help="keys,warps,stages[,max registers a thread]",
     )
-    tilings = [tuple(int(x) for x in t.split(",")) for t in parser.parse_args().tiles]
+    parser.add_argument("--kv-fp8", action="store_true", help="an e4m3 cache (V keys-contiguous), as the engine's")
+    args = parser.parse_args()
+    tilings = [tuple(int(x) for x in t.split(",")) for t in args.tiles]
     common = dict(GROUP=4, PAGE=16, HEAD_DIM=128, BLOCK_D=128, BLOCK_H=16, NUM_KV=4, USE_PDL=True)
-    common |= dict(DOT_F16=False, V_KEYS=False)  # a bf16 cache
+    common |= dict(DOT_F16=args.kv_fp8, V_KEYS=args.kv_fp8)
+    if args.kv_fp8:  # keys-contiguous V: its key stride is 1, which the JIT specializes as a constant
+        common |= dict(stride_vc_s=1)
     split = attention_decode._decode_split_kernel
     print(f"{'kernel':38s} {'tiles':>10s} {'regs':>5s} {'spill B':>8s} {'smem KB':>8s} {'per SM':>7s}")
-    for block_n, warps, stages in tilings:
+    for block_n, warps, stages, *cap in tilings:
         for direct in (True, False):
             consts = {**common, "BLOCK_N": block_n, "DIRECT_OUT": direct, "HEADS_FIRST": True}
             consts = {k: v for k, v in consts.items() if k in split.arg_names}
             # several splits write fp32 partials through out_ptr; one split writes the bf16 output
             float_ptrs = FLOAT_PTRS if direct else FLOAT_PTRS | {"out_ptr"}
-            r = compile_sm90(split, consts, warps, stages, float_ptrs=float_ptrs)
+            r = compile_sm90(split, consts, warps, stages, cap[0] if cap else None, float_ptrs, args.kv_fp8)
             label = "split decode, " + ("one split" if direct else "several")
-            tiles = f"{block_n},{warps},{stages}"
+            tiles = ",".join(map(str, (block_n, warps, stages, *cap)))
             print(f"{label:38s} {tiles:>10s} {r['regs']:5d} {r['spill']:8d} {r['smem'] / 1024:8.1f} {r['per_sm']:7d}")
 
 

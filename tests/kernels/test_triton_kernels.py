@@ -321,3 +321,10 @@ def test_kernel_regs_counts_an_sm90_build_without_a_gpu():
         regs, smem, per_sm = int(regs), float(smem), int(per_sm)
         assert tiles == "64,4,2" and 32 <= regs <= 255 and smem > 0
         assert per_sm == min(65536 // (-(-regs * 32 // 256) * 256 * 4), int(228 // (smem + 1)), 16)
+    # the one-warp tiles an e4m3 cache takes (TritonAttentionBackend.ONE_WARP_TILES): the register cap holds
+    # without spills, so 16 programs (warps) share an SM
+    tiles = ",".join(map(str, TritonAttentionBackend.ONE_WARP_TILES))
+    cmd[-2:] = ["--kv-fp8", "--tiles", tiles]
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, check=True).stdout
+    rows = [line.split()[-5:] for line in out.splitlines() if line.startswith("split decode")]
+    assert rows == [[tiles, "128", "0", rows[0][3], "16"]] * 2, out
