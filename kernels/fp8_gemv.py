@@ -62,7 +62,7 @@ def _fp8_gemv_kernel(
     STEPS: tl.constexpr = (K + BLOCK_K - 1) // BLOCK_K
     GROUPS: tl.constexpr = BLOCK_K // GROUP_K if GROUP_N else 1
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    k_base = tl.program_id(1) * BLOCK_K  # 0 unless SPLIT_STEPS
+    k_base = tl.program_id(1) * BLOCK_K  # 0 unless split (one K step a program)
     offs_k = tl.arange(0, BLOCK_K)
     mask_n = offs_n < N
     w_rows = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn + k_base

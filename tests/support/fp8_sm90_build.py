@@ -75,7 +75,7 @@ def cases():
         yield (
             f"fp8 gemv group_n={group_n} K={k} rows={rows} f16_sums={f16_sums} split={split}",
             fp8_gemv._fp8_gemv_kernel,
-            {"x_ptr": BF16, "w_ptr": FP8, "ws_ptr": F32, "bias_ptr": BF16, "out_ptr": BF16},
+            {"x_ptr": BF16, "w_ptr": FP8, "ws_ptr": F32, "bias_ptr": BF16, "out_ptr": F32 if split else BF16},
             {
                 "K": k,
                 "ROWS": rows,
