@@ -186,6 +186,7 @@ def test_fp8_kv_attention_gpu(q_dtype, k_scale, v_scale, block_size):
     for splits in (None, 1, 7):  # None and 7: one-warp split programs; 1: the 4-warp direct ones
         decode_case(q_dtype, k_scale, v_scale, lens, (32, 8), 128, block_size, splits)
     decode_case(q_dtype, k_scale, v_scale, lens * 6, (32, 8), 128, block_size, 1)  # one-warp direct programs
+    decode_case(q_dtype, k_scale, v_scale, lens * 6, (16, 2), 64, block_size, None)  # one-warp, D 64, group 8
 
 
 # ---- the engine ---------------------------------------------------------------------------------------------
