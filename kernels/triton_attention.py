@@ -278,10 +278,9 @@ class TritonAttentionBackend(AttentionBackend):
             # sequences of 200-600 tokens 0.9-3.4 us faster than 128 (split + merge; W2 -1.3%, log 26d).
             wide = narrow and k_cache.element_size() <= 2 and num_splits == 1
             tiles = self.decode_tiles or (128 if wide else (64 if narrow else 32), 4, 2)
-            programs = batch * num_kv_heads
-            if one_warp and programs >= self.MID_MIN_PROGRAMS:
-                if 2 * programs * num_splits >= self.ONE_WARP_WAVE_PER_SM * num_sms(q.device, cpu=4):  # half a wave
-                    tiles = self.ONE_WARP_TILES
+            programs, wave = batch * num_kv_heads, self.ONE_WARP_WAVE_PER_SM * num_sms(q.device, cpu=4)
+            if one_warp and programs >= self.MID_MIN_PROGRAMS and 2 * programs * num_splits >= wave:  # half a wave
+                tiles = self.ONE_WARP_TILES
         else:
             tiles = (16, 1, 1)
         scales = (scale, k_scale, v_scale)
