@@ -7,7 +7,7 @@ takes (kernels/fp8_gemm.py GEMV_ROWS) and which kernel takes the larger products
 Per (layer shape, rows), microseconds per product inside a CUDA graph over one weight per model layer (more than the
 L2 holds), each product behind an RMSNorm as in a decode step: bf16 (F.linear, what the 16-bit model runs without our
 decode kernels); the FP8 GEMV that quantizes the rows itself ("gemv", up to four rows; candidates: "gemv_32k" with
-twice the weight a program, "gemv_32k_split" with each K step its own program, "gemv_f16" multiplying and summing runs
+twice the weight a program, "gemv_f16" multiplying and summing runs
 of 8 in float16, per-channel scales only); our Triton FP8 GEMM after kernels/fp8_quant.py ("triton"; with --sweep also
 at other tilings); torch._scaled_mm after that pass ("cublaslt", per-channel and block scales); and what fp8_linear
 picks ("auto"). ``--only gemv cublaslt`` times just the paths whose names start so. One JSON line per row count, then
@@ -32,9 +32,9 @@ from model.fp8 import quantize_blocks, quantize_per_channel
 def paths(block):
     group = None if block is None else block[1]
 
-    def gemv(x, w_q, w_s, slice_bytes=16384, f16_sums=False, max_block_k=4096, split_steps=False):
+    def gemv(x, w_q, w_s, slice_bytes=16384, f16_sums=False, max_block_k=4096):
         out = torch.empty(x.shape[0], w_q.shape[0], **_like(x))
-        return fp8_gemv.fp8_gemv(x, w_q, w_s, block, None, out, slice_bytes, f16_sums, max_block_k, split_steps)
+        return fp8_gemv.fp8_gemv(x, w_q, w_s, block, None, out, slice_bytes, f16_sums, max_block_k)
 
     def triton(x, w_q, w_s):
         x_q, x_s = quantize_rows(x, group)
@@ -56,8 +56,6 @@ def paths(block):
     return sweep | {
         "gemv": gemv,
         "gemv_32k": lambda x, w_q, w_s: gemv(x, w_q, w_s, 32768),  # twice the channels share a row's quantization
-        # the engine's 32 KB x 4,096 steps, each step its own program and a sum after (fp8_gemv.SPLIT_STEPS)
-        "gemv_32k_split": lambda x, w_q, w_s: gemv(x, w_q, w_s, 32768, split_steps=True),
         "gemv_f16": lambda x, w_q, w_s: gemv(x, w_q, w_s, f16_sums=True),  # per-channel only: float16 sums of 8
         "gemv_f16_32k": lambda x, w_q, w_s: gemv(x, w_q, w_s, 32768, True),
         "gemv_64k": lambda x, w_q, w_s: gemv(x, w_q, w_s, 65536),  # 16 channels a program

@@ -5,7 +5,7 @@ loads a 32 KB weight slice (16 KB for float32 rows; its first K step before the 
 row and sums along K in float32. Each row's activation scales are computed in the program from the row itself (a
 read of a few KB that every program of the row repeats from L2), so the numbers are model/fp8.py's: the row
 quantized to e4m3 with its per-token (or per-group) scale, products of e4m3 values exact in float32, the scales
-applied to the sums. One launch, no split-K workspace (unless ``split_steps``: a candidate); CUDA-graph safe.
+applied to the sums. One launch, no split-K workspace; CUDA-graph safe.
 """
 
 from __future__ import annotations
@@ -16,13 +16,8 @@ import triton.language as tl
 
 from kernels.fp8_quant import FP8_MAX, MIN_AMAX
 from kernels.pdl import pdl_enter, use_pdl
-from kernels.split_sums import sum_splits
 
 MAX_ROWS = 4  # rows the kernel unrolls; fp8_linear sends it fewer (kernels/fp8_gemm.py GEMV_ROWS)
-# A candidate, off until the H200 measures it: products of several K steps (Qwen3-8B's down: three) with each step
-# its own program, so every program's whole slice is in flight before the PDL wait, as the bf16 GEMV's whole slices
-# are (W2 bf16 -2.1%); a sum kernel adds the float32 partials after.
-SPLIT_STEPS = False
 _MAX_BLOCK_K = 4096
 
 
@@ -56,18 +51,16 @@ def _fp8_gemv_kernel(
     GROUP_K: tl.constexpr,  # columns per activation and weight block scale (divides BLOCK_K)
     HAS_BIAS: tl.constexpr,
     F16_SUMS: tl.constexpr,  # per-channel scales only: products and runs of 8 summed in float16 (a candidate)
-    MY_STEPS: tl.constexpr,  # K steps a program: all, or 1 (split: grid axis 1, float32 partials [steps, M, N])
     USE_PDL: tl.constexpr,
 ):
     STEPS: tl.constexpr = (K + BLOCK_K - 1) // BLOCK_K
     GROUPS: tl.constexpr = BLOCK_K // GROUP_K if GROUP_N else 1
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    k_base = tl.program_id(1) * BLOCK_K  # 0 unless split (one K step a program)
     offs_k = tl.arange(0, BLOCK_K)
     mask_n = offs_n < N
-    w_rows = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn + k_base
+    w_rows = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn
     # the first weight step: written by no kernel of the step, so in flight during the wait
-    w_first = tl.load(w_rows + offs_k[None, :], mask=mask_n[:, None] & (k_base + offs_k < K)[None, :], other=0.0)
+    w_first = tl.load(w_rows + offs_k[None, :], mask=mask_n[:, None] & (offs_k < K)[None, :], other=0.0)
     pdl_enter(USE_PDL)
     if GROUP_N == 0:
         sw = tl.load(ws_ptr + offs_n * stride_ws_n, mask=mask_n, other=0.0)
@@ -84,11 +77,11 @@ def _fp8_gemv_kernel(
             sx = tl.math.div_rn(tl.maximum(tl.max(amax, axis=0), MIN_AMAX), FP8_MAX)
             inv = tl.math.div_rn(1.0, sx)
         acc = tl.zeros([BLOCK_N], dtype=tl.float32)
-        for s in tl.static_range(MY_STEPS):
-            ks = k_base + s * BLOCK_K + offs_k
+        for s in tl.static_range(STEPS):
+            ks = s * BLOCK_K + offs_k
             if s == 0:
                 w = w_first
-            else:  # unsplit programs only (k_base 0)
+            else:
                 w = tl.load(w_rows + ks[None, :], mask=mask_n[:, None] & (ks < K)[None, :], other=0.0)
             x = tl.load(x_row + ks, mask=row_ok & (ks < K), other=0.0).to(tl.float32)
             if GROUP_N == 0:
@@ -111,16 +104,17 @@ def _fp8_gemv_kernel(
                 xq = tl.clamp(xg * inv[:, None], -FP8_MAX, FP8_MAX).to(w_ptr.dtype.element_ty)
                 prod = w.to(tl.float32) * tl.reshape(xq.to(tl.float32), (BLOCK_K,))[None, :]
                 part = tl.sum(tl.reshape(prod, (BLOCK_N, GROUPS, GROUP_K)), axis=2)  # [BLOCK_N, GROUPS]
-                g = (k_base + s * BLOCK_K) // GROUP_K + tl.arange(0, GROUPS)
+                g = s * GROUPS + tl.arange(0, GROUPS)
                 g_ok = (g * GROUP_K < K)[None, :] & mask_n[:, None]
                 swg = tl.load(ws_ptr + (offs_n // GROUP_N)[:, None] * stride_ws_n + g[None, :], mask=g_ok, other=0.0)
                 acc += tl.sum(part * sxg[None, :] * swg, axis=1)
         if GROUP_N == 0:
             acc = acc * sx * sw
-        if HAS_BIAS:  # split products: the sum adds it
+        if HAS_BIAS:
             acc += tl.load(bias_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)
-        out_row = out_ptr + tl.program_id(1) * M * N + r * stride_om  # partials: [steps, M, N], stride_om = N
-        tl.store(out_row + offs_n, acc.to(out_ptr.dtype.element_ty), mask=mask_n & ((offs_n * 0 + r) < M))
+        tl.store(
+            out_ptr + r * stride_om + offs_n, acc.to(out_ptr.dtype.element_ty), mask=mask_n & ((offs_n * 0 + r) < M)
+        )
 
 
 def gemv_tiles(k: int, block: tuple[int, int] | None, slice_bytes: int, max_block_k: int) -> tuple[int, int]:
@@ -149,49 +143,41 @@ def fp8_gemv(
     slice_bytes: int | None = None,
     f16_sums: bool = False,
     max_block_k: int | None = None,
-    split_steps: bool | None = None,
 ) -> torch.Tensor:
     """``out = quant(x) @ (w_q * w_s).T (+ bias)`` for ``x`` [M <= MAX_ROWS, K] in 16 bits (or float32): scales
     per token and output channel [N] (``block`` None), or per token and ``block[1]`` columns against per-block
     weight scales [N / block[0], K / block[1]]. ``slice_bytes``, ``max_block_k``: weight per program and step and
     its width (gemv_tiles; None: ``default_tiling``).
     ``f16_sums`` (per-channel scales): the candidate that multiplies and sums runs of 8 in float16, fewer
-    conversions per weight byte; its rounding is float16's, not the emulation's (benchmarks/fp8_gemm.py times it).
-    ``split_steps``: each K step its own program, partials summed after (None: ``SPLIT_STEPS``)."""
+    conversions per weight byte; its rounding is float16's, not the emulation's (benchmarks/fp8_gemm.py times it)."""
     m, k = x.shape
     n = w_q.shape[0]
     assert supports(m, k, block) and x.stride(1) == 1 and w_q.stride(1) == 1, (x.shape, block)
     default_slice, default_width = default_tiling(x.dtype)
     block_n, block_k = gemv_tiles(k, block, slice_bytes or default_slice, max_block_k or default_width)
-    steps = triton.cdiv(k, block_k)
-    split = steps > 1 and (SPLIT_STEPS if split_steps is None else split_steps)
-    part = torch.empty((steps, m, n), dtype=torch.float32, device=x.device) if split else out
     pdl = use_pdl(x)
-    _fp8_gemv_kernel[(triton.cdiv(n, block_n), steps if split else 1)](
+    _fp8_gemv_kernel[(triton.cdiv(n, block_n),)](
         x,
         w_q,
         w_s,
-        bias if bias is not None and not split else out,
-        part,
+        bias if bias is not None else out,
+        out,
         m,
         n,
         x.stride(0),
         w_q.stride(0),
         w_s.stride(0),
-        part.stride(-2),
+        out.stride(0),
         K=k,
         ROWS=triton.next_power_of_2(m),
         BLOCK_N=block_n,
         BLOCK_K=block_k,
         GROUP_N=0 if block is None else block[0],
         GROUP_K=1 if block is None else block[1],
-        HAS_BIAS=bias is not None and not split,
+        HAS_BIAS=bias is not None,
         F16_SUMS=f16_sums and block is None,
-        MY_STEPS=1 if split else steps,
         USE_PDL=pdl,
         num_warps=8 if x.is_cuda else 1,
         launch_pdl=pdl,
     )
-    if split:
-        sum_splits(part, bias, out)
     return out

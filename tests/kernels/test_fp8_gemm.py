@@ -115,11 +115,6 @@ def test_fp8_gemv_equals_emulation(m, n, k, block, bias):
     fp8_gemv.fp8_gemv(x16, w_q, w_s, block, b, out16)
     ref16 = fp8.emulated_linear(x16.float(), w_q, w_s, fp8.Fp8Config(block=block), b)
     assert out16.isfinite().all() and rel(out16.float(), ref16) < 8e-3, rel(out16.float(), ref16)
-    # the split candidate: each K step its own program (several here but at k=300, 512 and 1,024), partials
-    # summed after; the same numbers but for the order of the sums
-    out.fill_(float("nan"))
-    fp8_gemv.fp8_gemv(x, w_q, w_s, block, b, out, split_steps=True)
-    assert out.isfinite().all() and rel(out, ref) < FMA_TOL
     if block is None:  # the float16-sums candidate: float16's rounding, under bf16's output rounding (2^-9)
         out.fill_(float("nan"))
         fp8_gemv.fp8_gemv(x, w_q, w_s, block, b, out, f16_sums=True)
@@ -259,11 +254,9 @@ def test_fp8_linear_gpu(shape, block, m):
     tri = fp8_gemm.fp8_gemm(x_q, x_s, w_q, w_s, block, None, torch.empty_like(out))
     assert rel(tri, ref) < GPU_TOL, rel(tri, ref)
     if fp8_gemv.supports(m, k, block):
-        for f16_sums, split in ((False, False), (True, False), (False, True)):
-            tri = fp8_gemv.fp8_gemv(
-                x, w_q, w_s, block, None, torch.empty_like(out), f16_sums=f16_sums, split_steps=split
-            )
-            assert rel(tri, ref) < GPU_TOL, (f16_sums, split, rel(tri, ref))
+        for f16_sums in (False, True):
+            tri = fp8_gemv.fp8_gemv(x, w_q, w_s, block, None, torch.empty_like(out), f16_sums=f16_sums)
+            assert rel(tri, ref) < GPU_TOL, (f16_sums, rel(tri, ref))
 
 
 @gpu
@@ -316,4 +309,4 @@ def test_fp8_kernels_build_for_sm90_without_a_gpu():
     cmd = [sys.executable, "-m", "tests.support.fp8_sm90_build"]
     out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-2000:]
-    assert out.stdout.count("ok ") == 24, out.stdout
+    assert out.stdout.count("ok ") == 22, out.stdout

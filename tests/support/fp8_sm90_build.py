@@ -66,16 +66,14 @@ def cases():
                 },
                 {"num_warps": warps, "num_stages": 3},
             )
-    for group_n, k, rows, f16_sums, split in ((0, 4096, 1, False, False), (0, 4096, 1, True, False),
-                                              (0, 12288, 4, False, False), (0, 12288, 1, False, True),
-                                              (128, 4096, 2, False, False), (128, 12288, 1, False, False),
-                                              (128, 12288, 1, False, True)):  # fmt: skip
+    for group_n, k, rows, f16_sums in ((0, 4096, 1, False), (0, 4096, 1, True), (0, 12288, 4, False),
+                                       (128, 4096, 2, False), (128, 12288, 1, False)):  # fmt: skip
         block = None if group_n == 0 else (128, 128)
         block_n, block_k = fp8_gemv.gemv_tiles(k, block, *fp8_gemv.default_tiling(torch.bfloat16))
         yield (
-            f"fp8 gemv group_n={group_n} K={k} rows={rows} f16_sums={f16_sums} split={split}",
+            f"fp8 gemv group_n={group_n} K={k} rows={rows} f16_sums={f16_sums}",
             fp8_gemv._fp8_gemv_kernel,
-            {"x_ptr": BF16, "w_ptr": FP8, "ws_ptr": F32, "bias_ptr": BF16, "out_ptr": F32 if split else BF16},
+            {"x_ptr": BF16, "w_ptr": FP8, "ws_ptr": F32, "bias_ptr": BF16, "out_ptr": BF16},
             {
                 "K": k,
                 "ROWS": rows,
@@ -83,9 +81,8 @@ def cases():
                 "BLOCK_K": block_k,
                 "GROUP_N": group_n,
                 "GROUP_K": 128 if group_n else 1,
-                "HAS_BIAS": not split,
+                "HAS_BIAS": True,
                 "F16_SUMS": f16_sums,
-                "MY_STEPS": 1 if split else -(-k // block_k),
                 "USE_PDL": True,
             },
             {"num_warps": 8},
