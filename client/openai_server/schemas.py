@@ -28,6 +28,7 @@ class _Request(BaseModel):
     frequency_penalty: float | None = None
     logit_bias: dict[str, float] | None = None  # OpenAI's: token id (a string) -> bias in [-100, 100]
     user: str | None = None
+    response_format: dict[str, Any] | None = None  # only {"type": "text"}: no structured outputs yet
     # vLLM's extras
     top_k: int | None = None
     min_p: float | None = None
@@ -62,7 +63,6 @@ class ChatCompletionRequest(_Request):
     max_completion_tokens: int | None = None
     logprobs: bool = False
     top_logprobs: int | None = None
-    response_format: dict[str, Any] | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
     chat_template_kwargs: dict[str, Any] | None = None

@@ -1,5 +1,5 @@
 """Pieces of the HTTP front-end on their own: the Qwen3 reasoning parser over every way of cutting a stream, a
-chat prompt travelling inside Generate's untyped prompt field, and per-choice seeds."""
+chat prompt travelling inside Generate's untyped prompt field, per-choice seeds and the fields refused."""
 
 from __future__ import annotations
 
@@ -7,8 +7,10 @@ import msgpack
 import pytest
 
 from client.base import _generate_msg, chat_prompt
-from client.openai_server.params import choice_params
+from client.openai_server.errors import APIError
+from client.openai_server.params import choice_params, sampling_params
 from client.openai_server.reasoning import Qwen3ReasoningParser
+from client.openai_server.schemas import ChatCompletionRequest, CompletionRequest
 from protocol.client_messages import CLIENT_PROTOCOL_VERSION, ChatPrompt, Generate, Tokenize
 from protocol.codec import ProtocolError, decode, encode
 from protocol.sampling_params import SamplingParams
@@ -65,6 +67,31 @@ def test_each_seeded_choice_gets_its_own_seed():
     # LLM.generate fans out the same way: n requests of n=1
     assert [(p.n, p.seed) for p in SamplingParams(n=3, seed=7).choices()] == [(1, 7), (1, 8), (1, 9)]
     assert SamplingParams(n=2).choices() == [SamplingParams(), SamplingParams()]
+
+
+CHAT = {"messages": [{"role": "user", "content": "x"}]}
+
+
+@pytest.mark.parametrize(
+    "request_type, body, param",
+    [
+        (CompletionRequest, {"prompt": "x", "suffix": "y"}, "suffix"),
+        (CompletionRequest, {"prompt": "x", "response_format": {"type": "json_object"}}, "response_format"),
+        (ChatCompletionRequest, {**CHAT, "response_format": {"type": "json_schema"}}, "response_format"),
+        (ChatCompletionRequest, {**CHAT, "tools": [{"type": "function"}]}, "tools"),
+        (CompletionRequest, {"prompt": "x", "guided_json": {"type": "object"}}, "guided_json"),
+        (ChatCompletionRequest, {**CHAT, "guided_choice": ["a", "b"]}, "guided_choice"),
+        (ChatCompletionRequest, {**CHAT, "structured_outputs": {"regex": "a+"}}, "structured_outputs"),
+    ],
+)
+def test_what_would_change_the_output_unseen_is_refused(request_type, body, param):
+    """Fields the server cannot honour (constrained decoding, tools, suffix) are a 400 naming the field, not
+    silently dropped as other unknown fields are; {"type": "text"} and absent constraints pass."""
+    with pytest.raises(APIError) as e:
+        sampling_params(request_type(**body), {}, 4, None)
+    assert e.value.status == 400 and e.value.param == param
+    plain = {k: v for k, v in body.items() if k in ("prompt", "messages")}
+    assert sampling_params(request_type(**plain, response_format={"type": "text"}, guided_json=None), {}, 4, None)
 
 
 @pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
