@@ -16,7 +16,7 @@ from starlette.responses import JSONResponse, Response
 from client.openai_server.chat import create_chat_completion
 from client.openai_server.completions import create_completion
 from client.openai_server.errors import APIError, from_engine
-from client.openai_server.params import check_model, conversation
+from client.openai_server.params import GUIDED_FIELDS, check_model, conversation
 from client.openai_server.schemas import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
 from client.openai_server.state import ServerState
 
@@ -32,7 +32,7 @@ def _version() -> str:
 
 
 def _warn_unknown_fields(req) -> None:
-    new = sorted(set(req.model_extra or ()) - _warned_fields)
+    new = sorted(set(req.model_extra or ()) - _warned_fields - set(GUIDED_FIELDS))  # those are refused, not ignored
     if new:
         _warned_fields.update(new)
         log.warning("ignoring request field(s) this server does not know: %s", ", ".join(new))

@@ -15,7 +15,7 @@ _PARAM_FIELDS = frozenset(f.name for f in dataclasses.fields(SamplingParams))
 # fields whose unset value comes from the model's generation config when it has one
 _DEFAULTED = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
 # vLLM's constrained-decoding fields: refused, since ignoring them would return unconstrained text as if constrained
-_GUIDED = ("guided_json", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs")
+GUIDED_FIELDS = ("guided_json", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs")
 
 
 def check_model(requested: str | None, served: str) -> None:
@@ -66,7 +66,7 @@ def _unsupported(req) -> None:
         raise APIError(400, "prompt_logprobs are not available when stream=true", "prompt_logprobs")
     if req.response_format and req.response_format.get("type") not in (None, "text"):
         raise APIError(400, "response_format: only {'type': 'text'} is supported", "response_format")
-    for name in _GUIDED:
+    for name in GUIDED_FIELDS:
         if (req.model_extra or {}).get(name) is not None:
             raise APIError(400, f"{name}: constrained decoding is not supported", name)
     if isinstance(req, ChatCompletionRequest):

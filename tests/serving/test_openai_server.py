@@ -276,6 +276,7 @@ def test_errors_name_the_field_and_the_server_keeps_serving(api, server):
     assert "vocabulary" in _error(httpx.post(url, json={"prompt": [10**6]}), 400, "prompt")
     assert "n " in _error(httpx.post(url, json={"prompt": "x", "n": 0}), 400, "n")
     assert "model" in _error(httpx.post(url, json={"prompt": "x", "model": "gpt-9"}), 404, "model")
+    _error(httpx.post(url, json={"prompt": "x", "guided_regex": "a+"}), 400, "guided_regex")  # refused, not ignored
     chat = server.base_url + "/chat/completions"
     _error(httpx.post(chat, json={"messages": []}), 400, "messages")
     _error(
