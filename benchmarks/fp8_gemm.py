@@ -7,11 +7,10 @@ takes (kernels/fp8_gemm.py GEMV_ROWS) and which kernel takes the larger products
 Per (layer shape, rows), microseconds per product inside a CUDA graph over one weight per model layer (more than the
 L2 holds), each product behind an RMSNorm as in a decode step: bf16 (F.linear, what the 16-bit model runs without our
 decode kernels); the FP8 GEMV that quantizes the rows itself ("gemv", up to four rows; candidates: "gemv_32k" with
-twice the weight a program, "gemv_f16" multiplying and summing runs
-of 8 in float16, per-channel scales only); our Triton FP8 GEMM after kernels/fp8_quant.py ("triton"; with --sweep also
-at other tilings); torch._scaled_mm after that pass ("cublaslt", per-channel and block scales); and what fp8_linear
-picks ("auto"). ``--only gemv cublaslt`` times just the paths whose names start so. One JSON line per row count, then
-the per-step totals.
+twice the weight a program, "gemv_f16" multiplying and summing runs of 8 in float16, per-channel scales only); our
+Triton FP8 GEMM after kernels/fp8_quant.py ("triton"; with --sweep also at other tilings); torch._scaled_mm after that
+pass ("cublaslt", per-channel and block scales); and what fp8_linear picks ("auto"). ``--only gemv cublaslt`` times
+just the paths whose names start so. One JSON line per row count, then the per-step totals.
 """
 
 from __future__ import annotations

@@ -66,8 +66,9 @@ def _unsupported(req) -> None:
         raise APIError(400, "prompt_logprobs are not available when stream=true", "prompt_logprobs")
     if req.response_format and req.response_format.get("type") not in (None, "text"):
         raise APIError(400, "response_format: only {'type': 'text'} is supported", "response_format")
+    extra = req.model_extra or {}
     for name in GUIDED_FIELDS:
-        if (req.model_extra or {}).get(name) is not None:
+        if extra.get(name) is not None:
             raise APIError(400, f"{name}: constrained decoding is not supported", name)
     if isinstance(req, ChatCompletionRequest):
         if req.tools or (req.tool_choice not in (None, "none")):
