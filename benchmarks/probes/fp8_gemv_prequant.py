@@ -1,0 +1,109 @@
+"""Would a one-row FP8 GEMV on a row quantized beforehand (by the norm or SiLU in front) stream like the bf16 GEMV?
+
+    python -m benchmarks.probes.fp8_gemv_prequant [--slices 4096 8192 16384 32768]
+
+The engine's FP8 GEMV (kernels/fp8_gemv.py) quantizes the row itself in every program, so its programs carry 32 KB
+of weight to share that work. Here the row arrives as e4m3 values and a scale, and each program only multiplies
+its whole weight slice (every K step loaded before the PDL wait) and sums, as the bf16 GEMV does with 16 KB. Per
+Qwen3-8B product, us behind an RMSNorm in a CUDA graph over 36 layers (benchmarks/fp8_gemm.py's timing):
+"engine" (fp8_gemv, 32 KB), "quant+gemv_S" (kernels/fp8_quant.py's row kernel, then this GEMV with S-byte
+slices: a launch more), "pre_S" (the row quantized outside the graph: what a norm writing e4m3 could reach).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import torch
+import triton
+import triton.language as tl
+
+from benchmarks.decode_gemm import SHAPES
+from kernels import fp8_gemv, fused
+from kernels.fp8_quant import quantize_rows
+from kernels.graph_timing import graph_replay_us
+from kernels.pdl import pdl_enter, use_pdl
+from model.fp8 import quantize_per_channel
+
+_STEP = 4096
+
+
+@triton.jit
+def _gemv_quantized_row_kernel(
+    xq_ptr, xs_ptr, w_ptr, ws_ptr, out_ptr, N, stride_wn, K: tl.constexpr, BLOCK_N: tl.constexpr, USE_PDL: tl.constexpr
+):
+    STEPS: tl.constexpr = K // 4096
+    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, 4096)
+    rows = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn + offs_k[None, :]
+    w0 = tl.load(rows)  # the whole slice before the wait (up to three steps)
+    if STEPS > 1:
+        w1 = tl.load(rows + 4096)
+    if STEPS > 2:
+        w2 = tl.load(rows + 8192)
+    pdl_enter(USE_PDL)
+    acc = tl.sum(w0.to(tl.float32) * tl.load(xq_ptr + offs_k).to(tl.float32)[None, :], axis=1)
+    if STEPS > 1:
+        acc += tl.sum(w1.to(tl.float32) * tl.load(xq_ptr + 4096 + offs_k).to(tl.float32)[None, :], axis=1)
+    if STEPS > 2:
+        acc += tl.sum(w2.to(tl.float32) * tl.load(xq_ptr + 8192 + offs_k).to(tl.float32)[None, :], axis=1)
+    acc = acc * tl.load(xs_ptr) * tl.load(ws_ptr + offs_n)
+    tl.store(out_ptr + offs_n, acc.to(out_ptr.dtype.element_ty))
+
+
+def gemv_quantized_row(x_q, x_s, w_q, w_s, out, slice_bytes: int, warps: int = 8) -> torch.Tensor:
+    n, k = w_q.shape
+    assert k % _STEP == 0 and k <= 3 * _STEP
+    block_n = max(1, slice_bytes // k)
+    pdl = use_pdl(x_q)
+    _gemv_quantized_row_kernel[(triton.cdiv(n, block_n),)](
+        x_q, x_s, w_q, w_s, out, n, w_q.stride(0), K=k, BLOCK_N=block_n, USE_PDL=pdl, num_warps=warps, launch_pdl=pdl
+    )
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
+    p.add_argument("--slices", type=int, nargs="+", default=[4096, 8192, 16384, 32768])
+    p.add_argument("--warps", type=int, nargs="+", default=[4, 8])
+    a = p.parse_args()
+    device = torch.device("cuda")
+    layer_shapes, layers = SHAPES["qwen3-8b"]
+    totals: dict[str, float] = {}
+    for n, k in layer_shapes:
+        ws = [quantize_per_channel(torch.randn(n, k, device=device, dtype=torch.bfloat16) * 0.02) for _ in range(layers)]
+        x = torch.randn(1, k, device=device, dtype=torch.bfloat16)
+        norm_w = torch.ones(k, device=device, dtype=x.dtype)
+        out = torch.empty(1, n, device=device, dtype=x.dtype)
+        pre_q, pre_s = quantize_rows(x, None)
+
+        def timed(fn):
+            def run():
+                for w_q, w_s in ws:
+                    fn(fused.rmsnorm(x, norm_w, 1e-6), w_q, w_s)
+
+            return graph_replay_us(run, layers)
+
+        row = {"shape": [n, k], "engine": timed(lambda h, w_q, w_s: fp8_gemv.fp8_gemv(h, w_q, w_s, None, None, out))}
+        for s in a.slices:
+            for warps in a.warps:
+                row[f"quant+gemv_{s}_{warps}"] = timed(
+                    lambda h, w_q, w_s, s=s, wp=warps: gemv_quantized_row(*quantize_rows(h, None), w_q, w_s, out, s, wp)
+                )
+                row[f"pre_{s}_{warps}"] = timed(
+                    lambda h, w_q, w_s, s=s, wp=warps: gemv_quantized_row(pre_q, pre_s, w_q, w_s, out, s, wp)
+                )
+        # the same numbers as the engine's GEMV (both sum exact e4m3 products in float32)
+        ref = fp8_gemv.fp8_gemv(x, *ws[0], None, None, torch.empty_like(out))
+        got = gemv_quantized_row(pre_q, pre_s, *ws[0], torch.empty_like(out), 8192)
+        row["max_rel_diff"] = ((got.float() - ref.float()).abs().max() / ref.float().abs().max()).item()
+        print(json.dumps({key: round(v, 2) if isinstance(v, float) else v for key, v in row.items()}), flush=True)
+        for key, v in row.items():
+            if isinstance(v, float) and key != "max_rel_diff":
+                totals[key] = totals.get(key, 0.0) + v * layers
+    print(json.dumps({"per_step_us": {key: round(v, 1) for key, v in sorted(totals.items(), key=lambda kv: kv[1])}}))
+
+
+if __name__ == "__main__":
+    main()
