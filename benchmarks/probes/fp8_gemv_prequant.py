@@ -16,88 +16,60 @@ import argparse
 import json
 
 import torch
-import triton
-import triton.language as tl
 
 from benchmarks.decode_gemm import SHAPES
+from benchmarks.gpu import require_cuda
 from kernels import fp8_gemv, fused
 from kernels.fp8_quant import quantize_rows
 from kernels.graph_timing import graph_replay_us
-from kernels.pdl import pdl_enter, use_pdl
 from model.fp8 import quantize_per_channel
-
-_STEP = 4096
-
-
-@triton.jit
-def _gemv_quantized_row_kernel(
-    xq_ptr, xs_ptr, w_ptr, ws_ptr, out_ptr, N, stride_wn, K: tl.constexpr, BLOCK_N: tl.constexpr, USE_PDL: tl.constexpr
-):
-    STEPS: tl.constexpr = K // 4096
-    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_k = tl.arange(0, 4096)
-    rows = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn + offs_k[None, :]
-    w0 = tl.load(rows)  # the whole slice before the wait (up to three steps)
-    if STEPS > 1:
-        w1 = tl.load(rows + 4096)
-    if STEPS > 2:
-        w2 = tl.load(rows + 8192)
-    pdl_enter(USE_PDL)
-    acc = tl.sum(w0.to(tl.float32) * tl.load(xq_ptr + offs_k).to(tl.float32)[None, :], axis=1)
-    if STEPS > 1:
-        acc += tl.sum(w1.to(tl.float32) * tl.load(xq_ptr + 4096 + offs_k).to(tl.float32)[None, :], axis=1)
-    if STEPS > 2:
-        acc += tl.sum(w2.to(tl.float32) * tl.load(xq_ptr + 8192 + offs_k).to(tl.float32)[None, :], axis=1)
-    acc = acc * tl.load(xs_ptr) * tl.load(ws_ptr + offs_n)
-    tl.store(out_ptr + offs_n, acc.to(out_ptr.dtype.element_ty))
 
 
 def gemv_quantized_row(x_q, x_s, w_q, w_s, out, slice_bytes: int, warps: int = 8) -> torch.Tensor:
-    n, k = w_q.shape
-    assert k % _STEP == 0 and k <= 3 * _STEP
-    block_n = max(1, slice_bytes // k)
-    pdl = use_pdl(x_q)
-    _gemv_quantized_row_kernel[(triton.cdiv(n, block_n),)](
-        x_q, x_s, w_q, w_s, out, n, w_q.stride(0), K=k, BLOCK_N=block_n, USE_PDL=pdl, num_warps=warps, launch_pdl=pdl
-    )
-    return out
+    return fp8_gemv.fp8_gemv_quantized_row(x_q, x_s, w_q, w_s, None, out, slice_bytes, warps)
+
+
+def time_shape(n: int, k: int, layers: int, slices: list[int], warps: list[int]) -> dict:
+    device = torch.device("cuda")
+    ws = [quantize_per_channel(torch.randn(n, k, device=device, dtype=torch.bfloat16) * 0.02) for _ in range(layers)]
+    x = torch.randn(1, k, device=device, dtype=torch.bfloat16)
+    norm_w = torch.ones(k, device=device, dtype=x.dtype)
+    out = torch.empty(1, n, device=device, dtype=x.dtype)
+    pre_q, pre_s = quantize_rows(x, None)
+
+    def timed(fn):
+        def run():
+            for w_q, w_s in ws:
+                fn(fused.rmsnorm(x, norm_w, 1e-6), w_q, w_s)
+
+        return graph_replay_us(run, layers)
+
+    row = {"shape": [n, k], "engine": timed(lambda h, w_q, w_s: fp8_gemv.fp8_gemv(h, w_q, w_s, None, None, out))}
+    for s in slices:
+        for wp in warps:
+            row[f"quant+gemv_{s}_{wp}"] = timed(
+                lambda h, w_q, w_s, s=s, wp=wp: gemv_quantized_row(*quantize_rows(h, None), w_q, w_s, out, s, wp)
+            )
+            row[f"pre_{s}_{wp}"] = timed(
+                lambda h, w_q, w_s, s=s, wp=wp: gemv_quantized_row(pre_q, pre_s, w_q, w_s, out, s, wp)
+            )
+    # the same numbers as the engine's GEMV (both sum exact e4m3 products in float32)
+    ref = fp8_gemv.fp8_gemv(x, *ws[0], None, None, torch.empty_like(out))
+    got = gemv_quantized_row(pre_q, pre_s, *ws[0], torch.empty_like(out), 8192)
+    row["max_rel_diff"] = ((got.float() - ref.float()).abs().max() / ref.float().abs().max()).item()
+    return row
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
-    p.add_argument("--slices", type=int, nargs="+", default=[4096, 8192, 16384, 32768])
-    p.add_argument("--warps", type=int, nargs="+", default=[4, 8])
+    p.add_argument("--slices", type=int, nargs="+", default=[4096, 8192, 16384, 32768], help="weight bytes a program")
+    p.add_argument("--warps", type=int, nargs="+", default=[4, 8], help="warps a program")
     a = p.parse_args()
-    device = torch.device("cuda")
+    require_cuda()
     layer_shapes, layers = SHAPES["qwen3-8b"]
     totals: dict[str, float] = {}
     for n, k in layer_shapes:
-        ws = [quantize_per_channel(torch.randn(n, k, device=device, dtype=torch.bfloat16) * 0.02) for _ in range(layers)]
-        x = torch.randn(1, k, device=device, dtype=torch.bfloat16)
-        norm_w = torch.ones(k, device=device, dtype=x.dtype)
-        out = torch.empty(1, n, device=device, dtype=x.dtype)
-        pre_q, pre_s = quantize_rows(x, None)
-
-        def timed(fn):
-            def run():
-                for w_q, w_s in ws:
-                    fn(fused.rmsnorm(x, norm_w, 1e-6), w_q, w_s)
-
-            return graph_replay_us(run, layers)
-
-        row = {"shape": [n, k], "engine": timed(lambda h, w_q, w_s: fp8_gemv.fp8_gemv(h, w_q, w_s, None, None, out))}
-        for s in a.slices:
-            for warps in a.warps:
-                row[f"quant+gemv_{s}_{warps}"] = timed(
-                    lambda h, w_q, w_s, s=s, wp=warps: gemv_quantized_row(*quantize_rows(h, None), w_q, w_s, out, s, wp)
-                )
-                row[f"pre_{s}_{warps}"] = timed(
-                    lambda h, w_q, w_s, s=s, wp=warps: gemv_quantized_row(pre_q, pre_s, w_q, w_s, out, s, wp)
-                )
-        # the same numbers as the engine's GEMV (both sum exact e4m3 products in float32)
-        ref = fp8_gemv.fp8_gemv(x, *ws[0], None, None, torch.empty_like(out))
-        got = gemv_quantized_row(pre_q, pre_s, *ws[0], torch.empty_like(out), 8192)
-        row["max_rel_diff"] = ((got.float() - ref.float()).abs().max() / ref.float().abs().max()).item()
+        row = time_shape(n, k, layers, a.slices, a.warps)
         print(json.dumps({key: round(v, 2) if isinstance(v, float) else v for key, v in row.items()}), flush=True)
         for key, v in row.items():
             if isinstance(v, float) and key != "max_rel_diff":
