@@ -133,6 +133,7 @@ def _fp8_gemv_quantized_row_kernel(
     stride_ws_n,
     K: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    SCALED: tl.constexpr,  # False: the raw sums of the e4m3 products (kernels/fp8_mlp.py applies the scales)
     HAS_BIAS: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
@@ -153,13 +154,16 @@ def _fp8_gemv_quantized_row_kernel(
         acc += tl.sum(w1.to(tl.float32) * tl.load(xq_ptr + 4096 + offs_k).to(tl.float32)[None, :], axis=1)
     if STEPS > 2:
         acc += tl.sum(w2.to(tl.float32) * tl.load(xq_ptr + 8192 + offs_k).to(tl.float32)[None, :], axis=1)
-    acc = acc * tl.load(xs_ptr) * tl.load(ws_ptr + offs_n * stride_ws_n, mask=mask_n, other=0.0)
+    if SCALED:
+        acc = acc * tl.load(xs_ptr) * tl.load(ws_ptr + offs_n * stride_ws_n, mask=mask_n, other=0.0)
     if HAS_BIAS:
         acc += tl.load(bias_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)
     tl.store(out_ptr + offs_n, acc.to(out_ptr.dtype.element_ty), mask=mask_n)
 
 
-def fp8_gemv_quantized_row(x_q, x_s, w_q, w_s, bias, out, slice_bytes: int, warps: int = 8) -> torch.Tensor:
+def fp8_gemv_quantized_row(
+    x_q, x_s, w_q, w_s, bias, out, slice_bytes: int, warps: int = 8, scaled: bool = True
+) -> torch.Tensor:
     """``out = x_q * x_s @ (w_q * w_s).T (+ bias)`` for one e4m3 row with its scale, per-channel weight scales."""
     n, k = w_q.shape
     assert k % 4096 == 0 and k <= 3 * 4096, k
@@ -177,6 +181,7 @@ def fp8_gemv_quantized_row(x_q, x_s, w_q, w_s, bias, out, slice_bytes: int, warp
         w_s.stride(0),
         K=k,
         BLOCK_N=block_n,
+        SCALED=scaled,
         HAS_BIAS=bias is not None,
         USE_PDL=pdl,
         num_warps=warps if x_q.is_cuda else 1,
