@@ -14,14 +14,11 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.fp8_quant import FP8_MAX, MIN_AMAX, quantize_rows
+from kernels.fp8_quant import FP8_MAX, MIN_AMAX
 from kernels.pdl import pdl_enter, use_pdl
 
 MAX_ROWS = 4  # rows the kernel unrolls; fp8_linear sends it fewer (kernels/fp8_gemm.py GEMV_ROWS)
 _MAX_BLOCK_K = 4096
-# a candidate: one 16-bit row quantized by kernels/fp8_quant.py first, then GEMV slices of this many bytes (0: off)
-PREQUANT_SLICE = 0
-PREQUANT_WARPS = 8
 
 
 def default_tiling(x_dtype: torch.dtype) -> tuple[int, int]:
@@ -120,76 +117,6 @@ def _fp8_gemv_kernel(
         )
 
 
-@triton.jit
-def _fp8_gemv_quantized_row_kernel(
-    xq_ptr,
-    xs_ptr,
-    w_ptr,
-    ws_ptr,
-    bias_ptr,
-    out_ptr,
-    N,
-    stride_wn,
-    stride_ws_n,
-    K: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    SCALED: tl.constexpr,  # False: the raw sums of the e4m3 products (kernels/fp8_mlp.py applies the scales)
-    HAS_BIAS: tl.constexpr,
-    USE_PDL: tl.constexpr,
-):
-    # one e4m3 row and its scale, per-channel weight scales, K = 4096 x (1 to 3): the whole slice before the wait
-    STEPS: tl.constexpr = K // 4096
-    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    mask_n = offs_n < N
-    offs_k = tl.arange(0, 4096)
-    rows = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn + offs_k[None, :]
-    w0 = tl.load(rows, mask=mask_n[:, None], other=0.0)
-    if STEPS > 1:
-        w1 = tl.load(rows + 4096, mask=mask_n[:, None], other=0.0)
-    if STEPS > 2:
-        w2 = tl.load(rows + 8192, mask=mask_n[:, None], other=0.0)
-    pdl_enter(USE_PDL)
-    acc = tl.sum(w0.to(tl.float32) * tl.load(xq_ptr + offs_k).to(tl.float32)[None, :], axis=1)
-    if STEPS > 1:
-        acc += tl.sum(w1.to(tl.float32) * tl.load(xq_ptr + 4096 + offs_k).to(tl.float32)[None, :], axis=1)
-    if STEPS > 2:
-        acc += tl.sum(w2.to(tl.float32) * tl.load(xq_ptr + 8192 + offs_k).to(tl.float32)[None, :], axis=1)
-    if SCALED:
-        acc = acc * tl.load(xs_ptr) * tl.load(ws_ptr + offs_n * stride_ws_n, mask=mask_n, other=0.0)
-    if HAS_BIAS:
-        acc += tl.load(bias_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)
-    tl.store(out_ptr + offs_n, acc.to(out_ptr.dtype.element_ty), mask=mask_n)
-
-
-def fp8_gemv_quantized_row(
-    x_q, x_s, w_q, w_s, bias, out, slice_bytes: int, warps: int = 8, scaled: bool = True
-) -> torch.Tensor:
-    """``out = x_q * x_s @ (w_q * w_s).T (+ bias)`` for one e4m3 row with its scale, per-channel weight scales."""
-    n, k = w_q.shape
-    assert k % 4096 == 0 and k <= 3 * 4096, k
-    block_n = max(1, slice_bytes // k)
-    pdl = use_pdl(x_q)
-    _fp8_gemv_quantized_row_kernel[(triton.cdiv(n, block_n),)](
-        x_q,
-        x_s,
-        w_q,
-        w_s,
-        bias if bias is not None else out,
-        out,
-        n,
-        w_q.stride(0),
-        w_s.stride(0),
-        K=k,
-        BLOCK_N=block_n,
-        SCALED=scaled,
-        HAS_BIAS=bias is not None,
-        USE_PDL=pdl,
-        num_warps=warps if x_q.is_cuda else 1,
-        launch_pdl=pdl,
-    )
-    return out
-
-
 def gemv_tiles(k: int, block: tuple[int, int] | None, slice_bytes: int, max_block_k: int) -> tuple[int, int]:
     """(BLOCK_N, BLOCK_K): K steps of at most ``max_block_k`` columns (whole block-scale groups), ``slice_bytes`` of
     weight a step (a program shares its rows' quantization among BLOCK_N channels)."""
@@ -226,10 +153,6 @@ def fp8_gemv(
     m, k = x.shape
     n = w_q.shape[0]
     assert supports(m, k, block) and x.stride(1) == 1 and w_q.stride(1) == 1, (x.shape, block)
-    if PREQUANT_SLICE and m == 1 and block is None and x.dtype != torch.float32 and k % 4096 == 0 and k <= 12288:
-        if not (slice_bytes or max_block_k or f16_sums):
-            x_q, x_s = quantize_rows(x, None)
-            return fp8_gemv_quantized_row(x_q, x_s, w_q, w_s, bias, out, PREQUANT_SLICE, PREQUANT_WARPS)
     default_slice, default_width = default_tiling(x.dtype)
     block_n, block_k = gemv_tiles(k, block, slice_bytes or default_slice, max_block_k or default_width)
     pdl = use_pdl(x)

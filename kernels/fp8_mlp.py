@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels import fp8_gemv, fp8_rescale
+from kernels import fp8_rescale
 from kernels.fp8_gemm import GEMV_ROWS, quantized_linear
 from kernels.fp8_quant import FP8_MAX, MIN_AMAX, quantize_rows
 from kernels.pdl import pdl_enter, use_pdl
@@ -25,7 +25,6 @@ from protocol.settings import settings
 
 _BLOCK = 16384  # activation columns a program holds at once (Qwen3-8B's 12,288: the whole row, one pass)
 _ENABLED = settings().fp8_fused_mlp  # NANOSERVE_FP8_FUSED_MLP=0: the unfused kernels
-ONE_ROW = False  # a candidate: one row through the GEMV on quantized rows (kernels/fp8_gemv.py PREQUANT_SLICE)
 
 
 @triton.jit
@@ -127,8 +126,6 @@ def silu_mul_quant(
 def applies(m: int, gate_up: torch.Tensor, down: torch.Tensor) -> bool:
     """Whether an ``m``-row MLP of these per-channel e4m3 weights (gate/up [2N, K], down [H, N]) takes this path."""
     n2, k = gate_up.shape
-    if m == 1 and ONE_ROW and fp8_gemv.PREQUANT_SLICE:
-        return _ENABLED and all(w.shape[1] % 4096 == 0 and w.shape[1] <= 12288 for w in (gate_up, down))
     return (
         _ENABLED
         and fp8_rescale.ENABLED
@@ -149,15 +146,8 @@ def fp8_gated_mlp(
     w_gu, s_gu, b_gu = gate_up
     x_q, x_s = quantize_rows(x, None)
     y = torch.empty((x.shape[0], w_gu.shape[0]), dtype=x.dtype, device=x.device)
-    one_row = x.shape[0] == 1 and ONE_ROW
-    if one_row:
-        slice_bytes, warps = fp8_gemv.PREQUANT_SLICE, fp8_gemv.PREQUANT_WARPS
-        fp8_gemv.fp8_gemv_quantized_row(x_q, x_s, w_gu, s_gu, None, y, slice_bytes, warps, scaled=False)
-    else:
-        unscaled_mm(x_q, w_gu, y)
+    unscaled_mm(x_q, w_gu, y)
     a_q, a_s = silu_mul_quant(y, x_s, s_gu, b_gu)
     if out is None:
         out = torch.empty((x.shape[0], down[0].shape[0]), dtype=x.dtype, device=x.device)
-    if one_row:
-        return fp8_gemv.fp8_gemv_quantized_row(a_q, a_s, *down, out, slice_bytes, warps)
     return quantized_linear(a_q, a_s, *down, out)

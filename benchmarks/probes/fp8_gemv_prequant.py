@@ -16,17 +16,53 @@ import argparse
 import json
 
 import torch
+import triton
+import triton.language as tl
 
 from benchmarks.decode_gemm import SHAPES
 from benchmarks.gpu import require_cuda
 from kernels import fp8_gemv, fused
 from kernels.fp8_quant import quantize_rows
 from kernels.graph_timing import graph_replay_us
+from kernels.pdl import pdl_enter, use_pdl
 from model.fp8 import quantize_per_channel
 
 
+@triton.jit
+def _gemv_quantized_row_kernel(
+    xq_ptr, xs_ptr, w_ptr, ws_ptr, out_ptr, N, stride_wn, K: tl.constexpr, BLOCK_N: tl.constexpr, USE_PDL: tl.constexpr
+):
+    # one e4m3 row and its scale, per-channel weight scales, K = 4096 x (1 to 3): the whole slice before the wait
+    STEPS: tl.constexpr = K // 4096
+    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, 4096)
+    rows = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn + offs_k[None, :]
+    w0 = tl.load(rows)
+    if STEPS > 1:
+        w1 = tl.load(rows + 4096)
+    if STEPS > 2:
+        w2 = tl.load(rows + 8192)
+    pdl_enter(USE_PDL)
+    acc = tl.sum(w0.to(tl.float32) * tl.load(xq_ptr + offs_k).to(tl.float32)[None, :], axis=1)
+    if STEPS > 1:
+        acc += tl.sum(w1.to(tl.float32) * tl.load(xq_ptr + 4096 + offs_k).to(tl.float32)[None, :], axis=1)
+    if STEPS > 2:
+        acc += tl.sum(w2.to(tl.float32) * tl.load(xq_ptr + 8192 + offs_k).to(tl.float32)[None, :], axis=1)
+    acc = acc * tl.load(xs_ptr) * tl.load(ws_ptr + offs_n)
+    tl.store(out_ptr + offs_n, acc.to(out_ptr.dtype.element_ty))
+
+
 def gemv_quantized_row(x_q, x_s, w_q, w_s, out, slice_bytes: int, warps: int = 8) -> torch.Tensor:
-    return fp8_gemv.fp8_gemv_quantized_row(x_q, x_s, w_q, w_s, None, out, slice_bytes, warps)
+    """``out = x_q * x_s @ (w_q * w_s).T`` for one e4m3 row with its scale, per-channel weight scales, N a
+    multiple of the slice's channels."""
+    n, k = w_q.shape
+    assert k % 4096 == 0 and k <= 3 * 4096, k
+    block_n = max(1, slice_bytes // k)
+    pdl = use_pdl(x_q)
+    _gemv_quantized_row_kernel[(triton.cdiv(n, block_n),)](
+        x_q, x_s, w_q, w_s, out, n, w_q.stride(0), K=k, BLOCK_N=block_n, USE_PDL=pdl, num_warps=warps, launch_pdl=pdl
+    )
+    return out
 
 
 def time_shape(n: int, k: int, layers: int, slices: list[int], warps: list[int]) -> dict:
