@@ -8,6 +8,7 @@ its whole weight slice (every K step loaded before the PDL wait) and sums, as th
 Qwen3-8B product, us behind an RMSNorm in a CUDA graph over 36 layers (benchmarks/fp8_gemm.py's timing):
 "engine" (fp8_gemv, 32 KB), "quant+gemv_S" (kernels/fp8_quant.py's row kernel, then this GEMV with S-byte
 slices: a launch more), "pre_S" (the row quantized outside the graph: what a norm writing e4m3 could reach).
+Answered in docs/PERFORMANCE_LOG.md log 29b (H200): at best 4.4% off the GEMVs, and less than a launch costs.
 """
 
 from __future__ import annotations
