@@ -5,7 +5,7 @@
 The engine's FP8 GEMV (kernels/fp8_gemv.py) quantizes the row itself in every program, so its programs carry 32 KB
 of weight to share that work. Here the row arrives as e4m3 values and a scale, and each program only multiplies
 its whole weight slice (every K step loaded before the PDL wait) and sums, as the bf16 GEMV does with 16 KB. Per
-Qwen3-8B product, us behind an RMSNorm in a CUDA graph over 36 layers (benchmarks/fp8_gemm.py's timing):
+Qwen3-8B product, us behind an RMSNorm in a CUDA graph over 36 layers (benchmarks/fp8_gemm.py's step_us):
 "engine" (fp8_gemv, 32 KB), "quant+gemv_S" (kernels/fp8_quant.py's row kernel, then this GEMV with S-byte
 slices: a launch more), "pre_S" (the row quantized outside the graph: what a norm writing e4m3 could reach).
 Answered in docs/PERFORMANCE_LOG.md log 29b (H200): at best 4.4% off the GEMVs, and less than a launch costs.
@@ -21,10 +21,10 @@ import triton
 import triton.language as tl
 
 from benchmarks.decode_gemm import SHAPES
+from benchmarks.fp8_gemm import step_us
 from benchmarks.gpu import require_cuda
-from kernels import fp8_gemv, fused
+from kernels import fp8_gemv
 from kernels.fp8_quant import quantize_rows
-from kernels.graph_timing import graph_replay_us
 from kernels.pdl import pdl_enter, use_pdl
 from model.fp8 import quantize_per_channel
 
@@ -70,25 +70,20 @@ def time_shape(n: int, k: int, layers: int, slices: list[int], warps: list[int])
     device = torch.device("cuda")
     ws = [quantize_per_channel(torch.randn(n, k, device=device, dtype=torch.bfloat16) * 0.02) for _ in range(layers)]
     x = torch.randn(1, k, device=device, dtype=torch.bfloat16)
-    norm_w = torch.ones(k, device=device, dtype=x.dtype)
     out = torch.empty(1, n, device=device, dtype=x.dtype)
     pre_q, pre_s = quantize_rows(x, None)
 
-    def timed(fn):
-        def run():
-            for w_q, w_s in ws:
-                fn(fused.rmsnorm(x, norm_w, 1e-6), w_q, w_s)
-
-        return graph_replay_us(run, layers)
-
-    row = {"shape": [n, k], "engine": timed(lambda h, w_q, w_s: fp8_gemv.fp8_gemv(h, w_q, w_s, None, None, out))}
+    row = {
+        "shape": [n, k],
+        "engine": step_us(lambda h, w_q, w_s: fp8_gemv.fp8_gemv(h, w_q, w_s, None, None, out), ws, x),
+    }
     for s in slices:
         for wp in warps:
-            row[f"quant+gemv_{s}_{wp}"] = timed(
-                lambda h, w_q, w_s, s=s, wp=wp: gemv_quantized_row(*quantize_rows(h, None), w_q, w_s, out, s, wp)
+            row[f"quant+gemv_{s}_{wp}"] = step_us(
+                lambda h, w_q, w_s, s=s, wp=wp: gemv_quantized_row(*quantize_rows(h, None), w_q, w_s, out, s, wp), ws, x
             )
-            row[f"pre_{s}_{wp}"] = timed(
-                lambda h, w_q, w_s, s=s, wp=wp: gemv_quantized_row(pre_q, pre_s, w_q, w_s, out, s, wp)
+            row[f"pre_{s}_{wp}"] = step_us(
+                lambda h, w_q, w_s, s=s, wp=wp: gemv_quantized_row(pre_q, pre_s, w_q, w_s, out, s, wp), ws, x
             )
     # the same numbers as the engine's GEMV (both sum exact e4m3 products in float32)
     ref = fp8_gemv.fp8_gemv(x, *ws[0], None, None, torch.empty_like(out))
