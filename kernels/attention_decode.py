@@ -62,7 +62,7 @@ def _decode_split_kernel(
     V_KEYS: tl.constexpr,  # V stored keys-contiguous (kernels/attention.py value_cache): read as [D, keys] tiles
     USE_PDL: tl.constexpr,
 ):
-    pdl_enter(USE_PDL)
+    # Before the wait: the step's inputs (lengths, block table), which no kernel of the step writes.
     if HEADS_FIRST:
         kv_head = tl.program_id(0)
         split = tl.program_id(1)
@@ -87,6 +87,7 @@ def _decode_split_kernel(
     heads = kv_head * GROUP + offs_h
 
     b64 = b.to(tl.int64)
+    pdl_enter(USE_PDL)  # q and the newest token's K/V come from the kernel in front
     q_ptrs = q_ptr + b64 * stride_qb + heads[:, None] * stride_qh + offs_d[None, :]
     q = dot_operand(tl.load(q_ptrs, mask=mask_h[:, None] & mask_d[None, :], other=0.0), DOT_F16)
 

@@ -46,17 +46,18 @@ def _rmsnorm_kernel(
     BLOCK: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
-    pdl_enter(USE_PDL)
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
     mask = offs < N
+    w = tl.load(w_ptr + offs, mask=mask, other=0.0)  # a weight: in flight during the wait
+    pdl_enter(USE_PDL)
     x = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0)
     if HAS_RESIDUAL:
         r = tl.load(res_ptr + row * stride_r + offs, mask=mask, other=0.0)
         x = (x.to(tl.float32) + r.to(tl.float32)).to(x_ptr.dtype.element_ty)
         tl.store(res_out_ptr + row * stride_ro + offs, x, mask=mask)
     y = rms_normalized(x, N, eps)
-    y = y * tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    y = y * w.to(tl.float32)
     tl.store(out_ptr + row * stride_o + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
 
 
@@ -126,30 +127,32 @@ def _qk_norm_rope_kernel(
     KV_FP8: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
-    pdl_enter(USE_PDL)
     # One program per token: its q and k heads as rows of one tile (q rows take q_norm's weight, k rows k_norm's),
     # each row split in its two rotary halves; written back in place. With STORE_KV the token's finished K rows
     # and its V rows also go to the paged cache at its slot (slot -1: padding, nothing written).
+    # Before the wait: the step's positions, the rotary table and the norm weights, which no kernel writes.
     t = tl.program_id(0).to(tl.int64)
     pos = tl.load(pos_ptr + t).to(tl.int64)
     h = tl.arange(0, BLOCK_H)
     d = tl.arange(0, HALF)
     hmask = (h[:, None] < NUM_HEADS) & (d[None, :] < HALF)
-    base = x_ptr + t * stride_xt + h[:, None] * stride_xh + d[None, :]
-    x1 = tl.load(base, mask=hmask, other=0.0).to(tl.float32)
-    x2 = tl.load(base + HALF, mask=hmask, other=0.0).to(tl.float32)
     dt = x_ptr.dtype.element_ty
+    cos = tl.load(cos_sin_ptr + pos * stride_cs + d).to(dt).to(tl.float32)
+    sin = tl.load(cos_sin_ptr + pos * stride_cs + HALF + d).to(dt).to(tl.float32)
     if HAS_NORM:
-        rstd = 1.0 / tl.sqrt((tl.sum(x1 * x1, axis=1) + tl.sum(x2 * x2, axis=1)) / (2 * HALF) + eps)
         is_q = (h < NUM_Q_HEADS)[:, None]
         w1 = tl.where(is_q, tl.load(wq_ptr + d)[None, :], tl.load(wk_ptr + d)[None, :]).to(tl.float32)
         w2 = tl.where(is_q, tl.load(wq_ptr + HALF + d)[None, :], tl.load(wk_ptr + HALF + d)[None, :]).to(tl.float32)
+    pdl_enter(USE_PDL)
+    base = x_ptr + t * stride_xt + h[:, None] * stride_xh + d[None, :]
+    x1 = tl.load(base, mask=hmask, other=0.0).to(tl.float32)
+    x2 = tl.load(base + HALF, mask=hmask, other=0.0).to(tl.float32)
+    if HAS_NORM:
+        rstd = 1.0 / tl.sqrt((tl.sum(x1 * x1, axis=1) + tl.sum(x2 * x2, axis=1)) / (2 * HALF) + eps)
         n1 = ((x1 * rstd[:, None]).to(dt).to(tl.float32) * w1).to(dt).to(tl.float32)
         n2 = ((x2 * rstd[:, None]).to(dt).to(tl.float32) * w2).to(dt).to(tl.float32)
     else:
         n1, n2 = x1, x2
-    cos = tl.load(cos_sin_ptr + pos * stride_cs + d).to(dt).to(tl.float32)
-    sin = tl.load(cos_sin_ptr + pos * stride_cs + HALF + d).to(dt).to(tl.float32)
     o1 = (n1 * cos[None, :] - n2 * sin[None, :]).to(dt)
     o2 = (n2 * cos[None, :] + n1 * sin[None, :]).to(dt)
     tl.store(base, o1, mask=hmask)
