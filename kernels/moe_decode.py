@@ -103,7 +103,9 @@ def _gate_up_kernel(
     offs_i = tl.program_id(1) * BLOCK_I + tl.arange(0, BLOCK_I)
     offs_h = tl.arange(0, BLOCK_H)
     i_ok = offs_i < inter
-    pdl_enter(USE_PDL)  # the expert id is the routing kernel's output: nothing to load before the wait
+    # The expert id is the routing kernel's output: nothing to load before the wait. The signal comes after it,
+    # because the down kernel behind loads these ids before its own wait.
+    pdl_enter(USE_PDL, SIGNAL_FIRST=False)
     expert = tl.load(ids_ptr + pair).to(tl.int64)
     x_ptrs = x_ptr + (pair // TOP_K) * stride_xm + offs_h
     gate_ptrs = w_ptr + expert * stride_we + offs_i[:, None].to(tl.int64) * stride_wn + offs_h[None, :]
@@ -158,8 +160,9 @@ def _down_kernel(
     slot_ok = slots < TOP_K
     pairs = token * TOP_K + slots
     w_ok = slot_ok[:, None, None] & (offs_n < hidden)[None, :, None]
-    # The ids come from the routing kernel in front of gate/up, complete before gate/up let this kernel launch
-    # (pdl_enter): the first weight step loads before the wait, overlapping gate/up's tail; h only after it.
+    # The ids come from the routing kernel in front of gate/up, complete before gate/up lets this kernel launch
+    # (its pdl_enter signals after its wait): the first weight step loads before our wait, overlapping gate/up's
+    # tail; h only after it.
     # Read past L1 (.cg): a buffer of an earlier layer may have held them at the same address.
     experts = tl.load(ids_ptr + pairs, mask=slot_ok, other=0, cache_modifier=".cg").to(tl.int64)
     w_ptrs = w_ptr + experts[:, None, None] * stride_we + offs_n[None, :, None].to(tl.int64) * stride_wn

@@ -8,9 +8,13 @@ import functools
 
 import pytest
 import torch
+import triton
+import triton.language as tl
+from triton.language.extra.cuda import globaltimer
 
 from kernels.fused_moe import fused_moe
 from kernels.moe_decode import MAX_TOKENS, moe_decode
+from kernels.pdl import pdl_enter, use_pdl
 from model.moe import experts_torch, route_torch
 from tests.kernels.test_moe_decode import assert_equal_up_to_summation_order, exact_inputs, fused_in_slot_order
 from tests.support.oracle import rel_err
@@ -83,6 +87,49 @@ def test_cuda_graph_replay_equals_eager(tokens):
         torch.cuda.synchronize()
         torch.testing.assert_close(out, moe_decode(x, logits, w13, w2, TOP_K, True), rtol=0, atol=0)
         assert_equal_up_to_summation_order(out, fused_moe(x, logits, w13, w2, TOP_K, True))
+
+
+@triton.jit
+def _slow_copy_kernel(src_ptr, dst_ptr, n, wait_ns, BLOCK: tl.constexpr, USE_PDL: tl.constexpr):
+    """A PDL kernel that spins ``wait_ns`` before it copies: the kernels behind it start and wait meanwhile."""
+    pdl_enter(USE_PDL)
+    start = globaltimer()
+    while globaltimer() - start < wait_ns:
+        pass
+    offs = tl.arange(0, BLOCK)
+    tl.store(dst_ptr + offs, tl.load(src_ptr + offs, mask=offs < n), mask=offs < n)
+
+
+def test_graph_replay_behind_a_slow_kernel_routes_on_the_new_logits():
+    """The router's logits come from a PDL kernel that takes 50 us, as in the model (the routing kernel's input is
+    written by the kernel in front). The down kernel loads expert ids before its PDL wait; were it scheduled while
+    routing still waited, it would multiply the experts of the previous replay. One token at a TP=4 rank's slice:
+    gate/up's 384 programs are all resident at once, so nothing but its late signal holds the down kernel back
+    (Qwen3-30B-A3B's whole slice takes 1,536 programs, too many to be resident at once, and hid this)."""
+    tokens = 1
+    if not use_pdl(torch.empty(1, device="cuda")):
+        pytest.skip("PDL needs an sm90+ GPU")
+    w13, w2 = expert_weights(192)
+    x, staged = tokens_and_logits(tokens, seed=21, logits_dtype=torch.bfloat16)
+    logits, out = torch.empty_like(staged), torch.empty_like(x)
+
+    def step():
+        n = staged.numel()
+        _slow_copy_kernel[(1,)](
+            staged, logits, n, 50_000, BLOCK=triton.next_power_of_2(n), USE_PDL=True, launch_pdl=True
+        )
+        moe_decode(x, logits, w13, w2, TOP_K, True, out=out)
+
+    step()  # compiles
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    for seed in (22, 23, 24, 25):
+        staged.copy_(tokens_and_logits(tokens, seed=seed, logits_dtype=torch.bfloat16)[1])
+        graph.replay()
+        torch.cuda.synchronize()
+        torch.testing.assert_close(out, moe_decode(x, staged, w13, w2, TOP_K, True), rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("tokens", [1, MAX_TOKENS, MAX_TOKENS + 1])
