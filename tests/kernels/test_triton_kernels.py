@@ -260,6 +260,15 @@ def test_decode_gpu_garbage_table_and_small_batch():
 
 @gpu
 @needs_cuda
+@pytest.mark.parametrize("num_splits", [None, 3])
+def test_decode_gpu_two_sequences_head64_gqa4(num_splits):
+    # The attention shape of the bf16 MoE test's checkpoint, whose decode row of a 600-token context differs from
+    # HF's (benchmarks/probes/decode_row.py): 64-key split programs, a query group of 4 padded to 16 rows.
+    check_decode([600, 34], 8, 2, 64, 16, torch.bfloat16, num_splits)
+
+
+@gpu
+@needs_cuda
 def test_decode_cuda_graph():
     """Captured once, replayed with other lengths: the launch must not depend on device data."""
     batch, hq, hkv, d, bs = 8, 32, 8, 128, 16

@@ -1,0 +1,113 @@
+"""Why does a decode row of the bf16 Qwen3-MoE GPU test differ from HF's? Answered in docs/PERFORMANCE_LOG.md log 30c.
+
+tests/kernels/test_fused_moe_gpu.py's teacher-forced check prefills two prompts (599 and 32 tokens) of its tiny
+bf16 checkpoint and then decodes one token of each. The probe repeats those two steps and prints, per prompt, the
+relative error of the decode row and of the same position reached by prefilling the whole prompt, each against HF
+transformers in bf16 and in float32; ``--variant`` names what is switched:
+
+    triton        the engine's defaults (the Triton attention kernels)
+    torch         the torch attention backend on the GPU
+    nomoedecode   decode batches through kernels/fused_moe.py instead of kernels/moe_decode.py
+    nosplit       every decode attention in one split (no merge)
+
+    python -m benchmarks.probes.decode_row --variant triton torch nomoedecode nosplit     (CUDA)
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import torch
+from transformers import AutoModelForCausalLM
+
+from tests.support.builders import make_step, worker_config
+from tests.support.oracle import rel_err
+from tests.support.tiny_moe import TinyMoeSpec, write_tiny_moe_checkpoint
+
+# the moe_bf16 fixture of tests/kernels/test_fused_moe_gpu.py
+SPEC = TinyMoeSpec(
+    vocab_size=1000,
+    hidden_size=256,
+    intermediate_size=512,
+    moe_intermediate_size=128,
+    num_hidden_layers=3,
+    num_attention_heads=8,
+    num_key_value_heads=2,
+    head_dim=64,
+    num_experts=64,
+    num_experts_per_tok=8,
+    mlp_only_layers=[0],
+    dtype="bfloat16",
+    std=0.05,
+    seed=6,
+)
+TABLES = [list(range(40)), [40, 41, 42]]
+
+
+def engine_rows(ckpt: Path, prompts: list[list[int]], variant: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(decode rows [2, vocab], whole-prompt prefill logits [sum of lengths, vocab]) under ``variant``."""
+    import kernels.moe_decode as moe_decode
+    from kernels.triton_attention import TritonAttentionBackend
+    from worker.model_runner import ModelRunner
+
+    saved = moe_decode.MAX_TOKENS, TritonAttentionBackend.num_decode_splits
+    if variant == "nomoedecode":
+        moe_decode.MAX_TOKENS = 0
+    if variant == "nosplit":
+        TritonAttentionBackend.num_decode_splits = lambda self, *args, **kwargs: 1
+    backend = "torch" if variant == "torch" else "triton"
+    cfg = worker_config(
+        ckpt,
+        dtype="bfloat16",
+        attention_backend=backend,
+        device="cuda",
+        max_model_len=1024,
+        max_num_batched_tokens=1024,
+    )
+    try:
+        runs = []
+        for whole in (False, True):
+            runner = ModelRunner(cfg, torch.device("cuda"))
+            runner.allocate_kv(128)
+            chunks = [p if whole else p[:-1] for p in prompts]
+            step = [dict(slot=i, tokens=c, start=0, new_blocks=t) for i, (c, t) in enumerate(zip(chunks, TABLES))]
+            logits = runner.forward_logits(make_step(step)).float()
+            if not whole:
+                logits = runner.forward_logits(
+                    make_step([dict(slot=i, tokens=p[-1:]) for i, p in enumerate(prompts)], 1)
+                )
+            runs.append(logits.float())
+        return runs[0], runs[1]
+    finally:
+        moe_decode.MAX_TOKENS, TritonAttentionBackend.num_decode_splits = saved
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
+    variants = ["triton", "torch", "nomoedecode", "nosplit"]
+    p.add_argument("--variant", nargs="+", choices=variants, default=variants, help="what is switched (module doc)")
+    args = p.parse_args()
+    ckpt = write_tiny_moe_checkpoint(Path(tempfile.mkdtemp()), SPEC)
+    rng = np.random.default_rng(0)
+    prompts = [rng.integers(0, 1000, n).tolist() for n in (600, 33)]
+    refs = {}
+    for name, dtype in (("hf bf16", torch.bfloat16), ("hf f32", torch.float32)):
+        hf = AutoModelForCausalLM.from_pretrained(ckpt, dtype=dtype).cuda().eval()
+        with torch.no_grad():
+            refs[name] = [hf(torch.tensor([q], device="cuda")).logits[0, -1].float() for q in prompts]
+        del hf
+    print(f"{'variant':12s} {'prompt':>6s} {'decode~hf bf16':>15s} {'decode~hf f32':>14s} {'prefill~hf bf16':>16s}")
+    for variant in args.variant:
+        decode, whole = engine_rows(ckpt, prompts, variant)
+        ends = np.cumsum([len(q) for q in prompts]) - 1
+        for i, end in enumerate(ends):
+            bf16, f32 = refs["hf bf16"][i], refs["hf f32"][i]
+            row = f"{rel_err(decode[i], bf16):15.4f} {rel_err(decode[i], f32):14.4f} {rel_err(whole[end], bf16):16.4f}"
+            print(f"{variant:12s} {i:6d} {row}")
+
+
+if __name__ == "__main__":
+    main()
