@@ -62,7 +62,7 @@ def _decode_split_kernel(
     V_KEYS: tl.constexpr,  # V stored keys-contiguous (kernels/attention.py value_cache): read as [D, keys] tiles
     USE_PDL: tl.constexpr,
 ):
-    # Before the wait: the step's inputs (lengths, block table), which no kernel of the step writes.
+    # Before the wait: the sequence length, a step input no kernel of the step writes.
     if HEADS_FIRST:
         kv_head = tl.program_id(0)
         split = tl.program_id(1)
