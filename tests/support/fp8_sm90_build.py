@@ -167,6 +167,7 @@ def cases():
             "HALF": 64,
             "BLOCK_H": 64,
             "BLOCK_KV": 8,
+            "HAS_NORM": True,
             "STORE_KV": True,
             "KV_FP8": True,
             "USE_PDL": True,
