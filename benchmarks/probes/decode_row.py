@@ -25,25 +25,8 @@ from transformers import AutoModelForCausalLM
 
 from tests.support.builders import make_step, worker_config
 from tests.support.oracle import rel_err
-from tests.support.tiny_moe import TinyMoeSpec, write_tiny_moe_checkpoint
+from tests.support.tiny_moe import WIDE_BF16, write_tiny_moe_checkpoint
 
-# the moe_bf16 fixture of tests/kernels/test_fused_moe_gpu.py
-SPEC = TinyMoeSpec(
-    vocab_size=1000,
-    hidden_size=256,
-    intermediate_size=512,
-    moe_intermediate_size=128,
-    num_hidden_layers=3,
-    num_attention_heads=8,
-    num_key_value_heads=2,
-    head_dim=64,
-    num_experts=64,
-    num_experts_per_tok=8,
-    mlp_only_layers=[0],
-    dtype="bfloat16",
-    std=0.05,
-    seed=6,
-)
 TABLES = [list(range(40)), [40, 41, 42]]
 
 
@@ -90,7 +73,7 @@ def main() -> None:
     variants = ["triton", "torch", "nomoedecode", "nosplit"]
     p.add_argument("--variant", nargs="+", choices=variants, default=variants, help="what is switched (module doc)")
     args = p.parse_args()
-    ckpt = write_tiny_moe_checkpoint(Path(tempfile.mkdtemp()), SPEC)
+    ckpt = write_tiny_moe_checkpoint(Path(tempfile.mkdtemp()), WIDE_BF16)
     rng = np.random.default_rng(0)
     prompts = [rng.integers(0, 1000, n).tolist() for n in (600, 33)]
     refs = {}

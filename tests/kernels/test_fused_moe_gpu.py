@@ -21,7 +21,7 @@ from model.moe import experts_torch, route_torch
 from tests.support.builders import make_step, worker_config
 from tests.support.oracle import hf_greedy, prompts_with_shared_prefixes, rel_err
 from tests.support.processes import ROOT, torchrun_cmd
-from tests.support.tiny_moe import TinyMoeSpec, write_tiny_moe_checkpoint
+from tests.support.tiny_moe import WIDE_BF16, TinyMoeSpec, write_tiny_moe_checkpoint
 
 pytestmark = pytest.mark.gpu
 
@@ -98,24 +98,7 @@ def test_fused_moe_in_a_cuda_graph(tokens):
 
 @pytest.fixture(scope="module")
 def moe_bf16(tmp_path_factory) -> Path:
-    """Wider than the CPU tests' checkpoints: 64 experts, top-8, the first layer dense."""
-    spec = TinyMoeSpec(
-        vocab_size=1000,
-        hidden_size=256,
-        intermediate_size=512,
-        moe_intermediate_size=128,
-        num_hidden_layers=3,
-        num_attention_heads=8,
-        num_key_value_heads=2,
-        head_dim=64,
-        num_experts=64,
-        num_experts_per_tok=8,
-        mlp_only_layers=[0],
-        dtype="bfloat16",
-        std=0.05,
-        seed=6,
-    )
-    return write_tiny_moe_checkpoint(tmp_path_factory.mktemp("moe_bf16"), spec)
+    return write_tiny_moe_checkpoint(tmp_path_factory.mktemp("moe_bf16"), WIDE_BF16)
 
 
 @pytest.fixture(scope="module")

@@ -30,6 +30,25 @@ class TinyMoeSpec:
     std: float = 0.2  # as model/tiny.py: with HF's 0.02 a random model just repeats its input
 
 
+# Wider than the CPU tests' checkpoints: 64 experts, top-8, the first layer dense (the bf16 GPU tests' checkpoint)
+WIDE_BF16 = TinyMoeSpec(
+    vocab_size=1000,
+    hidden_size=256,
+    intermediate_size=512,
+    moe_intermediate_size=128,
+    num_hidden_layers=3,
+    num_attention_heads=8,
+    num_key_value_heads=2,
+    head_dim=64,
+    num_experts=64,
+    num_experts_per_tok=8,
+    mlp_only_layers=[0],
+    dtype="bfloat16",
+    std=0.05,
+    seed=6,
+)
+
+
 def write_tiny_moe_checkpoint(out_dir: str | Path, spec: TinyMoeSpec | None = None) -> Path:
     """model/tiny.py's writer with transformers' Qwen3-MoE classes and the expert fields."""
     spec = spec or TinyMoeSpec()
