@@ -10,7 +10,7 @@ from transformers import AutoModelForCausalLM
 
 from client import LLM, SamplingParams
 from model.tiny import TinySpec, write_tiny_checkpoint
-from tests.support.builders import make_step, worker_config
+from tests.support.builders import GPU_ENGINE, make_step, worker_config
 from tests.support.controls import MAX_TOKENS, check_completion, params_for
 from tests.support.oracle import hf_greedy, prompts_with_shared_prefixes
 from worker.startup import capture_graphs
@@ -23,7 +23,7 @@ def test_float32_greedy_tokens_match_hf(tiny_untied, enforce_eager):
     prompts = prompts_with_shared_prefixes()
     expected = hf_greedy(tiny_untied, prompts, 24)
     params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
-    with LLM(str(tiny_untied), device="cuda", max_model_len=256, enforce_eager=enforce_eager, max_num_seqs=16) as llm:
+    with LLM(str(tiny_untied), **GPU_ENGINE, max_model_len=256, enforce_eager=enforce_eager, max_num_seqs=16) as llm:
         got = [c.token_ids for c in llm.generate(prompts, params, use_tqdm=False)]
     assert got == expected
 
@@ -40,7 +40,7 @@ def test_float32_penalties_min_tokens_logprobs_on_cuda(tiny_tied, enforce_eager)
 
     prompts = prompts_with_shared_prefixes()
     params = [params_for(i) for i in range(len(prompts))]
-    with LLM(str(tiny_tied), device="cuda", max_model_len=256, enforce_eager=enforce_eager, max_num_seqs=16) as llm:
+    with LLM(str(tiny_tied), **GPU_ENGINE, max_model_len=256, enforce_eager=enforce_eager, max_num_seqs=16) as llm:
         got = llm.generate(prompts, params, use_tqdm=False)
         greedy = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True)
         plain = llm.generate(prompts[0], greedy, use_tqdm=False)[0]

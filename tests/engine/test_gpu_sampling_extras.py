@@ -7,6 +7,7 @@ import pytest
 
 from client import LLM, SamplingParams
 from tests.engine.test_sampling_extras import N, biased_greedy, check_prompt_logprobs, hf  # noqa: F401 (fixture)
+from tests.support.builders import GPU_ENGINE
 from tests.support.oracle import hf_greedy, prompts_with_shared_prefixes
 
 pytestmark = pytest.mark.gpu
@@ -25,7 +26,7 @@ def test_float32_logit_bias_and_prompt_logprobs_on_cuda(tiny_tied, hf, enforce_e
     chosen = int(hf(prompts[0])[-1].argmin())
     # sampled rows (the fused kernel's path): +100 makes the least likely token certain
     sampled = SamplingParams(temperature=0.8, max_tokens=8, ignore_eos=True, logit_bias={chosen: 100.0})
-    kw = dict(device="cuda", max_model_len=256, enforce_eager=enforce_eager, max_num_seqs=16, max_num_batched_tokens=64)
+    kw = dict(**GPU_ENGINE, max_model_len=256, enforce_eager=enforce_eager, max_num_seqs=16, max_num_batched_tokens=64)
     with LLM(str(tiny_tied), **kw) as llm:  # 64-token steps: the longer prompts arrive in chunks
         got = llm.generate(prompts + [prompts[0]], params + [sampled], use_tqdm=False)
         assert llm.stats()["chunked_prefill_steps"] > 0

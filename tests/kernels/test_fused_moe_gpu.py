@@ -18,7 +18,7 @@ from transformers import AutoModelForCausalLM
 from client import LLM, SamplingParams
 from kernels.fused_moe import fused_experts, fused_moe, moe_tiles
 from model.moe import experts_torch, route_torch
-from tests.support.builders import make_step, worker_config
+from tests.support.builders import GPU_ENGINE, make_step, worker_config
 from tests.support.oracle import hf_greedy, prompts_with_shared_prefixes, rel_err
 from tests.support.processes import ROOT, torchrun_cmd
 from tests.support.tiny_moe import WIDE_BF16, TinyMoeSpec, write_tiny_moe_checkpoint
@@ -144,7 +144,7 @@ def test_float32_greedy_tokens_match_hf(moe_f32, enforce_eager):
     prompts = prompts_with_shared_prefixes()
     expected = hf_greedy(moe_f32, prompts, 24)
     params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
-    with LLM(str(moe_f32), device="cuda", max_model_len=256, enforce_eager=enforce_eager, max_num_seqs=16) as llm:
+    with LLM(str(moe_f32), **GPU_ENGINE, max_model_len=256, enforce_eager=enforce_eager, max_num_seqs=16) as llm:
         got = [c.token_ids for c in llm.generate(prompts, params, use_tqdm=False)]
     assert got == expected
 

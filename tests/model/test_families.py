@@ -14,7 +14,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 from client import LLM, SamplingParams
 from model.tiny import TinySpec, write_tiny_checkpoint
-from tests.support.builders import make_step, worker_config
+from tests.support.builders import GPU_ENGINE, make_step, worker_config
 from tests.support.oracle import assert_greedy_equal_up_to_ties, hf_greedy
 
 MAX_TOKENS = 16
@@ -169,7 +169,7 @@ def test_llama_attention_and_mlp_biases(tmp_path):
 def test_gpu_float32_greedy_with_cuda_graphs(name, family):
     model_dir, expected = family(name)
     params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True)
-    with LLM(str(model_dir), device="cuda", max_model_len=256, max_num_seqs=16) as llm:
+    with LLM(str(model_dir), **GPU_ENGINE, max_model_len=256, max_num_seqs=16) as llm:
         got = [c.token_ids for c in llm.generate(prompts(), params, use_tqdm=False)]
     # Llama's third prompt starts at a near-tie (logits 0.0016 apart, std 2.9) that the GPU may break either way
     assert_greedy_equal_up_to_ties(model_dir, prompts(), got, expected)

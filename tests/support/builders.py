@@ -9,6 +9,10 @@ import numpy as np
 from protocol.messages import StepCommand
 from protocol.sampling_params import SamplingParams
 
+# An engine on the GPU with its KV pool sized, not profiled: profiling counts every process's memory on the device,
+# so GPU test files run side by side (pytest -n) would leave each other no KV cache.
+GPU_ENGINE = {"device": "cuda", "num_kv_blocks": 512}
+
 
 def i32(xs) -> np.ndarray:
     return np.asarray(xs, dtype=np.int32)
