@@ -38,7 +38,7 @@ def test_every_pdl_kernel_waits_unconditionally_once():
 
 # What a kernel may load before its wait: parameters (weights, norm weights, scales, biases, the rotary table) and
 # step inputs copied in before the step's first kernel. A chain of early signals can start a kernel while any
-# number of kernels in front still run (log 30b), so anything a kernel of the step writes is read only after it.
+# number of kernels in front still run, so anything a kernel of the step writes is read only after it.
 READ_BEFORE_WAIT = {"w_ptr", "router_w_ptr", "norm_w_ptr", "ws_ptr", "bias_ptr", "wq_ptr", "wk_ptr", "cos_sin_ptr"}
 READ_BEFORE_WAIT |= {"pos_ptr", "seq_lens_ptr"}
 # moe_decode's down kernel reads the routing's expert ids early: gate/up, between them, signals after its wait.
@@ -70,14 +70,12 @@ def _loads_before_wait(fn: ast.FunctionDef) -> set[str]:
 
 
 def test_kernels_read_only_parameters_and_step_inputs_before_the_wait():
-    found = {}
-    for name, fn in _pdl_kernels():
-        if not name.startswith("pdl.py:"):
-            early = _loads_before_wait(fn) - READ_BEFORE_WAIT - EXCEPTIONS.get(name, set())
-            assert not early, f"{name} loads through {sorted(early)} before pdl_enter"
-            found[name] = _loads_before_wait(fn)
-    assert found["moe_decode.py:_down_kernel"] >= {"ids_ptr", "w_ptr"}  # the scan sees loads through locals
-    gate_up = dict(_pdl_kernels())["moe_decode.py:_gate_up_kernel"]
-    enter = next(s.value for s in gate_up.body if _is_pdl_enter(s))
+    kernels = {name: fn for name, fn in _pdl_kernels() if not name.startswith("pdl.py:")}
+    early = {name: _loads_before_wait(fn) for name, fn in kernels.items()}
+    for name, roots in early.items():
+        unexpected = roots - READ_BEFORE_WAIT - EXCEPTIONS.get(name, set())
+        assert not unexpected, f"{name} loads through {sorted(unexpected)} before pdl_enter"
+    assert early["moe_decode.py:_down_kernel"] >= {"ids_ptr", "w_ptr"}  # the scan sees loads through locals
+    enter = next(s.value for s in kernels["moe_decode.py:_gate_up_kernel"].body if _is_pdl_enter(s))
     late = [k for k in enter.keywords if k.arg == "SIGNAL_FIRST" and getattr(k.value, "value", None) is False]
     assert late, "the down kernel's early read of the expert ids needs gate/up to signal after its wait"
