@@ -9,8 +9,10 @@ transformers in bf16 and in float32; ``--variant`` names what is switched:
     torch         the torch attention backend on the GPU
     nomoedecode   decode batches through kernels/fused_moe.py instead of kernels/moe_decode.py
     nosplit       every decode attention in one split (no merge)
+    tri-prefill   Triton prefill attention, torch decode attention
+    tri-decode    torch prefill attention, Triton decode attention
 
-    python -m benchmarks.probes.decode_row --variant triton torch nomoedecode nosplit     (CUDA)
+    python -m benchmarks.probes.decode_row     (CUDA; every variant)
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ TABLES = [list(range(40)), [40, 41, 42]]
 def engine_rows(ckpt: Path, prompts: list[list[int]], variant: str) -> tuple[torch.Tensor, torch.Tensor]:
     """(decode rows [2, vocab], whole-prompt prefill logits [sum of lengths, vocab]) under ``variant``."""
     import kernels.moe_decode as moe_decode
+    from kernels.attention import TorchAttentionBackend
     from kernels.triton_attention import TritonAttentionBackend
     from worker.model_runner import ModelRunner
 
@@ -55,6 +58,9 @@ def engine_rows(ckpt: Path, prompts: list[list[int]], variant: str) -> tuple[tor
         for whole in (False, True):
             runner = ModelRunner(cfg, torch.device("cuda"))
             runner.allocate_kv(128)
+            if variant in ("tri-prefill", "tri-decode"):  # the other phase through the torch reference
+                phase = "decode" if variant == "tri-prefill" else "prefill"
+                setattr(runner.backend, phase, getattr(TorchAttentionBackend(), phase))
             chunks = [p if whole else p[:-1] for p in prompts]
             step = [dict(slot=i, tokens=c, start=0, new_blocks=t) for i, (c, t) in enumerate(zip(chunks, TABLES))]
             logits = runner.forward_logits(make_step(step)).float()
@@ -70,7 +76,7 @@ def engine_rows(ckpt: Path, prompts: list[list[int]], variant: str) -> tuple[tor
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
-    variants = ["triton", "torch", "nomoedecode", "nosplit"]
+    variants = ["triton", "torch", "nomoedecode", "nosplit", "tri-prefill", "tri-decode"]
     p.add_argument("--variant", nargs="+", choices=variants, default=variants, help="what is switched (module doc)")
     args = p.parse_args()
     ckpt = write_tiny_moe_checkpoint(Path(tempfile.mkdtemp()), WIDE_BF16)
