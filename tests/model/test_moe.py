@@ -21,7 +21,7 @@ from model.loader import build_model, load_weights
 from model.moe import SparseMoeBlock
 from tests.support.builders import make_step, worker_config
 from tests.support.oracle import hf_greedy, prompts_with_shared_prefixes
-from tests.support.tiny_moe import TinyMoeSpec, write_tiny_moe_checkpoint
+from tests.support.tiny_moe import TinyMoeSpec, router_margins, write_tiny_moe_checkpoint
 from worker.model_runner import ModelRunner
 
 MAX_TOKENS = 24
@@ -206,3 +206,17 @@ def test_config_fields(moe_dense_middle):
         ModelConfig.from_dict(raw | {"num_experts_per_tok": 9})
     with pytest.raises(ValueError, match="num_experts=8 but no moe_intermediate_size"):
         ModelConfig.from_dict({k: v for k, v in raw.items() if k != "moe_intermediate_size"})
+
+
+def test_router_margins_are_the_gaps_of_hfs_own_router_logits(moe_sparse_step):
+    # The bf16 GPU test picks its prompts clear of router near-ties by this helper (tests/support/tiny_moe.py).
+    hf = AutoModelForCausalLM.from_pretrained(moe_sparse_step, dtype=torch.float32).eval()
+    ids = np.random.default_rng(0).integers(0, 509, 40).tolist()
+    with torch.no_grad():
+        router_logits = hf(torch.tensor([ids]), output_router_logits=True).router_logits
+    assert len(router_logits) == 2  # decoder_sparse_step=2: experts on every second of 4 layers
+    top = torch.stack([r.reshape(len(ids), -1) for r in router_logits]).topk(4, dim=-1).values  # top-3 and the next
+    expected = (top[..., 2] - top[..., 3]).amin(0)
+    margins = router_margins(hf, ids)
+    assert margins.shape == (len(ids),) and (margins > 0).all()
+    torch.testing.assert_close(margins, expected, rtol=1e-5, atol=1e-6)

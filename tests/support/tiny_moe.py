@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
+import torch
+
 from model.tiny import TinySpec, write_tiny_checkpoint
 
 
@@ -63,3 +65,27 @@ def write_tiny_moe_checkpoint(out_dir: str | Path, spec: TinyMoeSpec | None = No
     shared = {f.name: getattr(spec, f.name) for f in fields(TinySpec) if hasattr(spec, f.name)}
     dense = TinySpec(**shared, extra=moe, architecture="Qwen3MoeForCausalLM")
     return write_tiny_checkpoint(out_dir, dense)
+
+
+def router_margins(hf_model, ids: list[int]) -> torch.Tensor:
+    """Per token of ``ids``, the smallest gap over ``hf_model``'s MoE layers between the router logits of the last
+    expert it picks and the first it leaves out. A gap of a few bf16 steps is a near-tie: a rounding difference
+    upstream may pick the other expert, which moves the logits far more than rounding does."""
+    inputs, hooks = [], []
+    for layer in hf_model.model.layers:
+        gate = getattr(layer.mlp, "gate", None)
+        if gate is not None:  # the router's input: the MoE block's
+            hooks.append(layer.mlp.register_forward_pre_hook(lambda m, args: inputs.append((m.gate, args[0]))))
+    try:
+        with torch.no_grad():
+            hf_model(torch.tensor([ids], device=hf_model.device))
+    finally:
+        for h in hooks:
+            h.remove()
+    k = hf_model.config.num_experts_per_tok
+    gaps = []
+    for gate, hidden in inputs:
+        logits = hidden.reshape(-1, hidden.shape[-1]).float() @ gate.weight.float().T
+        top = logits.topk(k + 1, dim=-1).values
+        gaps.append(top[:, k - 1] - top[:, k])
+    return torch.stack(gaps).amin(0)
