@@ -22,6 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.fused import rms_normalized
 from kernels.pdl import pdl_enter, use_pdl
 from protocol.settings import settings
 
@@ -75,6 +76,10 @@ def _gemv_kernel(
     x_ptr,
     w_ptr,
     out_ptr,
+    res_ptr,  # ADD_NORM: the residual stream, its sum with x (res_out_ptr) and the norm's weight; else unused
+    res_out_ptr,
+    norm_w_ptr,
+    eps,
     M,
     stride_xm,
     stride_wn,
@@ -83,6 +88,7 @@ def _gemv_kernel(
     ROWS: tl.constexpr,  # M rounded up to a power of two
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,  # the whole slice: BLOCK_K * splits == K
+    ADD_NORM: tl.constexpr,  # multiply RMSNorm(x + residual), as kernels/fused.py's rmsnorm rounds it (one split)
     USE_PDL: tl.constexpr,
 ):
     # A few rows: per row a multiply and a sum along K, no tensor cores, so a slice may be a few weight rows tall.
@@ -92,12 +98,22 @@ def _gemv_kernel(
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = pid_k * BLOCK_K + tl.arange(0, BLOCK_K)
     w = tl.load(w_ptr + offs_n[:, None].to(tl.int64) * stride_wn + offs_k[None, :])
+    if ADD_NORM:
+        g = tl.load(norm_w_ptr + offs_k).to(tl.float32)
     pdl_enter(USE_PDL)
     w = w.to(tl.float32)
     out = out_ptr + pid_k * stride_os + offs_n
     for r in tl.static_range(ROWS):
         # row masks as tensors: the interpreter mis-types a scalar bool broadcast into a mask
-        x = tl.load(x_ptr + r * stride_xm + offs_k, mask=(offs_k * 0 + r) < M, other=0.0)
+        row_k = (offs_k * 0 + r) < M
+        x = tl.load(x_ptr + r * stride_xm + offs_k, mask=row_k, other=0.0)
+        if ADD_NORM:
+            # Every program norms the whole row itself (a few KB from L2), which saves the norm's own launch;
+            # the first keeps the sum, into a buffer no program reads.
+            x = (x.to(tl.float32) + tl.load(res_ptr + r * BLOCK_K + offs_k, mask=row_k, other=0.0)).to(x.dtype)
+            if pid_n == 0:
+                tl.store(res_out_ptr + r * BLOCK_K + offs_k, x, mask=row_k)
+            x = (rms_normalized(x, BLOCK_K, eps) * g).to(x.dtype)
         acc = tl.sum(w * x.to(tl.float32)[None, :], axis=1)
         tl.store(out + r * stride_om, acc.to(out_ptr.dtype.element_ty), mask=(offs_n * 0 + r) < M)
 
@@ -182,6 +198,10 @@ def decode_linear(x: torch.Tensor, w: torch.Tensor, t: Tiles, out: torch.Tensor 
             x,
             w,
             part,
+            x,
+            x,
+            w,
+            0.0,
             m,
             x.stride(0),
             w.stride(0),
@@ -190,6 +210,7 @@ def decode_linear(x: torch.Tensor, w: torch.Tensor, t: Tiles, out: torch.Tensor 
             ROWS=triton.next_power_of_2(m),
             BLOCK_N=t.block_n,
             BLOCK_K=t.block_k,
+            ADD_NORM=False,
             USE_PDL=pdl,
             num_warps=t.warps,
             num_stages=t.stages,
@@ -221,3 +242,46 @@ def decode_linear(x: torch.Tensor, w: torch.Tensor, t: Tiles, out: torch.Tensor 
             part, out, m * n, SPLIT_K=split_k, BLOCK=1024, USE_PDL=pdl, num_warps=4, launch_pdl=pdl
         )
     return out
+
+
+def norm_gemv_tiles(x: torch.Tensor, w: torch.Tensor) -> Tiles | None:
+    """The tiles when ``decode_linear_add_norm`` applies: the GEMV with one program per whole row of K."""
+    t = decode_linear_tiles(x, w)
+    return t if t is not None and t.gemv and t.split_k == 1 and x.is_contiguous() else None
+
+
+def decode_linear_add_norm(
+    x: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor, eps: float, w: torch.Tensor, t: Tiles
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(RMSNorm(x + residual) @ w.T, x + residual) in one launch, rounded as kernels/fused.py's rmsnorm followed by
+    ``decode_linear``: for ``norm_gemv_tiles``' shapes, where the norm's own launch costs more than every program
+    norming the row again."""
+    m, k = x.shape
+    one_program_a_row = t.gemv and t.split_k == 1 and t.block_k == k and x.is_contiguous() and m <= GEMV_MAX_ROWS
+    assert one_program_a_row and residual.shape == x.shape and residual.is_contiguous(), (x.shape, t)
+    out = torch.empty((m, w.shape[0]), dtype=x.dtype, device=x.device)
+    res_out = torch.empty_like(x)
+    pdl = use_pdl(x)
+    _gemv_kernel[(w.shape[0] // t.block_n, 1)](
+        x,
+        w,
+        out,
+        residual,
+        res_out,
+        norm_weight,
+        eps,
+        m,
+        k,
+        w.stride(0),
+        out.stride(0),
+        0,
+        ROWS=triton.next_power_of_2(m),
+        BLOCK_N=t.block_n,
+        BLOCK_K=k,
+        ADD_NORM=True,
+        USE_PDL=pdl,
+        num_warps=t.warps,
+        num_stages=t.stages,
+        launch_pdl=pdl,
+    )
+    return out, res_out

@@ -42,8 +42,8 @@ class Attention(nn.Module):
         self.rotary_emb = rope
         self.attn = PagedAttention(self.num_heads, self.num_kv_heads, cfg.head_dim, cfg.head_dim**-0.5)
 
-    def forward(self, positions: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
-        qkv = self.qkv_proj(hidden)
+    def forward(self, positions: torch.Tensor, qkv: torch.Tensor) -> torch.Tensor:
+        """``qkv``: the output of ``qkv_proj``, which the layer calls (so that it may take the norm in front)."""
         q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         qk = qkv[:, : q_size + kv_size].view(-1, self.num_heads + self.num_kv_heads, self.head_dim)
         v = qkv[:, q_size + kv_size :].view(-1, self.num_kv_heads, self.head_dim)
@@ -59,6 +59,14 @@ class GatedMLP(nn.Module):
         self.gate_up_proj = MergedColumnParallelLinear(hidden_size, [intermediate_size] * 2, bias)
         self.down_proj = RowParallelLinear(intermediate_size, hidden_size, bias, reduce_results=False)
         self.act = SiluAndMul()
+
+    def norm_and_forward(self, norm: RMSNorm, hidden: torch.Tensor, residual: torch.Tensor | None):
+        """(``self`` of ``norm(hidden + residual)``, the sum) with the norm inside gate/up's GEMV, or None where
+        that does not apply (the layer then norms first)."""
+        if not self.gate_up_proj.fuses_norm(hidden, residual):
+            return None
+        gate_up, residual = self.gate_up_proj.norm_and_forward(norm, hidden, residual)
+        return self.down_proj(self.act(gate_up)), residual
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         quant = self.gate_up_proj.quant  # an FP8 MLP may run its middle as one kernel
@@ -81,9 +89,10 @@ class DecoderLayer(nn.Module):
         rank's partial sum; returns this layer's MLP output, also unreduced, and the residual stream."""
         if residual is None:
             hidden, residual = self.input_layernorm(hidden), hidden
+            qkv = self.self_attn.qkv_proj(hidden)
         else:
-            hidden, residual = self.input_layernorm.forward_partial(hidden, residual)
-        hidden = self.self_attn(positions, hidden)
+            qkv, residual = self.self_attn.qkv_proj.norm_and_forward(self.input_layernorm, hidden, residual)
+        hidden = self.self_attn(positions, qkv)
         if self.mlp_front is not None and (out := self.mlp_front(self.post_attention_layernorm, hidden, residual)):
             return out
         hidden, residual = self.post_attention_layernorm.forward_partial(hidden, residual)

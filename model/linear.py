@@ -12,8 +12,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from kernels import cublaslt, cublaslt_tune
-from kernels.decode_gemm import decode_linear, decode_linear_tiles
+from kernels.decode_gemm import decode_linear, decode_linear_add_norm, decode_linear_tiles, norm_gemv_tiles
 from model.parallel import all_reduce, partial_sum_buffer, tp_rank, tp_size
+from protocol.settings import settings
+
+_NORM_GEMV = settings().gemv_norm
 
 
 def check_shape(param: torch.Tensor, loaded: torch.Tensor, what: str = "") -> None:
@@ -81,6 +84,27 @@ class LinearBase(nn.Module):
         if self.bias is None:
             return torch.mm(x, self.weight.t(), out=out)
         return torch.addmm(self.bias, x, self.weight.t(), out=out)
+
+    def norm_and_forward(self, norm: nn.Module, x: torch.Tensor, residual: torch.Tensor | None):
+        """(``self`` of ``norm(x + residual)``, ``x + residual``), as ``norm.forward_partial`` and ``self`` compute
+        them; one launch where ``fuses_norm`` says the GEMV can norm the row itself."""
+        if not self.fuses_norm(x, residual):
+            hidden, residual = norm.forward_partial(x, residual)
+            return self(hidden), residual
+        return decode_linear_add_norm(x, residual, norm.weight, norm.eps, self.weight, norm_gemv_tiles(x, self.weight))
+
+    def fuses_norm(self, x: torch.Tensor, residual: torch.Tensor | None) -> bool:
+        """One rank (``x`` is the whole sum, nothing to reduce first), 16-bit weights without a bias and a row or
+        two that one GEMV program reads whole: then ``norm_and_forward`` is one launch."""
+        return (
+            _NORM_GEMV
+            and residual is not None
+            and tp_size() == 1
+            and self.quant is None
+            and self.bias is None
+            and residual.is_contiguous()
+            and norm_gemv_tiles(x, self.weight) is not None
+        )
 
 
 class ColumnParallelLinear(LinearBase):

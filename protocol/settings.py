@@ -54,6 +54,7 @@ class Settings:
     fused_all_reduce: bool  # NANOSERVE_FUSED_ALL_REDUCE=0: all-reduce and RMSNorm as two kernels
     pdl: bool  # NANOSERVE_PDL=0: launch our Triton kernels without programmatic dependent launch
     decode_gemm: bool  # NANOSERVE_DECODE_GEMM=0: every linear layer through cuBLAS
+    gemv_norm: bool  # NANOSERVE_GEMV_NORM=0: a decode row's add + RMSNorm as a launch of its own, not in the GEMV
     lt_tune: bool  # NANOSERVE_LT_TUNE=0: skip the start-up choice of cuBLASLt algorithms (faster start)
     moe_norm_route: bool  # NANOSERVE_MOE_NORM_ROUTE=0: a MoE layer's norm, router and routing as three launches
     fp8_scalar_gemm: bool  # NANOSERVE_FP8_SCALAR_GEMM=0: per-channel FP8 products always take rowwise scales
@@ -74,6 +75,7 @@ def settings() -> Settings:
         fused_all_reduce=_switch("FUSED_ALL_REDUCE"),
         pdl=_switch("PDL"),
         decode_gemm=_switch("DECODE_GEMM"),
+        gemv_norm=_switch("GEMV_NORM"),
         lt_tune=_switch("LT_TUNE"),
         moe_norm_route=_switch("MOE_NORM_ROUTE"),
         fp8_scalar_gemm=_switch("FP8_SCALAR_GEMM"),
