@@ -127,7 +127,7 @@ def test_gemv_with_the_norm_inside_equals_norm_then_gemv(rows):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("n,k", [(5120, 2048), (6144, 4096), (24576, 4096)])  # 30B-A3B qkv, 8B qkv and gate_up
+@pytest.mark.parametrize("n,k", [(5120, 2048), (3072, 1024), (6144, 1024)])  # 30B-A3B qkv, 0.6B qkv and gate/up
 @pytest.mark.parametrize("rows", [1, 2])
 def test_norm_gemv_in_a_cuda_graph_equals_two_launches(n, k, rows):
     """Replayed with new inputs behind a PDL kernel that writes them: the GEMV reads x and the residual after its
@@ -138,6 +138,8 @@ def test_norm_gemv_in_a_cuda_graph_equals_two_launches(n, k, rows):
     nw0, nw = (torch.rand(k, device="cuda", generator=g).bfloat16() + 0.5 for _ in range(2))
     tiles = norm_gemv_tiles(x0, w)
     assert tiles is not None
+    wide = torch.zeros(6144, 4096, device="cuda", dtype=torch.bfloat16)  # 8B's qkv: the norm stays apart
+    assert norm_gemv_tiles(torch.zeros(rows, 4096, device="cuda", dtype=torch.bfloat16), wide) is None
 
     def chain():
         return decode_linear_add_norm(fused.rmsnorm(x0, nw0, 1e-6), res, nw, 1e-6, w, tiles)
