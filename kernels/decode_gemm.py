@@ -30,6 +30,10 @@ MAX_ROWS = 16  # tl.dot's smallest M; more rows go to cuBLAS
 GEMV_MAX_ROWS = 8  # the GEMV kernel unrolls its rows
 _GEMV_SLICE = 8192  # weight elements per GEMV program (16 KB in bf16): the best of 8-32 KB on an H200
 _DISABLED = not settings().decode_gemm  # NANOSERVE_DECODE_GEMM=0: cuBLAS for every shape
+# A GEMV that takes the add + RMSNorm in front of it norms the row in every program: programs x K past this cost
+# more than the norm's own launch (H200, W2: Qwen3-30B-A3B's qkv, 1,280 x 2,048, -1.4%; Qwen3-8B's qkv and gate/up,
+# 3,072 and 12,288 x 4,096, +3.1%)
+NORM_ROW_READS = 1 << 22
 
 
 @triton.jit(do_not_specialize=["M"])
@@ -245,13 +249,12 @@ def decode_linear(x: torch.Tensor, w: torch.Tensor, t: Tiles, out: torch.Tensor 
 
 
 def norm_gemv_tiles(x: torch.Tensor, w: torch.Tensor) -> Tiles | None:
-    """The tiles when ``decode_linear_add_norm`` applies: the GEMV with one program per whole row of K, and few
-    enough programs. Each norms the row again: Qwen3-30B-A3B's qkv (1,280 programs of K=2,048) gains by it (W2
-    -1.4%), Qwen3-8B's qkv and gate/up (3,072 and 12,288 programs of K=4,096) lose (W2 +3.1%)."""
+    """The tiles when ``decode_linear_add_norm`` applies: the GEMV with one program per whole row of K, and
+    programs x K within NORM_ROW_READS."""
     t = decode_linear_tiles(x, w)
     if t is None or not t.gemv or t.split_k != 1 or not x.is_contiguous():
         return None
-    return t if (w.shape[0] // t.block_n) * x.shape[1] <= 1 << 22 else None
+    return t if (w.shape[0] // t.block_n) * x.shape[1] <= NORM_ROW_READS else None
 
 
 def decode_linear_add_norm(

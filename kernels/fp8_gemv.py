@@ -14,7 +14,9 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.decode_gemm import NORM_ROW_READS
 from kernels.fp8_quant import FP8_MAX, MIN_AMAX
+from kernels.fused import rms_normalized
 from kernels.pdl import pdl_enter, use_pdl
 
 MAX_ROWS = 4  # rows the kernel unrolls; fp8_linear sends it fewer (kernels/fp8_gemm.py GEMV_ROWS)
@@ -37,6 +39,10 @@ def _fp8_gemv_kernel(
     ws_ptr,
     bias_ptr,
     out_ptr,
+    res_ptr,  # ADD_NORM: the residual stream, its sum with x (res_out_ptr) and the norm's weight; else unused
+    res_out_ptr,
+    norm_w_ptr,
+    eps,
     M,
     N,
     stride_xm,
@@ -51,6 +57,7 @@ def _fp8_gemv_kernel(
     GROUP_K: tl.constexpr,  # columns per activation and weight block scale (divides BLOCK_K)
     HAS_BIAS: tl.constexpr,
     F16_SUMS: tl.constexpr,  # per-channel scales only: products and runs of 8 summed in float16 (a candidate)
+    ADD_NORM: tl.constexpr,  # quantize RMSNorm(x + residual), as kernels/fused.py's rmsnorm rounds it (one step)
     USE_PDL: tl.constexpr,
 ):
     STEPS: tl.constexpr = (K + BLOCK_K - 1) // BLOCK_K
@@ -61,6 +68,8 @@ def _fp8_gemv_kernel(
     w_rows = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn
     # the first weight step: written by no kernel of the step, so in flight during the wait
     w_first = tl.load(w_rows + offs_k[None, :], mask=mask_n[:, None] & (offs_k < K)[None, :], other=0.0)
+    if ADD_NORM:
+        g = tl.load(norm_w_ptr + offs_k, mask=offs_k < K, other=0.0).to(tl.float32)
     pdl_enter(USE_PDL)
     if GROUP_N == 0:
         sw = tl.load(ws_ptr + offs_n * stride_ws_n, mask=mask_n, other=0.0)
@@ -68,11 +77,21 @@ def _fp8_gemv_kernel(
         # row masks as tensors: the interpreter mis-types a scalar bool broadcast into a mask
         x_row = x_ptr + r * stride_xm
         row_ok = (offs_k * 0 + r) < M
+        if ADD_NORM:  # one K step (the host checks): the row normed once, in registers, for the amax and products
+            in_row = row_ok & (offs_k < K)
+            xs = tl.load(x_row + offs_k, mask=in_row, other=0.0)
+            xs = (xs.to(tl.float32) + tl.load(res_ptr + r * K + offs_k, mask=in_row, other=0.0)).to(xs.dtype)
+            if tl.program_id(0) == 0:  # the first program keeps the sum, in a buffer no program reads
+                tl.store(res_out_ptr + r * K + offs_k, xs, mask=in_row)
+            xn = (rms_normalized(xs, K, eps) * g).to(xs.dtype).to(tl.float32)
         if GROUP_N == 0:  # one scale for the whole row: its amax first
             amax = tl.zeros([BLOCK_K], dtype=tl.float32)
             for s in tl.static_range(STEPS):
                 ks = s * BLOCK_K + offs_k
-                xa = tl.load(x_row + ks, mask=row_ok & (ks < K), other=0.0).to(tl.float32)
+                if ADD_NORM:
+                    xa = xn
+                else:
+                    xa = tl.load(x_row + ks, mask=row_ok & (ks < K), other=0.0).to(tl.float32)
                 amax = tl.maximum(amax, tl.abs(xa))
             sx = tl.math.div_rn(tl.maximum(tl.max(amax, axis=0), MIN_AMAX), FP8_MAX)
             inv = tl.math.div_rn(1.0, sx)
@@ -83,7 +102,10 @@ def _fp8_gemv_kernel(
                 w = w_first
             else:
                 w = tl.load(w_rows + ks[None, :], mask=mask_n[:, None] & (ks < K)[None, :], other=0.0)
-            x = tl.load(x_row + ks, mask=row_ok & (ks < K), other=0.0).to(tl.float32)
+            if ADD_NORM:
+                x = xn
+            else:
+                x = tl.load(x_row + ks, mask=row_ok & (ks < K), other=0.0).to(tl.float32)
             if GROUP_N == 0:
                 xq = tl.clamp(x * inv, -FP8_MAX, FP8_MAX).to(w_ptr.dtype.element_ty)
                 if F16_SUMS:
@@ -143,13 +165,15 @@ def fp8_gemv(
     slice_bytes: int | None = None,
     f16_sums: bool = False,
     max_block_k: int | None = None,
+    norm: tuple | None = None,
 ) -> torch.Tensor:
     """``out = quant(x) @ (w_q * w_s).T (+ bias)`` for ``x`` [M <= MAX_ROWS, K] in 16 bits (or float32): scales
     per token and output channel [N] (``block`` None), or per token and ``block[1]`` columns against per-block
     weight scales [N / block[0], K / block[1]]. ``slice_bytes``, ``max_block_k``: weight per program and step and
     its width (gemv_tiles; None: ``default_tiling``).
     ``f16_sums`` (per-channel scales): the candidate that multiplies and sums runs of 8 in float16, fewer
-    conversions per weight byte; its rounding is float16's, not the emulation's (benchmarks/fp8_gemm.py times it)."""
+    conversions per weight byte; its rounding is float16's, not the emulation's (benchmarks/fp8_gemm.py times it).
+    ``norm``: ``fp8_gemv_add_norm``'s operands (residual, sum, norm weight, eps); ``x`` is then added to them."""
     m, k = x.shape
     n = w_q.shape[0]
     assert supports(m, k, block) and x.stride(1) == 1 and w_q.stride(1) == 1, (x.shape, block)
@@ -162,6 +186,7 @@ def fp8_gemv(
         w_s,
         bias if bias is not None else out,
         out,
+        *(norm or (x, x, w_s, 0.0)),
         m,
         n,
         x.stride(0),
@@ -176,8 +201,37 @@ def fp8_gemv(
         GROUP_K=1 if block is None else block[1],
         HAS_BIAS=bias is not None,
         F16_SUMS=f16_sums and block is None,
+        ADD_NORM=norm is not None,
         USE_PDL=pdl,
         num_warps=8 if x.is_cuda else 1,
         launch_pdl=pdl,
     )
     return out
+
+
+def norm_fits(x: torch.Tensor, w_q: torch.Tensor, block: tuple[int, int] | None) -> bool:
+    """Whether ``fp8_gemv_add_norm`` takes ``x``: one 16-bit contiguous row whose K one step covers, and programs x K
+    within kernels/decode_gemm.py's NORM_ROW_READS (each program norms the row again)."""
+    m, k = x.shape
+    if not (m == 1 and x.dtype != torch.float32 and x.is_contiguous() and supports(m, k, block)):
+        return False
+    block_n, block_k = gemv_tiles(k, block, *default_tiling(x.dtype))
+    return k <= block_k and triton.cdiv(w_q.shape[0], block_n) * k <= NORM_ROW_READS
+
+
+def fp8_gemv_add_norm(
+    x: torch.Tensor,
+    residual: torch.Tensor,
+    norm_weight: torch.Tensor,
+    eps: float,
+    w_q: torch.Tensor,
+    w_s: torch.Tensor,
+    block: tuple[int, int] | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(``fp8_gemv`` of RMSNorm(x + residual), x + residual) in one launch, rounded as kernels/fused.py's rmsnorm
+    followed by ``fp8_gemv``, for the rows ``norm_fits`` takes: the norm's own launch saved."""
+    assert norm_fits(x, w_q, block) and residual.shape == x.shape and residual.is_contiguous(), x.shape
+    out = torch.empty((x.shape[0], w_q.shape[0]), dtype=x.dtype, device=x.device)
+    res_out = torch.empty_like(x)
+    fp8_gemv(x, w_q, w_s, block, None, out, norm=(residual, res_out, norm_weight, eps))
+    return out, res_out

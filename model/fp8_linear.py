@@ -44,6 +44,21 @@ class Fp8LinearMethod:
                 y = out.copy_(y)
         return y.view(*lead, y.shape[-1])
 
+    def fuses_norm(self, layer: LinearBase, x: torch.Tensor) -> bool:
+        """Whether ``apply_add_norm`` runs: the FP8 GEMV on CUDA with the row in one step (fp8_gemv.norm_fits)."""
+        from kernels import fp8_gemv
+
+        return x.is_cuda and x.dim() == 2 and fp8_gemv.norm_fits(x, layer.weight, self.cfg.block)
+
+    def apply_add_norm(
+        self, layer: LinearBase, x: torch.Tensor, residual: torch.Tensor, norm: nn.Module
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(``apply`` of norm(x + residual), x + residual) in one launch of the FP8 GEMV."""
+        from kernels import fp8_gemv
+
+        w = (layer.weight, self.scale(layer), self.cfg.block)
+        return fp8_gemv.fp8_gemv_add_norm(x, residual, norm.weight, norm.eps, *w)
+
     def gated_mlp(self, gate_up: LinearBase, down: LinearBase, x: torch.Tensor) -> torch.Tensor | None:
         """``down(silu(gate(x)) * up(x))`` with the gate/up scales, SiLU-and-mul and the down input's quantization in
         one kernel (kernels/fp8_mlp.py), where that path applies (CUDA, per-channel scales, 2+ rows); else None."""

@@ -91,20 +91,21 @@ class LinearBase(nn.Module):
         if not self.fuses_norm(x, residual):
             hidden, residual = norm.forward_partial(x, residual)
             return self(hidden), residual
-        return decode_linear_add_norm(x, residual, norm.weight, norm.eps, self.weight, norm_gemv_tiles(x, self.weight))
+        if self.quant is not None:
+            return self.quant.apply_add_norm(self, x, residual, norm)
+        tiles = norm_gemv_tiles(x, self.weight)
+        return decode_linear_add_norm(x, residual, norm.weight, norm.eps, self.weight, tiles)
 
     def fuses_norm(self, x: torch.Tensor, residual: torch.Tensor | None) -> bool:
-        """One rank (``x`` is the whole sum, nothing to reduce first), 16-bit weights without a bias and a row or
-        two that one GEMV program reads whole: then ``norm_and_forward`` is one launch."""
-        return (
-            _NORM_GEMV
-            and residual is not None
-            and tp_size() == 1
-            and self.quant is None
-            and self.bias is None
-            and residual.is_contiguous()
-            and norm_gemv_tiles(x, self.weight) is not None
-        )
+        """One rank (``x`` is the whole sum, nothing to reduce first), no bias and a row or two that each program
+        of our GEMV (16-bit or FP8 weights) reads whole: then ``norm_and_forward`` is one launch."""
+        if not (_NORM_GEMV and residual is not None and tp_size() == 1 and self.bias is None):
+            return False
+        if not (x.is_cuda and residual.is_contiguous()):
+            return False
+        if self.quant is not None:
+            return self.quant.fuses_norm(self, x)
+        return norm_gemv_tiles(x, self.weight) is not None
 
 
 class ColumnParallelLinear(LinearBase):

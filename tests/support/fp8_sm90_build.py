@@ -66,15 +66,19 @@ def cases():
                 },
                 {"num_warps": warps, "num_stages": 3},
             )
-    for group_n, k, rows, f16_sums in ((0, 4096, 1, False), (0, 4096, 1, True), (0, 12288, 4, False),
-                                       (128, 4096, 2, False), (128, 12288, 1, False)):  # fmt: skip
+    for group_n, k, rows, f16_sums, norm in ((0, 4096, 1, False, False), (0, 4096, 1, True, False),
+                                             (0, 12288, 4, False, False), (128, 4096, 2, False, False),
+                                             (128, 12288, 1, False, False), (0, 4096, 1, False, True),
+                                             (128, 4096, 1, False, True)):  # fmt: skip
         block = None if group_n == 0 else (128, 128)
         block_n, block_k = fp8_gemv.gemv_tiles(k, block, *fp8_gemv.default_tiling(torch.bfloat16))
         yield (
-            f"fp8 gemv group_n={group_n} K={k} rows={rows} f16_sums={f16_sums}",
+            f"fp8 gemv group_n={group_n} K={k} rows={rows} f16_sums={f16_sums} add_norm={norm}",
             fp8_gemv._fp8_gemv_kernel,
-            {"x_ptr": BF16, "w_ptr": FP8, "ws_ptr": F32, "bias_ptr": BF16, "out_ptr": BF16},
+            {"x_ptr": BF16, "w_ptr": FP8, "ws_ptr": F32, "bias_ptr": BF16, "out_ptr": BF16, "res_ptr": BF16,
+             "res_out_ptr": BF16, "norm_w_ptr": BF16, "eps": "fp32"},  # fmt: skip
             {
+                "ADD_NORM": norm,
                 "K": k,
                 "ROWS": rows,
                 "BLOCK_N": block_n,
