@@ -75,8 +75,8 @@ def cases():
         yield (
             f"fp8 gemv group_n={group_n} K={k} rows={rows} f16_sums={f16_sums} add_norm={norm}",
             fp8_gemv._fp8_gemv_kernel,
-            {"x_ptr": BF16, "w_ptr": FP8, "ws_ptr": F32, "bias_ptr": BF16, "out_ptr": BF16, "res_ptr": BF16,
-             "res_out_ptr": BF16, "norm_w_ptr": BF16, "eps": "fp32"},  # fmt: skip
+            {"x_ptr": BF16, "w_ptr": FP8, "ws_ptr": F32, "bias_ptr": BF16, "out_ptr": BF16}
+            | {"res_ptr": BF16, "res_out_ptr": BF16, "norm_w_ptr": BF16, "eps": "fp32"},
             {
                 "ADD_NORM": norm,
                 "K": k,
