@@ -109,6 +109,21 @@ class EngineConfig:
             raise TypeError(f"unknown engine argument(s): {', '.join(unknown)}; known: {', '.join(sorted(names))}")
         return cls(**kwargs)
 
+    def check_local_gpus(self) -> None:
+        """Spawned CUDA workers take a GPU each (rank r: cuda:r): too few is refused here, by name, and not by
+        a worker's CUDA error after start-up."""
+        if self.device != "cuda" or self.external_workers:
+            return
+        import torch
+
+        found, tp = torch.cuda.device_count(), self.tensor_parallel_size
+        if found < tp:
+            raise EngineArgError(
+                "device" if found == 0 else "tensor_parallel_size",
+                f"device 'cuda' with tensor_parallel_size={tp} needs {tp} GPU(s); this machine shows {found} "
+                "(CUDA_VISIBLE_DEVICES decides which it shows)",
+            )
+
     def worker_config(self, max_model_len: int, eos_token_ids: list[int]) -> WorkerConfig:
         """What every worker is told at start-up (the engine derives the model's limit and EOS ids)."""
         from protocol.messages import WorkerConfig

@@ -55,6 +55,7 @@ class Engine:
 
             cfg.model = str(default_model_dir())
         _setup_logging()
+        cfg.check_local_gpus()
         self.config = cfg
         self.model_config = ModelConfig.from_pretrained(cfg.model)  # fails fast, before any process starts
         self.tokenizer = AutoTokenizer.from_pretrained(cfg.model)

@@ -30,6 +30,21 @@ def test_bad_value_is_refused_before_any_worker_starts(tiny_tied, monkeypatch, k
     assert e.value.name == name
 
 
+def test_too_few_gpus_for_the_spawned_workers_are_refused_by_name(tiny_tied, monkeypatch):
+    import torch
+
+    def no_workers(*args, **kw):
+        raise AssertionError("a worker group was started")
+
+    monkeypatch.setattr(coordinator.engine, "WorkerGroup", no_workers)
+    found = torch.cuda.device_count()
+    with pytest.raises(
+        EngineArgError, match=rf"tensor_parallel_size={found + 1} needs {found + 1} GPU.*shows {found}"
+    ) as e:
+        LLM(str(tiny_tied), device="cuda", tensor_parallel_size=found + 1)
+    assert e.value.name == ("device" if found == 0 else "tensor_parallel_size")
+
+
 def test_every_value_of_a_fixed_set_is_accepted():
     for f in EngineConfig.__dataclass_fields__.values():
         for value in f.metadata["choices"]:

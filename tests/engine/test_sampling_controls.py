@@ -48,7 +48,9 @@ def test_penalties_and_logprobs_match_hf(tiny_tied, hf, engine, async_scheduling
     """tp=2: only rank 0 holds logits, so only it keeps penalty state and computes logprobs."""
     prompts = prompts_with_shared_prefixes()
     params = [params_for(i) for i in range(len(prompts))]
-    kwargs = dict(ROOMY if engine == "roomy" else TIGHT, async_scheduling=async_scheduling, tensor_parallel_size=tp)
+    kwargs = dict(
+        ROOMY if engine == "roomy" else TIGHT, async_scheduling=async_scheduling, tensor_parallel_size=tp, device="cpu"
+    )
     with LLM(str(tiny_tied), **kwargs) as llm:
         got = llm.generate(prompts, params, use_tqdm=False)
         for prompt, p, comp in zip(prompts, params, got):

@@ -147,7 +147,7 @@ def test_prompt_logprobs_and_bias_with_chunked_prefill_and_preemption(tiny_tied,
         (v1, v2), (_, second) = (t.tolist() for t in hf(prompt)[-1].topk(2))
         biases.append({second: v1 - v2 + 0.5, 11: -3.0} if i % 2 else None)
     params = [greedy(8, prompt_logprobs=N, logit_bias=b) for b in biases]
-    with LLM(str(tiny_tied), **TIGHT, async_scheduling=async_scheduling, tensor_parallel_size=tp) as llm:
+    with LLM(str(tiny_tied), **TIGHT, async_scheduling=async_scheduling, tensor_parallel_size=tp, device="cpu") as llm:
         got = llm.generate(prompts, params, use_tqdm=False)
         stats = llm.stats()
     assert stats["chunked_prefill_steps"] > 0 and stats["preemptions"] > 0

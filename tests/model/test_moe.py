@@ -150,7 +150,7 @@ def test_tp2_matches_hf(moe_sparse_step):
     prompts = prompts_with_shared_prefixes()[:8]
     params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
     expected = hf_greedy(moe_sparse_step, prompts, 12)
-    with LLM(str(moe_sparse_step), tensor_parallel_size=2, max_model_len=256, num_kv_blocks=96) as llm:
+    with LLM(str(moe_sparse_step), tensor_parallel_size=2, device="cpu", max_model_len=256, num_kv_blocks=96) as llm:
         assert len(llm.engine.workers.procs) == 2
         got = [c.token_ids for c in llm.generate(prompts, params, use_tqdm=False)]
     assert got == expected

@@ -26,7 +26,7 @@ def test_tp2_matches_tp1_and_hf(fixture, request):
     prompts = prompts_with_shared_prefixes()[:8]
     params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
     expected = hf_greedy(model_dir, prompts, 12)
-    with LLM(str(model_dir), tensor_parallel_size=2, max_model_len=256, num_kv_blocks=96) as llm:
+    with LLM(str(model_dir), tensor_parallel_size=2, device="cpu", max_model_len=256, num_kv_blocks=96) as llm:
         procs = llm.engine.workers.procs
         assert len(procs) == 2 and len({p.pid for p in procs}) == 2
         got = [c.token_ids for c in llm.generate(prompts, params, use_tqdm=False)]
