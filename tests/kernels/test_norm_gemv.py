@@ -20,6 +20,16 @@ def two_launches(x, res, nw, w, tiles):
     return decode_linear(normed, w, tiles), summed
 
 
+def captured(chain):
+    """``chain`` run once (it compiles), then captured in a CUDA graph: the graph and the outputs it writes."""
+    chain()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outputs = chain()
+    return graph, outputs
+
+
 @pytest.mark.parametrize("rows", [1, 2, 3])
 def test_gemv_with_the_norm_inside_equals_norm_then_gemv(rows):
     # 3 rows run padded to 4; 64 output columns in 8 programs, each norming the whole row itself.
@@ -50,14 +60,9 @@ def test_norm_gemv_in_a_cuda_graph_equals_two_launches(n, k, rows):
     wide = torch.zeros(6144, 4096, device="cuda", dtype=torch.bfloat16)  # 8B's qkv: the norm stays apart
     assert norm_gemv_tiles(torch.zeros(rows, 4096, device="cuda", dtype=torch.bfloat16), wide) is None
 
-    def chain():
-        return decode_linear_add_norm(fused.rmsnorm(x0, nw0, 1e-6), res, nw, 1e-6, w, tiles)
-
-    chain()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out, summed = chain()
+    graph, (out, summed) = captured(
+        lambda: decode_linear_add_norm(fused.rmsnorm(x0, nw0, 1e-6), res, nw, 1e-6, w, tiles)
+    )
     for i in range(3):
         x0.copy_(torch.randn(rows, k, device="cuda", generator=g).bfloat16() * (i + 1))
         graph.replay()
@@ -98,14 +103,9 @@ def test_fp8_norm_gemv_in_a_cuda_graph_equals_two_launches(block):
     assert fp8_gemv.norm_fits(x0, w_q, block)
     assert not fp8_gemv.norm_fits(x0, torch.empty(24576, 4096, device=DEVICE, dtype=w_q.dtype), block)
 
-    def chain():
-        return fp8_gemv.fp8_gemv_add_norm(fused.rmsnorm(x0, nw0, 1e-6), res, nw, 1e-6, w_q, w_s, block)
-
-    chain()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out, summed = chain()
+    graph, (out, summed) = captured(
+        lambda: fp8_gemv.fp8_gemv_add_norm(fused.rmsnorm(x0, nw0, 1e-6), res, nw, 1e-6, w_q, w_s, block)
+    )
     for i in range(3):
         x0.copy_(torch.randn(1, 4096, generator=g).to(DEVICE).bfloat16() * (i + 1))
         graph.replay()
