@@ -72,6 +72,8 @@ def build_app(state: ServerState) -> FastAPI:
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, e: RequestValidationError) -> JSONResponse:
         errors = e.errors()
+        if errors and errors[0].get("type") == "json_invalid":  # not JSON at all: no field to name
+            return APIError(400, f"the request body is not valid JSON: {errors[0].get('msg')}", None).response()
         loc = [str(x) for x in (errors[0].get("loc", ()) if errors else ()) if x != "body"]
         param = loc[0] if loc else None
         # a union field (prompt, stop...) reports one error per member: name the field, list a few

@@ -9,7 +9,7 @@ from dataclasses import replace
 from client.openai_server.errors import APIError, param_of
 from client.openai_server.schemas import ChatCompletionRequest, ChatMessage, CompletionRequest
 from protocol.client_messages import ChatPrompt
-from protocol.sampling_params import SamplingParams
+from protocol.sampling_params import MAX_LOGPROBS, SamplingParams
 
 _PARAM_FIELDS = frozenset(f.name for f in dataclasses.fields(SamplingParams))
 # fields whose unset value comes from the model's generation config when it has one
@@ -75,6 +75,9 @@ def _unsupported(req) -> None:
             raise APIError(400, "tools are not supported", "tools")
         if req.top_logprobs is not None and not req.logprobs:
             raise APIError(400, "top_logprobs needs logprobs: true", "top_logprobs")
+        if req.top_logprobs is not None and not 0 <= req.top_logprobs <= MAX_LOGPROBS:  # named as sent, not as logprobs
+            msg = f"top_logprobs must be in [0, {MAX_LOGPROBS}], got {req.top_logprobs}"
+            raise APIError(400, msg, "top_logprobs")
 
 
 def logit_bias(bias: dict[str, float] | None) -> dict[int, float] | None:

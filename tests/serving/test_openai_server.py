@@ -282,6 +282,10 @@ def test_errors_name_the_field_and_the_server_keeps_serving(api, server):
     _error(
         httpx.post(chat, json={"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}), 400, "top_logprobs"
     )
+    too_many = {"messages": [{"role": "user", "content": "x"}], "logprobs": True, "top_logprobs": 21}
+    assert "top_logprobs must be in [0, 20]" in _error(httpx.post(chat, json=too_many), 400, "top_logprobs")
+    not_json = httpx.post(url, content=b"{not json", headers={"content-type": "application/json"})
+    assert "not valid JSON" in _error(not_json, 400, None)
     with pytest.raises(openai.NotFoundError):
         api.completions.create(model="nope", prompt="x")
     with pytest.raises(openai.BadRequestError):
