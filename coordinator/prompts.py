@@ -87,7 +87,7 @@ def detokenize_reply(tokenizer, vocab_size: int, msg: Detokenize) -> DetokenizeR
     ids = msg.token_ids
     if ids and not (min(ids) >= 0 and max(ids) < vocab_size):
         bad = [t for t in ids if not 0 <= t < vocab_size]
-        raise RequestError(f"token ids out of vocabulary [0, {vocab_size}): {bad[:5]}")
+        raise RequestError(f"tokens out of vocabulary [0, {vocab_size}): {bad[:5]}")  # named by /detokenize's field
     tok = tokenizer
     text = tok.decode(ids, skip_special_tokens=msg.skip_special_tokens)
     per_token = None

@@ -305,7 +305,7 @@ def test_tokenize_detokenize_models_version_health(server, hf):
     assert r["tokens"] == hf.chat_ids(messages)
     r = httpx.post(server.root + "/detokenize", json={"tokens": hf.tok.encode(text)}).json()
     assert r["prompt"] == text
-    _error(httpx.post(server.root + "/detokenize", json={"tokens": [99999]}), 400, None)
+    assert "vocabulary" in _error(httpx.post(server.root + "/detokenize", json={"tokens": [99999]}), 400, "tokens")
     models = httpx.get(server.base_url + "/models").json()
     assert [m["id"] for m in models["data"]] == [NAME] and models["data"][0]["max_model_len"] == 512
     assert httpx.get(server.root + "/version").json()["version"]
