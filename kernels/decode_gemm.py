@@ -22,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.fused import rms_normalized
+from kernels.fused import residual_added, rms_normalized
 from kernels.pdl import pdl_enter, use_pdl
 from protocol.settings import settings
 
@@ -114,9 +114,7 @@ def _gemv_kernel(
         if ADD_NORM:
             # Every program norms the whole row itself (a few KB from L2), which saves the norm's own launch;
             # the first keeps the sum, into a buffer no program reads.
-            x = (x.to(tl.float32) + tl.load(res_ptr + r * BLOCK_K + offs_k, mask=row_k, other=0.0)).to(x.dtype)
-            if pid_n == 0:
-                tl.store(res_out_ptr + r * BLOCK_K + offs_k, x, mask=row_k)
+            x = residual_added(x, res_ptr + r * BLOCK_K + offs_k, res_out_ptr + r * BLOCK_K + offs_k, row_k, pid_n == 0)
             x = (rms_normalized(x, BLOCK_K, eps) * g).to(x.dtype)
         acc = tl.sum(w * x.to(tl.float32)[None, :], axis=1)
         tl.store(out + r * stride_om, acc.to(out_ptr.dtype.element_ty), mask=(offs_n * 0 + r) < M)

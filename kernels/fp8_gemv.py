@@ -16,7 +16,7 @@ import triton.language as tl
 
 from kernels.decode_gemm import NORM_ROW_READS
 from kernels.fp8_quant import FP8_MAX, MIN_AMAX
-from kernels.fused import rms_normalized
+from kernels.fused import residual_added, rms_normalized
 from kernels.pdl import pdl_enter, use_pdl
 
 MAX_ROWS = 4  # rows the kernel unrolls; fp8_linear sends it fewer (kernels/fp8_gemm.py GEMV_ROWS)
@@ -62,7 +62,8 @@ def _fp8_gemv_kernel(
 ):
     STEPS: tl.constexpr = (K + BLOCK_K - 1) // BLOCK_K
     GROUPS: tl.constexpr = BLOCK_K // GROUP_K if GROUP_N else 1
-    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    pid_n = tl.program_id(0)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
     mask_n = offs_n < N
     w_rows = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn
@@ -80,9 +81,8 @@ def _fp8_gemv_kernel(
         if ADD_NORM:  # one K step (the host checks): the row normed once, in registers, for the amax and products
             in_row = row_ok & (offs_k < K)
             xs = tl.load(x_row + offs_k, mask=in_row, other=0.0)
-            xs = (xs.to(tl.float32) + tl.load(res_ptr + r * K + offs_k, mask=in_row, other=0.0)).to(xs.dtype)
-            if tl.program_id(0) == 0:  # the first program keeps the sum, in a buffer no program reads
-                tl.store(res_out_ptr + r * K + offs_k, xs, mask=in_row)
+            # the first program keeps the sum, in a buffer no program reads
+            xs = residual_added(xs, res_ptr + r * K + offs_k, res_out_ptr + r * K + offs_k, in_row, pid_n == 0)
             xn = (rms_normalized(xs, K, eps) * g).to(xs.dtype).to(tl.float32)
         if GROUP_N == 0:  # one scale for the whole row: its amax first
             amax = tl.zeros([BLOCK_K], dtype=tl.float32)
@@ -227,10 +227,12 @@ def fp8_gemv_add_norm(
     w_q: torch.Tensor,
     w_s: torch.Tensor,
     block: tuple[int, int] | None,
-) -> tuple[torch.Tensor, torch.Tensor]:
+) -> tuple[torch.Tensor, torch.Tensor] | None:
     """(``fp8_gemv`` of RMSNorm(x + residual), x + residual) in one launch, rounded as kernels/fused.py's rmsnorm
-    followed by ``fp8_gemv``, for the rows ``norm_fits`` takes: the norm's own launch saved."""
-    assert norm_fits(x, w_q, block) and residual.shape == x.shape and residual.is_contiguous(), x.shape
+    followed by ``fp8_gemv``, for the rows ``norm_fits`` takes (the norm's own launch saved); None for others."""
+    if not norm_fits(x, w_q, block):
+        return None
+    assert residual.shape == x.shape and residual.is_contiguous(), (x.shape, residual.shape)
     out = torch.empty((x.shape[0], w_q.shape[0]), dtype=x.dtype, device=x.device)
     res_out = torch.empty_like(x)
     fp8_gemv(x, w_q, w_s, block, None, out, norm=(residual, res_out, norm_weight, eps))

@@ -30,6 +30,16 @@ def rms_normalized(x, N, eps):
 
 
 @triton.jit
+def residual_added(x, res_ptrs, sum_ptrs, mask, keep):
+    """``x`` plus the residual at ``res_ptrs``, added in float32 and rounded to ``x``'s dtype as HF adds them;
+    stored at ``sum_ptrs`` where ``keep`` (the one program of a row that writes the new residual)."""
+    x = (x.to(tl.float32) + tl.load(res_ptrs, mask=mask, other=0.0).to(tl.float32)).to(x.dtype)
+    if keep:
+        tl.store(sum_ptrs, x, mask=mask)
+    return x
+
+
+@triton.jit
 def _rmsnorm_kernel(
     x_ptr,
     res_ptr,
@@ -53,9 +63,7 @@ def _rmsnorm_kernel(
     pdl_enter(USE_PDL)
     x = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0)
     if HAS_RESIDUAL:
-        r = tl.load(res_ptr + row * stride_r + offs, mask=mask, other=0.0)
-        x = (x.to(tl.float32) + r.to(tl.float32)).to(x_ptr.dtype.element_ty)
-        tl.store(res_out_ptr + row * stride_ro + offs, x, mask=mask)
+        x = residual_added(x, res_ptr + row * stride_r + offs, res_out_ptr + row * stride_ro + offs, mask, True)
     y = rms_normalized(x, N, eps)
     y = y * w.to(tl.float32)
     tl.store(out_ptr + row * stride_o + offs, y.to(out_ptr.dtype.element_ty), mask=mask)

@@ -63,9 +63,10 @@ class GatedMLP(nn.Module):
     def norm_and_forward(self, norm: RMSNorm, hidden: torch.Tensor, residual: torch.Tensor | None):
         """(``self`` of ``norm(hidden + residual)``, the sum) with the norm inside gate/up's GEMV, or None where
         that does not apply (the layer then norms first)."""
-        if not self.gate_up_proj.fuses_norm(hidden, residual):
+        fused = self.gate_up_proj.norm_and_forward(norm, hidden, residual)
+        if fused is None:
             return None
-        gate_up, residual = self.gate_up_proj.norm_and_forward(norm, hidden, residual)
+        gate_up, residual = fused
         return self.down_proj(self.act(gate_up)), residual
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -87,11 +88,14 @@ class DecoderLayer(nn.Module):
     def forward(self, positions, hidden, residual):
         """``hidden``: the embedding (first layer, no residual yet) or the previous layer's MLP output as this
         rank's partial sum; returns this layer's MLP output, also unreduced, and the residual stream."""
-        if residual is None:
-            hidden, residual = self.input_layernorm(hidden), hidden
-            qkv = self.self_attn.qkv_proj(hidden)
-        else:
-            qkv, residual = self.self_attn.qkv_proj.norm_and_forward(self.input_layernorm, hidden, residual)
+        fused = self.self_attn.qkv_proj.norm_and_forward(self.input_layernorm, hidden, residual)
+        if fused is None:
+            if residual is None:
+                hidden, residual = self.input_layernorm(hidden), hidden
+            else:
+                hidden, residual = self.input_layernorm.forward_partial(hidden, residual)
+            fused = self.self_attn.qkv_proj(hidden), residual
+        qkv, residual = fused
         hidden = self.self_attn(positions, qkv)
         if self.mlp_front is not None and (out := self.mlp_front(self.post_attention_layernorm, hidden, residual)):
             return out

@@ -44,16 +44,13 @@ class Fp8LinearMethod:
                 y = out.copy_(y)
         return y.view(*lead, y.shape[-1])
 
-    def fuses_norm(self, layer: LinearBase, x: torch.Tensor) -> bool:
-        """Whether ``apply_add_norm`` runs: the FP8 GEMV on CUDA with the row in one step (fp8_gemv.norm_fits)."""
-        from kernels import fp8_gemv
-
-        return x.is_cuda and x.dim() == 2 and fp8_gemv.norm_fits(x, layer.weight, self.cfg.block)
-
     def apply_add_norm(
         self, layer: LinearBase, x: torch.Tensor, residual: torch.Tensor, norm: nn.Module
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(``apply`` of norm(x + residual), x + residual) in one launch of the FP8 GEMV."""
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(``apply`` of norm(x + residual), x + residual) in one launch of the FP8 GEMV, or None where the row does
+        not fit it (fp8_gemv.norm_fits)."""
+        if not (x.is_cuda and x.dim() == 2):
+            return None
         from kernels import fp8_gemv
 
         w = (layer.weight, self.scale(layer), self.cfg.block)

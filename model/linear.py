@@ -86,26 +86,18 @@ class LinearBase(nn.Module):
         return torch.addmm(self.bias, x, self.weight.t(), out=out)
 
     def norm_and_forward(self, norm: nn.Module, x: torch.Tensor, residual: torch.Tensor | None):
-        """(``self`` of ``norm(x + residual)``, ``x + residual``), as ``norm.forward_partial`` and ``self`` compute
-        them; one launch where ``fuses_norm`` says the GEMV can norm the row itself."""
-        if not self.fuses_norm(x, residual):
-            hidden, residual = norm.forward_partial(x, residual)
-            return self(hidden), residual
+        """(``self`` of ``norm(x + residual)``, ``x + residual``) in one launch of our GEMV (16-bit or FP8 weights),
+        which norms the row itself; None where that does not apply, and the caller norms first. It applies on one
+        rank (``x`` is the whole sum, nothing to reduce first), without a bias, to a row or two that each program
+        reads whole."""
+        if not (_NORM_GEMV and residual is not None and tp_size() == 1 and self.bias is None):
+            return None
+        if not (x.is_cuda and residual.is_contiguous()):
+            return None
         if self.quant is not None:
             return self.quant.apply_add_norm(self, x, residual, norm)
         tiles = norm_gemv_tiles(x, self.weight)
-        return decode_linear_add_norm(x, residual, norm.weight, norm.eps, self.weight, tiles)
-
-    def fuses_norm(self, x: torch.Tensor, residual: torch.Tensor | None) -> bool:
-        """One rank (``x`` is the whole sum, nothing to reduce first), no bias and a row or two that each program
-        of our GEMV (16-bit or FP8 weights) reads whole: then ``norm_and_forward`` is one launch."""
-        if not (_NORM_GEMV and residual is not None and tp_size() == 1 and self.bias is None):
-            return False
-        if not (x.is_cuda and residual.is_contiguous()):
-            return False
-        if self.quant is not None:
-            return self.quant.fuses_norm(self, x)
-        return norm_gemv_tiles(x, self.weight) is not None
+        return None if tiles is None else decode_linear_add_norm(x, residual, norm.weight, norm.eps, self.weight, tiles)
 
 
 class ColumnParallelLinear(LinearBase):
