@@ -2,10 +2,13 @@
 
 At one to four rows an FP8 linear layer is a read of its e4m3 weight, and no tensor-core tiling helps: each program
 loads a 32 KB weight slice (16 KB for float32 rows; its first K step before the PDL wait), multiplies it by each
-row and sums along K in float32. Each row's activation scales are computed in the program from the row itself (a
-read of a few KB that every program of the row repeats from L2), so the numbers are model/fp8.py's: the row
-quantized to e4m3 with its per-token (or per-group) scale, products of e4m3 values exact in float32, the scales
-applied to the sums. One launch, no split-K workspace; CUDA-graph safe.
+row and sums along K. Each row's activation scales are computed in the program from the row itself (a read of a few
+KB that every program of the row repeats from L2), so the numbers are model/fp8.py's: the row quantized to e4m3 with
+its per-token (or per-group) scale, products of e4m3 values exact, the scales applied to the sums. Where the kernel
+in front (an RMSNorm, a SiLU-and-mul) has quantized the row already, with the same arithmetic, the programs read its
+e4m3 values and scale instead. Sums are float32; a 16-bit row under per-channel scales first sums runs of 8 products
+in float16 (fewer conversions per weight byte), a GEMM rounding under bf16's output rounding. One launch, no split-K
+workspace; CUDA-graph safe.
 """
 
 from __future__ import annotations
@@ -14,11 +17,11 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.decode_gemm import NORM_ROW_READS
 from kernels.fp8_quant import FP8_MAX, MIN_AMAX
-from kernels.fused import residual_added, rms_normalized
 from kernels.pdl import pdl_enter, use_pdl
+from protocol.settings import settings
 
+_F16_SUMS = settings().fp8_f16_sums
 MAX_ROWS = 4  # rows the kernel unrolls; fp8_linear sends it fewer (kernels/fp8_gemm.py GEMV_ROWS)
 _MAX_BLOCK_K = 4096
 
@@ -39,10 +42,7 @@ def _fp8_gemv_kernel(
     ws_ptr,
     bias_ptr,
     out_ptr,
-    res_ptr,  # ADD_NORM: the residual stream, its sum with x (res_out_ptr) and the norm's weight; else unused
-    res_out_ptr,
-    norm_w_ptr,
-    eps,
+    xs_ptr,  # X_QUANTIZED: the rows' per-token scales [M]; else unused
     M,
     N,
     stride_xm,
@@ -56,8 +56,8 @@ def _fp8_gemv_kernel(
     GROUP_N: tl.constexpr,  # weight rows per block scale; 0: one scale per output channel and per token
     GROUP_K: tl.constexpr,  # columns per activation and weight block scale (divides BLOCK_K)
     HAS_BIAS: tl.constexpr,
-    F16_SUMS: tl.constexpr,  # per-channel scales only: products and runs of 8 summed in float16 (a candidate)
-    ADD_NORM: tl.constexpr,  # quantize RMSNorm(x + residual), as kernels/fused.py's rmsnorm rounds it (one step)
+    F16_SUMS: tl.constexpr,  # per-channel scales only: products and runs of 8 summed in float16
+    X_QUANTIZED: tl.constexpr,  # per-channel scales only: x is e4m3 already, quantized per token (no amax pass)
     USE_PDL: tl.constexpr,
 ):
     STEPS: tl.constexpr = (K + BLOCK_K - 1) // BLOCK_K
@@ -69,8 +69,6 @@ def _fp8_gemv_kernel(
     w_rows = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn
     # the first weight step: written by no kernel of the step, so in flight during the wait
     w_first = tl.load(w_rows + offs_k[None, :], mask=mask_n[:, None] & (offs_k < K)[None, :], other=0.0)
-    if ADD_NORM:
-        g = tl.load(norm_w_ptr + offs_k, mask=offs_k < K, other=0.0).to(tl.float32)
     pdl_enter(USE_PDL)
     if GROUP_N == 0:
         sw = tl.load(ws_ptr + offs_n * stride_ws_n, mask=mask_n, other=0.0)
@@ -78,20 +76,13 @@ def _fp8_gemv_kernel(
         # row masks as tensors: the interpreter mis-types a scalar bool broadcast into a mask
         x_row = x_ptr + r * stride_xm
         row_ok = (offs_k * 0 + r) < M
-        if ADD_NORM:  # one K step (the host checks): the row normed once, in registers, for the amax and products
-            in_row = row_ok & (offs_k < K)
-            xs = tl.load(x_row + offs_k, mask=in_row, other=0.0)
-            # the first program keeps the sum, in a buffer no program reads
-            xs = residual_added(xs, res_ptr + r * K + offs_k, res_out_ptr + r * K + offs_k, in_row, pid_n == 0)
-            xn = (rms_normalized(xs, K, eps) * g).to(xs.dtype).to(tl.float32)
-        if GROUP_N == 0:  # one scale for the whole row: its amax first
+        if X_QUANTIZED:  # a padding row (r >= M) reads the last row's scale and stores nothing
+            sx = tl.load(xs_ptr + tl.minimum(r, M - 1))
+        elif GROUP_N == 0:  # one scale for the whole row: its amax first
             amax = tl.zeros([BLOCK_K], dtype=tl.float32)
             for s in tl.static_range(STEPS):
                 ks = s * BLOCK_K + offs_k
-                if ADD_NORM:
-                    xa = xn
-                else:
-                    xa = tl.load(x_row + ks, mask=row_ok & (ks < K), other=0.0).to(tl.float32)
+                xa = tl.load(x_row + ks, mask=row_ok & (ks < K), other=0.0).to(tl.float32)
                 amax = tl.maximum(amax, tl.abs(xa))
             sx = tl.math.div_rn(tl.maximum(tl.max(amax, axis=0), MIN_AMAX), FP8_MAX)
             inv = tl.math.div_rn(1.0, sx)
@@ -102,12 +93,13 @@ def _fp8_gemv_kernel(
                 w = w_first
             else:
                 w = tl.load(w_rows + ks[None, :], mask=mask_n[:, None] & (ks < K)[None, :], other=0.0)
-            if ADD_NORM:
-                x = xn
+            if X_QUANTIZED:
+                xq = tl.load(x_row + ks, mask=row_ok & (ks < K), other=0.0)
             else:
                 x = tl.load(x_row + ks, mask=row_ok & (ks < K), other=0.0).to(tl.float32)
             if GROUP_N == 0:
-                xq = tl.clamp(x * inv, -FP8_MAX, FP8_MAX).to(w_ptr.dtype.element_ty)
+                if not X_QUANTIZED:
+                    xq = tl.clamp(x * inv, -FP8_MAX, FP8_MAX).to(w_ptr.dtype.element_ty)
                 if F16_SUMS:
                     # e4m3 widens to float16 in one instruction per pair; x / 64 keeps 8 products (<= 448 * 7
                     # each) under float16's 65,504, and the products of e4m3 values are exact in float16
@@ -163,22 +155,26 @@ def fp8_gemv(
     bias: torch.Tensor | None,
     out: torch.Tensor,
     slice_bytes: int | None = None,
-    f16_sums: bool = False,
+    f16_sums: bool | None = None,
     max_block_k: int | None = None,
-    norm: tuple | None = None,
+    x_scales: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``out = quant(x) @ (w_q * w_s).T (+ bias)`` for ``x`` [M <= MAX_ROWS, K] in 16 bits (or float32): scales
     per token and output channel [N] (``block`` None), or per token and ``block[1]`` columns against per-block
     weight scales [N / block[0], K / block[1]]. ``slice_bytes``, ``max_block_k``: weight per program and step and
     its width (gemv_tiles; None: ``default_tiling``).
-    ``f16_sums`` (per-channel scales): the candidate that multiplies and sums runs of 8 in float16, fewer
-    conversions per weight byte; its rounding is float16's, not the emulation's (benchmarks/fp8_gemm.py times it).
-    ``norm``: ``fp8_gemv_add_norm``'s operands (residual, sum, norm weight, eps); ``x`` is then added to them."""
+    ``f16_sums`` (per-channel scales): multiply and sum runs of 8 in float16, fewer conversions per weight byte; a
+    GEMM rounding of its own, under bf16's output rounding (None: for 16-bit rows, unless NANOSERVE_FP8_F16_SUMS=0).
+    ``x_scales`` [M] (per-channel scales): ``x`` is e4m3, already quantized by these per-token scales."""
     m, k = x.shape
     n = w_q.shape[0]
     assert supports(m, k, block) and x.stride(1) == 1 and w_q.stride(1) == 1, (x.shape, block)
-    default_slice, default_width = default_tiling(x.dtype)
+    assert x_scales is None or (block is None and x.dtype == w_q.dtype and x_scales.numel() == m), x_scales
+    # an e4m3 row tiles as a 16-bit one: the tiling is set by the weight bytes a program streams
+    default_slice, default_width = default_tiling(torch.bfloat16 if x_scales is not None else x.dtype)
     block_n, block_k = gemv_tiles(k, block, slice_bytes or default_slice, max_block_k or default_width)
+    if f16_sums is None:
+        f16_sums = _F16_SUMS and (x_scales is not None or x.dtype != torch.float32)
     pdl = use_pdl(x)
     _fp8_gemv_kernel[(triton.cdiv(n, block_n),)](
         x,
@@ -186,7 +182,7 @@ def fp8_gemv(
         w_s,
         bias if bias is not None else out,
         out,
-        *(norm or (x, x, w_s, 0.0)),
+        x_scales if x_scales is not None else w_s,
         m,
         n,
         x.stride(0),
@@ -201,39 +197,9 @@ def fp8_gemv(
         GROUP_K=1 if block is None else block[1],
         HAS_BIAS=bias is not None,
         F16_SUMS=f16_sums and block is None,
-        ADD_NORM=norm is not None,
+        X_QUANTIZED=x_scales is not None,
         USE_PDL=pdl,
         num_warps=8 if x.is_cuda else 1,
         launch_pdl=pdl,
     )
     return out
-
-
-def norm_fits(x: torch.Tensor, w_q: torch.Tensor, block: tuple[int, int] | None) -> bool:
-    """Whether ``fp8_gemv_add_norm`` takes ``x``: one 16-bit contiguous row whose K one step covers, and programs x K
-    within kernels/decode_gemm.py's NORM_ROW_READS (each program norms the row again)."""
-    m, k = x.shape
-    if not (m == 1 and x.dtype != torch.float32 and x.is_contiguous() and supports(m, k, block)):
-        return False
-    block_n, block_k = gemv_tiles(k, block, *default_tiling(x.dtype))
-    return k <= block_k and triton.cdiv(w_q.shape[0], block_n) * k <= NORM_ROW_READS
-
-
-def fp8_gemv_add_norm(
-    x: torch.Tensor,
-    residual: torch.Tensor,
-    norm_weight: torch.Tensor,
-    eps: float,
-    w_q: torch.Tensor,
-    w_s: torch.Tensor,
-    block: tuple[int, int] | None,
-) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """(``fp8_gemv`` of RMSNorm(x + residual), x + residual) in one launch, rounded as kernels/fused.py's rmsnorm
-    followed by ``fp8_gemv``, for the rows ``norm_fits`` takes (the norm's own launch saved); None for others."""
-    if not norm_fits(x, w_q, block):
-        return None
-    assert residual.shape == x.shape and residual.is_contiguous(), (x.shape, residual.shape)
-    out = torch.empty((x.shape[0], w_q.shape[0]), dtype=x.dtype, device=x.device)
-    res_out = torch.empty_like(x)
-    fp8_gemv(x, w_q, w_s, block, None, out, norm=(residual, res_out, norm_weight, eps))
-    return out, res_out

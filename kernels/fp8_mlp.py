@@ -28,12 +28,15 @@ _ENABLED = settings().fp8_fused_mlp  # NANOSERVE_FP8_FUSED_MLP=0: the unfused ke
 
 
 @triton.jit
-def _scaled_silu_mul(y_row, xs, ws_ptr, bias_ptr, offs, mask, N, HAS_BIAS: tl.constexpr):
-    """silu(gate) * up for columns ``offs`` of one row of the unscaled product ``y_row`` [2N], rounded as the unfused
-    kernels store it."""
+def _scaled_silu_mul(y_row, xs, ws_ptr, bias_ptr, offs, mask, N, HAS_BIAS: tl.constexpr, SCALED: tl.constexpr):
+    """silu(gate) * up for columns ``offs`` of one row of the unscaled product ``y_row`` [2N] (``SCALED`` False: a
+    finished gate/up output, no scales), rounded as the unfused kernels store it."""
     dtype = y_row.dtype.element_ty
-    gate = tl.load(y_row + offs, mask=mask, other=0.0).to(tl.float32) * (xs * tl.load(ws_ptr + offs, mask=mask))
-    up = tl.load(y_row + N + offs, mask=mask, other=0.0).to(tl.float32) * (xs * tl.load(ws_ptr + N + offs, mask=mask))
+    gate = tl.load(y_row + offs, mask=mask, other=0.0).to(tl.float32)
+    up = tl.load(y_row + N + offs, mask=mask, other=0.0).to(tl.float32)
+    if SCALED:
+        gate *= xs * tl.load(ws_ptr + offs, mask=mask)
+        up *= xs * tl.load(ws_ptr + N + offs, mask=mask)
     if HAS_BIAS:
         gate += tl.load(bias_ptr + offs, mask=mask, other=0.0).to(tl.float32)
         up += tl.load(bias_ptr + N + offs, mask=mask, other=0.0).to(tl.float32)
@@ -55,6 +58,7 @@ def _silu_mul_quant_kernel(
     stride_y,
     stride_q,
     HAS_BIAS: tl.constexpr,
+    SCALED: tl.constexpr,
     BLOCK: tl.constexpr,
     ONE_STEP: tl.constexpr,  # BLOCK covers N: the row stays in registers between its amax and its quantization
     USE_PDL: tl.constexpr,
@@ -64,15 +68,17 @@ def _silu_mul_quant_kernel(
     row = tl.program_id(0).to(tl.int64)
     y_row = y_ptr + row * stride_y
     q_row = q_ptr + row * stride_q
-    xs = tl.load(xs_ptr + row)
+    xs = 1.0
+    if SCALED:
+        xs = tl.load(xs_ptr + row)
     offs = tl.arange(0, BLOCK)
     if ONE_STEP:
-        act = _scaled_silu_mul(y_row, xs, ws_ptr, bias_ptr, offs, offs < N, N, HAS_BIAS)
+        act = _scaled_silu_mul(y_row, xs, ws_ptr, bias_ptr, offs, offs < N, N, HAS_BIAS, SCALED)
         amax = tl.max(tl.abs(act), axis=0)
     else:
         amax = 0.0
         for c0 in range(0, N, BLOCK):
-            act = _scaled_silu_mul(y_row, xs, ws_ptr, bias_ptr, c0 + offs, c0 + offs < N, N, HAS_BIAS)
+            act = _scaled_silu_mul(y_row, xs, ws_ptr, bias_ptr, c0 + offs, c0 + offs < N, N, HAS_BIAS, SCALED)
             amax = tl.maximum(amax, tl.max(tl.abs(act), axis=0))
     scale = tl.math.div_rn(tl.maximum(amax, MIN_AMAX), FP8_MAX)
     tl.store(s_ptr + row, scale)
@@ -81,7 +87,7 @@ def _silu_mul_quant_kernel(
         tl.store(q_row + offs, tl.clamp(act * inv, -FP8_MAX, FP8_MAX).to(q_ptr.dtype.element_ty), mask=offs < N)
     else:
         for c0 in range(0, N, BLOCK):
-            act = _scaled_silu_mul(y_row, xs, ws_ptr, bias_ptr, c0 + offs, c0 + offs < N, N, HAS_BIAS)
+            act = _scaled_silu_mul(y_row, xs, ws_ptr, bias_ptr, c0 + offs, c0 + offs < N, N, HAS_BIAS, SCALED)
             q = tl.clamp(act * inv, -FP8_MAX, FP8_MAX)
             tl.store(q_row + c0 + offs, q.to(q_ptr.dtype.element_ty), mask=c0 + offs < N)
 
@@ -91,12 +97,17 @@ def _block_limit(y: torch.Tensor) -> int:
 
 
 def silu_mul_quant(
-    y: torch.Tensor, x_s: torch.Tensor, w_s: torch.Tensor, bias: torch.Tensor | None
+    y: torch.Tensor,
+    x_s: torch.Tensor | None = None,
+    w_s: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``y`` [M, 2N], a gate/up product computed without its scales (``x_s`` [M] per token, ``w_s`` [2N] per
-    channel, then ``bias``) -> e4m3 silu(gate) * up [M, N] and its per-token scales [M, 1]."""
+    channel, then ``bias``; both None: ``y`` is the finished product) -> e4m3 silu(gate) * up [M, N] and its
+    per-token scales [M, 1]."""
     m, n = y.shape[0], y.shape[1] // 2
-    assert y.stride(1) == 1 and x_s.numel() == m and w_s.numel() == 2 * n
+    scaled = x_s is not None
+    assert y.stride(1) == 1 and (not scaled or (x_s.numel() == m and w_s.numel() == 2 * n))
     q = torch.empty((m, n), dtype=torch.float8_e4m3fn, device=y.device)
     scales = torch.empty((m, 1), dtype=torch.float32, device=y.device)
     if m == 0:
@@ -105,8 +116,8 @@ def silu_mul_quant(
     block = min(_block_limit(y), triton.next_power_of_2(n))
     _silu_mul_quant_kernel[(m,)](
         y,
-        x_s,
-        w_s,
+        x_s if scaled else scales,
+        w_s if scaled else scales,
         y if bias is None else bias,
         q,
         scales,
@@ -114,6 +125,7 @@ def silu_mul_quant(
         y.stride(0),
         q.stride(0),
         HAS_BIAS=bias is not None,
+        SCALED=scaled,
         BLOCK=block,
         ONE_STEP=block >= n,
         USE_PDL=pdl,

@@ -17,6 +17,7 @@ import triton.language as tl
 
 from kernels.attention import is_fp8
 from kernels.attention_store import check_cache, fp8_cache_value, store_strides
+from kernels.fp8_quant import FP8_MAX, MIN_AMAX
 from kernels.pdl import pdl_enter, use_pdl
 
 
@@ -46,6 +47,7 @@ def _rmsnorm_kernel(
     w_ptr,
     out_ptr,
     res_out_ptr,
+    scale_ptr,  # QUANTIZE: the rows' per-token scales; else unused
     stride_x,
     stride_r,
     stride_o,
@@ -53,6 +55,7 @@ def _rmsnorm_kernel(
     N,
     eps,
     HAS_RESIDUAL: tl.constexpr,
+    QUANTIZE: tl.constexpr,  # out is e4m3: the 16-bit result quantized per token, as kernels/fp8_gemv.py would
     BLOCK: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
@@ -66,14 +69,34 @@ def _rmsnorm_kernel(
         x = residual_added(x, res_ptr + row * stride_r + offs, res_out_ptr + row * stride_ro + offs, mask, True)
     y = rms_normalized(x, N, eps)
     y = y * w.to(tl.float32)
+    if QUANTIZE:
+        y = y.to(x.dtype).to(tl.float32)
+        scale = tl.math.div_rn(tl.maximum(tl.max(tl.abs(y), axis=0), MIN_AMAX), FP8_MAX)
+        tl.store(scale_ptr + row, scale)
+        y = tl.clamp(y * tl.math.div_rn(1.0, scale), -FP8_MAX, FP8_MAX)
     tl.store(out_ptr + row * stride_o + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None):
     """RMSNorm over the last dim of a 2-D ``x``; with ``residual``, returns (norm(x + residual), x + residual)."""
-    n = x.shape[-1]
     out = torch.empty_like(x)
     res_out = torch.empty_like(x) if residual is not None else out
+    _rmsnorm(x, weight, eps, residual, out, res_out, None)
+    return out if residual is None else (out, res_out)
+
+
+def rmsnorm_quantized(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor):
+    """(e4m3 norm(x + residual) [M, K], its per-token scales [M], x + residual): ``rmsnorm``'s rows quantized as
+    kernels/fp8_gemv.py quantizes a 16-bit row, so a GEMV behind it skips that work in each of its programs."""
+    q = torch.empty(x.shape, dtype=torch.float8_e4m3fn, device=x.device)
+    scales = torch.empty(x.shape[0], dtype=torch.float32, device=x.device)
+    res_out = torch.empty_like(x)
+    _rmsnorm(x, weight, eps, residual, q, res_out, scales)
+    return q, scales, res_out
+
+
+def _rmsnorm(x, weight, eps, residual, out, res_out, scales) -> None:
+    n = x.shape[-1]
     res = residual if residual is not None else x
     block = triton.next_power_of_2(n)
     pdl = use_pdl(x)
@@ -83,6 +106,7 @@ def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.T
         weight,
         out,
         res_out,
+        scales if scales is not None else weight,
         x.stride(0),
         res.stride(0),
         out.stride(0),
@@ -90,12 +114,12 @@ def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.T
         n,
         eps,
         HAS_RESIDUAL=residual is not None,
+        QUANTIZE=scales is not None,
         BLOCK=block,
         USE_PDL=pdl,
         num_warps=4 if block <= 2048 else 8,
         launch_pdl=pdl,
     )
-    return out if residual is None else (out, res_out)
 
 
 @triton.jit

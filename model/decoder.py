@@ -67,13 +67,20 @@ class GatedMLP(nn.Module):
         if fused is None:
             return None
         gate_up, residual = fused
-        return self.down_proj(self.act(gate_up)), residual
+        return self.down_of(gate_up), residual
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         quant = self.gate_up_proj.quant  # an FP8 MLP may run its middle as one kernel
         if quant is not None and (out := quant.gated_mlp(self.gate_up_proj, self.down_proj, x)) is not None:
             return out
-        return self.down_proj(self.act(self.gate_up_proj(x)))
+        return self.down_of(self.gate_up_proj(x))
+
+    def down_of(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """down(silu(gate) * up); an FP8 down GEMV may have the SiLU kernel quantize its row."""
+        quant = self.down_proj.quant
+        if quant is not None and (out := quant.apply_silu_mul(self.down_proj, gate_up)) is not None:
+            return out
+        return self.down_proj(self.act(gate_up))
 
 
 class DecoderLayer(nn.Module):

@@ -17,9 +17,14 @@ from functools import partial
 import torch
 from torch import nn
 
+from kernels import fp8_gemv, fp8_mlp, fused
+from kernels.fp8_gemm import GEMV_ROWS, fp8_linear
 from model.fp8 import FP8, Fp8Config, emulated_linear, quantize_blocks, quantize_per_channel
 from model.linear import LinearBase, Shard
 from model.parallel import tp_size
+from protocol.settings import settings
+
+_QUANTIZED_ROWS = settings().fp8_quantized_rows
 
 
 class Fp8LinearMethod:
@@ -35,8 +40,6 @@ class Fp8LinearMethod:
         lead = x.shape[:-1]
         x2 = x.reshape(-1, x.shape[-1])
         if x.is_cuda:
-            from kernels.fp8_gemm import fp8_linear
-
             y = fp8_linear(x2, layer.weight, self.scale(layer), self.cfg.block, layer.bias, out)
         else:
             y = emulated_linear(x2, layer.weight, self.scale(layer), self.cfg, layer.bias)
@@ -44,25 +47,47 @@ class Fp8LinearMethod:
                 y = out.copy_(y)
         return y.view(*lead, y.shape[-1])
 
+    def quantizes_row_before(self, layer: LinearBase, x: torch.Tensor) -> bool:
+        """Whether the kernel in front of ``layer`` quantizes its input row for the GEMV (one 16-bit row, CUDA,
+        per-channel scales): the GEMV's programs then read e4m3 and a scale, not each the row's amax and scaling."""
+        return (
+            _QUANTIZED_ROWS
+            and self.cfg.block is None
+            and x.is_cuda
+            and x.dim() == 2
+            and 0 < x.shape[0] <= GEMV_ROWS
+            and x.dtype != torch.float32
+            and fp8_gemv.supports(x.shape[0], layer.weight.shape[1], None)
+        )
+
     def apply_add_norm(
         self, layer: LinearBase, x: torch.Tensor, residual: torch.Tensor, norm: nn.Module
     ) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """(``apply`` of norm(x + residual), x + residual) in one launch of the FP8 GEMV, or None where the row does
-        not fit it (fp8_gemv.norm_fits)."""
-        if not (x.is_cuda and x.dim() == 2):
+        """(``apply`` of norm(x + residual), x + residual) with the norm's kernel quantizing the row, or None where
+        the row is not quantized before the GEMV (``quantizes_row_before``)."""
+        if not self.quantizes_row_before(layer, x):
             return None
-        from kernels import fp8_gemv
+        x_q, x_s, summed = fused.rmsnorm_quantized(x, norm.weight, norm.eps, residual)
+        out = torch.empty((x.shape[0], layer.weight.shape[0]), dtype=x.dtype, device=x.device)
+        return fp8_gemv.fp8_gemv(x_q, layer.weight, layer.weight_scale, None, layer.bias, out, x_scales=x_s), summed
 
-        w = (layer.weight, self.scale(layer), self.cfg.block)
-        return fp8_gemv.fp8_gemv_add_norm(x, residual, norm.weight, norm.eps, *w)
+    def apply_silu_mul(self, layer: LinearBase, gate_up: torch.Tensor) -> torch.Tensor | None:
+        """``layer`` (a row-parallel down projection) of silu(gate) * up, with the SiLU kernel quantizing the row;
+        None where the row is not quantized before the GEMV."""
+        if not self.quantizes_row_before(layer, gate_up):
+            return None
+        x_q, x_s = fp8_mlp.silu_mul_quant(gate_up)
+        out = layer.output_buffer(gate_up)
+        if out is None:
+            out = torch.empty((x_q.shape[0], layer.weight.shape[0]), dtype=gate_up.dtype, device=gate_up.device)
+        y = fp8_gemv.fp8_gemv(x_q, layer.weight, layer.weight_scale, None, layer.bias, out, x_scales=x_s)
+        return layer.finish(y)
 
     def gated_mlp(self, gate_up: LinearBase, down: LinearBase, x: torch.Tensor) -> torch.Tensor | None:
         """``down(silu(gate(x)) * up(x))`` with the gate/up scales, SiLU-and-mul and the down input's quantization in
         one kernel (kernels/fp8_mlp.py), where that path applies (CUDA, per-channel scales, 2+ rows); else None."""
         if not x.is_cuda or x.dim() != 2 or self.cfg.block is not None or down.quant is None:
             return None
-        from kernels import fp8_mlp
-
         if not fp8_mlp.applies(x.shape[0], gate_up.weight, down.weight):
             return None
         gu = (gate_up.weight, gate_up.weight_scale, gate_up.bias)

@@ -86,10 +86,10 @@ class LinearBase(nn.Module):
         return torch.addmm(self.bias, x, self.weight.t(), out=out)
 
     def norm_and_forward(self, norm: nn.Module, x: torch.Tensor, residual: torch.Tensor | None):
-        """(``self`` of ``norm(x + residual)``, ``x + residual``) in one launch of our GEMV (16-bit or FP8 weights),
-        which norms the row itself; None where that does not apply, and the caller norms first. It applies on one
-        rank (``x`` is the whole sum, nothing to reduce first), without a bias, to a row or two that each program
-        reads whole."""
+        """(``self`` of ``norm(x + residual)``, ``x + residual``) with the norm fused for a GEMV: 16-bit weights in
+        one launch of our GEMV, which norms the row itself; FP8 weights with the norm's kernel quantizing the row
+        for the FP8 GEMV. None where that does not apply, and the caller norms first. It applies on one rank (``x``
+        is the whole sum, nothing to reduce first), without a bias, to a row or two that each program reads whole."""
         if not (_NORM_GEMV and residual is not None and tp_size() == 1 and self.bias is None):
             return None
         if not (x.is_cuda and residual.is_contiguous()):

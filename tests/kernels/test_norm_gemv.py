@@ -1,14 +1,12 @@
-"""The residual add + RMSNorm inside the GEMV behind it (kernels/decode_gemm.py decode_linear_add_norm,
-kernels/fp8_gemv.py fp8_gemv_add_norm): equal to the norm kernel followed by the GEMV, on the CPU under
-TRITON_INTERPRET=1 and on CUDA at the model shapes that take it, in CUDA graphs behind a PDL kernel."""
+"""The residual add + RMSNorm inside the GEMV behind it (kernels/decode_gemm.py decode_linear_add_norm): equal to the
+norm kernel followed by the GEMV, on the CPU under TRITON_INTERPRET=1 and on CUDA at the model shapes that take it,
+in CUDA graphs behind a PDL kernel."""
 
 import pytest
 import torch
 
-from kernels import fp8_gemv, fused
+from kernels import fused
 from kernels.decode_gemm import Tiles, decode_linear, decode_linear_add_norm, norm_gemv_tiles
-from model import fp8
-from tests.support.interpreter_fp8 import fix_interpreter_fp8_rounding
 
 ON_GPU = torch.cuda.is_available()
 DEVICE = "cuda" if ON_GPU else "cpu"
@@ -69,49 +67,3 @@ def test_norm_gemv_in_a_cuda_graph_equals_two_launches(n, k, rows):
         torch.cuda.synchronize()
         ref_out, ref_summed = two_launches(fused.rmsnorm(x0, nw0, 1e-6), res, nw, w, tiles)
         assert torch.equal(summed, ref_summed) and torch.equal(out, ref_out), f"replay {i}"
-
-
-# 300: one K step of 512 with padding columns
-@pytest.mark.parametrize("k,block", [(512, None), (300, None), (512, (128, 128))])
-def test_fp8_gemv_with_the_norm_inside_equals_norm_then_fp8_gemv(k, block):
-    if not ON_GPU:
-        fix_interpreter_fp8_rounding()
-    g = torch.Generator().manual_seed(k)
-    x, res = ((torch.randn(1, k, generator=g) * 3).to(DEVICE).bfloat16() for _ in range(2))
-    x[0, 5] = 200.0  # an outlier sets the normed row's scale
-    w = (torch.randn(48, k, generator=g) * 0.05).to(DEVICE)
-    w_q, w_s = fp8.quantize_per_channel(w) if block is None else fp8.quantize_blocks(w, block)
-    nw = (torch.rand(k, generator=g) + 0.5).to(DEVICE).bfloat16()
-    assert fp8_gemv.norm_fits(x, w_q, block)
-    out, summed = fp8_gemv.fp8_gemv_add_norm(x, res, nw, 1e-6, w_q, w_s, block)
-    normed, ref_summed = fused.rmsnorm(x, nw, 1e-6, res)
-    ref = fp8_gemv.fp8_gemv(normed, w_q, w_s, block, None, torch.empty_like(out))
-    assert torch.equal(summed, ref_summed) and torch.equal(out, ref)
-    assert not fp8_gemv.norm_fits(torch.zeros(2, k, dtype=torch.bfloat16, device=DEVICE), w_q, block)  # one row
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not ON_GPU, reason="needs CUDA")
-@pytest.mark.parametrize("block", [None, (128, 128)])
-def test_fp8_norm_gemv_in_a_cuda_graph_equals_two_launches(block):
-    """Qwen3-8B's qkv in FP8 (768 programs of K=4,096 take the norm; its gate/up's 3,072 do not)."""
-    g = torch.Generator().manual_seed(3)
-    w = (torch.randn(6144, 4096, generator=g) * 0.02).to(DEVICE)
-    w_q, w_s = fp8.quantize_per_channel(w) if block is None else fp8.quantize_blocks(w, block)
-    x0, res = (torch.randn(1, 4096, generator=g).to(DEVICE).bfloat16() for _ in range(2))
-    nw0, nw = ((torch.rand(4096, generator=g) + 0.5).to(DEVICE).bfloat16() for _ in range(2))
-    assert fp8_gemv.norm_fits(x0, w_q, block)
-    assert not fp8_gemv.norm_fits(x0, torch.empty(24576, 4096, device=DEVICE, dtype=w_q.dtype), block)
-
-    graph, (out, summed) = captured(
-        lambda: fp8_gemv.fp8_gemv_add_norm(fused.rmsnorm(x0, nw0, 1e-6), res, nw, 1e-6, w_q, w_s, block)
-    )
-    for i in range(3):
-        x0.copy_(torch.randn(1, 4096, generator=g).to(DEVICE).bfloat16() * (i + 1))
-        graph.replay()
-        torch.cuda.synchronize()
-        normed, ref_summed = fused.rmsnorm(fused.rmsnorm(x0, nw0, 1e-6), nw, 1e-6, res)
-        ref = fp8_gemv.fp8_gemv(normed, w_q, w_s, block, None, torch.empty_like(out))
-        assert torch.equal(summed, ref_summed), f"replay {i}"
-        # the two kernels may sum the squares in another order: an rstd one step apart moves a few products
-        assert ((out.float() - ref.float()).norm() / ref.float().norm()).item() < 2e-3, f"replay {i}"

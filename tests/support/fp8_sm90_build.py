@@ -1,6 +1,6 @@
 """Builds the FP8 kernels for an H100/H200 (sm_90a) on any machine, no GPU needed (``triton.compile`` for the target,
 as benchmarks/probes/kernel_regs.py does): the activation quantization, the FP8 GEMM and GEMV in the variants fp8_linear
-launches, the fused MLP middle, and the attention kernels on an e4m3 cache.
+launches, the fused MLP middle, the RMSNorm that quantizes its row, and the attention kernels on an e4m3 cache.
 Prints one line per kernel and exits non-zero if any fails to build or reads its operands a value at a time.
 
     python -m tests.support.fp8_sm90_build      (TRITON_INTERPRET must be unset)
@@ -66,19 +66,19 @@ def cases():
                 },
                 {"num_warps": warps, "num_stages": 3},
             )
-    for group_n, k, rows, f16_sums, norm in ((0, 4096, 1, False, False), (0, 4096, 1, True, False),
-                                             (0, 12288, 4, False, False), (128, 4096, 2, False, False),
-                                             (128, 12288, 1, False, False), (0, 4096, 1, False, True),
-                                             (128, 4096, 1, False, True)):  # fmt: skip
+    for group_n, k, rows, f16_sums, quantized in ((0, 4096, 1, False, False), (0, 4096, 1, True, False),
+                                                  (0, 12288, 4, False, False), (128, 4096, 2, False, False),
+                                                  (128, 12288, 1, False, False), (0, 4096, 1, False, True),
+                                                  (0, 12288, 1, False, True)):  # fmt: skip
         block = None if group_n == 0 else (128, 128)
         block_n, block_k = fp8_gemv.gemv_tiles(k, block, *fp8_gemv.default_tiling(torch.bfloat16))
         yield (
-            f"fp8 gemv group_n={group_n} K={k} rows={rows} f16_sums={f16_sums} add_norm={norm}",
+            f"fp8 gemv group_n={group_n} K={k} rows={rows} f16_sums={f16_sums} x_quantized={quantized}",
             fp8_gemv._fp8_gemv_kernel,
-            {"x_ptr": BF16, "w_ptr": FP8, "ws_ptr": F32, "bias_ptr": BF16, "out_ptr": BF16}
-            | {"res_ptr": BF16, "res_out_ptr": BF16, "norm_w_ptr": BF16, "eps": "fp32"},
+            {"x_ptr": FP8 if quantized else BF16, "w_ptr": FP8, "ws_ptr": F32, "bias_ptr": BF16, "out_ptr": BF16}
+            | {"xs_ptr": F32},
             {
-                "ADD_NORM": norm,
+                "X_QUANTIZED": quantized,
                 "K": k,
                 "ROWS": rows,
                 "BLOCK_N": block_n,
@@ -92,18 +92,27 @@ def cases():
             {"num_warps": 8},
         )
     yield (
+        "add + RMSNorm quantizing its row",
+        fused._rmsnorm_kernel,
+        {"x_ptr": BF16, "res_ptr": BF16, "w_ptr": BF16, "out_ptr": FP8, "res_out_ptr": BF16, "scale_ptr": F32}
+        | {"eps": "fp32"},
+        {"HAS_RESIDUAL": True, "QUANTIZE": True, "BLOCK": 4096, "USE_PDL": True},
+        {"num_warps": 8},
+    )
+    yield (
         "rescale after a scalar-scaled product",
         fp8_rescale._rescale_kernel,
         {"out_ptr": BF16, "xs_ptr": F32, "ws_ptr": F32, "bias_ptr": BF16},
         {"BLOCK_N": 1024, "ROWS": 4, "HAS_BIAS": True, "USE_PDL": True},
         {},
     )
-    for block, one_step, warps in ((16384, True, 16), (2048, False, 4)):  # a whole Qwen3-8B row; a wider one's steps
+    # a whole Qwen3-8B row; a wider one's steps; a finished one-row product (no scales) for the GEMV
+    for block, one_step, warps, scaled in ((16384, True, 16, True), (2048, False, 4, True), (16384, True, 16, False)):
         yield (
-            f"scales + SiLU-and-mul + quantization of an MLP one_step={one_step}",
+            f"scales + SiLU-and-mul + quantization of an MLP one_step={one_step} scaled={scaled}",
             fp8_mlp._silu_mul_quant_kernel,
             {"y_ptr": BF16, "xs_ptr": F32, "ws_ptr": F32, "bias_ptr": BF16, "q_ptr": FP8, "s_ptr": F32},
-            {"HAS_BIAS": True, "BLOCK": block, "ONE_STEP": one_step, "USE_PDL": True},
+            {"HAS_BIAS": scaled, "SCALED": scaled, "BLOCK": block, "ONE_STEP": one_step, "USE_PDL": True},
             {"num_warps": warps},
         )
     yield (
