@@ -1,14 +1,14 @@
 """FP8 linear layers for decode batches of a few rows: a GEMV over e4m3 weights, the activations quantized inside.
 
 At one to four rows an FP8 linear layer is a read of its e4m3 weight, and no tensor-core tiling helps: each program
-loads a 32 KB weight slice (16 KB for float32 rows; its first K step before the PDL wait), multiplies it by each
-row and sums along K. Each row's activation scales are computed in the program from the row itself (a read of a few
-KB that every program of the row repeats from L2), so the numbers are model/fp8.py's: the row quantized to e4m3 with
-its per-token (or per-group) scale, products of e4m3 values exact, the scales applied to the sums. Where the kernel
-in front (an RMSNorm, a SiLU-and-mul) has quantized the row already, with the same arithmetic, the programs read its
-e4m3 values and scale instead. Sums are float32; a 16-bit row under per-channel scales first sums runs of 8 products
-in float16 (fewer conversions per weight byte), a GEMM rounding under bf16's output rounding. One launch, no split-K
-workspace; CUDA-graph safe.
+loads a 32 KB weight slice (16 KB for float32 rows and for rows quantized in front; its first K step before the PDL
+wait), multiplies it by each row and sums along K. Each row's activation scales are computed in the program from
+the row itself (a read of a few KB that every program of the row repeats from L2), so the numbers are
+model/fp8.py's: the row quantized to e4m3 with its per-token (or per-group) scale, products of e4m3 values exact,
+the scales applied to the sums. Where the kernel in front (an RMSNorm, a SiLU-and-mul) has quantized the row
+already, with the same arithmetic, the programs read its e4m3 values and scale instead. Sums are float32; a 16-bit
+row under per-channel scales first sums runs of 8 products in float16 (fewer conversions per weight byte), a GEMM
+rounding under bf16's output rounding. One launch, no split-K workspace; CUDA-graph safe.
 """
 
 from __future__ import annotations

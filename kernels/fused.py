@@ -1,7 +1,7 @@
-"""Fused Triton kernels for the elementwise chains around the matmuls: residual-add + RMSNorm, per-head q/k
-RMSNorm (if the family has it) + RoPE (which also writes K/V into the paged cache), and SiLU-and-mul. In eager
-torch each chain is 5-20 tiny kernels per layer; at decode batch sizes those launches, not the bytes, set the
-step time (measured: ~1,400 kernels, 3.3 ms per Qwen3-0.6B step).
+"""Fused Triton kernels for the elementwise chains around the matmuls: residual-add + RMSNorm (which may also
+quantize its rows for the FP8 GEMV), per-head q/k RMSNorm (if the family has it) + RoPE (which also writes K/V into
+the paged cache), and SiLU-and-mul. In eager torch each chain is 5-20 tiny kernels per layer; at decode batch sizes
+those launches, not the bytes, set the step time (measured: ~1,400 kernels, 3.3 ms per Qwen3-0.6B step).
 
 Rounding follows HF's Qwen3 (the oracle): the residual sum is rounded to the model dtype, the norm runs in
 float32, is rounded to the model dtype and then scaled by the weight; RoPE uses the rounded normed values.

@@ -69,7 +69,7 @@ class Fp8LinearMethod:
             return None
         x_q, x_s, summed = fused.rmsnorm_quantized(x, norm.weight, norm.eps, residual)
         out = torch.empty((x.shape[0], layer.weight.shape[0]), dtype=x.dtype, device=x.device)
-        return fp8_gemv.fp8_gemv(x_q, layer.weight, layer.weight_scale, None, layer.bias, out, x_scales=x_s), summed
+        return fp8_gemv.fp8_gemv(x_q, layer.weight, self.scale(layer), None, layer.bias, out, x_scales=x_s), summed
 
     def apply_silu_mul(self, layer: LinearBase, gate_up: torch.Tensor) -> torch.Tensor | None:
         """``layer`` (a row-parallel down projection) of silu(gate) * up, with the SiLU kernel quantizing the row;
@@ -80,7 +80,7 @@ class Fp8LinearMethod:
         out = layer.output_buffer(gate_up)
         if out is None:
             out = torch.empty((x_q.shape[0], layer.weight.shape[0]), dtype=gate_up.dtype, device=gate_up.device)
-        y = fp8_gemv.fp8_gemv(x_q, layer.weight, layer.weight_scale, None, layer.bias, out, x_scales=x_s)
+        y = fp8_gemv.fp8_gemv(x_q, layer.weight, self.scale(layer), None, layer.bias, out, x_scales=x_s)
         return layer.finish(y)
 
     def gated_mlp(self, gate_up: LinearBase, down: LinearBase, x: torch.Tensor) -> torch.Tensor | None:
