@@ -90,12 +90,14 @@ class LinearBase(nn.Module):
         one launch of our GEMV, which norms the row itself; FP8 weights with the norm's kernel quantizing the row
         for the FP8 GEMV. None where that does not apply, and the caller norms first. It applies on one rank (``x``
         is the whole sum, nothing to reduce first), without a bias, to a row or two that each program reads whole."""
-        if not (_NORM_GEMV and residual is not None and tp_size() == 1 and self.bias is None):
+        if not (residual is not None and tp_size() == 1 and self.bias is None):
             return None
         if not (x.is_cuda and residual.is_contiguous()):
             return None
-        if self.quant is not None:
+        if self.quant is not None:  # NANOSERVE_FP8_QUANTIZED_ROWS switches this one
             return self.quant.apply_add_norm(self, x, residual, norm)
+        if not _NORM_GEMV:
+            return None
         tiles = norm_gemv_tiles(x, self.weight)
         return None if tiles is None else decode_linear_add_norm(x, residual, norm.weight, norm.eps, self.weight, tiles)
 
