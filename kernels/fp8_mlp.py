@@ -152,14 +152,19 @@ def fp8_gated_mlp(
     gate_up: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None],
     down: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None],
     out: torch.Tensor | None = None,
+    x_scales: torch.Tensor | None = None,
+    dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
     """``down(silu(gate(x)) * up(x))`` for ``x`` [M, K] with (e4m3 weight, per-channel scales, bias) for the merged
-    gate/up and the down layer; into ``out`` when given. Only where ``applies``."""
+    gate/up and the down layer; into ``out`` when given. ``x_scales`` [M]: ``x`` is already e4m3, quantized per
+    token with these scales (by the norm in front), and ``dtype`` the 16-bit dtype of the products. Only where
+    ``applies``."""
     w_gu, s_gu, b_gu = gate_up
-    x_q, x_s = quantize_rows(x, None)
-    y = torch.empty((x.shape[0], w_gu.shape[0]), dtype=x.dtype, device=x.device)
+    x_q, x_s = quantize_rows(x, None) if x_scales is None else (x, x_scales)
+    dtype = dtype or x.dtype
+    y = torch.empty((x.shape[0], w_gu.shape[0]), dtype=dtype, device=x.device)
     unscaled_mm(x_q, w_gu, y)
     a_q, a_s = silu_mul_quant(y, x_s, s_gu, b_gu)
     if out is None:
-        out = torch.empty((x.shape[0], down[0].shape[0]), dtype=x.dtype, device=x.device)
+        out = torch.empty((x.shape[0], down[0].shape[0]), dtype=dtype, device=x.device)
     return quantized_linear(a_q, a_s, *down, out)

@@ -63,7 +63,11 @@ class GatedMLP(nn.Module):
     def norm_and_forward(self, norm: RMSNorm, hidden: torch.Tensor, residual: torch.Tensor | None):
         """(``self`` of ``norm(hidden + residual)``, the sum) with the norm inside gate/up's GEMV, or None where
         that does not apply (the layer then norms first)."""
-        fused = self.gate_up_proj.norm_and_forward(norm, hidden, residual)
+        gate_up, quant = self.gate_up_proj, self.gate_up_proj.quant
+        if quant is not None and gate_up.takes_norm(hidden, residual):  # an FP8 MLP of 2+ rows: its fused path
+            if (out := quant.norm_gated_mlp(gate_up, self.down_proj, norm, hidden, residual)) is not None:
+                return out
+        fused = gate_up.norm_and_forward(norm, hidden, residual)
         if fused is None:
             return None
         gate_up, residual = fused

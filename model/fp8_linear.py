@@ -18,13 +18,15 @@ import torch
 from torch import nn
 
 from kernels import fp8_gemv, fp8_mlp, fused
-from kernels.fp8_gemm import GEMV_ROWS, fp8_linear
+from kernels.fp8_gemm import GEMV_ROWS, fp8_linear, quantized_linear
+from kernels.scaled_mm import uses_scaled_mm
 from model.fp8 import FP8, Fp8Config, emulated_linear, quantize_blocks, quantize_per_channel
 from model.linear import LinearBase, Shard
 from model.parallel import tp_size
 from protocol.settings import settings
 
 _QUANTIZED_ROWS = settings().fp8_quantized_rows
+_NORM_QUANTIZES = settings().fp8_norm_quantizes
 
 
 class Fp8LinearMethod:
@@ -60,16 +62,45 @@ class Fp8LinearMethod:
             and fp8_gemv.supports(x.shape[0], layer.weight.shape[1], None)
         )
 
+    def norm_quantizes_rows(self, layer: LinearBase, x: torch.Tensor) -> bool:
+        """Whether the RMSNorm in front of ``layer`` quantizes 2+ 16-bit rows for its cuBLASLt product (CUDA,
+        per-channel scales): one pass over the rows instead of the norm's and the quantization's."""
+        return (
+            _NORM_QUANTIZES
+            and self.cfg.block is None
+            and x.is_cuda
+            and x.dim() == 2
+            and x.shape[0] > GEMV_ROWS
+            and x.dtype != torch.float32
+            and uses_scaled_mm(layer.weight.shape[0], layer.weight.shape[1], None, x.device)
+        )
+
     def apply_add_norm(
         self, layer: LinearBase, x: torch.Tensor, residual: torch.Tensor, norm: nn.Module
     ) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """(``apply`` of norm(x + residual), x + residual) with the norm's kernel quantizing the row, or None where
-        the row is not quantized before the GEMV (``quantizes_row_before``)."""
-        if not self.quantizes_row_before(layer, x):
+        """(``apply`` of norm(x + residual), x + residual) with the norm's kernel quantizing the rows, or None where
+        neither the GEMV nor cuBLASLt takes rows quantized before (``quantizes_row_before``,
+        ``norm_quantizes_rows``)."""
+        gemv = self.quantizes_row_before(layer, x)
+        if not (gemv or self.norm_quantizes_rows(layer, x)):
             return None
         x_q, x_s, summed = fused.rmsnorm_quantized(x, norm.weight, norm.eps, residual)
         out = torch.empty((x.shape[0], layer.weight.shape[0]), dtype=x.dtype, device=x.device)
-        return fp8_gemv.fp8_gemv(x_q, layer.weight, self.scale(layer), None, layer.bias, out, x_scales=x_s), summed
+        if gemv:
+            return fp8_gemv.fp8_gemv(x_q, layer.weight, self.scale(layer), None, layer.bias, out, x_scales=x_s), summed
+        return quantized_linear(x_q, x_s.view(-1, 1), layer.weight, layer.weight_scale, layer.bias, out), summed
+
+    def norm_gated_mlp(
+        self, gate_up: LinearBase, down: LinearBase, norm: nn.Module, x: torch.Tensor, residual: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(``gated_mlp`` of norm(x + residual), x + residual) with the norm's kernel quantizing the rows for the
+        gate/up product; None where ``norm_quantizes_rows`` or the fused MLP does not apply."""
+        if not (self.norm_quantizes_rows(gate_up, x) and self.gated_mlp_applies(gate_up, down, x)):
+            return None
+        x_q, x_s, summed = fused.rmsnorm_quantized(x, norm.weight, norm.eps, residual)
+        gu = (gate_up.weight, gate_up.weight_scale, gate_up.bias)
+        dn = (down.weight, down.weight_scale, down.bias)
+        return down.finish(fp8_mlp.fp8_gated_mlp(x_q, gu, dn, down.output_buffer(x), x_s, x.dtype)), summed
 
     def apply_silu_mul(self, layer: LinearBase, gate_up: torch.Tensor) -> torch.Tensor | None:
         """``layer`` (a row-parallel down projection) of silu(gate) * up, with the SiLU kernel quantizing the row;
@@ -83,12 +114,16 @@ class Fp8LinearMethod:
         y = fp8_gemv.fp8_gemv(x_q, layer.weight, self.scale(layer), None, layer.bias, out, x_scales=x_s)
         return layer.finish(y)
 
+    def gated_mlp_applies(self, gate_up: LinearBase, down: LinearBase, x: torch.Tensor) -> bool:
+        """Whether ``gated_mlp`` takes these rows: CUDA, per-channel scales, 2+ rows (kernels/fp8_mlp.py)."""
+        if not x.is_cuda or x.dim() != 2 or self.cfg.block is not None or down.quant is None:
+            return False
+        return fp8_mlp.applies(x.shape[0], gate_up.weight, down.weight)
+
     def gated_mlp(self, gate_up: LinearBase, down: LinearBase, x: torch.Tensor) -> torch.Tensor | None:
         """``down(silu(gate(x)) * up(x))`` with the gate/up scales, SiLU-and-mul and the down input's quantization in
         one kernel (kernels/fp8_mlp.py), where that path applies (CUDA, per-channel scales, 2+ rows); else None."""
-        if not x.is_cuda or x.dim() != 2 or self.cfg.block is not None or down.quant is None:
-            return None
-        if not fp8_mlp.applies(x.shape[0], gate_up.weight, down.weight):
+        if not self.gated_mlp_applies(gate_up, down, x):
             return None
         gu = (gate_up.weight, gate_up.weight_scale, gate_up.bias)
         y = fp8_mlp.fp8_gated_mlp(x, gu, (down.weight, down.weight_scale, down.bias), down.output_buffer(x))

@@ -85,14 +85,17 @@ class LinearBase(nn.Module):
             return torch.mm(x, self.weight.t(), out=out)
         return torch.addmm(self.bias, x, self.weight.t(), out=out)
 
+    def takes_norm(self, x: torch.Tensor, residual: torch.Tensor | None) -> bool:
+        """Whether a kernel of this layer's forward may take the add + RMSNorm in front: on one rank (``x`` is the
+        whole sum, nothing to reduce first), without a bias, on CUDA."""
+        return residual is not None and tp_size() == 1 and self.bias is None and x.is_cuda and residual.is_contiguous()
+
     def norm_and_forward(self, norm: nn.Module, x: torch.Tensor, residual: torch.Tensor | None):
         """(``self`` of ``norm(x + residual)``, ``x + residual``) with the norm fused for a GEMV: 16-bit weights in
         one launch of our GEMV, which norms the row itself; FP8 weights with the norm's kernel quantizing the row
-        for the FP8 GEMV. None where that does not apply, and the caller norms first. It applies on one rank (``x``
-        is the whole sum, nothing to reduce first), without a bias, to a row or two that each program reads whole."""
-        if not (residual is not None and tp_size() == 1 and self.bias is None):
-            return None
-        if not (x.is_cuda and residual.is_contiguous()):
+        for the FP8 products. None where that does not apply (``takes_norm``, and the kernels' own limits), and the
+        caller norms first."""
+        if not self.takes_norm(x, residual):
             return None
         if self.quant is not None:  # NANOSERVE_FP8_QUANTIZED_ROWS switches this one
             return self.quant.apply_add_norm(self, x, residual, norm)

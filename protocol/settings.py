@@ -60,6 +60,7 @@ class Settings:
     fp8_scalar_gemm: bool  # NANOSERVE_FP8_SCALAR_GEMM=0: per-channel FP8 products always take rowwise scales
     fp8_fused_mlp: bool  # NANOSERVE_FP8_FUSED_MLP=0: an FP8 MLP's rescale, SiLU-and-mul and quantization unfused
     fp8_quantized_rows: bool  # NANOSERVE_FP8_QUANTIZED_ROWS=0: FP8 GEMV rows quantized in the GEMV, not before
+    fp8_norm_quantizes: bool  # NANOSERVE_FP8_NORM_QUANTIZES=0: 2+ FP8 rows quantized by a launch after the RMSNorm
     fp8_f16_sums: bool  # NANOSERVE_FP8_F16_SUMS=0: the one-row FP8 GEMV sums its products in float32 only
     fp8_v_keys: bool  # NANOSERVE_FP8_V_KEYS=0: an e4m3 V cache in the [keys, head_dim] page layout of 16-bit ones
     decode_tiles: tuple[int, ...] | None  # NANOSERVE_DECODE_TILES=keys,warps,stages[,regs]: CUDA decode tiles (sweeps)
@@ -83,6 +84,7 @@ def settings() -> Settings:
         fp8_scalar_gemm=_switch("FP8_SCALAR_GEMM"),
         fp8_fused_mlp=_switch("FP8_FUSED_MLP"),
         fp8_quantized_rows=_switch("FP8_QUANTIZED_ROWS"),
+        fp8_norm_quantizes=_switch("FP8_NORM_QUANTIZES"),
         fp8_f16_sums=_switch("FP8_F16_SUMS"),
         fp8_v_keys=_switch("FP8_V_KEYS"),
         decode_tiles=_decode_tiles(),

@@ -40,17 +40,19 @@ def weight(n, k, g):
 
 
 @pytest.mark.parametrize("k", [512, 300, 5000])  # 300: padding columns; 5,000: two K steps
-def test_norm_quantizes_the_row_as_the_gemv_would(k):
+@pytest.mark.parametrize("rows", [1, 3])  # 3: each row its own scale, as cuBLASLt's products take them
+def test_norm_quantizes_the_row_as_the_gemv_would(k, rows):
     g = torch.Generator().manual_seed(k)
-    x, res = ((torch.randn(1, k, generator=g) * 3).to(DEVICE).bfloat16() for _ in range(2))
-    x[0, 5] = 200.0  # an outlier sets the row's scale
+    x, res = ((torch.randn(rows, k, generator=g) * 3).to(DEVICE).bfloat16() for _ in range(2))
+    x[0, 5] = 200.0  # an outlier sets the first row's scale
     nw = (torch.rand(k, generator=g) + 0.5).to(DEVICE).bfloat16()
     x_q, x_s, summed = fused.rmsnorm_quantized(x, nw, 1e-6, res)
     normed, ref_summed = fused.rmsnorm(x, nw, 1e-6, res)
     q_ref, s_ref = quantize_rows(normed, None)
     assert torch.equal(summed, ref_summed) and same_bits(x_q, q_ref) and torch.equal(x_s, s_ref.flatten())
+    assert rows == 1 or x_s[0] > 2 * x_s[1:].max()  # per-row scales, not one
     w_q, w_s = weight(48, k, g)
-    assert torch.equal(gemv(x_q, w_q, w_s, x_s), gemv(normed, w_q, w_s))
+    assert torch.equal(gemv(x_q[:1], w_q, w_s, x_s[:1]), gemv(normed[:1], w_q, w_s))
 
 
 @pytest.mark.parametrize("n", [96, 3000])  # 3,000: a row wider than the interpreter's one step
@@ -109,8 +111,9 @@ def test_quantized_rows_in_a_cuda_graph_equal_the_gemv_quantizing_itself():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not ON_GPU, reason="needs CUDA")
-def test_the_mlp_and_qkv_paths_take_quantized_rows_and_match_the_plain_layers():
-    torch.manual_seed(0)
+@pytest.mark.parametrize("rows", [1, 2, 64, 200])  # 1: the GEMVs; 2+: cuBLASLt, scalar scales up to 128 rows
+def test_the_mlp_and_qkv_paths_take_quantized_rows_and_match_the_plain_layers(rows):
+    torch.manual_seed(rows)
     mlp = GatedMLP(1024, 3072).cuda().bfloat16()
     qkv = QKVParallelLinear(1024, 128, 16, 8).cuda().bfloat16()
     holder = torch.nn.ModuleList([mlp, qkv])
@@ -118,8 +121,13 @@ def test_the_mlp_and_qkv_paths_take_quantized_rows_and_match_the_plain_layers():
         p.data.normal_(0, 0.05)
     quantize_loaded(holder, Fp8Config(block=None))
     norm = RMSNorm(1024, 1e-6).cuda().bfloat16()
-    x, res = torch.randn(2, 1, 1024, device="cuda").bfloat16()
-    assert mlp.down_proj.quant.quantizes_row_before(mlp.down_proj, torch.empty(1, 3072, device="cuda").bfloat16())
+    x, res = torch.randn(2, rows, 1024, device="cuda").bfloat16()
+    quant = mlp.down_proj.quant
+    if rows == 1:
+        assert quant.quantizes_row_before(mlp.down_proj, torch.empty(1, 3072, device="cuda").bfloat16())
+    else:  # the norm quantizes for gate/up and qkv; the fused MLP middle quantizes for down
+        assert quant.norm_quantizes_rows(mlp.gate_up_proj, x) and quant.norm_quantizes_rows(qkv, x)
+        assert quant.gated_mlp_applies(mlp.gate_up_proj, mlp.down_proj, x)
     out, summed = mlp.norm_and_forward(norm, x, res)
     normed, ref_summed = norm(x, res)
     assert torch.equal(summed, ref_summed)
