@@ -131,6 +131,7 @@ def test_the_mlp_and_qkv_paths_take_quantized_rows_and_match_the_plain_layers(ro
     out, summed = mlp.norm_and_forward(norm, x, res)
     normed, ref_summed = norm(x, res)
     assert torch.equal(summed, ref_summed)
-    assert torch.equal(out, mlp.down_proj(mlp.act(mlp.gate_up_proj(normed))))
+    # one row: the GEMVs quantizing their rows themselves; more: the fused MLP quantizing the normed rows itself
+    assert torch.equal(out, mlp.down_proj(mlp.act(mlp.gate_up_proj(normed))) if rows == 1 else mlp(normed))
     y, _ = qkv.norm_and_forward(norm, x, res)
     assert torch.equal(y, qkv(normed))
