@@ -24,6 +24,18 @@ from protocol.settings import settings
 log = logging.getLogger("nanoserve.launch")
 
 _TYPES = {"int": int, "float": float, "str": str}
+MAX_PORT = 65535
+
+
+def port_number(text: str) -> int:
+    """argparse type of a TCP port: 0 (a free one, picked at bind time) to 65535."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
+    if not 0 <= value <= MAX_PORT:
+        raise argparse.ArgumentTypeError(f"port must be in 0..{MAX_PORT} (0 = pick a free one), got {value}")
+    return value
 
 
 def _engine_flag(parser: argparse._ActionGroup, f: dataclasses.Field) -> None:
@@ -52,7 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     s = p.add_argument_group("server")
     s.add_argument("--host", default="127.0.0.1", help="interface to listen on (default 127.0.0.1)")
-    s.add_argument("--port", type=int, default=8765, help="port (default 8765; 0 = pick a free one)")
+    s.add_argument("--port", type=port_number, default=8765, help="port (default 8765; 0 = pick a free one)")
     s.add_argument(
         "--api-key",
         "--token",
@@ -71,7 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
     h = p.add_argument_group("OpenAI-compatible HTTP API (client/openai_server)")
     h.add_argument(
         "--http-port",
-        type=int,
+        type=port_number,
         default=None,
         help="also serve the OpenAI-compatible HTTP API on this port (0 = a free one)",
     )
@@ -98,6 +110,17 @@ def build_parser() -> argparse.ArgumentParser:
     for f in dataclasses.fields(EngineConfig):
         _engine_flag(e, f)
     return p
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line, with the checks that span several flags (argparse's usage error, exit 2)."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.http_port is not None and args.http_port != 0 and args.http_port == args.port and not args.prompt:
+        parser.error(
+            f"argument --http-port: {args.http_port} clashes with --port {args.port} (the ZMQ port): pick another"
+        )
+    return args
 
 
 def _engine_kwargs(args: argparse.Namespace) -> dict:
@@ -175,7 +198,7 @@ def _offline(args, kwargs) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = parse_args(argv)
     configure_logging(args.log_level)
     kwargs = _engine_kwargs(args)
     signal.signal(signal.SIGTERM, _graceful_exit)
@@ -202,11 +225,7 @@ def main(argv: list[str] | None = None) -> int:
             return 1
     engine = None
     try:
-        try:
-            cfg = EngineConfig.from_kwargs(**kwargs)
-        except EngineArgError as e:  # before any worker starts
-            print(f"error: argument --{e.name.replace('_', '-')}: {e}", file=sys.stderr)
-            return 2
+        cfg = EngineConfig.from_kwargs(**kwargs)
         if args.prompt:
             return _offline(args, kwargs)
         from coordinator.engine import Engine
@@ -230,6 +249,9 @@ def main(argv: list[str] | None = None) -> int:
             http_sock.close()  # the front-end holds it now
         server.serve(engine)
         log.info("shutting down")
+    except EngineArgError as e:  # refused before any worker starts (with the model's config, where it needs it)
+        print(f"error: argument --{e.name.replace('_', '-')}: {e}", file=sys.stderr)
+        return 2
     except Exception as e:
         log.error("%s: %s", type(e).__name__, e)
         return 1

@@ -33,16 +33,14 @@ class LLM:
 
     def generate(
         self,
-        prompts,
+        prompts: str | dict | list,
         sampling_params: SamplingParams | list[SamplingParams] | None = None,
         use_tqdm: bool = True,
     ) -> list[RequestOutput]:
         """One RequestOutput per prompt, in input order. A prompt is a string, a token-id list,
         ``{"prompt": str}`` or ``{"prompt_token_ids": [...]}`` (or a list of those); ``n > 1`` samples n outputs
         of a prompt as n engine requests, which share its KV blocks through the prefix cache."""
-        if isinstance(prompts, (str, dict)) or (prompts and isinstance(prompts[0], int)):
-            prompts = [prompts]
-        prompts = [_prompt_input(p) for p in prompts]
+        prompts = _prompt_list(prompts)
         if sampling_params is None or isinstance(sampling_params, SamplingParams):
             sampling_params = [sampling_params or SamplingParams()] * len(prompts)
         if len(sampling_params) != len(prompts):
@@ -79,7 +77,8 @@ class LLM:
         add_generation_prompt: bool = True,
     ) -> list[RequestOutput]:
         """Replies to one conversation ([{"role", "content"}]) or a list of them, through the model's chat
-        template; ``RequestOutput.prompt`` is the rendered prompt text."""
+        template; a content is a string or OpenAI's text parts ([{"type": "text", "text": ...}], joined as the HTTP
+        API joins them). ``RequestOutput.prompt`` is the rendered prompt text."""
         conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
         texts = [
             render_chat(self.tokenizer, ChatPrompt(list(c), chat_template_kwargs, add_generation_prompt))
@@ -138,15 +137,42 @@ class LLM:
         self.close()
 
 
-def _prompt_input(p):
-    """A prompt as the engine takes it: a string or a token-id list."""
+_ONE_PROMPT = "a string, a list of token ids, {'prompt': str} or {'prompt_token_ids': [int, ...]}"
+
+
+def _prompt_list(prompts) -> list:
+    """``generate``'s prompts argument as a list of what the engine takes (strings and token-id lists); a
+    TypeError naming the accepted forms for anything else."""
+    if isinstance(prompts, (str, dict)):
+        prompts = [prompts]
+    elif not isinstance(prompts, (list, tuple)):
+        raise TypeError(f"prompts must be {_ONE_PROMPT}, or a list of those; got {type(prompts).__name__}")
+    elif prompts and _is_token(prompts[0]):
+        prompts = [prompts]
+    return [_prompt_input(i, p) for i, p in enumerate(prompts)]
+
+
+def _is_token(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _prompt_input(i: int, p):
+    """A prompt as the engine takes it: a string or a token-id list (the engine checks the ids' range)."""
     if isinstance(p, dict):
         if "prompt_token_ids" in p:
-            return list(p["prompt_token_ids"])
+            p = p["prompt_token_ids"]
+            if not isinstance(p, (list, tuple)):
+                raise TypeError(f"prompts[{i}]['prompt_token_ids'] must be a list of token ids, got {type(p).__name__}")
+            return list(p)
         if "prompt" in p:
-            return p["prompt"]
+            p = p["prompt"]
+            if not isinstance(p, str):
+                raise TypeError(f"prompts[{i}]['prompt'] must be a string, got {type(p).__name__}")
+            return p
         raise ValueError(f"a prompt dict needs 'prompt' or 'prompt_token_ids', got keys {sorted(p)}")
-    return p
+    if isinstance(p, str) or (isinstance(p, (list, tuple)) and (not p or _is_token(p[0]))):
+        return p
+    raise TypeError(f"prompts[{i}] must be {_ONE_PROMPT}; got {type(p).__name__}")
 
 
 class _Progress:

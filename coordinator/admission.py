@@ -5,6 +5,8 @@ pool) and token ids (stop ids, logit_bias) are validated; a refusal raises ``Req
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from coordinator.block_manager import BlockManager
 from coordinator.prompts import render_chat
 from protocol.client_messages import ChatPrompt
@@ -38,6 +40,9 @@ class Admission:
         ids = self.prompt_ids(prompt)
         if not ids:
             raise RequestError("prompt is empty")
+        rest = params.max_tokens is None
+        if rest:
+            params = self._rest_of_context(params, len(ids))
         total = len(ids) + params.max_tokens
         if total > self.max_model_len:
             raise RequestError(
@@ -49,12 +54,25 @@ class Admission:
             raise RequestError(
                 f"prompt + max_tokens = {total} tokens needs more KV blocks than the pool has "
                 f"({bm.num_blocks} x {bm.block_size} tokens)"
+                + (": max_tokens=None asks for all of max_model_len" if rest else "")
             )
         if params.stop_token_ids and max(params.stop_token_ids) >= self.vocab_size:
             raise RequestError(f"stop_token_ids must be below the vocabulary size {self.vocab_size}")
         if params.logit_bias and max(params.logit_bias) >= self.vocab_size:
             raise RequestError(f"logit_bias token ids must be below the vocabulary size {self.vocab_size}")
         return ids, params
+
+    def _rest_of_context(self, params: SamplingParams, num_prompt: int) -> SamplingParams:
+        """max_tokens=None as vLLM takes it: whatever max_model_len leaves after the prompt."""
+        room = self.max_model_len - num_prompt
+        if room < 1:
+            raise RequestError(
+                f"prompt ({num_prompt} tokens) leaves no room for output tokens in max_model_len ({self.max_model_len})"
+            )
+        try:
+            return replace(params, max_tokens=room)  # a copy: the caller's params may serve other prompts
+        except ValueError as e:  # min_tokens above the room left
+            raise RequestError(f"{e} (max_tokens=None: {room} tokens left after the prompt)") from None
 
     def prompt_ids(self, prompt: str | list[int] | ChatPrompt) -> list[int]:
         if isinstance(prompt, ChatPrompt):  # the template's text carries its own special tokens

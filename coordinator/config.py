@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from model.config import ModelConfig
     from protocol.messages import WorkerConfig
 
 DTYPES = ("auto", "bfloat16", "float16", "float32", "bf16", "fp16", "half", "fp32", "float")  # model/config.py
@@ -124,6 +125,32 @@ class EngineConfig:
                 "(CUDA_VISIBLE_DEVICES decides which it shows)",
             )
 
+    def fit_model(self, mc: ModelConfig) -> None:
+        """Check these arguments against the model before any worker starts, and resolve ``max_model_len`` (0: the
+        model's limit) in place: the value reported is the value enforced."""
+        limit = mc.max_position_embeddings
+        if self.max_model_len > limit:  # as vLLM: refused, never silently lowered
+            raise EngineArgError(
+                "max_model_len",
+                f"max_model_len={self.max_model_len} is longer than the model's limit: max_position_embeddings="
+                f"{limit} in its config.json; pass max_model_len={limit} or less (or 0 for the model's limit)",
+            )
+        self.max_model_len = self.max_model_len or limit
+        tp = self.tensor_parallel_size
+        for name, size, what in _tp_sharded_sizes(mc):
+            if size % tp:
+                raise EngineArgError(
+                    "tensor_parallel_size",
+                    f"the model's {name}={size} is not divisible by tensor_parallel_size={tp} ({what})",
+                )
+        kv = mc.num_key_value_heads
+        if kv % tp and tp % kv:  # fewer kv heads than ranks: each is replicated on tp / kv ranks
+            raise EngineArgError(
+                "tensor_parallel_size",
+                f"the model's num_key_value_heads={kv} and tensor_parallel_size={tp} do not divide one another: "
+                "ranks split the kv heads evenly, or (fewer kv heads than ranks) share each one",
+            )
+
     def worker_config(self, max_model_len: int, eos_token_ids: list[int]) -> WorkerConfig:
         """What every worker is told at start-up (the engine derives the model's limit and EOS ids)."""
         from protocol.messages import WorkerConfig
@@ -148,3 +175,15 @@ class EngineConfig:
             quantization=self.quantization,
             kv_cache_dtype=self.kv_cache_dtype,
         )
+
+
+def _tp_sharded_sizes(mc: ModelConfig) -> list[tuple[str, int, str]]:
+    """The model sizes tensor parallelism splits evenly (model/linear.py, model/moe.py); the vocabulary is padded to a
+    multiple of tp instead (model/layers.py), and kv heads follow their own rule (``fit_model``)."""
+    sizes = [("num_attention_heads", mc.num_attention_heads, "each rank takes whole attention heads")]
+    layers = range(mc.num_hidden_layers)
+    if not all(mc.is_moe_layer(i) for i in layers):  # a dense MLP somewhere
+        sizes.append(("intermediate_size", mc.intermediate_size, "each rank takes a slice of the MLP"))
+    if any(mc.is_moe_layer(i) for i in layers):
+        sizes.append(("moe_intermediate_size", mc.moe_intermediate_size, "each rank takes a slice of every expert"))
+    return sizes

@@ -58,10 +58,11 @@ class Engine:
         cfg.check_local_gpus()
         self.config = cfg
         self.model_config = ModelConfig.from_pretrained(cfg.model)  # fails fast, before any process starts
+        cfg.fit_model(self.model_config)  # max_model_len resolved in the config itself: one value, reported and kept
         self.tokenizer = AutoTokenizer.from_pretrained(cfg.model)
         self.generation_defaults = generation_defaults(cfg.model)  # for requests that leave them unset
         mc = self.model_config
-        self.max_model_len = min(cfg.max_model_len or mc.max_position_embeddings, mc.max_position_embeddings)
+        self.max_model_len = cfg.max_model_len
         mc.check_max_model_len(self.max_model_len)
         self.vocab_size = mc.vocab_size
         self.eos_token_ids = set(mc.eos_token_id)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from protocol.chat_content import content_text
 from protocol.client_messages import ChatPrompt, Detokenize, DetokenizeReply, Tokenize, TokenizeReply
 from protocol.errors import RequestError
 
@@ -38,15 +39,18 @@ def generation_defaults(model_dir: str | Path) -> dict:
 
 
 def _check_messages(messages) -> list[dict]:
+    """The messages as the template takes them: text parts joined (protocol/chat_content.py), in copies."""
     if not isinstance(messages, list) or not messages:
         raise RequestError("messages must be a non-empty list of {role, content} objects")
+    out = []
     for i, m in enumerate(messages):
         if not isinstance(m, dict) or not isinstance(m.get("role"), str):
             raise RequestError(f"messages[{i}] must be an object with a string 'role'")
         content = m.get("content")
         if content is not None and not isinstance(content, str):
-            raise RequestError(f"messages[{i}].content must be a string (text parts joined) or null")
-    return messages
+            m = {**m, "content": content_text(content, f"messages[{i}].content")}
+        out.append(m)
+    return out
 
 
 def render_chat(tokenizer, chat: ChatPrompt) -> str:

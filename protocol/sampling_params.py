@@ -43,9 +43,9 @@ class SamplingParams:
     top_p: float = 1.0
     top_k: int = 0
     min_p: float = 0.0
-    max_tokens: int = 16
+    max_tokens: int | None = 16  # None: up to max_model_len (the engine sets it once the prompt is tokenized)
     min_tokens: int = 0
-    stop: list[str] = field(default_factory=list)
+    stop: list[str] = field(default_factory=list)  # a str is taken as [str]
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
     seed: int | None = None
@@ -62,10 +62,11 @@ class SamplingParams:
     prompt_logprobs: int | None = None  # top-N logprobs of every prompt token (after the first), as vLLM
 
     def __post_init__(self) -> None:
-        if isinstance(self.stop, str):
-            self.stop = [self.stop]
-        self.stop = list(self.stop or [])
-        self.stop_token_ids = list(self.stop_token_ids or [])
+        # vLLM's spellings: a lone str, a tuple, None; any other type is left for validate to name
+        if self.stop is None or isinstance(self.stop, (str, tuple)):
+            self.stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or ())
+        if self.stop_token_ids is None or isinstance(self.stop_token_ids, tuple):
+            self.stop_token_ids = list(self.stop_token_ids or ())
         if isinstance(self.logit_bias, dict) and not self.logit_bias:
             self.logit_bias = None  # one way to say "no bias": the worker's fast path tests for None
         self.validate()
@@ -81,14 +82,14 @@ class SamplingParams:
             self._bad("top_k", "must be an int >= -1 (0 or -1 disables)")
         if not (_is_num(self.min_p) and 0 <= self.min_p <= 1):
             self._bad("min_p", "must be in [0, 1]")
-        if not (_is_int(self.max_tokens) and self.max_tokens >= 1):
-            self._bad("max_tokens", "must be an int >= 1")
-        if not (_is_int(self.min_tokens) and 0 <= self.min_tokens <= self.max_tokens):
+        if not (self.max_tokens is None or (_is_int(self.max_tokens) and self.max_tokens >= 1)):
+            self._bad("max_tokens", "must be None (up to max_model_len) or an int >= 1")
+        if not (_is_int(self.min_tokens) and 0 <= self.min_tokens <= (self.max_tokens or self.min_tokens)):
             self._bad("min_tokens", "must be in [0, max_tokens]")
-        if self.stop and not all(isinstance(s, str) and s for s in self.stop):
-            self._bad("stop", "must be non-empty strings")
-        if self.stop_token_ids and not all(_is_int(t) and t >= 0 for t in self.stop_token_ids):
-            self._bad("stop_token_ids", "must be token ids >= 0")
+        if type(self.stop) is not list or not all(isinstance(s, str) and s for s in self.stop):
+            self._bad("stop", "must be a non-empty string or a list of them")
+        if type(self.stop_token_ids) is not list or not all(_is_int(t) and t >= 0 for t in self.stop_token_ids):
+            self._bad("stop_token_ids", "must be a list of token ids (ints >= 0)")
         if not isinstance(self.ignore_eos, bool):
             self._bad("ignore_eos", "must be a bool")
         if not (self.seed is None or (_is_int(self.seed) and 0 <= self.seed < 2**63)):

@@ -8,7 +8,9 @@ from dataclasses import replace
 
 from client.openai_server.errors import APIError, param_of
 from client.openai_server.schemas import ChatCompletionRequest, ChatMessage, CompletionRequest
+from protocol.chat_content import content_text
 from protocol.client_messages import ChatPrompt
+from protocol.errors import RequestError
 from protocol.sampling_params import MAX_LOGPROBS, SamplingParams
 
 _PARAM_FIELDS = frozenset(f.name for f in dataclasses.fields(SamplingParams))
@@ -35,14 +37,10 @@ def completion_prompts(prompt) -> list[str | list[int]]:
 
 
 def _text(i: int, content) -> str | None:
-    if content is None or isinstance(content, str):
-        return content
-    parts = []
-    for part in content:  # [{"type": "text", "text": ...}]
-        if part.get("type") != "text" or not isinstance(part.get("text"), str):
-            raise APIError(400, f"messages[{i}].content: only text parts are supported", "messages")
-        parts.append(part["text"])
-    return "\n".join(parts)
+    try:
+        return content_text(content, f"messages[{i}].content")  # the same flattening as LLM.chat's
+    except RequestError as e:
+        raise APIError(400, str(e), "messages") from None
 
 
 def conversation(messages: list[ChatMessage], kwargs: dict | None, add_generation_prompt: bool = True) -> ChatPrompt:

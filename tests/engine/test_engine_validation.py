@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from client import LLM, SamplingParams
+from protocol.codec import decode, encode
 from protocol.errors import RequestError
 
 NUM_BLOCKS, BLOCK_SIZE, MAX_MODEL_LEN = 16, 16, 512
@@ -30,7 +31,7 @@ def llm(tiny_tied):
         yield llm
 
 
-def greedy(max_tokens: int, **kw) -> SamplingParams:
+def greedy(max_tokens: int | None, **kw) -> SamplingParams:
     return SamplingParams(temperature=0, max_tokens=max_tokens, **kw)
 
 
@@ -72,7 +73,14 @@ def assert_engine_clean_and_serving(llm) -> None:
         ("seed", -1),
         ("seed", 2**63),
         ("stop", [""]),
+        ("stop", 123),
+        ("stop", {"a": 1}),
+        ("stop", b"ab"),
+        ("stop", ["a", 1]),
         ("stop_token_ids", [-1]),
+        ("stop_token_ids", 5),
+        ("stop_token_ids", "5"),
+        ("stop_token_ids", {5: 1}),
         ("ignore_eos", 1),
         ("logprobs", 21),
         ("presence_penalty", 3),
@@ -89,6 +97,14 @@ def assert_engine_clean_and_serving(llm) -> None:
 def test_invalid_sampling_params_name_the_field(field, value):
     with pytest.raises(ValueError, match=rf"^{field} "):
         SamplingParams(**{field: value})
+
+
+def test_sampling_params_take_vllms_spellings():
+    assert SamplingParams(stop="a").stop == ["a"] and SamplingParams(stop=("a", "b")).stop == ["a", "b"]
+    assert SamplingParams(stop=None).stop == [] and SamplingParams(stop_token_ids=None).stop_token_ids == []
+    assert SamplingParams(stop_token_ids=(3, 4)).stop_token_ids == [3, 4]
+    params = SamplingParams(max_tokens=None, min_tokens=5)  # None: up to max_model_len
+    assert params.max_tokens is None and decode(encode(params)) == params
 
 
 def test_params_made_invalid_after_construction_are_refused_by_the_engine(llm):
@@ -132,6 +148,9 @@ def test_unknown_engine_argument_is_a_type_error(tiny_tied):
         (list(range(250)), greedy(100), "needs more KV blocks than the pool has"),
         (PROMPT, greedy(4, stop_token_ids=[512]), "stop_token_ids"),
         (PROMPT, greedy(4, logit_bias={5: 1.0, 512: -1.0}), "^logit_bias token ids must be below"),
+        (PROMPT, greedy(None), "needs more KV blocks.*: max_tokens=None asks for all of max_model_len"),
+        (list(range(512)), greedy(None), r"prompt \(512 tokens\) leaves no room for output tokens in max_model_len"),
+        (PROMPT, greedy(None, min_tokens=501), r"min_tokens must be in \[0, max_tokens\].*500 tokens left"),
     ],
     ids=[
         "empty",
@@ -143,6 +162,9 @@ def test_unknown_engine_argument_is_a_type_error(tiny_tied):
         "pool-too-small",
         "stop-id-over-vocab",
         "bias-id-over-vocab",
+        "rest-of-context-past-pool",
+        "rest-of-context-none-left",
+        "rest-of-context-below-min-tokens",
     ],
 )
 def test_bad_request_is_refused_and_engine_keeps_serving(llm, prompt, params, message):

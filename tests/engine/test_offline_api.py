@@ -75,3 +75,40 @@ def test_prompt_forms_n_samples_and_chat(llm):
     assert chat.prompt == text and chat.outputs[0].token_ids == plain.outputs[0].token_ids
     two = llm.chat([messages, messages + [{"role": "assistant", "content": "yo"}]], greedy, use_tqdm=False)
     assert len(two) == 2 and two[0].outputs[0].token_ids == plain.outputs[0].token_ids
+
+
+def test_max_tokens_none_runs_to_max_model_len(llm):
+    """As vLLM: max_tokens=None generates up to max_model_len (256 here); the caller's params stay as given."""
+    ids = list(range(3, 203))
+    params = SamplingParams(temperature=0, max_tokens=None, ignore_eos=True)
+    (out,) = llm.generate({"prompt_token_ids": ids}, params, use_tqdm=False)
+    assert len(out.outputs[0].token_ids) == 256 - 200 and out.outputs[0].finish_reason == "length"
+    assert params.max_tokens is None
+    assert llm.engine.config.max_model_len == llm.engine.max_model_len == 256
+
+
+@pytest.mark.parametrize(
+    "prompts, message",
+    [
+        (None, r"^prompts must be a string, a list of token ids, .*, or a list of those; got NoneType$"),
+        (5, r"^prompts must be a string, .*; got int$"),
+        (["hi", None], r"^prompts\[1\] must be a string, a list of token ids, \{'prompt': str\} or .*; got NoneType$"),
+        ([["hi"]], r"^prompts\[0\] must be .*; got list$"),
+        ({"prompt": 5}, r"^prompts\[0\]\['prompt'\] must be a string, got int$"),
+        ({"prompt_token_ids": 5}, r"^prompts\[0\]\['prompt_token_ids'\] must be a list of token ids, got int$"),
+    ],
+)
+def test_a_prompt_of_no_accepted_form_is_named(llm, prompts, message):
+    with pytest.raises(TypeError, match=message):
+        llm.generate(prompts, use_tqdm=False)
+    assert not llm.engine.requests
+
+
+def test_chat_takes_text_parts_as_the_http_api_does(llm):
+    greedy = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+    parts = [{"type": "text", "text": "hi"}, {"type": "text", "text": "there"}]
+    (chat,) = llm.chat([{"role": "user", "content": parts}], greedy, use_tqdm=False)
+    (plain,) = llm.chat([{"role": "user", "content": "hi\nthere"}], greedy, use_tqdm=False)
+    assert chat.prompt == plain.prompt and chat.outputs[0].token_ids == plain.outputs[0].token_ids
+    with pytest.raises(ValueError, match=r"^messages\[0\].content: only text parts are supported$"):
+        llm.chat([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}], use_tqdm=False)

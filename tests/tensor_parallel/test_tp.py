@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from client import LLM, SamplingParams
+from coordinator.config import EngineArgError
 from model.tiny import TinySpec, write_tiny_checkpoint
 from tests.support.oracle import hf_greedy, prompts_with_shared_prefixes
 from tests.support.processes import ROOT, free_port, torchrun_cmd, wait_for_text
@@ -36,8 +37,8 @@ def test_tp2_matches_tp1_and_hf(fixture, request):
 
 
 def test_tp_that_cannot_divide_heads_is_refused(tiny_tied):
-    # 4 q heads cannot split over 3 ranks: the start fails with the worker's message, not a hang
-    with pytest.raises(Exception, match="not divisible by tensor parallel size 3"):
+    # 4 q heads cannot split over 3 ranks: refused by name before any worker starts (coordinator/config.py)
+    with pytest.raises(EngineArgError, match="num_attention_heads=4 is not divisible by tensor_parallel_size=3"):
         LLM(str(tiny_tied), tensor_parallel_size=3, max_model_len=128, num_kv_blocks=16)
 
 
