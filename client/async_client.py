@@ -11,7 +11,6 @@ from client.base import DEFAULT_ADDRESS, _as_dict, _Base, chat_prompt
 from client.liveness import DEFAULT_CONNECT_TIMEOUT_S
 from client.replies import Accumulator, StreamState, decode_reply, raise_error
 from protocol.client_messages import Abort, Delta, Error, Health, Info, Stats
-from protocol.codec import encode
 from protocol.outputs import Completion
 from protocol.sampling_params import SamplingParams
 
@@ -21,7 +20,7 @@ __all__ = ["AsyncClient", "AsyncStream"]
 class AsyncClient(_Base):
     """asyncio client: one receiver task dispatches replies to per-request queues, so any number of
     requests (from any number of tasks) can be in flight. Cancelling a task that awaits a request aborts it.
-    ``timeout`` and ``connect_timeout`` work as in ``Client``."""
+    ``timeout``, ``connect_timeout`` and ``max_message_bytes`` work as in ``Client``."""
 
     def __init__(
         self,
@@ -29,8 +28,9 @@ class AsyncClient(_Base):
         token: str | None = None,
         timeout: float | None = None,
         connect_timeout: float | None = DEFAULT_CONNECT_TIMEOUT_S,
+        max_message_bytes: int | None = None,
     ):
-        super().__init__(zmq.asyncio.Context(), address, token, timeout, connect_timeout)
+        super().__init__(zmq.asyncio.Context(), address, token, timeout, connect_timeout, max_message_bytes)
         self._queues: dict[str, asyncio.Queue] = {}
         self._receiver: asyncio.Task | None = None
         self._watcher: asyncio.Task | None = None
@@ -69,15 +69,16 @@ class AsyncClient(_Base):
             for q in self._queues.values():
                 q.put_nowait(e)
 
-    def _send_now(self, msg) -> None:
+    def _send_now(self, data: bytes) -> None:
         """Send without awaiting (ordered with other sends; usable from sync code running in the loop)."""
-        fut = self._sock.send(encode(msg))
+        fut = self._sock.send(data)
         fut.add_done_callback(lambda f: f.cancelled() or f.exception())
 
     def _open(self, msg) -> tuple[str, asyncio.Queue]:
+        data = self._encode(msg)  # a refused message leaves no queue behind
         self._ensure_receiver()
         q = self._queues[msg.request_id] = asyncio.Queue()
-        self._send_now(msg)
+        self._send_now(data)
         return msg.request_id, q
 
     async def _next(self, rid: str, q: asyncio.Queue):
@@ -95,7 +96,7 @@ class AsyncClient(_Base):
     def _abort_quietly(self, rid: str) -> None:
         if self._queues.pop(rid, None) is not None and not self._sock.closed:
             try:
-                self._send_now(self._control(Abort, rid))
+                self._send_now(self._encode(self._control(Abort, rid)))
             except Exception:
                 pass
 
@@ -128,9 +129,10 @@ class AsyncClient(_Base):
 
     async def generate_many(self, prompts: list, params=None) -> list[Completion]:
         """Completions in input order; every request is sent at once."""
-        opened = [self._open(m) for m in self._generate_requests(prompts, params)]
-        out = []
+        msgs, opened, out = self._generate_requests(prompts, params), [], []
         try:
+            for m in msgs:  # one refused (e.g. too large) aborts those already sent
+                opened.append(self._open(m))
             for rid, q in opened:
                 reply = await self._next(rid, q)
                 self._queues.pop(rid, None)
@@ -165,13 +167,14 @@ class AsyncClient(_Base):
     async def abort(self, request_id: str) -> None:
         """As ``Client.abort``."""
         self._ensure_receiver()
-        await self._sock.send(encode(self._control(Abort, request_id)))
+        await self._sock.send(self._encode(self._control(Abort, request_id)))
 
     async def health(self) -> dict:
         return await self._call(Health)
 
     async def info(self) -> dict:
-        return await self._call(Info)
+        """As ``Client.info`` (the client takes the server's message limit from it)."""
+        return self._learn(await self._call(Info))
 
     async def stats(self) -> dict:
         return await self._call(Stats)

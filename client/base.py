@@ -1,5 +1,6 @@
 """What the blocking and the asyncio client share (client/client.py, client/async_client.py): the request
-messages they build from a caller's arguments, and the ZMQ DEALER socket they open with its connection watch."""
+messages they build from a caller's arguments (encoded only within the server's message limit), and the ZMQ DEALER
+socket they open with its connection watch."""
 
 from __future__ import annotations
 
@@ -11,8 +12,16 @@ from collections.abc import Sequence as _Seq
 import zmq
 
 from client.liveness import ConnectionWatch, enable_heartbeats
-from protocol.client_messages import CLIENT_PROTOCOL_VERSION, ChatPrompt, Detokenize, Generate, Tokenize
-from protocol.errors import RequestError
+from protocol.client_messages import (
+    CLIENT_PROTOCOL_VERSION,
+    DEFAULT_MAX_MESSAGE_BYTES,
+    ChatPrompt,
+    Detokenize,
+    Generate,
+    Tokenize,
+)
+from protocol.codec import encode
+from protocol.errors import MessageTooLargeError, RequestError
 from protocol.sampling_params import SamplingParams
 
 DEFAULT_ADDRESS = "tcp://127.0.0.1:8765"
@@ -56,6 +65,22 @@ def _params_list(prompts: list, params) -> list:
     return params
 
 
+def _too_large(msg, size: int, limit: int) -> MessageTooLargeError:
+    """The refusal of a message over the server's limit, naming what made it large (the message's first word)."""
+    if isinstance(msg, Detokenize):
+        field = "token_ids"
+    elif isinstance(msg, Generate) and 2 * len(encode(msg.params)) > size:  # e.g. megabytes of stop strings
+        field = "params"
+    else:
+        field = "prompt"
+    return MessageTooLargeError(
+        f"{field}: the request is {size} bytes encoded, over the server's limit of {limit} bytes per message "
+        "(--max-message-bytes); it was not sent",
+        size,
+        limit,
+    )
+
+
 def _as_dict(reply) -> dict:
     d = dataclasses.asdict(reply)
     d.pop("request_id", None)
@@ -64,14 +89,36 @@ def _as_dict(reply) -> dict:
 
 class _Base:
     def __init__(
-        self, ctx: zmq.Context, address: str, token: str | None, timeout: float | None, connect_timeout: float | None
+        self,
+        ctx: zmq.Context,
+        address: str,
+        token: str | None,
+        timeout: float | None,
+        connect_timeout: float | None,
+        max_message_bytes: int | None = None,
     ) -> None:
         self.token = token
+        # the server's --max-message-bytes (its default until info() learns it): ZMQ would drop a larger message
+        # and disconnect this socket, so such a request is refused before it is sent
+        self.max_message_bytes = max_message_bytes or DEFAULT_MAX_MESSAGE_BYTES
         self._prefix = uuid.uuid4().hex[:8]
         self._counter = itertools.count()
         self.address, self.timeout = address, timeout
         self._ctx = ctx
         self._sock, self._watch = self._socket(ctx, address, connect_timeout)
+
+    def _encode(self, msg) -> bytes:
+        """The message's frame; MessageTooLargeError (a RequestError) when the server would refuse its size."""
+        data = encode(msg)
+        if len(data) > self.max_message_bytes:
+            raise _too_large(msg, len(data), self.max_message_bytes)
+        return data
+
+    def _learn(self, info: dict) -> dict:
+        """Take the server's message limit from its Info."""
+        if info.get("max_message_bytes"):
+            self.max_message_bytes = info["max_message_bytes"]
+        return info
 
     def _new_id(self) -> str:
         return f"{self._prefix}-{next(self._counter)}"

@@ -9,7 +9,8 @@ socket and keep any number of requests in flight at once; replies are matched to
 
 Leaving a stream early (``break``, ``close()``, garbage collection) or cancelling the asyncio task that waits on
 a request aborts the request on the server, which frees its KV blocks. Errors come back as exceptions:
-``RequestError`` (the message names the field), ``EngineDeadError``, ``OverloadedError``, ``ProtocolError``,
+``RequestError`` (the message names the field; ``MessageTooLargeError`` for a request over the server's
+``--max-message-bytes``, refused before it is sent), ``EngineDeadError``, ``OverloadedError``, ``ProtocolError``,
 and the built-in ``TimeoutError`` for a client-side timeout. Neither client is thread-safe: use one per thread.
 """
 
@@ -24,7 +25,6 @@ from client.base import DEFAULT_ADDRESS, _as_dict, _Base, chat_prompt
 from client.liveness import DEFAULT_CONNECT_TIMEOUT_S
 from client.replies import Accumulator, StreamState, decode_reply, raise_error
 from protocol.client_messages import Abort, Delta, Error, Health, Info, Stats
-from protocol.codec import encode
 from protocol.outputs import Completion
 from protocol.sampling_params import SamplingParams
 
@@ -40,7 +40,9 @@ class Client(_Base):
     """Blocking client. ``timeout`` (seconds, None = forever) bounds every wait for the server's next reply;
     when it passes, the request is aborted and ``TimeoutError`` raised. Independently, a wait fails with
     ``ConnectionError`` once no server has been connected for ``connect_timeout`` seconds (none at the address,
-    or it died); a live server is never timed out by that, however long a generation takes."""
+    or it died); a live server is never timed out by that, however long a generation takes. A request larger than
+    ``max_message_bytes`` (default: the server's default 8 MiB; ``info()`` learns the server's own) raises
+    ``MessageTooLargeError`` before it is sent."""
 
     def __init__(
         self,
@@ -48,14 +50,15 @@ class Client(_Base):
         timeout: float | None = None,
         token: str | None = None,
         connect_timeout: float | None = DEFAULT_CONNECT_TIMEOUT_S,
+        max_message_bytes: int | None = None,
     ):
-        super().__init__(zmq.Context(), address, token, timeout, connect_timeout)
+        super().__init__(zmq.Context(), address, token, timeout, connect_timeout, max_message_bytes)
         self._inbox: dict[str, collections.deque] = {}  # replies of the requests in flight
 
     # ---- plumbing --------------------------------------------------------------------------------------------
 
     def _send(self, msg) -> None:
-        self._sock.send(encode(msg))
+        self._sock.send(self._encode(msg))
 
     def _open(self, msg) -> str:
         self._inbox[msg.request_id] = collections.deque()
@@ -92,7 +95,7 @@ class Client(_Base):
     def _abort_quietly(self, rid: str) -> None:
         if self._inbox.pop(rid, None) is not None and not self._sock.closed:
             try:
-                self._sock.send(encode(self._control(Abort, rid)), zmq.NOBLOCK)
+                self._sock.send(self._encode(self._control(Abort, rid)), zmq.NOBLOCK)
             except zmq.ZMQError:
                 pass
 
@@ -126,9 +129,10 @@ class Client(_Base):
 
     def generate_many(self, prompts: list, params=None) -> list[Completion]:
         """Completions in input order; every request is sent before the first reply is awaited."""
-        rids = [self._open(m) for m in self._generate_requests(prompts, params)]
-        out = []
+        msgs, rids, out = self._generate_requests(prompts, params), [], []
         try:
+            for m in msgs:  # one refused (e.g. too large) aborts those already sent
+                rids.append(self._open(m))
             for rid in rids:
                 reply = self._next(rid)
                 self._inbox.pop(rid, None)
@@ -171,7 +175,8 @@ class Client(_Base):
         return self._call(Health)
 
     def info(self) -> dict:
-        return self._call(Info)
+        """What the server serves, how; the client also takes the server's message limit from it."""
+        return self._learn(self._call(Info))
 
     def stats(self) -> dict:
         return self._call(Stats)

@@ -37,6 +37,7 @@ from coordinator.request_table import ClientRequest, RequestTable
 from coordinator.server_stats import ServerStats
 from protocol.client_messages import (
     CLIENT_PROTOCOL_VERSION,
+    DEFAULT_MAX_MESSAGE_BYTES,
     ENGINE_DEAD,
     OVERLOADED,
     REQUEST_ERROR,
@@ -76,7 +77,7 @@ class Server:
         port: int = 8765,
         token: str | None = None,
         max_pending_requests: int = 4096,
-        max_message_bytes: int = 8 << 20,
+        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
         send_hwm: int = 100_000,
         max_drain: int = 4096,
     ) -> None:
@@ -87,6 +88,7 @@ class Server:
         self.token = token.encode() if token else None
         self.max_pending_requests = max_pending_requests
         self.max_drain = max_drain
+        self.max_message_bytes = max_message_bytes  # told to clients (Info), which refuse larger requests
         self.socket = ClientSocket(host, port, max_message_bytes, send_hwm)
         self.address, self.port = self.socket.address, self.socket.port
 
@@ -233,7 +235,9 @@ class Server:
             reply = HealthReply(msg.request_id, self.healthy, "ok" if self.healthy else self.dead_reason)
             self._send(identity, reply)
         elif isinstance(msg, Info):
-            self._send(identity, InfoReply(msg.request_id, CLIENT_PROTOCOL_VERSION, **self.engine.info()))
+            info = self.engine.info()
+            reply = InfoReply(msg.request_id, CLIENT_PROTOCOL_VERSION, **info, max_message_bytes=self.max_message_bytes)
+            self._send(identity, reply)
         elif isinstance(msg, Stats):
             reply = self.stats.reply(msg.request_id, self.engine.stats(), self.healthy, len(self.requests))
             self._send(identity, reply)

@@ -14,8 +14,10 @@ from protocol.codec import record
 from protocol.outputs import Logprob
 from protocol.sampling_params import SamplingParams
 
-# 4: Tokenize/Detokenize, ChatPrompt prompts, InfoReply.generation_defaults; 5: logit_bias, prompt_logprobs
-CLIENT_PROTOCOL_VERSION = 5
+# 4: Tokenize/Detokenize, ChatPrompt prompts, InfoReply.generation_defaults; 5: logit_bias, prompt_logprobs;
+# 6: InfoReply.max_message_bytes
+CLIENT_PROTOCOL_VERSION = 6
+DEFAULT_MAX_MESSAGE_BYTES = 8 << 20  # the server's default --max-message-bytes: clients assume it until Info says
 
 # Error.kind values
 REQUEST_ERROR = "RequestError"  # a bad request; the message names the field
@@ -216,6 +218,7 @@ class InfoReply:
     # sampling defaults from the model's generation_config.json (SamplingParams field -> value), for fields a
     # request leaves unset (the HTTP front-end applies them, as vLLM does)
     generation_defaults: object | None = None  # dict
+    max_message_bytes: int | None = None  # the largest request frame the server takes (--max-message-bytes)
 
 
 @record(34)

@@ -11,3 +11,12 @@ class EngineDeadError(RuntimeError):
 
 class OverloadedError(RuntimeError):
     """The server's queue is full; try again later."""
+
+
+class MessageTooLargeError(RequestError):
+    """A request whose encoded message is over the server's ``--max-message-bytes``; the client refuses it before
+    sending, since ZMQ would drop it and disconnect the client's socket (failing its other requests too)."""
+
+    def __init__(self, message: str, size: int, limit: int) -> None:
+        super().__init__(message)
+        self.size, self.limit = size, limit

@@ -15,6 +15,7 @@ import sys
 import time
 
 from client.openai_server.app import build_app
+from client.openai_server.body_limit import BODIES_PER_MESSAGE
 from client.openai_server.engine_client import EngineClient
 from client.openai_server.metrics import Metrics
 from client.openai_server.reasoning import REASONING_PARSERS
@@ -50,6 +51,10 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="chat: return the <think> part as reasoning_content (default: off)",
     )
+    p.add_argument(
+        "--max-body-bytes", type=int, default=None, help="larger HTTP request bodies get a 413 (default: "
+        f"{BODIES_PER_MESSAGE} times the coordinator's --max-message-bytes)",
+    )  # fmt: skip
     p.add_argument("--log-stats-interval", type=float, default=10.0, help="seconds between throughput log lines")
     p.add_argument("--connect-timeout", type=float, default=60.0, help="seconds to wait for the coordinator")
     p.add_argument("--parent-pid", type=int, default=None, help="exit when this process is gone")
@@ -125,8 +130,9 @@ async def serve(args) -> int:
     parser = REASONING_PARSERS[args.reasoning_parser] if args.reasoning_parser else None
     state = ServerState(engine, Metrics(engine.served_model_name), args.api_key, parser)
     sock = _listen_socket(args)
+    max_body = args.max_body_bytes or BODIES_PER_MESSAGE * engine.max_message_bytes
     config = uvicorn.Config(
-        build_app(state), log_config=None, access_log=False, lifespan="off", timeout_graceful_shutdown=5
+        build_app(state, max_body), log_config=None, access_log=False, lifespan="off", timeout_graceful_shutdown=5
     )
     server = uvicorn.Server(config)
     serving = asyncio.ensure_future(server.serve(sockets=[sock]))

@@ -9,16 +9,18 @@ import logging
 from importlib import metadata
 
 from fastapi import Depends, FastAPI, Request
-from fastapi.exceptions import RequestValidationError
 from prometheus_client import CONTENT_TYPE_LATEST
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 
+from client.openai_server.body_limit import BodyLimit
 from client.openai_server.chat import create_chat_completion
 from client.openai_server.completions import create_completion
+from client.openai_server.error_handlers import install_error_handlers
 from client.openai_server.errors import APIError, from_engine
 from client.openai_server.params import GUIDED_FIELDS, check_model, conversation
 from client.openai_server.schemas import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
 from client.openai_server.state import ServerState
+from client.openai_server.text_check import check_text
 
 log = logging.getLogger("nanoserve.http")
 _warned_fields: set[str] = set()
@@ -61,25 +63,13 @@ async def until_disconnect(request: Request, work) -> Response:
     return task.result()
 
 
-def build_app(state: ServerState) -> FastAPI:
+def build_app(state: ServerState, max_body_bytes: int) -> FastAPI:
+    """The app; request bodies over ``max_body_bytes`` get a 413."""
     app = FastAPI(title="nanoserve", version=_version(), docs_url=None, redoc_url=None)
     engine, key = state.engine, state.api_key
 
-    @app.exception_handler(APIError)
-    async def _api_error(request: Request, e: APIError) -> JSONResponse:
-        return e.response()
-
-    @app.exception_handler(RequestValidationError)
-    async def _invalid(request: Request, e: RequestValidationError) -> JSONResponse:
-        errors = e.errors()
-        if errors and errors[0].get("type") == "json_invalid":  # not JSON at all: no field to name
-            return APIError(400, f"the request body is not valid JSON: {errors[0].get('msg')}", None).response()
-        loc = [str(x) for x in (errors[0].get("loc", ()) if errors else ()) if x != "body"]
-        param = loc[0] if loc else None
-        # a union field (prompt, stop...) reports one error per member: name the field, list a few
-        msgs = list(dict.fromkeys(err.get("msg", "invalid") for err in errors if param in map(str, err.get("loc", ()))))
-        what = "; ".join(msgs[:3]) or "invalid request body"
-        return APIError(400, f"invalid {param or 'request body'}: {what}", param).response()
+    install_error_handlers(app)
+    app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
 
     async def authorized(request: Request) -> None:
         if key is None:
@@ -92,11 +82,13 @@ def build_app(state: ServerState) -> FastAPI:
 
     @app.post("/v1/completions", dependencies=guarded)
     async def completions(req: CompletionRequest, request: Request) -> Response:
+        check_text(req)
         _warn_unknown_fields(req)
         return await until_disconnect(request, create_completion(state, req))
 
     @app.post("/v1/chat/completions", dependencies=guarded)
     async def chat_completions(req: ChatCompletionRequest, request: Request) -> Response:
+        check_text(req)
         _warn_unknown_fields(req)
         return await until_disconnect(request, create_chat_completion(state, req))
 
@@ -115,6 +107,7 @@ def build_app(state: ServerState) -> FastAPI:
 
     @app.post("/tokenize", dependencies=guarded)
     async def tokenize(req: TokenizeRequest) -> dict:
+        check_text(req)
         check_model(req.model, engine.served_model_name)
         if (req.prompt is None) == (req.messages is None):
             raise APIError(400, "give exactly one of prompt and messages", "prompt")
@@ -127,7 +120,9 @@ def build_app(state: ServerState) -> FastAPI:
             ids = await engine.control(engine.client.tokenize(prompt, add_special))
             strs = await engine.token_texts(ids) if req.return_token_strs else None
         except Exception as e:
-            raise from_engine(e, TokenizeRequest.model_fields) from None
+            raise from_engine(
+                e, TokenizeRequest.model_fields, "prompt" if req.messages is None else "messages"
+            ) from None
         out = {"count": len(ids), "max_model_len": engine.max_model_len, "tokens": ids}
         if strs is not None:
             out["token_strs"] = strs
@@ -135,6 +130,7 @@ def build_app(state: ServerState) -> FastAPI:
 
     @app.post("/detokenize", dependencies=guarded)
     async def detokenize(req: DetokenizeRequest) -> dict:
+        check_text(req)
         check_model(req.model, engine.served_model_name)
         try:
             return {"prompt": await engine.control(engine.client.detokenize(req.tokens))}

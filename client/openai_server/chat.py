@@ -57,7 +57,7 @@ async def create_chat_completion(state: ServerState, req: ChatCompletionRequest)
     except APIError:
         raise
     except Exception as e:
-        raise from_engine(e, FIELDS) from None
+        raise from_engine(e, FIELDS, "messages") from None
     choices = []
     for i, c in enumerate(results):
         message = {"role": "assistant", "content": c.text}
@@ -131,7 +131,7 @@ async def _events(state: ServerState, req: ChatCompletionRequest, rid: str, stre
         if req.stream_options is not None and req.stream_options.include_usage:
             yield sse({**head, "choices": [], "usage": usage(num_prompt, sum(outputs))})
     except Exception as e:  # the engine failed mid-stream: the error is the last event
-        yield sse(from_engine(e, FIELDS).body())
+        yield sse(from_engine(e, FIELDS, "messages").body())
     finally:
         state.metrics.finished(rid, arrival, num_prompt, sum(outputs), [r or "abort" for r in reasons])
     yield DONE

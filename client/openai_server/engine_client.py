@@ -19,7 +19,8 @@ class EngineClient:
         self._token_texts: dict[int, str] = {}
 
     async def connect(self, timeout: float) -> dict:
-        """Wait for the coordinator's Info (it answers once its workers are up)."""
+        """Wait for the coordinator's Info (it answers once its workers are up); the client learns the coordinator's
+        message limit from it."""
         deadline = asyncio.get_running_loop().time() + timeout
         while True:
             try:
@@ -36,6 +37,11 @@ class EngineClient:
     @property
     def max_model_len(self) -> int:
         return self.info["max_model_len"]
+
+    @property
+    def max_message_bytes(self) -> int:
+        """The coordinator's message limit, learned from its Info: the client refuses larger requests."""
+        return self.client.max_message_bytes
 
     @property
     def generation_defaults(self) -> dict:

@@ -1,7 +1,9 @@
 """Errors in OpenAI's JSON shape: ``{"error": {"message", "type", "param", "code"}}``, with the status codes the
-SDKs map to exception classes (400, 401, 404, 429, 503)."""
+SDKs map to exception classes (400, 401, 404, 413, 429, 503)."""
 
 from __future__ import annotations
+
+import re
 
 from fastapi.responses import JSONResponse
 
@@ -12,6 +14,8 @@ _TYPES = {
     400: "BadRequestError",
     401: "AuthenticationError",
     404: "NotFoundError",
+    405: "MethodNotAllowedError",
+    413: "RequestTooLargeError",
     429: "RateLimitError",
     500: "InternalServerError",
     503: "ServiceUnavailableError",
@@ -23,7 +27,7 @@ class APIError(Exception):
 
     def __init__(self, status: int, message: str, param: str | None = None) -> None:
         super().__init__(message)
-        self.status, self.message, self.param = status, message, param
+        self.status, self.message, self.param = status, _utf8(message), param and _utf8(param)
 
     def body(self) -> dict:
         err = {"message": self.message, "type": _TYPES.get(self.status, "Error"), "param": self.param}
@@ -33,18 +37,30 @@ class APIError(Exception):
         return JSONResponse(self.body(), status_code=self.status)
 
 
-def param_of(message: str, fields) -> str | None:
-    """The request field an error message starts with (SamplingParams and the engine name it first)."""
-    if "+ max_tokens" in message:  # prompt + max_tokens over the context: max_tokens is what to lower
-        return "max_tokens"
+def _utf8(text: str) -> str:
+    """``text`` with lone surrogates (echoed from a request) escaped: the JSON response must encode as UTF-8."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+_PROMPT_PLUS_MAX = re.compile(r"prompt \((\d+) tokens\) \+ max_tokens \(\d+\) = \d+ exceeds max_model_len \((\d+)\)")
+
+
+def param_of(message: str, fields, prompt_param: str = "prompt") -> str | None:
+    """The request field an error message starts with (SamplingParams and the engine name it first); the engine's
+    "prompt" is the request's ``prompt_param`` (chat: "messages")."""
+    if "+ max_tokens" in message:  # over the context: max_tokens is what to lower, unless the prompt alone fills it
+        m = _PROMPT_PLUS_MAX.search(message)
+        return prompt_param if m and int(m[1]) >= int(m[2]) else "max_tokens"
     word = message.split(" ", 1)[0].split("[", 1)[0].strip("(),:")
+    if word == "prompt":
+        return prompt_param
     return word if word in fields else None
 
 
-def from_engine(e: BaseException, fields=()) -> APIError:
-    """The HTTP error for an exception the coordinator's client raised."""
+def from_engine(e: BaseException, fields=(), prompt_param: str = "prompt") -> APIError:
+    """The HTTP error for an exception the coordinator's client raised (a refusal too large to send included)."""
     if isinstance(e, RequestError):
-        return APIError(400, str(e), param_of(str(e), fields))
+        return APIError(400, str(e), param_of(str(e), fields, prompt_param))
     if isinstance(e, OverloadedError):
         return APIError(429, str(e))
     if isinstance(e, EngineDeadError):

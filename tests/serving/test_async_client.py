@@ -11,9 +11,9 @@ import sys
 
 import pytest
 
-from client import AsyncClient, EngineDeadError, RequestError, SamplingParams
+from client import AsyncClient, EngineDeadError, MessageTooLargeError, RequestError, SamplingParams
 from tests.support.processes import ROOT
-from tests.support.server import some_prompts
+from tests.support.server import MAX_MESSAGE_BYTES, some_prompts
 
 GREEDY = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
 
@@ -65,6 +65,29 @@ def test_async_client(server, offline):
                 await asyncio.sleep(0.05)
             assert s["pending"] == 0 and s["kv_blocks_free"] == s["kv_blocks_total"]
             assert s["requests_aborted"] == before["requests_aborted"] + 2
+
+    asyncio.run(asyncio.wait_for(main(), 60))
+
+
+def test_async_client_refuses_requests_over_the_message_limit(server):
+    """As the blocking client (test_serving.py): refused before sending, nothing left waiting; Info teaches the
+    server's own limit."""
+
+    big = [300] * 1000  # token ids: about 3,000 bytes encoded
+
+    async def main():
+        async with AsyncClient(server.address, max_message_bytes=2048) as c:
+            with pytest.raises(MessageTooLargeError, match="prompt: .* limit of 2048 bytes"):
+                c.stream(big)
+            with pytest.raises(MessageTooLargeError, match="token_ids: "):
+                await c.detokenize(big)
+            with pytest.raises(MessageTooLargeError):
+                await c.generate_many([[7] * 8, big], SamplingParams(max_tokens=500, ignore_eos=True))
+            assert not c._queues
+            assert (await c.info())["max_message_bytes"] == MAX_MESSAGE_BYTES == c.max_message_bytes
+            assert len((await c.generate(big, SamplingParams(max_tokens=2))).token_ids) == 2
+            s = await c.stats()
+            assert s["pending"] == 0 and s["kv_blocks_free"] == s["kv_blocks_total"]
 
     asyncio.run(asyncio.wait_for(main(), 60))
 

@@ -1,5 +1,7 @@
 """The HTTP server's refusals and faults: a non-loopback host without a key, an HTTP port in use, 401 without the
-key, 429 past --max-pending-requests, 503 once the engine is dead, and the front-end exiting with its parent."""
+key, 429 past --max-pending-requests, 400 for a request over the coordinator's --max-message-bytes (other streams go
+on) and 413 for a body over the front-end's cap, 400s in OpenAI's shape for bodies that are not valid JSON, not
+Unicode or nested too deep, 503 once the engine is dead, and the front-end exiting with its parent."""
 
 from __future__ import annotations
 
@@ -16,11 +18,14 @@ import openai
 import pytest
 
 from client import Client
+from client.openai_server.body_limit import BODIES_PER_MESSAGE
 from protocol.codec import ProtocolError
 from tests.support.openai_http import HttpServer
 from tests.support.processes import ROOT, children_of, pid_alive
 
 KEY = "s3cret-key"
+HEADERS = {"Authorization": f"Bearer {KEY}"}
+MESSAGE_LIMIT = 256 << 10  # the server's --max-message-bytes
 LAUNCH = [sys.executable, str(ROOT / "launch.py")]
 
 
@@ -45,7 +50,7 @@ def test_http_port_in_use_fails_before_loading():
 
 @pytest.fixture(scope="module")
 def server(tiny_tied, tmp_path_factory):
-    flags = ["--api-key", KEY, "--max-pending-requests", "2"]
+    flags = ["--api-key", KEY, "--max-pending-requests", "2", "--max-message-bytes", str(MESSAGE_LIMIT)]
     with HttpServer(tiny_tied, tmp_path_factory.mktemp("http_keyed") / "server.log", *flags) as srv:
         yield srv
 
@@ -90,6 +95,70 @@ def test_overloaded_is_429_and_the_server_keeps_serving(server):
                 break
             time.sleep(0.1)
         assert r.status_code == 200, r.text
+
+
+def _error(resp: httpx.Response, status: int, param) -> str:
+    assert resp.status_code == status, resp.text
+    err = resp.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"} and err["param"] == param and err["code"] == status
+    return err["message"]
+
+
+def test_request_over_the_message_limit_is_400_and_other_streams_go_on(server):
+    """The front-end learns the coordinator's --max-message-bytes and refuses a larger request itself: sent, it
+    would be dropped by ZMQ with the front-end's shared connection, hanging it and every stream on it."""
+    big = "a " * (MESSAGE_LIMIT // 2 + 64)
+    long = {"prompt": "long", "max_tokens": 300, "ignore_eos": True, "stream": True}
+    with httpx.Client(timeout=30, headers=HEADERS) as client:
+        with client.stream("POST", server.base_url + "/completions", json=long) as resp:
+            lines = resp.iter_lines()
+            assert next(lines).startswith("data: ")  # in flight
+            chat = {"messages": [{"role": "user", "content": big}], "max_tokens": 2}
+            for stream in (False, True):
+                r = client.post(server.base_url + "/chat/completions", json={**chat, "stream": stream})
+                assert f"limit of {MESSAGE_LIMIT} bytes" in _error(r, 400, "messages")
+            r = client.post(server.base_url + "/completions", json={"prompt": ["x", big], "max_tokens": 2})
+            assert "--max-message-bytes" in _error(r, 400, "prompt")
+            cap = BODIES_PER_MESSAGE * MESSAGE_LIMIT
+            body = b'{"prompt": "' + b"a" * cap + b'"}'
+            assert str(cap) in _error(client.post(server.base_url + "/completions", content=body), 413, None)
+            chunked = iter([body[: cap // 2], body[cap // 2 :]])  # no Content-Length: counted as it arrives
+            assert str(cap) in _error(client.post(server.base_url + "/completions", content=chunked), 413, None)
+            events = [line for line in lines if line.startswith("data: ")]
+        assert events[-1] == "data: [DONE]" and '"finish_reason":"length"' in events[-2]
+        r = client.post(server.base_url + "/completions", json={"prompt": "x", "max_tokens": 2})
+        assert r.status_code == 200, r.text
+
+
+def test_bad_bodies_are_400s_in_openai_shape(server):
+    """Text that is not Unicode (a lone surrogate), JSON too deep to parse, prompts longer than the context:
+    400s naming the field, never a 500 or FastAPI's {"detail": ...}."""
+    chat, completions = server.base_url + "/chat/completions", server.base_url + "/completions"
+    with httpx.Client(timeout=30, headers={**HEADERS, "content-type": "application/json"}) as client:
+        bodies = [
+            (chat, b'{"messages": [{"role": "user", "content": "\\ud800"}], "max_tokens": 2}', "messages"),
+            (chat, b'{"messages": [{"role": "user", "content": "a\\udfffb"}], "stream": true}', "messages"),
+            (completions, b'{"prompt": "a\\udfffb", "max_tokens": 2}', "prompt"),
+            (completions, b'{"prompt": "ab", "stop": ["\\ud800"], "max_tokens": 2}', "stop"),
+            (server.root + "/tokenize", b'{"prompt": "\\ud800"}', "prompt"),
+        ]
+        for url, body, param in bodies:
+            assert "Unicode" in _error(client.post(url, content=body), 400, param)
+        ok = b'{"messages": [{"role": "user", "content": "\\ud83d\\ude00"}], "max_tokens": 2}'  # a valid pair
+        assert client.post(chat, content=ok).status_code == 200
+        deep = b'{"prompt": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+        assert "could not be parsed" in _error(client.post(completions, content=deep), 400, None)
+        assert "not valid JSON" in _error(client.post(completions, content=b'{"prompt": '), 400, None)
+        _error(client.get(server.base_url + "/nothing"), 404, None)
+        long = "hello " * 600  # over max_model_len (512) in tokens
+        _error(
+            client.post(chat, json={"messages": [{"role": "user", "content": long}], "max_tokens": 2}), 400, "messages"
+        )
+        too_many_chars = {"messages": [{"role": "user", "content": long * 20}], "max_tokens": 2}
+        _error(client.post(chat, json=too_many_chars), 400, "messages")
+        _error(client.post(completions, json={"prompt": long, "max_tokens": 2}), 400, "prompt")
+        _error(client.post(completions, json={"prompt": "x", "max_tokens": 900}), 400, "max_tokens")  # what to lower
+        assert client.post(completions, json={"prompt": "x", "max_tokens": 2}).status_code == 200
 
 
 def test_dead_engine_is_503_and_the_front_end_exits_with_its_parent(server):

@@ -14,9 +14,10 @@ import numpy as np
 import pytest
 import zmq
 
-from client import Client, OverloadedError, RequestError, SamplingParams
+from client import Client, MessageTooLargeError, OverloadedError, RequestError, SamplingParams
+from protocol.client_messages import DEFAULT_MAX_MESSAGE_BYTES
 from protocol.codec import encode
-from tests.support.server import MAX_PENDING, generate_frame, some_prompts, wait_stats
+from tests.support.server import MAX_MESSAGE_BYTES, MAX_PENDING, generate_frame, some_prompts, wait_stats
 
 GREEDY = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
 
@@ -189,6 +190,30 @@ def test_overloaded(server):
             s.close()
         s = wait_stats(c, lambda s: s["pending"] == 0)
         assert s["pending"] == 0 and s["kv_blocks_free"] == s["kv_blocks_total"]
+
+
+def test_request_over_the_message_limit_is_refused_before_sending(server, offline):
+    """ZMQ would drop a frame over --max-message-bytes and disconnect the client, failing its other requests:
+    the client learns the limit from Info and refuses such a request itself; the connection serves on."""
+    big = "a " * (MAX_MESSAGE_BYTES // 2 + 64)  # just over the limit once encoded
+    with Client(server.address, timeout=30) as c:
+        assert c.max_message_bytes == DEFAULT_MAX_MESSAGE_BYTES  # until the server says
+        stream = c.stream(list(range(5, 30)), SamplingParams(temperature=0, max_tokens=200, ignore_eos=True))
+        first = next(stream)
+        assert c.info()["max_message_bytes"] == MAX_MESSAGE_BYTES == c.max_message_bytes
+        with pytest.raises(MessageTooLargeError, match=f"prompt: .* limit of {MAX_MESSAGE_BYTES} bytes") as e:
+            c.generate(big)
+        assert e.value.limit == MAX_MESSAGE_BYTES < e.value.size and isinstance(e.value, RequestError)
+        with pytest.raises(MessageTooLargeError, match="params: "):
+            c.generate("x", SamplingParams(stop=["b" * MAX_MESSAGE_BYTES]))
+        with pytest.raises(MessageTooLargeError):  # the first prompt, already sent, is aborted
+            c.generate_many(["hello", big], SamplingParams(max_tokens=500, ignore_eos=True))
+        rest = list(stream)  # the stream in flight goes on to its end
+        assert rest[-1].finish_reason == "length"
+        assert len(first.token_ids) + sum(len(d.token_ids) for d in rest) == 200
+        ids, text = offline("hello", 8)
+        assert c.generate("hello", SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)).token_ids == ids
+        assert wait_stats(c, lambda s: s["pending"] == 0)["pending"] == 0
 
 
 # ---- concurrency ----------------------------------------------------------------------------------------------
