@@ -3,7 +3,7 @@ dynamically per token (or per token and 128 columns).
 
 Which kernel: one row, kernels/fp8_gemv.py (a read of the weight; it quantizes the row itself). More rows:
 ``torch._scaled_mm`` (cuBLASLt FP8, kernels/scaled_mm.py) after kernels/fp8_quant.py, where this build and device
-run the scaling (rowwise scales for per-channel weights, up to 128 rows scalar ones and a rescale,
+run the scaling (rowwise scales for per-channel weights, up to 256 rows scalar ones and a rescale,
 kernels/fp8_rescale.py; 1x128 activation blocks against 128x128 weight blocks where torch and cuBLAS >= 12.9
 support it); otherwise our Triton kernel, which takes either scaling, splits K
 over more programs for small batches (partial sums in float32, added in a fixed order) and loads its first weight

@@ -2,9 +2,9 @@
 one kernel that applies the token and channel scales, takes silu(gate) * up and quantizes that per token for the
 down product.
 
-Unfused, the same MLP runs the rescale (up to 128 rows), SiLU-and-mul and the down input's quantization as three
-launches with two extra passes over [M, 2N] and [M, N]; and above 128 rows its gate/up takes cuBLASLt's one
-rowwise-scaled algorithm, because a separate rescale would cost more than the scalar product saves
+Unfused, the same MLP runs the rescale (up to fp8_rescale.MAX_ROWS rows), SiLU-and-mul and the down input's
+quantization as three launches with two extra passes over [M, 2N] and [M, N]; and above that its gate/up takes
+cuBLASLt's one rowwise-scaled algorithm, because a separate rescale would cost more than the scalar product saves
 (docs/PERFORMANCE_LOG.md log 23c). Here the scales ride on a pass that happens anyway. The kernel rounds where the
 unfused kernels store 16-bit values (the rescaled gate and up, the SiLU, the product), so both paths give the same
 bits.

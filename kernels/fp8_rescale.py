@@ -3,8 +3,8 @@
 torch._scaled_mm with rowwise scales runs the one cuBLASLt algorithm that takes per-row and per-column scales, and
 at 16-128 rows it streams Qwen3-8B's e4m3 weights no faster than bf16 (docs/PERFORMANCE_LOG.md logs 21c, 22b).
 With scalar scales (1.0) cuBLASLt picks from its whole FP8 catalogue: 2.45-2.77 against 3.75-4.22 ms of products a
-step at 16-128 rows (log 23c). So up to ``MAX_ROWS`` rows the product runs unscaled into the 16-bit output and
-one kernel applies the token's and the channel's scale (and the bias) in place, in float32.
+step at 16-128 rows (log 23c). So up to ``MAX_ROWS`` rows (a decode batch) the product runs unscaled into the 16-bit
+output and one kernel applies the token's and the channel's scale (and the bias) in place, in float32.
 """
 
 from __future__ import annotations
@@ -17,7 +17,9 @@ from kernels.pdl import pdl_enter, use_pdl
 from kernels.scaled_mm import unscaled_mm
 from protocol.settings import settings
 
-MAX_ROWS = 128  # past this, the rescale's bytes cost what the product saves (log 23c): rowwise scales
+# past this, rowwise scales: at prefill sizes the rescale's bytes cost more than the scalar product saves. 256 since
+# the norm quantizes the rows (log 33b: W1 FP8 +2.1% over 128; unscaled at every size -0.6% against 256)
+MAX_ROWS = 256
 _BLOCK_N, _ROWS = 1024, 4  # a program's columns and rows
 ENABLED = settings().fp8_scalar_gemm  # NANOSERVE_FP8_SCALAR_GEMM=0: rowwise scales at every row count
 
