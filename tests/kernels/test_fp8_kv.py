@@ -181,14 +181,15 @@ def test_fused_qk_norm_rope_stores_fp8(k_scale, v_scale):
 @pytest.mark.parametrize("block_size", [16, 256])
 def test_fp8_kv_attention_gpu(q_dtype, k_scale, v_scale, block_size):
     chunks = [(0, 1024), (0, 1), (700, 324), (2048, 77), (1000, 1500)]
-    prefill_case(q_dtype, k_scale, v_scale, chunks, (32, 8), 128, block_size)
-    torch.cuda.empty_cache()
     lens = [1, 4000, 0, 77, 513, 2048] * 8
+    cases = [lambda: prefill_case(q_dtype, k_scale, v_scale, chunks, (32, 8), 128, block_size)]
     for splits in (None, 1, 7):  # None and 7: one-warp split programs; 1: the 4-warp direct ones
-        decode_case(q_dtype, k_scale, v_scale, lens, (32, 8), 128, block_size, splits)
-    decode_case(q_dtype, k_scale, v_scale, lens * 6, (32, 8), 128, block_size, 1)  # one-warp direct programs
-    decode_case(q_dtype, k_scale, v_scale, lens * 6, (16, 2), 64, block_size, None)  # one-warp, D 64, group 8
-    torch.cuda.empty_cache()  # tens of GiB of references: give them back to the GPU tests running beside (-n 4)
+        cases.append(lambda s=splits: decode_case(q_dtype, k_scale, v_scale, lens, (32, 8), 128, block_size, s))
+    cases.append(lambda: decode_case(q_dtype, k_scale, v_scale, lens * 6, (32, 8), 128, block_size, 1))  # one-warp
+    cases.append(lambda: decode_case(q_dtype, k_scale, v_scale, lens * 6, (16, 2), 64, block_size, None))  # D 64
+    for case in cases:
+        case()
+        torch.cuda.empty_cache()  # GiBs of float32 references: give them back to GPU tests beside this one (-n 4)
 
 
 # ---- the engine ---------------------------------------------------------------------------------------------
