@@ -88,7 +88,7 @@ class Fp8LinearMethod:
         out = torch.empty((x.shape[0], layer.weight.shape[0]), dtype=x.dtype, device=x.device)
         if gemv:
             return fp8_gemv.fp8_gemv(x_q, layer.weight, self.scale(layer), None, layer.bias, out, x_scales=x_s), summed
-        return quantized_linear(x_q, x_s.view(-1, 1), layer.weight, layer.weight_scale, layer.bias, out), summed
+        return quantized_linear(x_q, x_s.view(-1, 1), layer.weight, self.scale(layer), layer.bias, out), summed
 
     def norm_gated_mlp(
         self, gate_up: LinearBase, down: LinearBase, norm: nn.Module, x: torch.Tensor, residual: torch.Tensor
