@@ -61,7 +61,10 @@ class LLM:
                     request_id=first.request_id,
                     prompt=prompt if isinstance(prompt, str) else None,
                     prompt_token_ids=first.prompt_token_ids,
-                    outputs=[CompletionOutput.from_completion(i, c) for i, c in enumerate(samples)],
+                    outputs=[
+                        CompletionOutput.from_completion(i, c, params.logprobs, self._token_text)
+                        for i, c in enumerate(samples)
+                    ],
                     metrics=dict(metrics),
                     prompt_logprobs=first.prompt_logprobs,
                 )
@@ -88,6 +91,10 @@ class LLM:
 
     def get_tokenizer(self):
         return self.tokenizer
+
+    def _token_text(self, token_id: int) -> str:
+        """A token's own text, as vLLM's ``Logprob.decoded_token`` has it (special tokens kept)."""
+        return self.tokenizer.decode([token_id], skip_special_tokens=False)
 
     def _run(self, prompts: list, sampling_params: list[SamplingParams], use_tqdm: bool) -> list[Completion]:
         """The engine's Completions of these requests (n=1 each), in order."""

@@ -19,6 +19,24 @@ class Logprob:
 # vLLM's shape of RequestOutput.prompt_logprobs: None for the first prompt token (nothing predicts it), then per
 # prompt token {token id: Logprob}, the prompt token first, then the top N
 PromptLogprobs = list[dict[int, Logprob] | None]
+# vLLM's shape of CompletionOutput.logprobs: per sampled token {token id: Logprob}, the sampled token first
+SampleLogprobs = list[dict[int, Logprob]]
+
+
+def sample_logprobs(raw: list[dict[int, float]], top_n: int, token_text) -> SampleLogprobs:
+    """The wire's logprobs of a sample (per token: the sampled token's, then the top ``top_n``'s) as vLLM's
+    ``Logprob``s. Ranks count the larger entries, which holds for the top N; a sampled token outside them (the
+    entry has top_n + 1 tokens) has a rank the wire does not carry: None. ``token_text``: id -> its text."""
+    out = []
+    for d in raw:
+        values = list(d.values())
+        outside = len(d) > top_n
+        entry = {}
+        for i, (t, v) in enumerate(d.items()):
+            rank = None if i == 0 and outside else 1 + sum(w > v for w in values)
+            entry[t] = Logprob(v, rank, token_text(t))
+        out.append(entry)
+    return out
 
 
 @dataclass(slots=True)
@@ -77,16 +95,18 @@ class CompletionOutput:
     text: str
     token_ids: list[int]
     cumulative_logprob: float | None  # sum of the sampled tokens' logprobs, when logprobs were asked for
-    logprobs: list[dict[int, float]] | None
+    logprobs: SampleLogprobs | None
     finish_reason: str | None
     stop_reason: str | int | None = None
 
     @classmethod
-    def from_completion(cls, index: int, c: Completion) -> CompletionOutput:
-        cumulative = None
+    def from_completion(cls, index: int, c: Completion, top_n: int | None, token_text) -> CompletionOutput:
+        """``c`` as the ``index``-th sample; ``top_n``: the request's ``logprobs``, ``token_text``: id -> text."""
+        cumulative, logprobs = None, None
         if c.logprobs is not None:  # each dict holds the sampled token first
             cumulative = sum(next(iter(d.values())) for d in c.logprobs if d)
-        return cls(index, c.text, c.token_ids, cumulative, c.logprobs, c.finish_reason, c.stop_reason)
+            logprobs = sample_logprobs(c.logprobs, top_n or 0, token_text)
+        return cls(index, c.text, c.token_ids, cumulative, logprobs, c.finish_reason, c.stop_reason)
 
 
 @dataclass(slots=True)
@@ -120,5 +140,5 @@ class RequestOutput:
         return self.outputs[0].stop_reason
 
     @property
-    def logprobs(self) -> list[dict[int, float]] | None:
+    def logprobs(self) -> SampleLogprobs | None:
         return self.outputs[0].logprobs

@@ -92,8 +92,8 @@ class SamplingParams:
             self._bad("stop_token_ids", "must be a list of token ids (ints >= 0)")
         if not isinstance(self.ignore_eos, bool):
             self._bad("ignore_eos", "must be a bool")
-        if not (self.seed is None or (_is_int(self.seed) and 0 <= self.seed < 2**63)):
-            self._bad("seed", "must be None or an int in [0, 2**63)")
+        if not (self.seed is None or (_is_int(self.seed) and -(2**63) <= self.seed < 2**63)):
+            self._bad("seed", "must be None or a 64-bit int")
         if not (self.logprobs is None or (_is_int(self.logprobs) and 0 <= self.logprobs <= MAX_LOGPROBS)):
             self._bad("logprobs", "must be in [0, 20]")
         if not (_is_num(self.presence_penalty) and -2 <= self.presence_penalty <= 2):

@@ -81,7 +81,8 @@ class SamplingState:
         self.top_p[slots] = [p.top_p for p in params]
         self.top_k[slots] = [min(p.top_k, _MAX_TOP_K) for p in params]
         self.min_p[slots] = [p.min_p for p in params]
-        self.seed[slots] = [-1 if p.seed is None else p.seed for p in params]
+        # -1 marks unseeded rows: a request's int64 seed (vLLM takes negative ones) maps onto [0, 2**63)
+        self.seed[slots] = [-1 if p.seed is None else p.seed % 2**63 for p in params]
         left = np.maximum(np.fromiter((p.min_tokens for p in params), np.int64, len(params)) - num_outputs, 0)
         pres = np.fromiter((p.presence_penalty for p in params), np.float32, len(params))
         freq = np.fromiter((p.frequency_penalty for p in params), np.float32, len(params))

@@ -70,7 +70,7 @@ def assert_engine_clean_and_serving(llm) -> None:
         ("max_tokens", True),
         ("min_tokens", -1),
         ("min_tokens", 17),  # > max_tokens (16)
-        ("seed", -1),
+        ("seed", -(2**63) - 1),
         ("seed", 2**63),
         ("stop", [""]),
         ("stop", 123),

@@ -59,7 +59,12 @@ def test_prompt_forms_n_samples_and_chat(llm):
     assert by_text.outputs[0].token_ids == by_dict.outputs[0].token_ids == by_ids.outputs[0].token_ids
     first = by_text.outputs[0]
     assert (first.index, first.finish_reason, by_text.finished) == (0, "length", True)
-    assert first.cumulative_logprob == pytest.approx(sum(next(iter(d.values())) for d in first.logprobs))
+    assert first.cumulative_logprob == pytest.approx(sum(next(iter(d.values())).logprob for d in first.logprobs))
+    # vLLM's shape: {token id: Logprob}; greedy picks the top token, so the sampled one is the entry, ranked 1
+    tok = llm.get_tokenizer()
+    for token, entry in zip(first.token_ids, first.logprobs):
+        assert list(entry) == [token] and entry[token].rank == 1
+        assert entry[token].decoded_token == tok.decode([token]) and entry[token].logprob <= 0
     assert by_text.text == first.text and by_text.token_ids == first.token_ids  # Completion's names still work
 
     (sampled,) = llm.generate("def hello(", SamplingParams(n=3, seed=5, max_tokens=8, ignore_eos=True), False)
@@ -67,6 +72,19 @@ def test_prompt_forms_n_samples_and_chat(llm):
     assert len({tuple(o.token_ids) for o in sampled.outputs}) > 1  # seed + index per sample
     (again,) = llm.generate("def hello(", SamplingParams(n=3, seed=5, max_tokens=8, ignore_eos=True), False)
     assert [o.token_ids for o in again.outputs] == [o.token_ids for o in sampled.outputs]
+    # vLLM takes any int64 seed (chat UIs send -1); the same seed, the same tokens
+    unseeded = SamplingParams(max_tokens=8, ignore_eos=True, logprobs=3)
+    minus_one = SamplingParams(seed=-1, max_tokens=8, ignore_eos=True)
+    (neg,), (neg2,) = (llm.generate("def hello(", minus_one, False) for _ in range(2))
+    assert neg.outputs[0].token_ids == neg2.outputs[0].token_ids
+    # sampled at temperature 1 with the top 3: each entry ranks its top tokens 1..3 by logprob; a sampled token
+    # outside them comes first with no rank
+    (wide,) = llm.generate("def hello(", unseeded, False)
+    for token, entry in zip(wide.outputs[0].token_ids, wide.outputs[0].logprobs):
+        assert next(iter(entry)) == token and len(entry) in (3, 4)
+        top = sorted((e for t, e in entry.items() if len(entry) == 3 or t != token), key=lambda e: -e.logprob)
+        assert [e.rank for e in top] == [1, 2, 3]
+        assert len(entry) == 3 or entry[token].rank is None
 
     messages = [{"role": "user", "content": "hi"}]
     text = llm.get_tokenizer().apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
