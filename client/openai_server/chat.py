@@ -21,22 +21,31 @@ from client.openai_server.streaming import DONE, ChoiceStreams, EventStreamRespo
 FIELDS = frozenset(ChatCompletionRequest.model_fields)
 
 
+_TAIL_TOKENS = 16  # a prompt's last tokens, enough to hold "<think>\n" however a tokenizer splits it
+
+
 async def _prompt_and_max_tokens(state: ServerState, req: ChatCompletionRequest):
-    """What to send as the prompt, and max_tokens. Unset max_tokens means the rest of the context (capped by
-    the model's max_new_tokens), so the conversation is tokenized first to know its length."""
+    """What to send as the prompt, max_tokens, and whether the prompt left a reasoning block open. Unset max_tokens
+    means the rest of the context (capped by the model's max_new_tokens), so the conversation is tokenized first
+    to know its length; a reasoning parser reads the prompt's end (templates of thinking models open the block)."""
     engine = state.engine
     chat = conversation(req.messages, req.chat_template_kwargs, req.add_generation_prompt)
     max_tokens = chat_max_tokens(req)
-    if max_tokens is not None:
-        return chat, max_tokens
+    if max_tokens is not None and state.reasoning_parser is None:
+        return chat, max_tokens, False
     ids = await engine.control(engine.client.tokenize(chat, add_special_tokens=False))
+    opened = False
+    if state.reasoning_parser is not None:
+        opened = state.reasoning_parser.opens_block("".join(await engine.token_texts(ids[-_TAIL_TOKENS:])))
+    if max_tokens is not None:
+        return ids, max_tokens, opened
     room = engine.max_model_len - len(ids)
     if room < 1:
         raise APIError(
             400, f"messages: the prompt ({len(ids)} tokens) leaves no room in max_model_len ({engine.max_model_len})",
             "messages",
         )  # fmt: skip
-    return ids, min(room, engine.generation_defaults.get("max_tokens", room))
+    return ids, min(room, engine.generation_defaults.get("max_tokens", room)), opened
 
 
 async def create_chat_completion(state: ServerState, req: ChatCompletionRequest) -> Response:
@@ -45,14 +54,14 @@ async def create_chat_completion(state: ServerState, req: ChatCompletionRequest)
     check_model(req.model, engine.served_model_name)
     rid = f"chatcmpl-{uuid.uuid4().hex}"
     try:
-        prompt, max_tokens = await _prompt_and_max_tokens(state, req)
+        prompt, max_tokens, opened = await _prompt_and_max_tokens(state, req)
         logprobs = (req.top_logprobs or 0) if req.logprobs else None
         params = sampling_params(req, engine.generation_defaults, max_tokens, logprobs)
         jobs = [(prompt, sp) for sp in choice_params(params, req.n)]
         if req.stream:
             streams = ChoiceStreams(engine, jobs)
             await streams.start()
-            return EventStreamResponse(_events(state, req, rid, streams, arrival))
+            return EventStreamResponse(_events(state, req, rid, streams, arrival, opened))
         results = await generate_all(engine, jobs)
     except APIError:
         raise
@@ -62,7 +71,7 @@ async def create_chat_completion(state: ServerState, req: ChatCompletionRequest)
     for i, c in enumerate(results):
         message = {"role": "assistant", "content": c.text}
         if state.reasoning_parser is not None:
-            message["reasoning_content"], message["content"] = state.reasoning_parser.split(c.text)
+            message["reasoning_content"], message["content"] = state.reasoning_parser.split(c.text, opened)
         lp = await chat_logprobs(engine, c.logprobs, req.top_logprobs or 0) if req.logprobs and c.logprobs else None
         choices.append(
             {
@@ -96,7 +105,9 @@ def _delta(text: str, parser, final: bool) -> dict:
     return out
 
 
-async def _events(state: ServerState, req: ChatCompletionRequest, rid: str, streams: ChoiceStreams, arrival: float):
+async def _events(
+    state: ServerState, req: ChatCompletionRequest, rid: str, streams: ChoiceStreams, arrival: float, opened: bool
+):
     engine = state.engine
     head = {
         "id": rid,
@@ -106,7 +117,7 @@ async def _events(state: ServerState, req: ChatCompletionRequest, rid: str, stre
     }
     count = len(streams.streams)
     timers = [TokenTimer(state.metrics, arrival) for _ in range(count)]
-    parsers = [state.reasoning_parser() if state.reasoning_parser else None for _ in range(count)]
+    parsers = [state.reasoning_parser(opened) if state.reasoning_parser else None for _ in range(count)]
     outputs, started = [0] * count, [False] * count
     reasons: list[str | None] = [None] * count
     num_prompt = 0

@@ -6,15 +6,21 @@ from __future__ import annotations
 class Qwen3ReasoningParser:
     """Qwen3 thinks in a ``<think>...</think>`` block at the start of its output. Text inside goes to reasoning,
     text after to content; an output that does not start with ``<think>`` is all content (e.g. with
-    ``enable_thinking: false`` the template closes the block in the prompt). Text that may be the start of a tag
-    is held back until it is not."""
+    ``enable_thinking: false`` the template closes the block in the prompt), unless the prompt itself opened the
+    block (``opened``: Qwen3 thinking-only templates end the prompt with ``<think>``). Text that may be the start
+    of a tag is held back until it is not."""
 
     START, END = "<think>", "</think>"
 
-    def __init__(self) -> None:
-        self.state = "start"  # start -> reasoning -> content, or start -> content
+    def __init__(self, opened: bool = False) -> None:
+        self.state = "reasoning" if opened else "start"  # start -> reasoning -> content, or start -> content
         self.held = ""
-        self.thought = False  # the output opened a <think> block
+        self.thought = opened  # the output (or the prompt before it) opened a <think> block
+
+    @classmethod
+    def opens_block(cls, prompt_tail: str) -> bool:
+        """Whether a prompt ending in ``prompt_tail`` leaves a <think> block open for the output to continue."""
+        return prompt_tail.rfind(cls.START) > prompt_tail.rfind(cls.END)
 
     def feed(self, text: str) -> tuple[str, str]:
         """New (reasoning, content) text for the next piece of output."""
@@ -46,12 +52,14 @@ class Qwen3ReasoningParser:
         return (held, "") if self.state == "reasoning" else ("", held)
 
     @classmethod
-    def split(cls, text: str) -> tuple[str | None, str]:
-        """A whole output's (reasoning or None, content)."""
-        p = cls()
+    def split(cls, text: str, opened: bool = False) -> tuple[str | None, str | None]:
+        """A whole output's (reasoning or None, content; None when a reasoning block left none, as vLLM)."""
+        p = cls(opened)
         r1, c1 = p.feed(text)
         r2, c2 = p.finish()
-        return (r1 + r2 if p.thought else None), c1 + c2
+        if not p.thought:
+            return None, c1 + c2
+        return r1 + r2, (c1 + c2) or None
 
 
 def _partial_suffix(text: str, tag: str) -> int:

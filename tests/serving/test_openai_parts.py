@@ -15,25 +15,34 @@ from protocol.client_messages import CLIENT_PROTOCOL_VERSION, ChatPrompt, Genera
 from protocol.codec import ProtocolError, decode, encode
 from protocol.sampling_params import SamplingParams
 
-OUTPUTS = [
-    ("<think>\nlet me see</think>\n\nThe answer is 4.", "\nlet me see", "\n\nThe answer is 4."),
-    ("  <think>a < b</thi</think>done", "a < b</thi", "done"),
-    ("No thinking here, <think> later is content", None, "No thinking here, <think> later is content"),
-    ("<think>cut off mid-thought", "cut off mid-thought", ""),
-    ("<thin", None, "<thin"),
-    ("", None, ""),
+OUTPUTS = [  # (output, the prompt opened the block, reasoning, content)
+    ("<think>\nlet me see</think>\n\nThe answer is 4.", False, "\nlet me see", "\n\nThe answer is 4."),
+    ("  <think>a < b</thi</think>done", False, "a < b</thi", "done"),
+    ("No thinking here, <think> later is content", False, None, "No thinking here, <think> later is content"),
+    ("<think>cut off mid-thought", False, "cut off mid-thought", None),  # no content: None, as vLLM
+    ("<thin", False, None, "<thin"),
+    ("", False, None, ""),
+    ("\nlet me see</think>\n\n4.", True, "\nlet me see", "\n\n4."),  # thinking templates end the prompt in <think>
+    ("still thinking <thin", True, "still thinking <thin", None),
 ]
 
 
-@pytest.mark.parametrize("text,reasoning,content", OUTPUTS)
-def test_qwen3_reasoning_parser_any_chunking(text, reasoning, content):
-    assert Qwen3ReasoningParser.split(text) == (reasoning, content)
+@pytest.mark.parametrize("text,opened,reasoning,content", OUTPUTS)
+def test_qwen3_reasoning_parser_any_chunking(text, opened, reasoning, content):
+    assert Qwen3ReasoningParser.split(text, opened) == (reasoning, content)
     for step in range(1, len(text) + 1):  # every chunk size, so tags split at every position
-        p = Qwen3ReasoningParser()
+        p = Qwen3ReasoningParser(opened)
         parts = [p.feed(text[i : i + step]) for i in range(0, len(text), step)] + [p.finish()]
         assert "".join(r for r, _ in parts) == (reasoning or "")
-        assert "".join(c for _, c in parts) == content
+        assert "".join(c for _, c in parts) == (content or "")
         assert not any(Qwen3ReasoningParser.START in r or Qwen3ReasoningParser.END in r for r, _ in parts)
+
+
+def test_qwen3_reasoning_block_opened_by_the_prompt():
+    opens = Qwen3ReasoningParser.opens_block
+    assert opens("<|im_start|>assistant\n<think>\n") and opens("<think>")
+    assert not opens("<|im_start|>assistant\n<think>\n\n</think>\n\n")  # enable_thinking false closes it
+    assert not opens("<|im_start|>assistant\n") and not opens("")
 
 
 def test_chat_prompt_travels_in_generate():

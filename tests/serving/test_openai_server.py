@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from client import Client
-from model.tiny import TinySpec, write_tiny_checkpoint
+from model.tiny import CHAT_TEMPLATE, TinySpec, write_tiny_checkpoint
 from protocol.sampling_params import SamplingParams
 from tests.support.hf_oracle import Oracle
 from tests.support.openai_http import HttpServer, metric, metrics
@@ -38,12 +38,18 @@ def model_dir(tmp_path_factory) -> Path:
     gen = json.loads((path / "generation_config.json").read_text())
     gen.update(top_k=1, max_new_tokens=GEN_MAX_NEW_TOKENS)
     (path / "generation_config.json").write_text(json.dumps(gen))
+    # as a thinking model's template, with {"thinking": true} the prompt ends in an open <think> block
+    template = CHAT_TEMPLATE.replace(
+        "assistant\n{% endif %}", "assistant\n{% if thinking %}<think>\n{% endif %}{% endif %}"
+    )
+    assert template != CHAT_TEMPLATE
+    (path / "chat_template.jinja").write_text(template)
     return path
 
 
 @pytest.fixture(scope="module")
 def server(model_dir, tmp_path_factory):
-    flags = ["--served-model-name", NAME, "--log-stats-interval", "1"]
+    flags = ["--served-model-name", NAME, "--log-stats-interval", "1", "--reasoning-parser", "qwen3"]
     with HttpServer(model_dir, tmp_path_factory.mktemp("http") / "server.log", *flags) as srv:
         yield srv
 
@@ -110,6 +116,27 @@ def test_chat_equals_hf_greedy_plain_and_streaming(api, hf):
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == GEN_MAX_NEW_TOKENS
     assert chunks[-1].usage.prompt_tokens == len(ids)
+
+
+def test_reasoning_parser_reads_a_block_the_prompt_opened(api, server):
+    """The tiny model never writes </think>: behind a prompt that opened the block, its whole output is
+    reasoning_content (streamed the same), with content None; behind a plain prompt the parser leaves it alone."""
+    msgs = [{"role": "user", "content": "hi"}]
+    plain = api.chat.completions.create(model=NAME, messages=msgs, max_tokens=8, **GREEDY).choices[0].message
+    assert plain.content and getattr(plain, "reasoning_content", None) is None
+    think = {"ignore_eos": True, "chat_template_kwargs": {"thinking": True}}
+    args = dict(model=NAME, messages=msgs, max_tokens=8, temperature=0, extra_body=think)
+    message = api.chat.completions.create(**args).choices[0].message
+    assert message.content is None and message.reasoning_content
+    chunks = list(api.chat.completions.create(**args, stream=True))
+    assert "".join(getattr(c.choices[0].delta, "reasoning_content", None) or "" for c in chunks if c.choices) == (
+        message.reasoning_content
+    )
+    assert not any(c.choices[0].delta.content for c in chunks if c.choices)
+    # the same tokens as a completion of the rendered prompt: the parser only relabels them
+    ids = httpx.post(f"{server.root}/tokenize", json={"model": NAME, "messages": msgs, **think}).json()["tokens"]
+    completion = api.completions.create(model=NAME, prompt=ids, max_tokens=8, **GREEDY)
+    assert completion.choices[0].text == message.reasoning_content
 
 
 def test_n_choices_share_one_prefill(api, server):
