@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from dataclasses import replace
 
 from starlette.responses import Response
 
@@ -41,7 +42,8 @@ async def create_completion(state: ServerState, req: CompletionRequest) -> Respo
     check_model(req.model, engine.served_model_name)
     prompts = completion_prompts(req.prompt)
     defaults = engine.generation_defaults
-    params = sampling_params(req, defaults, completion_max_tokens(req, defaults), req.logprobs)
+    score = bool(req.echo) and req.max_tokens == 0  # vLLM's echo without generation: the prompt and its logprobs
+    params = sampling_params(req, defaults, 1 if score else completion_max_tokens(req, defaults), req.logprobs)
     jobs = [(p, sp) for p in prompts for sp in choice_params(params, req.n)]
     rid = f"cmpl-{uuid.uuid4().hex}"
     try:
@@ -49,8 +51,8 @@ async def create_completion(state: ServerState, req: CompletionRequest) -> Respo
         if req.stream:
             streams = ChoiceStreams(engine, jobs)
             await streams.start()
-            return EventStreamResponse(_events(state, req, rid, streams, echo, arrival))
-        results = await generate_all(engine, jobs)
+            return EventStreamResponse(_events(state, req, rid, streams, echo, arrival, score))
+        results = [_unsampled(c) if score else c for c in await generate_all(engine, jobs)]
     except APIError:
         raise
     except Exception as e:
@@ -80,7 +82,16 @@ async def create_completion(state: ServerState, req: CompletionRequest) -> Respo
     return finished_response(state, rid, "text_completion", arrival, choices, results, num_prompt, num_output)
 
 
-async def _events(state: ServerState, req: CompletionRequest, rid: str, streams: ChoiceStreams, echo, arrival):
+def _unsampled(c):
+    """A Completion or StepOutput without the one token a prompt-only request generated to compute its logprobs."""
+    return replace(
+        c, text="", token_ids=[], logprobs=None, finish_reason=c.finish_reason and "length", stop_reason=None
+    )
+
+
+async def _events(
+    state: ServerState, req: CompletionRequest, rid: str, streams: ChoiceStreams, echo, arrival, score: bool
+):
     engine, n = state.engine, req.n
     head = {"id": rid, "object": "text_completion", "created": int(time.time()), "model": engine.served_model_name}
     count = len(streams.streams)
@@ -91,6 +102,7 @@ async def _events(state: ServerState, req: CompletionRequest, rid: str, streams:
     want_logprobs = req.logprobs is not None
     try:
         async for i, d in streams.deltas():
+            d = _unsampled(d) if score else d
             timers[i].tokens(len(d.token_ids))
             outputs[i] += len(d.token_ids)
             text = d.text

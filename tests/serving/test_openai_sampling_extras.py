@@ -105,7 +105,7 @@ def _check_echo_logprobs(oracle, choice, prompt: str | list[int], max_tokens: in
     each token with its raw logprob and its top n (named by text, the token itself first); the tokens and
     offsets line up with the choice's text."""
     ids = oracle.ids(prompt)
-    out = oracle.greedy(ids, max_tokens)
+    out = oracle.greedy(ids, max_tokens) if max_tokens else []
     echoed = prompt if isinstance(prompt, str) else oracle.tok.decode(ids)
     assert choice.text == echoed + oracle.text(out)
     lp = choice.logprobs
@@ -155,6 +155,14 @@ def test_echo_with_logprobs_equals_hf(api, hf):  # noqa: F811
     _check_echo_logprobs(hf, r.choices[0], prompts[1], 2, 1)
     pids = hf.ids(prompts[1])
     _check_prompt_logprobs(r.choices[0].prompt_logprobs, pids, _hf_dist(hf, pids), 4, hf)
+    # max_tokens=0 with echo (vLLM's way to score a prompt): the prompt and its logprobs, nothing generated
+    r = api.completions.create(model=NAME, prompt=prompts[0], max_tokens=0, echo=True, logprobs=2, **GREEDY)
+    _check_echo_logprobs(hf, r.choices[0], prompts[0], 0, 2)
+    assert (r.usage.completion_tokens, r.choices[0].finish_reason) == (0, "length")
+    chunks = api.completions.create(model=NAME, prompt=prompts[0], max_tokens=0, echo=True, stream=True, **GREEDY)
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == prompts[0]
+    with pytest.raises(openai.BadRequestError, match="max_tokens"):  # without echo there is nothing to return
+        api.completions.create(model=NAME, prompt=prompts[0], max_tokens=0, **GREEDY)
     # echo without logprobs is unchanged; echo with logprobs cannot stream (the prompt's come at the end)
     r = api.completions.create(model=NAME, prompt=prompts[1], max_tokens=2, echo=True, **GREEDY)
     assert r.choices[0].logprobs is None and r.choices[0].text.startswith(prompts[1])
