@@ -3,8 +3,10 @@ because it may still become one), special tokens, logprobs per token, prompt log
 with each token's text), and the ``StepOutput``s a step returns.
 
 Token-level stops (EOS, stop ids, max_tokens, max_model_len) stay with the engine, which schedules by them; a stop
-string found here ends the request too, and the engine then finishes its sequence in the scheduler. ``LLM`` and the
-server both consume these outputs and keep no text state of their own.
+string found here ends the request too, and the engine then finishes its sequence in the scheduler. As vLLM's: the
+text of a stop token (EOS, stop id) is left out unless include_stop_str_in_output, and stop strings only match
+after the first min_tokens tokens' text. ``LLM`` and the server both consume these outputs and keep no text state
+of their own.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ class _RequestState:
     text: str = ""  # complete characters decoded so far, cut at the stop string that ended the request
     prefix_offset: int = 0  # incremental detokenizer state, over token_ids
     read_offset: int = 0
-    stop_search_from: int = 0  # no stop string can start before this character: earlier text was searched
+    searched: int = 0  # characters searched, or shielded by min_tokens: a new match must end after them
     sent: int = 0  # characters of text already streamed
     stop_string: str | None = None  # the stop string found in the text
 
@@ -97,18 +99,22 @@ class OutputProcessor:
         output for this step (None: nothing to tell yet). A finished output's reason may be a stop string's."""
         st = self.states[seq.request_id]
         finish_reason, stop_reason = stop if stop is not None else (None, None)
+        # as vLLM, a stop token's (EOS, stop id) text stays out of the output unless asked for; its id stays in
+        drop_last = finish_reason == "stop" and not st.params.include_stop_str_in_output
         if st.detokenize or st.logprobs is not None:  # every token comes through: keep them
             st.token_ids.append(token)
             if st.logprobs is not None:
                 st.logprobs.append(logprobs)
-        if st.detokenize:
+        if st.detokenize and not drop_last:
             self._detokenize(st)
             # a stop string on the last allowed token still counts; EOS and stop ids win over it
-            if finish_reason in (None, "length") and st.longest_stop and len(st.token_ids) >= st.params.min_tokens:
-                if self._find_stop_string(st):
+            if finish_reason in (None, "length") and st.longest_stop:
+                if len(st.token_ids) <= st.params.min_tokens:
+                    st.searched = len(st.text)  # vLLM: no stop string within the first min_tokens tokens' text
+                elif self._find_stop_string(st):
                     finish_reason, stop_reason = "stop", st.stop_string
         if finish_reason is not None:
-            return self._final(st, seq, finish_reason, stop_reason, [token], [logprobs])
+            return self._final(st, seq, finish_reason, stop_reason, [token], [logprobs], drop_last)
         if not st.stream:
             return None
         new_logprobs = None if st.logprobs is None else [logprobs]
@@ -128,22 +134,21 @@ class OutputProcessor:
         st.text += delta
 
     def _find_stop_string(self, st: _RequestState) -> bool:
-        """Cut the text at the first stop string (in the request's order) and say whether one was found. Only text
-        that could hold a new match is searched: everything before was searched in earlier steps."""
+        """Cut the text at the first stop string (in the request's order) and say whether one was found. Only
+        matches that end in the new text count: the text before was searched in earlier steps (or is min_tokens')."""
         p = st.params
         for stop in p.stop:
-            idx = st.text.find(stop, st.stop_search_from)
+            idx = st.text.find(stop, max(0, st.searched - len(stop) + 1))
             if idx >= 0:
                 st.text = st.text[: idx + len(stop) if p.include_stop_str_in_output else idx]
                 st.stop_string = stop
                 return True
-        st.stop_search_from = max(0, len(st.text) - st.longest_stop + 1)
+        st.searched = len(st.text)
         return False
 
     def _ready_text(self, st: _RequestState) -> str:
-        """Streamed text not sent yet, less what may still become a stop string."""
-        if st.longest_stop and len(st.token_ids) < st.params.min_tokens:
-            return ""  # stop strings are not matched yet, but would be later, at their earlier position
+        """Streamed text not sent yet, less what may still become a stop string (min_tokens needs no more: no match
+        ends within its text)."""
         ready = len(st.text) - st.holdback
         if ready <= st.sent:
             return ""
@@ -159,12 +164,15 @@ class OutputProcessor:
         stop_reason: str | int | None,
         new_token_ids: list[int],
         new_logprobs: list,
+        drop_last: bool = False,
     ) -> StepOutput:
         del self.states[st.request_id]
         if st.stop_string is not None:
             text = st.text
         else:  # decoded once, whole: most requests never needed their text before
-            text = self.tokenizer.decode(seq.output_token_ids, skip_special_tokens=st.params.skip_special_tokens)
+            ids = seq.output_token_ids
+            ids = ids[:-1] if drop_last else ids  # the stop token's text is left out
+            text = self.tokenizer.decode(ids, skip_special_tokens=st.params.skip_special_tokens)
         if st.stream:  # the rest of the text; the whole decode wins where it agrees with what was sent
             sent = st.text[: st.sent]
             text = text[st.sent :] if text.startswith(sent) else st.text[st.sent :]

@@ -216,7 +216,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rank", type=int, default=None, help="default: $RANK (torchrun)")
     p.add_argument("--world-size", type=int, default=None, help="default: $WORLD_SIZE (torchrun)")
     p.add_argument("--local-rank", type=int, default=None, help="default: $LOCAL_RANK (torchrun)")
-    p.add_argument("--parent-pid", type=int, default=0, help="exit when this process is no longer our parent")
+    p.add_argument(
+        "--parent-pid",
+        type=int,
+        default=0,
+        help="exit when this process is no longer our parent; ignore SIGINT (the parent stops us)",
+    )
     p.add_argument(
         "--connect-timeout",
         type=float,
@@ -228,6 +233,8 @@ def main(argv: list[str] | None = None) -> int:
     env = distributed_env(args.rank, args.world_size, args.local_rank)
     rank, world, local = env.rank, env.world_size, env.local_rank
     if args.parent_pid:
+        # Ctrl-C reaches the whole process group: the coordinator must abort its requests first, then send Shutdown
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
         _die_with_parent()
         if os.getppid() != args.parent_pid:
             return 1

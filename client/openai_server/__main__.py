@@ -57,7 +57,9 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     p.add_argument("--log-stats-interval", type=float, default=10.0, help="seconds between throughput log lines")
     p.add_argument("--connect-timeout", type=float, default=60.0, help="seconds to wait for the coordinator")
-    p.add_argument("--parent-pid", type=int, default=None, help="exit when this process is gone")
+    p.add_argument(
+        "--parent-pid", type=int, default=None, help="exit when this process is gone; ignore SIGINT (it stops us)"
+    )
     add_log_level_flag(p)
     return p
 
@@ -120,6 +122,8 @@ def _listen_socket(args) -> socket.socket:
 async def serve(args) -> int:
     import uvicorn
 
+    from client.openai_server.uvicorn_server import Server
+
     engine = EngineClient(args.address, args.api_key, args.served_model_name)
     try:
         await engine.connect(args.connect_timeout)
@@ -134,7 +138,7 @@ async def serve(args) -> int:
     config = uvicorn.Config(
         build_app(state, max_body), log_config=None, access_log=False, lifespan="off", timeout_graceful_shutdown=5
     )
-    server = uvicorn.Server(config)
+    server = Server(config)
     serving = asyncio.ensure_future(server.serve(sockets=[sock]))
     while not server.started and not serving.done():
         await asyncio.sleep(0.02)
@@ -161,6 +165,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"listening on the non-loopback host {args.host!r} needs --api-key")
     configure_logging(args.log_level)
     if args.parent_pid is not None:
+        # Ctrl-C reaches the whole process group: launch.py aborts the requests in flight first, then stops us
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
         _die_with_parent(args.parent_pid)
     try:  # uvloop when installed (a dependency on Linux), as vLLM's server runs: a shorter path per event
         import uvloop

@@ -133,7 +133,9 @@ def build_app(state: ServerState, max_body_bytes: int) -> FastAPI:
         check_text(req)
         check_model(req.model, engine.served_model_name)
         try:
-            return {"prompt": await engine.control(engine.client.detokenize(req.tokens))}
+            # vLLM decodes with the tokenizer's default: special tokens kept, so tokenize -> detokenize round-trips
+            text = await engine.control(engine.client.detokenize(req.tokens, skip_special_tokens=False))
+            return {"prompt": text}
         except Exception as e:
             raise from_engine(e, DetokenizeRequest.model_fields) from None
 

@@ -24,16 +24,16 @@ def encode(tok, text: str) -> list[int]:
     return tok.encode(text, add_special_tokens=False)
 
 
-def run(tok, tokens: list[int], stream: bool, length_at_end: bool = True, token_logprobs=None, **params):
-    """Feed ``tokens`` one per step (the last one a max_tokens stop unless ``length_at_end`` is False); returns the
-    outputs, the sequence and the processor."""
+def run(tok, tokens: list[int], stream: bool, end=("length", None), token_logprobs=None, **params):
+    """Feed ``tokens`` one per step (the last one with the token-level stop ``end``: max_tokens unless told);
+    returns the outputs, the sequence and the processor."""
     proc = OutputProcessor(tok)
     seq = Sequence("r", list(PROMPT), len(PROMPT), SamplingParams(max_tokens=len(tokens), **params), 0.0)
     every_token = proc.add(seq, stream)
     outs = []
     for i, t in enumerate(tokens):
         seq.token_ids.append(t)
-        stop = ("length", None) if length_at_end and i == len(tokens) - 1 else None
+        stop = end if i == len(tokens) - 1 else None
         if stop is None and not every_token:
             continue  # what the engine does: such a request only needs its last token
         out = proc.update(seq, t, None if token_logprobs is None else token_logprobs[i], stop)
@@ -109,14 +109,22 @@ def test_stop_string_in_output_when_asked(tok):
     assert out.text == TEXT[:idx]
 
 
-def test_stop_strings_wait_for_min_tokens_then_match_at_their_first_place(tok):
+@pytest.mark.parametrize("stream", [False, True])
+def test_stop_strings_never_match_within_the_first_min_tokens_tokens(tok, stream):
+    """vLLM's: a match must end after the text of the first min_tokens tokens (one may start before it)."""
     ids = encode(tok, TEXT)
-    stop = "quick"
-    done_at = next(j for j in range(len(ids)) if stop in tok.decode(ids[: j + 1]))
-    outs, _, _ = run(tok, ids, stream=True, stop=[stop], min_tokens=done_at + 5)
-    assert all(o.text == "" for o in outs[:-1])  # nothing shown: the stop string will cut the text before it
-    assert len(outs) == done_at + 5 and outs[-1].finish_reason == "stop"
-    assert streamed(outs) == TEXT[: TEXT.index(stop)]
+    done_at = next(j for j in range(len(ids)) if "brown" in tok.decode(ids[: j + 1]))
+    shielded = len(tok.decode(ids[: done_at + 1]))  # "Hello world! The quick brown": its "o"s do not count
+    outs, _, _ = run(tok, ids, stream, stop=["o"], min_tokens=done_at + 1)
+    assert (outs[-1].finish_reason, outs[-1].stop_reason) == ("stop", "o")
+    assert (streamed(outs) if stream else outs[-1].text) == TEXT[: TEXT.index("o", shielded)]  # " f" of "fox"
+    if stream:  # the shielded text is streamed as it comes: no stop string can cut it any more
+        assert streamed(outs[:done_at]) == tok.decode(ids[:done_at])
+    outs, _, _ = run(tok, ids, stream, stop=["quick"], min_tokens=done_at + 1)
+    assert outs[-1].finish_reason == "length" and (streamed(outs) if stream else outs[-1].text) == TEXT
+    stop, idx, k = stop_across_tokens(tok, ids)  # starts in token k-1's text, ends in token k's
+    outs, _, _ = run(tok, ids, stream, stop=[stop], min_tokens=k)
+    assert outs[-1].stop_reason == stop and (streamed(outs) if stream else outs[-1].text) == TEXT[:idx]
 
 
 def test_stop_ids_win_over_stop_strings_and_stop_strings_over_length(tok):
@@ -131,7 +139,7 @@ def test_stop_ids_win_over_stop_strings_and_stop_strings_over_length(tok):
     seq.token_ids.append(ids[k])
     out = proc.update(seq, ids[k], None, ("length", None))  # the last allowed token completes the stop string
     assert (out.finish_reason, out.stop_reason, out.text) == ("stop", stop, TEXT[:idx])
-    outs, _, _ = run(tok, ids[: k + 1], stream=False, length_at_end=False, stop=[stop])
+    outs, _, _ = run(tok, ids[: k + 1], stream=False, end=None, stop=[stop])
     assert outs[-1].finish_reason == "stop"
     proc = OutputProcessor(tok)
     seq = Sequence("r", list(PROMPT), len(PROMPT), SamplingParams(stop=[stop], stop_token_ids=[ids[k]]), 0.0)
@@ -142,7 +150,33 @@ def test_stop_ids_win_over_stop_strings_and_stop_strings_over_length(tok):
     seq.token_ids.append(ids[k])
     out = proc.update(seq, ids[k], None, ("stop", ids[k]))
     assert (out.finish_reason, out.stop_reason) == ("stop", ids[k])
-    assert out.text == tok.decode(ids[: k + 1])  # a stop id ends it; the stop string is not cut out
+    assert out.text == tok.decode(ids[:k])  # a stop id ends it, its text left out (so the stop string is not in it)
+
+
+# ---- stop tokens ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("eos", [False, True])
+@pytest.mark.parametrize("extra", [{}, {"stop": ["\x00never"]}, {"logprobs": 1}])
+def test_stop_token_text_is_left_out_unless_asked(tok, stream, eos, extra):
+    """vLLM's: a request that ends on EOS or a stop id keeps the id (and its logprobs) but not its text."""
+    ids = encode(tok, TEXT)[:8]
+    last = tok.convert_tokens_to_ids("<|endoftext|>") if eos else ids[-1]
+    ids[-1] = last
+    end = ("stop", None) if eos else ("stop", last)
+    lps = [{t: -0.5, 1: -9.0} for t in ids] if "logprobs" in extra else None
+    for keep in (False, True):
+        params = dict(extra, skip_special_tokens=False, include_stop_str_in_output=keep)
+        outs, _, proc = run(tok, ids, stream, end=end, token_logprobs=lps, **params)
+        assert (outs[-1].finish_reason, outs[-1].stop_reason) == end and not proc.states
+        assert [t for o in outs for t in o.token_ids] == ids
+        if lps is not None:
+            assert [lp for o in outs for lp in o.logprobs] == lps
+        text = streamed(outs) if stream else outs[-1].text
+        assert text == tok.decode(ids if keep else ids[:-1], skip_special_tokens=False)
+        if stream and not keep and "stop" not in extra:  # (a stop string's hold-back is flushed at the end)
+            assert outs[-1].text == ""  # the last delta carries no text of the stop token
 
 
 # ---- special tokens, multi-byte characters, logprobs, abort --------------------------------------------------

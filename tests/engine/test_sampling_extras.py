@@ -64,8 +64,8 @@ def test_logit_bias_steers_greedy_and_leaves_the_batch_alone(roomy, hf, tiny_tie
     out = roomy.generate(prompts[0], greedy(6, logit_bias={best: -100.0}, logprobs=1), use_tqdm=False)[0]
     assert out.token_ids[0] == second != plain[0][0] and best not in out.token_ids
     # logprobs stay vLLM's raw ones: the model's distribution before the bias
-    assert out.logprobs[0][second] == pytest.approx(lp[second].item(), abs=1e-4)
-    assert out.logprobs[0][best] == pytest.approx(lp[best].item(), abs=1e-4)  # still the top one
+    assert out.logprobs[0][second].logprob == pytest.approx(lp[second].item(), abs=1e-4)
+    assert out.logprobs[0][best].logprob == pytest.approx(lp[best].item(), abs=1e-4)  # still the top one
     # one biased request in a mixed batch: the others equal HF's greedy output
     params = [greedy(6), greedy(6, logit_bias={chosen: 100.0, 7: -5.0}), greedy(6), greedy(6)]
     got = roomy.generate(prompts, params, use_tqdm=False)

@@ -75,7 +75,7 @@ BAD_VALUES = [
     ({"stop_token_ids": [-1]}, "stop_token_ids"),
     ({"stop_token_ids": [100_000]}, "stop_token_ids"),
     ({"stop_token_ids": [True]}, "stop_token_ids"),
-    ({"seed": -1}, "seed"),
+    ({"seed": 2**63}, "seed"),  # past int64 (negative ones are vLLM's too)
     ({"logprobs": 21}, "logprobs"),
     ({"logprobs": -1}, "logprobs"),
     ({"presence_penalty": 2.5}, "presence_penalty"),

@@ -1,8 +1,9 @@
-"""Faults, with real processes: a worker killed mid-stream, the coordinator killed, SIGTERM/SIGINT, a port in
-use, a missing token."""
+"""Faults, with real processes: a worker killed mid-stream, the coordinator killed, SIGTERM/SIGINT (to launch.py
+alone, and a Ctrl-C's SIGINT to its whole process group with the HTTP front-end), a port in use, a missing token."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -13,10 +14,12 @@ import threading
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 
 from client import Client, EngineDeadError, SamplingParams
 from protocol.codec import ProtocolError
+from tests.support.openai_http import HttpServer
 from tests.support.processes import ROOT, children_of, pid_alive, wait_gone
 from tests.support.server import ServerProcess
 
@@ -151,6 +154,68 @@ def test_signal_graceful_shutdown(tiny_tied, tmp_path, sig):
         assert wait_gone(workers, 30)
         assert not ipc.exists()
         assert "Traceback" not in srv.stderr()
+    finally:
+        srv.stop()
+
+
+def _http_request(url: str, body: dict, out: list) -> None:
+    """POST ``body``; ``out`` gets each SSE data line as it arrives (streamed) or the response, or the exception."""
+    try:
+        if not body.get("stream"):
+            out.append(httpx.post(url, json=body, timeout=60))
+            return
+        with httpx.stream("POST", url, json=body, timeout=60) as r:
+            out.extend(line.removeprefix("data: ") for line in r.iter_lines() if line.startswith("data: "))
+    except Exception as e:
+        out.append(e)
+
+
+def test_ctrl_c_to_the_process_group_aborts_http_requests_and_exits_0(tiny_tied, tmp_path):
+    # a terminal's Ctrl-C: SIGINT to launch.py, its workers and its front-end at once; the children leave it to
+    # launch.py, which ends every request with "abort" as for a SIGINT to it alone
+    srv = HttpServer(tiny_tied, tmp_path / "server.log", *LONG_CONTEXT, new_session=True)
+    try:
+        children = children_of(srv.proc.pid)
+        workers = [p for p in children if b"--coordinator" in Path(f"/proc/{p}/cmdline").read_bytes()]
+        assert workers and len(children) == len(workers) + 1  # and the front-end
+        ipc = _ipc_dir(workers[0])
+        long = {"max_tokens": 1900, "ignore_eos": True}
+        requests = [
+            ("/completions", {"prompt": "a", "stream": True, **long}),
+            ("/completions", {"prompt": [5, 6, 7], "stream": True, "n": 2, **long}),
+            ("/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "stream": True, **long}),
+            ("/completions", {"prompt": "b", **long}),
+        ]
+        outs: list[list] = [[] for _ in requests]
+        threads = [
+            threading.Thread(target=_http_request, args=(srv.base_url + path, body, out))
+            for (path, body), out in zip(requests, outs)
+        ]
+        for t in threads:
+            t.start()
+        with Client(srv.zmq, timeout=30) as c:
+            deadline = time.monotonic() + 10
+            while (c.stats()["pending"] < 5 or not all(outs[:3])) and time.monotonic() < deadline:
+                time.sleep(0.02)
+        assert all(outs[:3]) and not outs[3], outs  # every stream has begun, no request has ended
+        os.killpg(srv.proc.pid, signal.SIGINT)
+        for t in threads:
+            t.join(30)
+        for (_, body), events in zip(requests[:3], outs[:3]):
+            assert events[-1] == "[DONE]", events[-3:]
+            chunks = [json.loads(e) for e in events[:-1]]
+            assert not [c for c in chunks if "error" in c], chunks[-2:]
+            reasons = [ch["finish_reason"] for c in chunks for ch in c["choices"] if ch["finish_reason"]]
+            assert reasons == ["abort"] * body.get("n", 1)
+        (response,) = outs[3]
+        assert response.status_code == 200, response.text
+        assert response.json()["choices"][0]["finish_reason"] == "abort"
+        assert response.json()["usage"]["completion_tokens"] < 1900
+        assert srv.proc.wait(30) == 0, srv.stderr()
+        assert wait_gone(children, 10), [p for p in children if pid_alive(p)]
+        assert ipc is not None and not ipc.exists()
+        log = srv.stderr()
+        assert "Traceback" not in log and "ERROR" not in log, log
     finally:
         srv.stop()
 

@@ -190,6 +190,42 @@ def test_include_stop_str_in_output(api, hf):
     assert "".join(c.choices[0].text for c in streamed) == kept
 
 
+def test_min_tokens_shields_stop_strings_and_stop_tokens_leave_their_text_out(api, server, hf):
+    """vLLM's: a stop string only matches after the first min_tokens tokens' text; a stop id or EOS that ends the
+    request keeps its id (counted, with logprobs) but not its text, over HTTP (plain and streamed) and ZMQ."""
+    prompt, extra = "import os", GREEDY["extra_body"]
+    ids = hf.greedy(hf.ids(prompt), 24)
+    full, shielded = hf.text(ids), len(hf.text(ids[:16]))
+    stop = full[2:4]
+    assert full.index(stop) + len(stop) <= shielded  # its first match is within the shielded text
+    at = full.find(stop, shielded - len(stop) + 1)
+    want = (full, "length") if at < 0 else (full[:at], "stop")
+    kw = dict(model=NAME, prompt=prompt, max_tokens=24, stop=[stop], temperature=0)
+    kw["extra_body"] = dict(extra, min_tokens=16)
+    r = api.completions.create(**kw).choices[0]
+    assert (r.text, r.finish_reason) == want
+    assert "".join(c.choices[0].text for c in api.completions.create(stream=True, **kw)) == want[0]
+    k = 5 + next(j for j, t in enumerate(ids[5:]) if t not in ids[:5])  # a token's first occurrence
+    cut = hf.text(ids[:k])
+    kw = dict(model=NAME, prompt=prompt, max_tokens=24, temperature=0, logprobs=0)
+    r = api.completions.create(**kw, extra_body=dict(extra, stop_token_ids=[ids[k]]))
+    c = r.choices[0]
+    assert (c.text, c.finish_reason, c.stop_reason, r.usage.completion_tokens) == (cut, "stop", ids[k], k + 1)
+    assert len(c.logprobs.tokens) == k + 1
+    assert c.logprobs.text_offset[-1] == len(cut)  # the stop token's entry starts where the text ends
+    del kw["logprobs"]
+    chunks = list(api.completions.create(stream=True, **kw, extra_body=dict(extra, stop_token_ids=[ids[k]])))
+    assert "".join(ch.choices[0].text for ch in chunks) == cut and chunks[-1].choices[0].finish_reason == "stop"
+    with Client(server.zmq, timeout=60) as client:
+        out = client.generate(prompt, SamplingParams(max_tokens=24, temperature=0, stop_token_ids=[ids[k]]))
+    assert (out.text, out.token_ids) == (cut, ids[: k + 1])
+    # EOS (forced by a bias): its text comes out only with include_stop_str_in_output
+    for keep in (False, True):
+        extra_eos = dict(logit_bias={"0": 100}, skip_special_tokens=False, include_stop_str_in_output=keep)
+        c = api.completions.create(model=NAME, prompt=prompt, max_tokens=4, temperature=0, extra_body=extra_eos)
+        assert (c.choices[0].text, c.choices[0].finish_reason) == ("<|endoftext|>" if keep else "", "stop")
+
+
 def test_skip_special_tokens(api, server, hf):
     """Seeded sampling over the whole vocabulary draws special tokens; the text keeps them only when asked. The
     same request over ZMQ gives the token ids (the same seed samples the same tokens)."""
@@ -332,6 +368,9 @@ def test_tokenize_detokenize_models_version_health(server, hf):
     assert r["tokens"] == hf.chat_ids(messages)
     r = httpx.post(server.root + "/detokenize", json={"tokens": hf.tok.encode(text)}).json()
     assert r["prompt"] == text
+    special = "<|im_start|>user\nhi<|im_end|>"  # as vLLM's, special tokens are kept: the round trip holds
+    ids = httpx.post(server.root + "/tokenize", json={"prompt": special}).json()["tokens"]
+    assert httpx.post(server.root + "/detokenize", json={"tokens": ids}).json()["prompt"] == special
     assert "vocabulary" in _error(httpx.post(server.root + "/detokenize", json={"tokens": [99999]}), 400, "tokens")
     models = httpx.get(server.base_url + "/models").json()
     assert [m["id"] for m in models["data"]] == [NAME] and models["data"][0]["max_model_len"] == 512

@@ -1,7 +1,8 @@
 """The HTTP server's refusals and faults: a non-loopback host without a key, an HTTP port in use, 401 without the
 key, 429 past --max-pending-requests, 400 for a request over the coordinator's --max-message-bytes (other streams go
 on) and 413 for a body over the front-end's cap, 400s in OpenAI's shape for bodies that are not valid JSON, not
-Unicode or nested too deep, 503 once the engine is dead, and the front-end exiting with its parent."""
+Unicode or nested too deep, a SIGINT to the front-end (on its own: it exits 0; under a parent: it leaves the
+shutdown to it), 503 once the engine is dead, and the front-end exiting with its parent."""
 
 from __future__ import annotations
 
@@ -159,6 +160,36 @@ def test_bad_bodies_are_400s_in_openai_shape(server):
         _error(client.post(completions, json={"prompt": long, "max_tokens": 2}), 400, "prompt")
         _error(client.post(completions, json={"prompt": "x", "max_tokens": 900}), 400, "max_tokens")  # what to lower
         assert client.post(completions, json={"prompt": "x", "max_tokens": 2}).status_code == 200
+
+
+@pytest.mark.parametrize("child", [False, True], ids=["standalone", "child"])
+def test_sigint_to_the_front_end(server, tmp_path, child):
+    # standalone: Ctrl-C stops it cleanly; as launch.py's child (--parent-pid) it ignores SIGINT, the parent stops it
+    cmd = [sys.executable, "-m", "client.openai_server", "--address", server.zmq, "--port", "0"]
+    cmd += ["--parent-pid", str(os.getpid())] if child else []
+    env = dict(os.environ, NANOSERVE_API_KEY=KEY, PYTHONUNBUFFERED="1")
+    log = tmp_path / "front_end.log"
+    with open(log, "w") as err:
+        proc = subprocess.Popen(
+            cmd, cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=err, text=True
+        )
+    try:
+        line = proc.stdout.readline()
+        assert line.startswith("nanoserve OpenAI API on "), line
+        root = line.split()[4].removesuffix("/v1")
+        proc.send_signal(signal.SIGINT)
+        if child:
+            time.sleep(1)  # an idle front-end that took the signal is gone by now
+            assert proc.poll() is None and httpx.get(root + "/health", timeout=10).status_code == 200
+            proc.terminate()  # as launch.py stops it
+            assert proc.wait(15) == -signal.SIGTERM
+        else:
+            assert proc.wait(15) == 0
+        assert "Traceback" not in log.read_text(), log.read_text()
+    finally:
+        proc.kill()
+        proc.wait()
+        proc.stdout.close()
 
 
 def test_dead_engine_is_503_and_the_front_end_exits_with_its_parent(server):

@@ -110,9 +110,10 @@ def test_logprobs_and_penalties(server, offline):
             deltas = list(c.stream(prompt, params))
             assert all(d.logprobs is not None and len(d.logprobs) == len(d.token_ids) for d in deltas)
             streamed = [t.as_dict() for d in deltas for t in d.logprobs]
+            ref_values = [e.logprob for x in ref.logprobs for e in x.values()]  # the offline API's: vLLM's Logprobs
             for got in (comp.logprobs, streamed):
                 assert [list(x) for x in got] == [list(x) for x in ref.logprobs]
-                assert np.allclose([v for x in got for v in x.values()], [v for x in ref.logprobs for v in x.values()])
+                assert np.allclose([v for x in got for v in x.values()], ref_values)
         plain = c.generate(prompts[0], GREEDY)
         assert plain.logprobs is None and plain.token_ids[:16] != expected[0].token_ids
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from protocol.outputs import Logprob
 from protocol.sampling_params import SamplingParams
 from tests.support.builders import vllm_penalized
 from worker.sampler import SamplingTensors
@@ -74,9 +75,14 @@ def check_completion(hf, prompt: list[int], params: SamplingParams, comp, tol: f
     n = params.logprobs
     assert len(comp.logprobs) == len(out)
     raw = torch.from_numpy(logits).log_softmax(-1).numpy()
-    for t, (tok, d) in enumerate(zip(out, comp.logprobs)):
+    for t, (tok, entry) in enumerate(zip(out, comp.logprobs)):
         # vLLM's layout: the sampled token first, then the top N in descending order (the sampled token is not
-        # repeated when it is among them: N or N + 1 entries)
+        # repeated when it is among them: N or N + 1 entries); the offline API's values are vLLM's Logprobs
+        d = {tid: getattr(v, "logprob", v) for tid, v in entry.items()}
+        if any(isinstance(v, Logprob) for v in entry.values()):  # ranks 1..N by logprob; None outside the top N
+            by_rank = sorted(d, key=lambda tid: -d[tid])
+            want = {tid: i + 1 for i, tid in enumerate(by_rank[:n])}
+            assert {tid: v.rank for tid, v in entry.items()} == {tid: want.get(tid) for tid in entry}
         items = list(d.items())
         assert items[0][0] == tok and abs(items[0][1] - raw[t, tok]) < tol  # the sampled token's logprob
         assert max(1, n) <= len(d) <= n + 1

@@ -22,15 +22,15 @@ ENGINE_ARGS = [
 
 class HttpServer:
     """``python launch.py --port 0 --http-port 0 ...``: both lines read from its stdout. Always ``stop()`` it
-    (or leave a ``with`` block)."""
+    (or leave a ``with`` block). ``new_session``: it leads its own process group, as a terminal's job does."""
 
-    def __init__(self, model_dir, log_path: Path, *extra: str, timeout: float = 120) -> None:
+    def __init__(self, model_dir, log_path: Path, *extra: str, timeout: float = 120, new_session: bool = False) -> None:
         cmd = [sys.executable, str(ROOT / "launch.py"), "--port", "0", "--http-port", "0", "--model", str(model_dir)]
         self.log_path = log_path
         self.log = open(log_path, "w")
         self.proc = subprocess.Popen(
             [*cmd, *ENGINE_ARGS, *extra], cwd=ROOT, env=dict(os.environ, PYTHONUNBUFFERED="1"),
-            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=self.log, text=True,
+            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=self.log, text=True, start_new_session=new_session,
         )  # fmt: skip
         self.zmq = self.base_url = None
         sel = selectors.DefaultSelector()
