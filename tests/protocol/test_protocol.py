@@ -260,7 +260,7 @@ def test_nested_sampling_params_are_validated_on_decode():
     ProtocolError) naming the field; types are checked on every decode, also once a signature is known."""
     from protocol.client_messages import CLIENT_PROTOCOL_VERSION, Generate
 
-    for name, bad in [("temperature", -1.0), ("top_p", 0.0), ("seed", -3), ("min_tokens", 99), ("logprobs", 21)]:
+    for name, bad in [("temperature", -1.0), ("top_p", 0.0), ("seed", 2**63), ("min_tokens", 99), ("logprobs", 21)]:
         params = SamplingParams(max_tokens=8)
         setattr(params, name, bad)  # after construction: the bad value reaches the wire unvalidated
         for msg in (params, Generate(CLIENT_PROTOCOL_VERSION, "r1", None, "hi", False, params)):
