@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import logging
+import time
 from importlib import metadata
 
 from fastapi import Depends, FastAPI, Request
@@ -66,6 +67,7 @@ async def until_disconnect(request: Request, work) -> Response:
 def build_app(state: ServerState, max_body_bytes: int) -> FastAPI:
     """The app; request bodies over ``max_body_bytes`` get a 413."""
     app = FastAPI(title="nanoserve", version=_version(), docs_url=None, redoc_url=None)
+    created = int(time.time())  # /v1/models' "created": when this server started serving the model
     engine, key = state.engine, state.api_key
 
     install_error_handlers(app)
@@ -97,7 +99,7 @@ def build_app(state: ServerState, max_body_bytes: int) -> FastAPI:
         card = {
             "id": engine.served_model_name,
             "object": "model",
-            "created": 0,
+            "created": created,
             "owned_by": "nanoserve",
             "root": engine.info["model"],
             "parent": None,

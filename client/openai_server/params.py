@@ -60,6 +60,8 @@ def _unsupported(req) -> None:
             raise APIError(400, "best_of must equal n (or be left out)", "best_of")
         if req.stream and req.echo and req.logprobs is not None:  # the prompt's come with the finished choice
             raise APIError(400, "echo with logprobs is not available when stream=true", "echo")
+    if req.stream_options is not None and not req.stream:  # as vLLM: options of a stream there is not
+        raise APIError(400, "stream_options can only be given with stream=true", "stream_options")
     if req.stream and req.prompt_logprobs is not None:  # as vLLM: they come with the finished request only
         raise APIError(400, "prompt_logprobs are not available when stream=true", "prompt_logprobs")
     if req.response_format and req.response_format.get("type") not in (None, "text"):
@@ -111,7 +113,7 @@ def sampling_params(req, defaults: dict, max_tokens: int, logprobs: int | None) 
             **values,
             max_tokens=max_tokens,
             min_tokens=req.min_tokens,
-            stop=req.stop or [],
+            stop=req.stop if req.stop is not None else [],  # "" reaches the check: an empty stop string is a 400
             stop_token_ids=req.stop_token_ids or [],
             ignore_eos=req.ignore_eos,
             seed=req.seed,

@@ -340,6 +340,9 @@ def test_errors_name_the_field_and_the_server_keeps_serving(api, server):
     assert "n " in _error(httpx.post(url, json={"prompt": "x", "n": 0}), 400, "n")
     assert "model" in _error(httpx.post(url, json={"prompt": "x", "model": "gpt-9"}), 404, "model")
     _error(httpx.post(url, json={"prompt": "x", "guided_regex": "a+"}), 400, "guided_regex")  # refused, not ignored
+    _error(httpx.post(url, json={"prompt": "x", "stop": ""}), 400, "stop")  # as [""], not silently no stop
+    only_streams = {"prompt": "x", "stream_options": {"include_usage": True}}
+    assert "stream=true" in _error(httpx.post(url, json=only_streams), 400, "stream_options")
     chat = server.base_url + "/chat/completions"
     _error(httpx.post(chat, json={"messages": []}), 400, "messages")
     _error(
@@ -374,6 +377,7 @@ def test_tokenize_detokenize_models_version_health(server, hf):
     assert "vocabulary" in _error(httpx.post(server.root + "/detokenize", json={"tokens": [99999]}), 400, "tokens")
     models = httpx.get(server.base_url + "/models").json()
     assert [m["id"] for m in models["data"]] == [NAME] and models["data"][0]["max_model_len"] == 512
+    assert time.time() - 600 < models["data"][0]["created"] <= time.time()  # when the server started, as vLLM's
     assert httpx.get(server.root + "/version").json()["version"]
     assert httpx.get(server.root + "/health").status_code == 200
 
