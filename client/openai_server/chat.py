@@ -4,6 +4,7 @@ top level of a non-streaming response), reasoning_content with a reasoning parse
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 
@@ -64,6 +65,9 @@ async def create_chat_completion(state: ServerState, req: ChatCompletionRequest)
             return EventStreamResponse(_events(state, req, rid, streams, arrival, opened))
         results = await generate_all(engine, jobs)
     except APIError:
+        raise
+    except asyncio.CancelledError:  # the client went away (until_disconnect): its choices were aborted
+        state.metrics.finished(rid, arrival, 0, 0, ["abort"] * req.n)
         raise
     except Exception as e:
         raise from_engine(e, FIELDS, "messages") from None

@@ -4,6 +4,7 @@ vLLM's), vLLM's prompt_logprobs and usage."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from dataclasses import replace
@@ -54,6 +55,9 @@ async def create_completion(state: ServerState, req: CompletionRequest) -> Respo
             return EventStreamResponse(_events(state, req, rid, streams, echo, arrival, score))
         results = [_unsampled(c) if score else c for c in await generate_all(engine, jobs)]
     except APIError:
+        raise
+    except asyncio.CancelledError:  # the client went away (until_disconnect): its choices were aborted
+        state.metrics.finished(rid, arrival, 0, 0, ["abort"] * len(jobs))
         raise
     except Exception as e:
         raise from_engine(e, FIELDS) from None

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import socket
 import subprocess
 import sys
 import time
@@ -317,6 +318,21 @@ def test_disconnect_mid_stream_aborts_and_frees_kv(server):
     assert (running, usage) == (0, 0)
     assert metric(server, "nanoserve:request_success_total", finished_reason="abort") == aborted + 1
     assert metric(server, "nanoserve:generation_tokens_total") - generated < 480
+    # a request that does not stream, its client gone once it runs: aborted and counted as one too
+    host, port = server.root.removeprefix("http://").split(":")
+    payload = json.dumps({**body, "stream": False}).encode()
+    head = f"POST /v1/completions HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+    with socket.create_connection((host, int(port))) as sock:
+        sock.sendall(f"{head}Content-Length: {len(payload)}\r\n\r\n".encode() + payload)
+        deadline = time.monotonic() + 20
+        while not metric(server, "nanoserve:num_requests_running") and time.monotonic() < deadline:
+            time.sleep(0.01)
+    deadline = time.monotonic() + 20
+    while metric(server, "nanoserve:request_success_total", finished_reason="abort") == aborted + 1:
+        assert time.monotonic() < deadline, "the abandoned request was not counted"
+        time.sleep(0.05)
+    assert metric(server, "nanoserve:request_success_total", finished_reason="abort") == aborted + 2
+    assert metric(server, "nanoserve:generation_tokens_total") - generated < 2 * 480
 
 
 # ---- the rest of the API -----------------------------------------------------------------------------------
