@@ -66,8 +66,12 @@ class AsyncClient(_Base):
         except asyncio.CancelledError:
             raise
         except Exception as e:  # the socket broke: fail every waiter rather than leave it hanging
-            for q in self._queues.values():
-                q.put_nowait(e)
+            self.fail_all(e)
+
+    def fail_all(self, error: Exception) -> None:
+        """End every request in flight with ``error`` (e.g. the caller knows the server is gone)."""
+        for q in self._queues.values():
+            q.put_nowait(error)
 
     def _send_now(self, data: bytes) -> None:
         """Send without awaiting (ordered with other sends; usable from sync code running in the loop)."""

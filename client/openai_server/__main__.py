@@ -22,6 +22,7 @@ from client.openai_server.reasoning import REASONING_PARSERS
 from client.openai_server.state import ServerState
 from coordinator.client_socket import is_loopback
 from protocol.cli_logging import add_log_level_flag, configure_logging
+from protocol.errors import EngineDeadError
 from protocol.settings import settings
 
 log = logging.getLogger("nanoserve.http")
@@ -73,10 +74,12 @@ def _die_with_parent(parent_pid: int) -> None:
         sys.exit(0)
 
 
-async def _watch_parent(parent_pid: int, server) -> None:
+async def _watch_parent(parent_pid: int, server, engine: EngineClient) -> None:
     while os.getppid() == parent_pid:
         await asyncio.sleep(0.5)
     log.warning("parent process %d is gone: shutting down", parent_pid)
+    # its coordinator is gone with it: end the requests in flight now, not after the graceful shutdown's wait
+    engine.client.fail_all(EngineDeadError(f"the coordinator (process {parent_pid}) is gone"))
     server.should_exit = True
 
 
@@ -144,7 +147,7 @@ async def serve(args) -> int:
         await asyncio.sleep(0.02)
     tasks = [asyncio.ensure_future(_log_stats(engine, args.log_stats_interval))]
     if args.parent_pid is not None:
-        tasks.append(asyncio.ensure_future(_watch_parent(args.parent_pid, server)))
+        tasks.append(asyncio.ensure_future(_watch_parent(args.parent_pid, server, engine)))
     if server.started:
         host, port = sock.getsockname()[:2]
         shown = f"[{host}]" if ":" in host else host

@@ -2,7 +2,7 @@
 key, 429 past --max-pending-requests, 400 for a request over the coordinator's --max-message-bytes (other streams go
 on) and 413 for a body over the front-end's cap, 400s in OpenAI's shape for bodies that are not valid JSON, not
 Unicode or nested too deep, a SIGINT to the front-end (on its own: it exits 0; under a parent: it leaves the
-shutdown to it), 503 once the engine is dead, and the front-end exiting with its parent."""
+shutdown to it), 503 once the engine is dead, and the front-end ending its streams and exiting with its parent."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -186,6 +187,39 @@ def test_sigint_to_the_front_end(server, tmp_path, child):
         else:
             assert proc.wait(15) == 0
         assert "Traceback" not in log.read_text(), log.read_text()
+    finally:
+        proc.kill()
+        proc.wait()
+        proc.stdout.close()
+
+
+def test_streams_end_with_an_error_when_the_front_ends_parent_dies(server, tmp_path):
+    # the front-end under a parent that is SIGKILLed (as launch.py may be): its streams end at once with an error
+    # event, not cut after the graceful shutdown's wait
+    front_end = [sys.executable, "-m", "client.openai_server", "--address", server.zmq, "--port", "0"]
+    parent = f"import os, subprocess, sys; subprocess.run({front_end!r} + ['--parent-pid', str(os.getpid())])"
+    env = dict(os.environ, NANOSERVE_API_KEY=KEY, PYTHONUNBUFFERED="1")
+    with open(tmp_path / "front_end.log", "w") as err:
+        proc = subprocess.Popen([sys.executable, "-c", parent], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=err)
+    events: list[str] = []
+    try:
+        line = proc.stdout.readline().decode()
+        assert line.startswith("nanoserve OpenAI API on "), line
+        url = line.split()[4] + "/completions"
+        body = {"prompt": "a", "max_tokens": 400, "ignore_eos": True, "stream": True}
+
+        def read() -> None:
+            with httpx.stream("POST", url, json=body, headers=HEADERS, timeout=60) as r:
+                events.extend(x.removeprefix("data: ") for x in r.iter_lines() if x.startswith("data: "))
+
+        reader = threading.Thread(target=read)
+        reader.start()
+        deadline = time.monotonic() + 20
+        while len(events) < 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        proc.kill()
+        reader.join(30)
+        assert events[-1] == "[DONE]" and "is gone" in events[-2], events[-3:]
     finally:
         proc.kill()
         proc.wait()
