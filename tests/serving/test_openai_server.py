@@ -6,11 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
-import socket
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import httpx
@@ -23,8 +18,7 @@ from client import Client
 from model.tiny import CHAT_TEMPLATE, TinySpec, write_tiny_checkpoint
 from protocol.sampling_params import SamplingParams
 from tests.support.hf_oracle import Oracle
-from tests.support.openai_http import HttpServer, metric, metrics
-from tests.support.processes import ROOT
+from tests.support.openai_http import HttpServer, metric
 
 NAME = "tiny-chat"
 GEN_MAX_NEW_TOKENS = 20  # generation_config.json's max_new_tokens: chat's default max_tokens
@@ -293,155 +287,3 @@ def test_sixteen_concurrent_streams_equal_hf(server, hf):
             await client.close()
 
     assert asyncio.run(stream_all()) == sequential
-
-
-def test_disconnect_mid_stream_aborts_and_frees_kv(server):
-    aborted = metric(server, "nanoserve:request_success_total", finished_reason="abort")
-    generated = metric(server, "nanoserve:generation_tokens_total")
-    body = {"model": NAME, "prompt": "once upon a time", "max_tokens": 480, "stream": True, "ignore_eos": True}
-    with httpx.Client(timeout=30) as client:
-        with client.stream("POST", server.base_url + "/completions", json=body) as resp:
-            assert resp.status_code == 200
-            events = 0
-            for line in resp.iter_lines():
-                events += line.startswith("data: ")
-                if events == 3:
-                    break  # leaving the block closes the connection mid-stream
-    deadline = time.monotonic() + 20
-    while True:
-        m = metrics(server)
-        running = m[("nanoserve:num_requests_running", ())]
-        usage = m[("nanoserve:kv_cache_usage_perc", ())]
-        if (running, usage) == (0, 0) or time.monotonic() > deadline:
-            break
-        time.sleep(0.1)
-    assert (running, usage) == (0, 0)
-    assert metric(server, "nanoserve:request_success_total", finished_reason="abort") == aborted + 1
-    assert metric(server, "nanoserve:generation_tokens_total") - generated < 480
-    # a request that does not stream, its client gone once it runs: aborted and counted as one too
-    host, port = server.root.removeprefix("http://").split(":")
-    payload = json.dumps({**body, "stream": False}).encode()
-    head = f"POST /v1/completions HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
-    with socket.create_connection((host, int(port))) as sock:
-        sock.sendall(f"{head}Content-Length: {len(payload)}\r\n\r\n".encode() + payload)
-        deadline = time.monotonic() + 20
-        while not metric(server, "nanoserve:num_requests_running") and time.monotonic() < deadline:
-            time.sleep(0.01)
-    deadline = time.monotonic() + 20
-    while metric(server, "nanoserve:request_success_total", finished_reason="abort") == aborted + 1:
-        assert time.monotonic() < deadline, "the abandoned request was not counted"
-        time.sleep(0.05)
-    assert metric(server, "nanoserve:request_success_total", finished_reason="abort") == aborted + 2
-    assert metric(server, "nanoserve:generation_tokens_total") - generated < 2 * 480
-
-
-# ---- the rest of the API -----------------------------------------------------------------------------------
-
-
-def _error(resp: httpx.Response, status: int, param) -> str:
-    assert resp.status_code == status, resp.text
-    err = resp.json()["error"]
-    assert set(err) == {"message", "type", "param", "code"}
-    assert err["param"] == param and err["code"] == status
-    return err["message"]
-
-
-def test_errors_name_the_field_and_the_server_keeps_serving(api, server):
-    url = server.base_url + "/completions"
-    assert "temperature" in _error(httpx.post(url, json={"prompt": "x", "temperature": -1}), 400, "temperature")
-    assert "max_tokens" in _error(httpx.post(url, json={"prompt": "x", "max_tokens": "many"}), 400, "max_tokens")
-    assert "prompt" in _error(httpx.post(url, json={"prompt": ["a", [1]]}), 400, "prompt")
-    assert "max_model_len" in _error(httpx.post(url, json={"prompt": "x", "max_tokens": 900}), 400, "max_tokens")
-    assert "vocabulary" in _error(httpx.post(url, json={"prompt": [10**6]}), 400, "prompt")
-    assert "n " in _error(httpx.post(url, json={"prompt": "x", "n": 0}), 400, "n")
-    assert "model" in _error(httpx.post(url, json={"prompt": "x", "model": "gpt-9"}), 404, "model")
-    _error(httpx.post(url, json={"prompt": "x", "guided_regex": "a+"}), 400, "guided_regex")  # refused, not ignored
-    _error(httpx.post(url, json={"prompt": "x", "stop": ""}), 400, "stop")  # as [""], not silently no stop
-    only_streams = {"prompt": "x", "stream_options": {"include_usage": True}}
-    assert "stream=true" in _error(httpx.post(url, json=only_streams), 400, "stream_options")
-    chat = server.base_url + "/chat/completions"
-    _error(httpx.post(chat, json={"messages": []}), 400, "messages")
-    _error(
-        httpx.post(chat, json={"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}), 400, "top_logprobs"
-    )
-    too_many = {"messages": [{"role": "user", "content": "x"}], "logprobs": True, "top_logprobs": 21}
-    assert "top_logprobs must be in [0, 20]" in _error(httpx.post(chat, json=too_many), 400, "top_logprobs")
-    not_json = httpx.post(url, content=b"{not json", headers={"content-type": "application/json"})
-    assert "not valid JSON" in _error(not_json, 400, None)
-    with pytest.raises(openai.NotFoundError):
-        api.completions.create(model="nope", prompt="x")
-    with pytest.raises(openai.BadRequestError):
-        api.chat.completions.create(model=NAME, messages=[{"role": "user", "content": "x"}], top_p=0)
-    # an unknown field is ignored (with a warning in the log), as vLLM does
-    r = httpx.post(url, json={"prompt": "x", "max_tokens": 2, "no_such_field": 1})
-    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] <= 2
-
-
-def test_tokenize_detokenize_models_version_health(server, hf):
-    text = "Hello world, Ünïcödé"
-    r = httpx.post(server.root + "/tokenize", json={"prompt": text, "return_token_strs": True}).json()
-    assert r["tokens"] == hf.tok.encode(text) and r["count"] == len(r["tokens"]) and r["max_model_len"] == 512
-    assert r["token_strs"] == [hf.tok.decode([t]) for t in r["tokens"]]
-    messages = [{"role": "user", "content": "hi"}]
-    r = httpx.post(server.root + "/tokenize", json={"messages": messages}).json()
-    assert r["tokens"] == hf.chat_ids(messages)
-    r = httpx.post(server.root + "/detokenize", json={"tokens": hf.tok.encode(text)}).json()
-    assert r["prompt"] == text
-    special = "<|im_start|>user\nhi<|im_end|>"  # as vLLM's, special tokens are kept: the round trip holds
-    ids = httpx.post(server.root + "/tokenize", json={"prompt": special}).json()["tokens"]
-    assert httpx.post(server.root + "/detokenize", json={"tokens": ids}).json()["prompt"] == special
-    assert "vocabulary" in _error(httpx.post(server.root + "/detokenize", json={"tokens": [99999]}), 400, "tokens")
-    models = httpx.get(server.base_url + "/models").json()
-    assert [m["id"] for m in models["data"]] == [NAME] and models["data"][0]["max_model_len"] == 512
-    assert time.time() - 600 < models["data"][0]["created"] <= time.time()  # when the server started, as vLLM's
-    assert httpx.get(server.root + "/version").json()["version"]
-    assert httpx.get(server.root + "/health").status_code == 200
-
-
-def test_metrics_names_parse_and_logs(server, api):
-    api.completions.create(model=NAME, prompt="metrics", max_tokens=4, stream=False, **GREEDY)
-    list(api.completions.create(model=NAME, prompt="metrics", max_tokens=4, stream=True, **GREEDY))
-    m = metrics(server)
-    names = {name for name, _ in m}
-    for gauge in ("num_requests_running", "num_requests_waiting", "kv_cache_usage_perc"):
-        assert f"nanoserve:{gauge}" in names
-    for counter in ("prompt_tokens", "generation_tokens", "prefix_cache_queries", "prefix_cache_hits"):
-        assert f"nanoserve:{counter}_total" in names
-    for hist in ("time_to_first_token_seconds", "inter_token_latency_seconds", "e2e_request_latency_seconds"):
-        assert m[(f"nanoserve:{hist}_count", ())] > 0
-    assert m[("nanoserve:request_success_total", (("finished_reason", "length"),))] > 0
-    time.sleep(1.5)  # one stats interval: the periodic line covers the requests above
-    log = server.stderr()
-    assert re.search(r"cmpl-\w+ finished: \d+ prompt \+ 4 output tokens, [\d.]+ s, finish_reason=length", log)
-    assert "Avg generation throughput" in log and "KV cache usage" in log
-    assert "no_such_field" in log
-
-
-def test_readme_chat_example_runs(server, api):
-    readme = (ROOT / "README.md").read_text()
-    section = readme[readme.index("## OpenAI-compatible HTTP API") :]
-    code = section[
-        section.index("```python") + len("```python") : section.index("```\n", section.index("```python") + 9)
-    ]
-    assert "http://127.0.0.1:8000/v1" in code
-    code = code.replace("http://127.0.0.1:8000/v1", server.base_url)
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr
-    messages = [{"role": "user", "content": "Write a haiku about GPUs."}]
-    same = api.chat.completions.create(model=NAME, messages=messages, max_tokens=64)  # greedy: top_k=1 default
-    assert out.stdout == same.choices[0].message.content + "\n"
-
-
-def test_benchmark_serve_against_the_server(server):
-    """benchmarks/serve.py (the load generator, aiohttp) streams every request to its end and counts its tokens:
-    the last line is its JSON report."""
-    n, out_len = 6, 8
-    cmd = [sys.executable, "-m", "benchmarks.serve", "--base-url", server.base_url, "--dataset", "random",
-           "--random-input-len", "16", "--random-output-len", str(out_len), "--num-prompts", str(n),
-           "--request-rate", "50", "--max-token-id", "200", "--temperature", "0"]  # fmt: skip
-    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr[-2000:]
-    report = json.loads(done.stdout.strip().splitlines()[-1])
-    assert (report["completed"], report["failed"]) == (n, 0), report["first_error"]
-    assert report["output_tokens"] == n * out_len
-    assert 0 < report["ttft_ms"]["p50"] and 0 < report["itl_ms"]["p50"]
