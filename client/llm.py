@@ -14,6 +14,7 @@ import time
 import weakref
 
 from coordinator.config import EngineConfig
+from coordinator.detokenizer import TokenTexts
 from coordinator.engine import Engine
 from coordinator.prompts import render_chat
 from protocol.client_messages import ChatPrompt
@@ -27,6 +28,7 @@ class LLM:
         cfg = EngineConfig.from_kwargs(model=model, tensor_parallel_size=tensor_parallel_size, **engine_args)
         self.engine = Engine(cfg)
         self.tokenizer = self.engine.tokenizer
+        self._token_texts = TokenTexts(self.tokenizer)
         # close at interpreter exit too, so no worker outlives us
         self._finalizer = weakref.finalize(self, Engine.shutdown, self.engine)
         atexit.register(self._finalizer)
@@ -56,14 +58,14 @@ class LLM:
         for prompt, params in zip(prompts, sampling_params):
             samples = [next(done) for _ in range(params.n)]
             first = samples[0]
+            texts = self._texts(samples).__getitem__
             out.append(
                 RequestOutput(
                     request_id=first.request_id,
                     prompt=prompt if isinstance(prompt, str) else None,
                     prompt_token_ids=first.prompt_token_ids,
                     outputs=[
-                        CompletionOutput.from_completion(i, c, params.logprobs, self._token_text)
-                        for i, c in enumerate(samples)
+                        CompletionOutput.from_completion(i, c, params.logprobs, texts) for i, c in enumerate(samples)
                     ],
                     metrics=dict(metrics),
                     prompt_logprobs=first.prompt_logprobs,
@@ -92,9 +94,9 @@ class LLM:
     def get_tokenizer(self):
         return self.tokenizer
 
-    def _token_text(self, token_id: int) -> str:
-        """A token's own text, as vLLM's ``Logprob.decoded_token`` has it (special tokens kept)."""
-        return self.tokenizer.decode([token_id], skip_special_tokens=False)
+    def _texts(self, samples: list[Completion]) -> dict[int, str]:
+        """Each logprob entry's token text (vLLM's ``Logprob.decoded_token``), decoded in one batch per prompt."""
+        return self._token_texts.of(t for c in samples for entry in c.logprobs or () for t in entry)
 
     def _run(self, prompts: list, sampling_params: list[SamplingParams], use_tqdm: bool) -> list[Completion]:
         """The engine's Completions of these requests (n=1 each), in order."""

@@ -40,6 +40,10 @@ class Admission:
         ids = self.prompt_ids(prompt)
         if not ids:
             raise RequestError("prompt is empty")
+        if len(ids) >= self.max_model_len:  # named as the prompt's fault whatever max_tokens is
+            raise RequestError(
+                f"prompt ({len(ids)} tokens) leaves no room for output tokens in max_model_len ({self.max_model_len})"
+            )
         rest = params.max_tokens is None
         if rest:
             params = self._rest_of_context(params, len(ids))
@@ -64,11 +68,7 @@ class Admission:
 
     def _rest_of_context(self, params: SamplingParams, num_prompt: int) -> SamplingParams:
         """max_tokens=None as vLLM takes it: whatever max_model_len leaves after the prompt."""
-        room = self.max_model_len - num_prompt
-        if room < 1:
-            raise RequestError(
-                f"prompt ({num_prompt} tokens) leaves no room for output tokens in max_model_len ({self.max_model_len})"
-            )
+        room = self.max_model_len - num_prompt  # >= 1: a prompt that fills the context was refused before
         try:
             return replace(params, max_tokens=room)  # a copy: the caller's params may serve other prompts
         except ValueError as e:  # min_tokens above the room left

@@ -1,5 +1,5 @@
 """Incremental detokenization: only complete characters are emitted (a multi-byte character split across
-tokens waits for its last byte)."""
+tokens waits for its last byte); and each token id's own text, for logprob entries."""
 
 from __future__ import annotations
 
@@ -14,3 +14,21 @@ def decode_delta(
     if full_text.endswith("\ufffd") or len(full_text) < len(prefix_text):
         return "", prefix_offset, read_offset  # an incomplete UTF-8 sequence: wait for more tokens
     return full_text[len(prefix_text) :], read_offset, len(ids)
+
+
+class TokenTexts:
+    """Each token id's own text, special tokens kept, as a logprob entry names the token it is about: decoded once
+    per id, in one batch for the ids not seen before."""
+
+    def __init__(self, tokenizer) -> None:
+        self.tokenizer = tokenizer
+        self.texts: dict[int, str] = {}
+
+    def of(self, ids) -> dict[int, str]:
+        """The id -> text map, holding every id of ``ids``."""
+        missing = [t for t in dict.fromkeys(ids) if t not in self.texts]
+        if missing:
+            self.texts.update(
+                zip(missing, self.tokenizer.batch_decode([[t] for t in missing], skip_special_tokens=False))
+            )
+        return self.texts

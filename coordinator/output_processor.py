@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from coordinator.detokenizer import decode_delta
+from coordinator.detokenizer import TokenTexts, decode_delta
 from coordinator.sequence import SeqStatus, Sequence
 from protocol.outputs import Logprob, PromptLogprobs, StepOutput
 from protocol.sampling_params import SamplingParams
@@ -49,7 +49,7 @@ class OutputProcessor:
     def __init__(self, tokenizer) -> None:
         self.tokenizer = tokenizer
         self.states: dict[str, _RequestState] = {}
-        self._token_texts: dict[int, str] = {}  # each id's own text, for prompt logprobs (decoded once per id)
+        self._token_texts = TokenTexts(tokenizer)  # for prompt logprobs
 
     def add(self, seq: Sequence, stream: bool) -> bool:
         """Track a new request. Returns whether it needs ``update`` for every token (streaming, stop strings or
@@ -85,10 +85,7 @@ class OutputProcessor:
 
     def _prompt_entry(self, ids: list[int], values: list[float], rank: int) -> dict[int, Logprob]:
         """vLLM's entry: the prompt token (its rank counted by the worker), then the top N, ranked 1..N."""
-        texts = self._token_texts
-        missing = [t for t in dict.fromkeys(ids) if t not in texts]
-        if missing:  # special tokens kept: an entry names the token it is about
-            texts.update(zip(missing, self.tokenizer.batch_decode([[t] for t in missing], skip_special_tokens=False)))
+        texts = self._token_texts.of(ids)
         ranks = [rank, *range(1, len(ids))]
         return {t: Logprob(v, r, texts[t]) for t, v, r in zip(ids, values, ranks)}
 

@@ -49,16 +49,17 @@ class Fp8LinearMethod:
                 y = out.copy_(y)
         return y.view(*lead, y.shape[-1])
 
+    def _quantizable_rows(self, x: torch.Tensor) -> bool:
+        """16-bit rows on CUDA under per-channel scales: what a kernel in front may quantize per token."""
+        return self.cfg.block is None and x.is_cuda and x.dim() == 2 and x.dtype != torch.float32
+
     def quantizes_row_before(self, layer: LinearBase, x: torch.Tensor) -> bool:
         """Whether the kernel in front of ``layer`` quantizes its input row for the GEMV (one 16-bit row, CUDA,
         per-channel scales): the GEMV's programs then read e4m3 and a scale, not each the row's amax and scaling."""
         return (
             _QUANTIZED_ROWS
-            and self.cfg.block is None
-            and x.is_cuda
-            and x.dim() == 2
+            and self._quantizable_rows(x)
             and 0 < x.shape[0] <= GEMV_ROWS
-            and x.dtype != torch.float32
             and fp8_gemv.supports(x.shape[0], layer.weight.shape[1], None)
         )
 
@@ -67,11 +68,8 @@ class Fp8LinearMethod:
         per-channel scales): one pass over the rows instead of the norm's and the quantization's."""
         return (
             _NORM_QUANTIZES
-            and self.cfg.block is None
-            and x.is_cuda
-            and x.dim() == 2
+            and self._quantizable_rows(x)
             and x.shape[0] > GEMV_ROWS
-            and x.dtype != torch.float32
             and uses_scaled_mm(layer.weight.shape[0], layer.weight.shape[1], None, x.device)
         )
 

@@ -3,8 +3,6 @@ SDKs map to exception classes (400, 401, 404, 413, 429, 503)."""
 
 from __future__ import annotations
 
-import re
-
 from fastapi.responses import JSONResponse
 
 from protocol.codec import ProtocolError
@@ -42,15 +40,11 @@ def _utf8(text: str) -> str:
     return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
-_PROMPT_PLUS_MAX = re.compile(r"prompt \((\d+) tokens\) \+ max_tokens \(\d+\) = \d+ exceeds max_model_len \((\d+)\)")
-
-
 def param_of(message: str, fields, prompt_param: str = "prompt") -> str | None:
     """The request field an error message starts with (SamplingParams and the engine name it first); the engine's
     "prompt" is the request's ``prompt_param`` (chat: "messages")."""
-    if "+ max_tokens" in message:  # over the context: max_tokens is what to lower, unless the prompt alone fills it
-        m = _PROMPT_PLUS_MAX.search(message)
-        return prompt_param if m and int(m[1]) >= int(m[2]) else "max_tokens"
+    if "+ max_tokens" in message:  # a prompt that fits, too long with max_tokens: max_tokens is what to lower
+        return "max_tokens"
     word = message.split(" ", 1)[0].split("[", 1)[0].strip("(),:")
     if word == "prompt":
         return prompt_param
