@@ -17,6 +17,7 @@ import subprocess
 import sys
 import threading
 
+from client.openai_server import STOP_SIGNAL
 from coordinator.config import EngineArgError, EngineConfig
 from protocol.cli_logging import add_log_level_flag, configure_logging
 from protocol.settings import settings
@@ -178,7 +179,7 @@ class _HttpFrontEnd:
     def stop(self) -> None:
         self.stopping.set()
         if self.proc.poll() is None:
-            self.proc.terminate()
+            self.proc.send_signal(STOP_SIGNAL)  # it ignores SIGTERM, which may have been meant for the whole group
             try:
                 self.proc.wait(10)
             except subprocess.TimeoutExpired:

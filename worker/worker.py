@@ -220,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
         "--parent-pid",
         type=int,
         default=0,
-        help="exit when this process is no longer our parent; ignore SIGINT (the parent stops us)",
+        help="exit when this process is no longer our parent; ignore SIGINT and SIGTERM (the parent stops us)",
     )
     p.add_argument(
         "--connect-timeout",
@@ -233,8 +233,10 @@ def main(argv: list[str] | None = None) -> int:
     env = distributed_env(args.rank, args.world_size, args.local_rank)
     rank, world, local = env.rank, env.world_size, env.local_rank
     if args.parent_pid:
-        # Ctrl-C reaches the whole process group: the coordinator must abort its requests first, then send Shutdown
+        # Ctrl-C and systemd's stop reach the whole process group: the coordinator must abort its requests first,
+        # then send Shutdown (and the kernel kills us if it dies instead)
         signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         _die_with_parent()
         if os.getppid() != args.parent_pid:
             return 1

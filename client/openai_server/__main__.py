@@ -14,6 +14,7 @@ import socket
 import sys
 import time
 
+from client.openai_server import STOP_SIGNAL
 from client.openai_server.app import build_app
 from client.openai_server.body_limit import BODIES_PER_MESSAGE
 from client.openai_server.engine_client import EngineClient
@@ -59,15 +60,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--log-stats-interval", type=float, default=10.0, help="seconds between throughput log lines")
     p.add_argument("--connect-timeout", type=float, default=60.0, help="seconds to wait for the coordinator")
     p.add_argument(
-        "--parent-pid", type=int, default=None, help="exit when this process is gone; ignore SIGINT (it stops us)"
+        "--parent-pid",
+        type=int,
+        default=None,
+        help="exit when this process is gone; ignore SIGINT and SIGTERM (the parent stops us with SIGUSR1)",
     )
     add_log_level_flag(p)
     return p
 
 
 def _die_with_parent(parent_pid: int) -> None:
-    try:  # the kernel sends SIGTERM when the parent dies; the pid check below covers the race before this call
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    try:  # the kernel sends STOP_SIGNAL when the parent dies; the pid check below covers the race before this call
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, STOP_SIGNAL)
     except (OSError, AttributeError):
         pass
     if os.getppid() != parent_pid:
@@ -142,6 +146,8 @@ async def serve(args) -> int:
         build_app(state, max_body), log_config=None, access_log=False, lifespan="off", timeout_graceful_shutdown=5
     )
     server = Server(config)
+    if args.parent_pid is not None:  # how the parent stops us (SIGINT and SIGTERM are its own to act on)
+        asyncio.get_running_loop().add_signal_handler(STOP_SIGNAL, server.handle_exit, STOP_SIGNAL, None)
     serving = asyncio.ensure_future(server.serve(sockets=[sock]))
     while not server.started and not serving.done():
         await asyncio.sleep(0.02)
@@ -168,8 +174,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"listening on the non-loopback host {args.host!r} needs --api-key")
     configure_logging(args.log_level)
     if args.parent_pid is not None:
-        # Ctrl-C reaches the whole process group: launch.py aborts the requests in flight first, then stops us
+        # Ctrl-C and systemd's stop reach the whole process group: launch.py aborts the requests in flight first,
+        # then stops us with STOP_SIGNAL
         signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         _die_with_parent(args.parent_pid)
     try:  # uvloop when installed (a dependency on Linux), as vLLM's server runs: a shorter path per event
         import uvloop

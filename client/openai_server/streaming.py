@@ -21,7 +21,11 @@ HEADERS_WAIT_S = 2.0  # how long a streaming response waits for its first delta 
 
 
 def sse(payload: dict) -> bytes:
-    return b"data: " + json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode() + b"\n\n"
+    text = json.dumps(payload, separators=(",", ":"), ensure_ascii=False)
+    if not text.isascii():  # JSON may carry these line breaks raw, but a client that splits the stream with
+        # str.splitlines (httpx's iter_lines) would cut the event at them
+        text = text.replace("\x85", "\\u0085").replace("\u2028", "\\u2028").replace("\u2029", "\\u2029")
+    return b"data: " + text.encode() + b"\n\n"
 
 
 async def _all_or_none(coros) -> list:

@@ -13,10 +13,11 @@ from uvicorn.server import HANDLED_SIGNALS
 
 class Server(uvicorn.Server):
     """uvicorn's, with two changes to its signals. A signal ignored when the server starts stays ignored: under
-    launch.py the front-end ignores SIGINT, since a Ctrl-C reaches the whole process group and the parent owns the
-    orderly shutdown (it ends the requests in flight with "abort", then stops us with SIGTERM). And a SIGINT is not
-    raised again after the graceful shutdown, as uvicorn does (here a KeyboardInterrupt traceback and exit -2):
-    ``serve`` returns and the process exits 0. A SIGTERM still is, so the process ends by it as before."""
+    launch.py the front-end ignores SIGINT and SIGTERM, since a Ctrl-C or systemd's stop reaches the whole process
+    group and the parent owns the orderly shutdown (it ends the requests in flight with "abort", then stops us with
+    STOP_SIGNAL). And a SIGINT is not raised again after the graceful shutdown, as uvicorn does (here a
+    KeyboardInterrupt traceback and exit -2): ``serve`` returns and the process exits 0. A SIGTERM still is, so a
+    standalone front-end ends by it as before."""
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
@@ -31,5 +32,5 @@ class Server(uvicorn.Server):
             for sig, handler in originals.items():
                 signal.signal(sig, handler)
         for sig in reversed(self._captured_signals):
-            if sig != signal.SIGINT:
+            if sig in originals and sig != signal.SIGINT:  # not STOP_SIGNAL, which the loop handles for the parent
                 signal.raise_signal(sig)

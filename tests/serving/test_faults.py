@@ -1,5 +1,5 @@
 """Faults, with real processes: a worker killed mid-stream, the coordinator killed, SIGTERM/SIGINT (to launch.py
-alone, and a Ctrl-C's SIGINT to its whole process group with the HTTP front-end), a port in use, a missing token."""
+alone, and to its whole process group with the HTTP front-end), a port in use, a missing token."""
 
 from __future__ import annotations
 
@@ -170,9 +170,11 @@ def _http_request(url: str, body: dict, out: list) -> None:
         out.append(e)
 
 
-def test_ctrl_c_to_the_process_group_aborts_http_requests_and_exits_0(tiny_tied, tmp_path):
-    # a terminal's Ctrl-C: SIGINT to launch.py, its workers and its front-end at once; the children leave it to
-    # launch.py, which ends every request with "abort" as for a SIGINT to it alone
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "systemd-stop"])
+def test_signal_to_the_process_group_aborts_http_requests_and_exits_0(tiny_tied, tmp_path, sig):
+    # a terminal's Ctrl-C (SIGINT) or systemd's stop (SIGTERM to the whole control group) reaches launch.py, its
+    # workers and its front-end at once; the children leave it to launch.py, which ends every request with "abort"
+    # as for a signal to it alone
     srv = HttpServer(tiny_tied, tmp_path / "server.log", *LONG_CONTEXT, new_session=True)
     try:
         children = children_of(srv.proc.pid)
@@ -198,7 +200,7 @@ def test_ctrl_c_to_the_process_group_aborts_http_requests_and_exits_0(tiny_tied,
             while (c.stats()["pending"] < 5 or not all(outs[:3])) and time.monotonic() < deadline:
                 time.sleep(0.02)
         assert all(outs[:3]) and not outs[3], outs  # every stream has begun, no request has ended
-        os.killpg(srv.proc.pid, signal.SIGINT)
+        os.killpg(srv.proc.pid, sig)
         for t in threads:
             t.join(30)
         for (_, body), events in zip(requests[:3], outs[:3]):

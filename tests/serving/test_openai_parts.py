@@ -1,7 +1,10 @@
 """Pieces of the HTTP front-end on their own: the Qwen3 reasoning parser over every way of cutting a stream, a
-chat prompt travelling inside Generate's untyped prompt field, per-choice seeds and the fields refused."""
+chat prompt travelling inside Generate's untyped prompt field, per-choice seeds, the fields refused and an SSE
+event's line breaks."""
 
 from __future__ import annotations
+
+import json
 
 import msgpack
 import pytest
@@ -11,6 +14,7 @@ from client.openai_server.errors import APIError
 from client.openai_server.params import choice_params, sampling_params
 from client.openai_server.reasoning import Qwen3ReasoningParser
 from client.openai_server.schemas import ChatCompletionRequest, CompletionRequest
+from client.openai_server.streaming import sse
 from protocol.client_messages import CLIENT_PROTOCOL_VERSION, ChatPrompt, Generate, Tokenize
 from protocol.codec import ProtocolError, decode, encode
 from protocol.sampling_params import SamplingParams
@@ -135,3 +139,12 @@ def test_http_connections_have_nagle_off(inherited, loop):
 
     run = pytest.importorskip("uvloop").run if loop == "uvloop" else asyncio.run  # the front-end's loop if installed
     assert run(nodelay_of_accepted()) != 0
+
+
+def test_an_event_is_one_line_to_any_line_splitter():
+    # JSON may carry NEL, U+2028 and U+2029 raw; httpx's iter_lines (str.splitlines) would cut the event there
+    payload = {"choices": [{"text": "a\x85b\u2028c\u2029d\ne\r\x1cf é 字"}]}
+    event = sse(payload)
+    line, end = event.decode().splitlines()
+    assert end == "" and event.endswith(b"\n\n") and json.loads(line.removeprefix("data: ")) == payload
+    assert "é 字" in line  # other text stays as it is, not escaped

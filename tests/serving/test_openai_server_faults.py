@@ -20,6 +20,7 @@ import openai
 import pytest
 
 from client import Client
+from client.openai_server import STOP_SIGNAL
 from client.openai_server.body_limit import BODIES_PER_MESSAGE
 from protocol.codec import ProtocolError
 from tests.support.openai_http import HttpServer
@@ -164,8 +165,9 @@ def test_bad_bodies_are_400s_in_openai_shape(server):
 
 
 @pytest.mark.parametrize("child", [False, True], ids=["standalone", "child"])
-def test_sigint_to_the_front_end(server, tmp_path, child):
-    # standalone: Ctrl-C stops it cleanly; as launch.py's child (--parent-pid) it ignores SIGINT, the parent stops it
+def test_signals_to_the_front_end(server, tmp_path, child):
+    # standalone: Ctrl-C stops it cleanly; as launch.py's child (--parent-pid) it ignores SIGINT and SIGTERM, which
+    # reach the whole process group, and the parent stops it with STOP_SIGNAL
     cmd = [sys.executable, "-m", "client.openai_server", "--address", server.zmq, "--port", "0"]
     cmd += ["--parent-pid", str(os.getpid())] if child else []
     env = dict(os.environ, NANOSERVE_API_KEY=KEY, PYTHONUNBUFFERED="1")
@@ -180,10 +182,11 @@ def test_sigint_to_the_front_end(server, tmp_path, child):
         root = line.split()[4].removesuffix("/v1")
         proc.send_signal(signal.SIGINT)
         if child:
-            time.sleep(1)  # an idle front-end that took the signal is gone by now
+            proc.send_signal(signal.SIGTERM)
+            time.sleep(1)  # an idle front-end that took a signal is gone by now
             assert proc.poll() is None and httpx.get(root + "/health", timeout=10).status_code == 200
-            proc.terminate()  # as launch.py stops it
-            assert proc.wait(15) == -signal.SIGTERM
+            proc.send_signal(STOP_SIGNAL)  # as launch.py stops it
+            assert proc.wait(15) == 0
         else:
             assert proc.wait(15) == 0
         assert "Traceback" not in log.read_text(), log.read_text()
