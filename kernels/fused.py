@@ -1,22 +1,18 @@
 """Fused Triton kernels for the elementwise chains around the matmuls: residual-add + RMSNorm (which may also
-quantize its rows for the FP8 GEMV), per-head q/k RMSNorm (if the family has it) + RoPE (which also writes K/V into
-the paged cache), and SiLU-and-mul. In eager torch each chain is 5-20 tiny kernels per layer; at decode batch sizes
-those launches, not the bytes, set the step time (measured: ~1,400 kernels, 3.3 ms per Qwen3-0.6B step).
+quantize its rows for FP8 products) and SiLU-and-mul; per-head q/k RMSNorm + RoPE is kernels/qk_norm_rope.py. In
+eager torch each chain is 5-20 tiny kernels per layer; at decode batch sizes those launches, not the bytes, set the
+step time (measured: ~1,400 kernels, 3.3 ms per Qwen3-0.6B step).
 
 Rounding follows HF's Qwen3 (the oracle): the residual sum is rounded to the model dtype, the norm runs in
-float32, is rounded to the model dtype and then scaled by the weight; RoPE uses the rounded normed values.
+float32, is rounded to the model dtype and then scaled by the weight.
 """
 
 from __future__ import annotations
-
-from typing import NamedTuple
 
 import torch
 import triton
 import triton.language as tl
 
-from kernels.attention import is_fp8
-from kernels.attention_store import check_cache, fp8_cache_value, store_strides
 from kernels.fp8_quant import FP8_MAX, MIN_AMAX
 from kernels.pdl import pdl_enter, use_pdl
 
@@ -120,169 +116,6 @@ def _rmsnorm(x, weight, eps, residual, out, res_out, scales) -> None:
         num_warps=4 if block <= 2048 else 8,
         launch_pdl=pdl,
     )
-
-
-@triton.jit
-def _qk_norm_rope_kernel(
-    x_ptr,
-    wq_ptr,
-    wk_ptr,
-    cos_sin_ptr,
-    pos_ptr,
-    v_ptr,  # the KV store's operands; unused unless STORE_KV
-    k_cache_ptr,
-    v_cache_ptr,
-    slot_ptr,
-    stride_xt,
-    stride_xh,
-    stride_cs,
-    stride_vt,
-    stride_vh,
-    stride_kc_b,
-    stride_kc_s,
-    stride_kc_h,
-    stride_vc_b,
-    stride_vc_s,
-    stride_vc_h,
-    stride_vc_d,  # 1, or the page size when V is stored keys-contiguous (kernels/attention.py value_cache)
-    eps,
-    inv_k_scale,  # an e4m3 cache's 1 / k_scale and 1 / v_scale (unused for 16-bit caches)
-    inv_v_scale,
-    PAGE: tl.constexpr,
-    NUM_Q_HEADS: tl.constexpr,
-    NUM_HEADS: tl.constexpr,
-    HALF: tl.constexpr,
-    BLOCK_H: tl.constexpr,
-    BLOCK_KV: tl.constexpr,
-    HAS_NORM: tl.constexpr,
-    STORE_KV: tl.constexpr,
-    KV_FP8: tl.constexpr,
-    USE_PDL: tl.constexpr,
-):
-    # One program per token: its q and k heads as rows of one tile (q rows take q_norm's weight, k rows k_norm's),
-    # each row split in its two rotary halves; written back in place. With STORE_KV the token's finished K rows
-    # and its V rows also go to the paged cache at its slot (slot -1: padding, nothing written).
-    # Before the wait: the step's positions, the rotary table and the norm weights, which no kernel writes.
-    t = tl.program_id(0).to(tl.int64)
-    pos = tl.load(pos_ptr + t).to(tl.int64)
-    h = tl.arange(0, BLOCK_H)
-    d = tl.arange(0, HALF)
-    hmask = (h[:, None] < NUM_HEADS) & (d[None, :] < HALF)
-    dt = x_ptr.dtype.element_ty
-    cos = tl.load(cos_sin_ptr + pos * stride_cs + d).to(dt).to(tl.float32)
-    sin = tl.load(cos_sin_ptr + pos * stride_cs + HALF + d).to(dt).to(tl.float32)
-    if HAS_NORM:
-        is_q = (h < NUM_Q_HEADS)[:, None]
-        w1 = tl.where(is_q, tl.load(wq_ptr + d)[None, :], tl.load(wk_ptr + d)[None, :]).to(tl.float32)
-        w2 = tl.where(is_q, tl.load(wq_ptr + HALF + d)[None, :], tl.load(wk_ptr + HALF + d)[None, :]).to(tl.float32)
-    pdl_enter(USE_PDL)
-    base = x_ptr + t * stride_xt + h[:, None] * stride_xh + d[None, :]
-    x1 = tl.load(base, mask=hmask, other=0.0).to(tl.float32)
-    x2 = tl.load(base + HALF, mask=hmask, other=0.0).to(tl.float32)
-    if HAS_NORM:
-        rstd = 1.0 / tl.sqrt((tl.sum(x1 * x1, axis=1) + tl.sum(x2 * x2, axis=1)) / (2 * HALF) + eps)
-        n1 = ((x1 * rstd[:, None]).to(dt).to(tl.float32) * w1).to(dt).to(tl.float32)
-        n2 = ((x2 * rstd[:, None]).to(dt).to(tl.float32) * w2).to(dt).to(tl.float32)
-    else:
-        n1, n2 = x1, x2
-    o1 = (n1 * cos[None, :] - n2 * sin[None, :]).to(dt)
-    o2 = (n2 * cos[None, :] + n1 * sin[None, :]).to(dt)
-    tl.store(base, o1, mask=hmask)
-    tl.store(base + HALF, o2, mask=hmask)
-    if STORE_KV:
-        slot = tl.load(slot_ptr + t).to(tl.int64)
-        # compared as a tensor: the interpreter mis-types a scalar bool broadcast into a mask
-        kmask = hmask & (h[:, None] >= NUM_Q_HEADS) & ((slot + 0 * h) >= 0)[:, None]
-        block, in_page = slot // PAGE, slot % PAGE
-        kc = k_cache_ptr + block * stride_kc_b + in_page * stride_kc_s + (h[:, None] - NUM_Q_HEADS) * stride_kc_h
-        kc += d[None, :]
-        k1, k2 = o1, o2
-        if KV_FP8:
-            k1, k2 = fp8_cache_value(o1, inv_k_scale), fp8_cache_value(o2, inv_k_scale)
-        tl.store(kc, k1.to(k_cache_ptr.dtype.element_ty), mask=kmask)
-        tl.store(kc + HALF, k2.to(k_cache_ptr.dtype.element_ty), mask=kmask)
-        kv = tl.arange(0, BLOCK_KV)
-        dd = tl.arange(0, 2 * HALF)
-        vmask = (kv[:, None] < NUM_HEADS - NUM_Q_HEADS) & ((slot + 0 * kv) >= 0)[:, None] & (dd[None, :] < 2 * HALF)
-        v = tl.load(v_ptr + t * stride_vt + kv[:, None] * stride_vh + dd[None, :], mask=vmask)
-        if KV_FP8:
-            v = fp8_cache_value(v, inv_v_scale)
-        vc = v_cache_ptr + block * stride_vc_b + in_page * stride_vc_s + kv[:, None] * stride_vc_h
-        vc += dd[None, :] * stride_vc_d
-        tl.store(vc, v.to(v_cache_ptr.dtype.element_ty), mask=vmask)
-
-
-class KVStore(NamedTuple):
-    """Where qk_norm_rope_ also writes the token's K/V: the new V rows [tokens, kv heads, head_dim], the paged
-    caches [num_blocks, block_size, kv heads, head_dim] and each token's slot (-1: not written); an e4m3 cache
-    stores K / k_scale and V / v_scale (kernels/attention.py)."""
-
-    v: torch.Tensor
-    k_cache: torch.Tensor
-    v_cache: torch.Tensor
-    slot_mapping: torch.Tensor
-    k_scale: float = 1.0
-    v_scale: float = 1.0
-
-
-def qk_norm_rope_(
-    qk: torch.Tensor,
-    q_weight: torch.Tensor | None,
-    k_weight: torch.Tensor | None,
-    eps: float,
-    cos_sin: torch.Tensor,
-    positions: torch.Tensor,
-    num_q_heads: int,
-    kv_store: KVStore | None = None,
-) -> torch.Tensor:
-    """In place: per-head RMSNorm then neox RoPE of ``qk`` [tokens, q heads + k heads, head_dim] (a strided view
-    of the qkv projection is fine): q heads with ``q_weight``, the rest with ``k_weight`` (both None: RoPE only,
-    for families without q/k norms). One launch for both, which with ``kv_store`` also writes the finished K and
-    the V rows into the paged KV cache."""
-    tokens, heads, head_dim = qk.shape
-    assert qk.stride(-1) == 1
-    if tokens == 0:
-        return qk
-    pdl = use_pdl(qk)
-    num_kv = heads - num_q_heads
-    kv_fp8, inv_scales = False, (1.0, 1.0)
-    if kv_store is not None:
-        v, k_cache, v_cache, slots, k_scale, v_scale = kv_store
-        kv_fp8, inv_scales = is_fp8(k_cache), (1.0 / k_scale, 1.0 / v_scale)
-        assert v.shape == (tokens, num_kv, head_dim) and v.stride(-1) == 1
-        check_cache(k_cache, v_cache)
-        store_args = (v, k_cache, v_cache, slots, v.stride(0), v.stride(1), *store_strides(k_cache, v_cache))
-        page = k_cache.shape[1]
-    else:
-        store_args, page = (qk, qk, qk, positions, *[0] * 9), 1  # placeholders: the V rows' and caches' 9 strides
-    has_norm = q_weight is not None
-    _qk_norm_rope_kernel[(tokens,)](
-        qk,
-        q_weight if has_norm else qk,
-        k_weight if has_norm else qk,
-        cos_sin,
-        positions,
-        *store_args[:4],
-        qk.stride(0),
-        qk.stride(1),
-        cos_sin.stride(0),
-        *store_args[4:],
-        eps,
-        *inv_scales,
-        PAGE=page,
-        NUM_Q_HEADS=num_q_heads,
-        NUM_HEADS=heads,
-        HALF=head_dim // 2,
-        BLOCK_H=triton.next_power_of_2(heads),
-        BLOCK_KV=triton.next_power_of_2(num_kv),
-        HAS_NORM=has_norm,
-        STORE_KV=kv_store is not None,
-        KV_FP8=kv_fp8,
-        USE_PDL=pdl,
-        num_warps=4 if heads <= 32 else 8,
-        launch_pdl=pdl,
-    )
-    return qk
 
 
 @triton.jit

@@ -10,6 +10,7 @@ from torch import nn
 from kernels import fused
 from kernels.attention import AttentionBackend, AttentionMetadata
 from kernels.decode_gemm import decode_linear, decode_linear_tiles
+from kernels.qk_norm_rope import KVStore, qk_norm_rope_
 from model.context import get_context
 from model.linear import check_shape
 from model.parallel import all_reduce, all_reduce_add_rmsnorm, gather_to_rank0, tp_rank, tp_size
@@ -127,9 +128,9 @@ class PagedAttention(nn.Module):
         if not qk.is_cuda:
             return self.forward(*qk_norm_rope(positions, qk, self.num_heads, q_norm, k_norm, rope), v)
         ctx = get_context()
-        store = fused.KVStore(v, self.k_cache, self.v_cache, ctx.meta.slot_mapping)
+        store = KVStore(v, self.k_cache, self.v_cache, ctx.meta.slot_mapping)
         wq, wk, eps = (None, None, 0.0) if q_norm is None else (q_norm.weight, k_norm.weight, q_norm.eps)
-        fused.qk_norm_rope_(qk, wq, wk, eps, rope.cos_sin, positions, self.num_heads, store)
+        qk_norm_rope_(qk, wq, wk, eps, rope.cos_sin, positions, self.num_heads, store)
         return self._attend(qk[:, : self.num_heads], ctx.meta, ctx.backend)
 
     def _attend(self, q: torch.Tensor, meta: AttentionMetadata, backend: AttentionBackend) -> torch.Tensor:

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-from kernels import fused
 from kernels.attention import AttentionMetadata, copy_to_value_cache, keys_contiguous, to_cache, value_cache
+from kernels.qk_norm_rope import KVStore, qk_norm_rope_
 from model.rotary import RotaryEmbedding
 from tests.support.builders import make_step, worker_config
 from tests.support.interpreter_fp8 import fix_interpreter_fp8_rounding
@@ -158,8 +158,8 @@ def test_fused_qk_norm_rope_stores_fp8(k_scale, v_scale):
     shape = (4, 4, k_heads, head_dim)
     k_cache, v_cache = (torch.zeros(shape, device=DEVICE).to(FP8) for _ in range(2))
     v_cache = value_cache(v_cache)
-    store = fused.KVStore(v, k_cache, v_cache, slots, k_scale, v_scale)
-    fused.qk_norm_rope_(qk, w, w, 1e-6, rope.cos_sin, positions, q_heads, store)
+    store = KVStore(v, k_cache, v_cache, slots, k_scale, v_scale)
+    qk_norm_rope_(qk, w, w, 1e-6, rope.cos_sin, positions, q_heads, store)
     live = slots >= 0
     block, in_page = slots[live] // shape[1], slots[live] % shape[1]
     want_k = to_cache(qk[live, q_heads:], k_cache, k_scale)  # the finished K left in qk, as the pool stores it

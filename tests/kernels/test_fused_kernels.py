@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from kernels import fused
+from kernels.qk_norm_rope import KVStore, qk_norm_rope_
 from model.layers import RMSNorm
 from model.rotary import RotaryEmbedding
 
@@ -56,7 +57,7 @@ def test_qk_norm_rope_in_place_on_the_qkv_projection(dtype, q_heads, k_heads, he
     wk = (torch.rand(head_dim, device=DEVICE, generator=g) + 0.5).to(dtype)
     rope = RotaryEmbedding(head_dim, 4096, 1e6).to(DEVICE)
     positions = torch.randint(0, 4096, (tokens,), device=DEVICE, generator=g)
-    fused.qk_norm_rope_(qk, wq, wk, 1e-6, rope.cos_sin, positions, q_heads)
+    qk_norm_rope_(qk, wq, wk, 1e-6, rope.cos_sin, positions, q_heads)
     ref_q, ref_k = rope(positions, torch_norm(q_in, wq, 1e-6), torch_norm(k_in, wk, 1e-6))
     assert rel(qk[:, :q_heads], ref_q) < TOL[dtype] * 2
     assert rel(qk[:, q_heads:], ref_k) < TOL[dtype] * 2
@@ -80,7 +81,7 @@ def test_qk_norm_rope_writes_k_and_v_into_the_paged_cache(dtype, q_heads, k_head
     shape = (num_blocks, block_size, k_heads, head_dim)
     k_cache = torch.full(shape, 7.0, dtype=dtype, device=DEVICE)
     v_cache = torch.full(shape, 7.0, dtype=dtype, device=DEVICE)
-    fused.qk_norm_rope_(qk, wq, wk, 1e-6, rope.cos_sin, positions, q_heads, fused.KVStore(v, k_cache, v_cache, slots))
+    qk_norm_rope_(qk, wq, wk, 1e-6, rope.cos_sin, positions, q_heads, KVStore(v, k_cache, v_cache, slots))
     ref_q, ref_k = rope(positions, torch_norm(q_in, wq, 1e-6), torch_norm(k_in, wk, 1e-6))
     assert rel(qk[:, :q_heads], ref_q) < TOL[dtype] * 2
     kc, vc = k_cache.view(-1, k_heads, head_dim), v_cache.view(-1, k_heads, head_dim)

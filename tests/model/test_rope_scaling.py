@@ -8,7 +8,7 @@ from transformers import LlamaConfig, Qwen3Config
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
-from kernels import fused
+from kernels.qk_norm_rope import KVStore, qk_norm_rope_
 from model.config import ModelConfig, RopeScaling
 from model.rotary import RotaryEmbedding, rope_inv_freq
 
@@ -171,8 +171,8 @@ def test_fused_rope_without_qk_norm_equals_the_torch_path(store):
     k_cache = torch.zeros(4, 4, k_heads, head_dim, device=device)
     v_cache = torch.zeros_like(k_cache)
     slots = torch.tensor([2, 0, 9, -1, 15], device=device)
-    kv_store = fused.KVStore(v, k_cache, v_cache, slots) if store else None
-    fused.qk_norm_rope_(qk, None, None, 0.0, rope.cos_sin, positions, q_heads, kv_store)
+    kv_store = KVStore(v, k_cache, v_cache, slots) if store else None
+    qk_norm_rope_(qk, None, None, 0.0, rope.cos_sin, positions, q_heads, kv_store)
     torch.testing.assert_close(qk[:, :q_heads], ref_q, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(qk[:, q_heads:], ref_k, rtol=1e-5, atol=1e-5)
     if store:

@@ -158,13 +158,13 @@ def test_signal_graceful_shutdown(tiny_tied, tmp_path, sig):
         srv.stop()
 
 
-def _http_request(url: str, body: dict, out: list) -> None:
+def _http_request(client: httpx.Client, url: str, body: dict, out: list) -> None:
     """POST ``body``; ``out`` gets each SSE data line as it arrives (streamed) or the response, or the exception."""
     try:
         if not body.get("stream"):
-            out.append(httpx.post(url, json=body, timeout=60))
+            out.append(client.post(url, json=body))
             return
-        with httpx.stream("POST", url, json=body, timeout=60) as r:
+        with client.stream("POST", url, json=body) as r:
             out.extend(line.removeprefix("data: ") for line in r.iter_lines() if line.startswith("data: "))
     except Exception as e:
         out.append(e)
@@ -176,6 +176,7 @@ def test_signal_to_the_process_group_aborts_http_requests_and_exits_0(tiny_tied,
     # workers and its front-end at once; the children leave it to launch.py, which ends every request with "abort"
     # as for a signal to it alone
     srv = HttpServer(tiny_tied, tmp_path / "server.log", *LONG_CONTEXT, new_session=True)
+    clients: list[httpx.Client] = []
     try:
         children = children_of(srv.proc.pid)
         workers = [p for p in children if b"--coordinator" in Path(f"/proc/{p}/cmdline").read_bytes()]
@@ -189,9 +190,12 @@ def test_signal_to_the_process_group_aborts_http_requests_and_exits_0(tiny_tied,
             ("/completions", {"prompt": "b", **long}),
         ]
         outs: list[list] = [[] for _ in requests]
+        # clients made here: each one's set-up (its SSL context) in a thread of its own, beside a stream being read,
+        # delayed that thread's request by up to seconds on a loaded 2-core machine
+        clients += [httpx.Client(timeout=60) for _ in requests]
         threads = [
-            threading.Thread(target=_http_request, args=(srv.base_url + path, body, out))
-            for (path, body), out in zip(requests, outs)
+            threading.Thread(target=_http_request, args=(client, srv.base_url + path, body, out))
+            for client, (path, body), out in zip(clients, requests, outs)
         ]
         for t in threads:
             t.start()
@@ -219,6 +223,8 @@ def test_signal_to_the_process_group_aborts_http_requests_and_exits_0(tiny_tied,
         log = srv.stderr()
         assert "Traceback" not in log and "ERROR" not in log, log
     finally:
+        for client in clients:
+            client.close()
         srv.stop()
 
 

@@ -23,6 +23,7 @@ from kernels import (
     fp8_quant,
     fp8_rescale,
     fused,
+    qk_norm_rope,
     split_sums,
 )
 
@@ -170,7 +171,7 @@ def cases():
         )
     yield (
         "qk norm + RoPE + KV store into e4m3",
-        fused._qk_norm_rope_kernel,
+        qk_norm_rope._qk_norm_rope_kernel,
         {"x_ptr": BF16, "wq_ptr": BF16, "wk_ptr": BF16, "cos_sin_ptr": F32, "pos_ptr": "*i64", "v_ptr": BF16}
         | {"k_cache_ptr": FP8, "v_cache_ptr": FP8, "slot_ptr": "*i64", "eps": "fp32"}
         | {"inv_k_scale": "fp32", "inv_v_scale": "fp32"},
