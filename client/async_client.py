@@ -162,6 +162,11 @@ class AsyncClient(_Base):
     async def tokenize(self, prompt, add_special_tokens: bool = True) -> list[int]:
         return (await self._ask(self._tokenize_request(prompt, add_special_tokens))).token_ids
 
+    async def token_strings(self, prompt, add_special_tokens: bool = True) -> tuple[list[int], list[str]]:
+        """``tokenize``'s ids and each id's token string as the vocabulary spells it (e.g. "Ġworld")."""
+        reply = await self._ask(self._tokenize_request(prompt, add_special_tokens, True))
+        return reply.token_ids, reply.token_strs
+
     async def detokenize(self, token_ids, skip_special_tokens: bool = True) -> str:
         return (await self._ask(self._detokenize_request(token_ids, False, skip_special_tokens))).text
 

@@ -134,10 +134,12 @@ class _Base:
         prompts = _prompts_list(prompts)
         return [self._generate_request(p, sp, False) for p, sp in zip(prompts, _params_list(prompts, params))]
 
-    def _tokenize_request(self, prompt, add_special_tokens: bool) -> Tokenize:
+    def _tokenize_request(self, prompt, add_special_tokens: bool, return_token_strs: bool = False) -> Tokenize:
         if not isinstance(prompt, str):  # a conversation (list of messages)
             prompt = prompt if isinstance(prompt, ChatPrompt) else chat_prompt(prompt)
-        return Tokenize(CLIENT_PROTOCOL_VERSION, self._new_id(), self.token, prompt, add_special_tokens)
+        return Tokenize(
+            CLIENT_PROTOCOL_VERSION, self._new_id(), self.token, prompt, add_special_tokens, return_token_strs
+        )
 
     def _detokenize_request(self, ids, per_token: bool, skip_special_tokens: bool) -> Detokenize:
         return Detokenize(

@@ -158,6 +158,11 @@ class Client(_Base):
         """Token ids of a string, or of a conversation (list of messages) through the chat template."""
         return self._ask(self._tokenize_request(prompt, add_special_tokens)).token_ids
 
+    def token_strings(self, prompt, add_special_tokens: bool = True) -> tuple[list[int], list[str]]:
+        """``tokenize``'s ids and each id's token string as the vocabulary spells it (e.g. "Ġworld")."""
+        reply = self._ask(self._tokenize_request(prompt, add_special_tokens, True))
+        return reply.token_ids, reply.token_strs
+
     def detokenize(self, token_ids, skip_special_tokens: bool = True) -> str:
         return self._ask(self._detokenize_request(token_ids, False, skip_special_tokens)).text
 

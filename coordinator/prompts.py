@@ -82,8 +82,9 @@ def tokenize_reply(tokenizer, max_model_len: int, msg: Tokenize) -> TokenizeRepl
         prompt = render_chat(tokenizer, prompt)
     if not isinstance(prompt, str):
         raise RequestError("prompt must be a string or a chat conversation")
-    ids = tokenizer.encode(prompt, add_special_tokens=msg.add_special_tokens)
-    return TokenizeReply(msg.request_id, list(ids), max_model_len)
+    ids = list(tokenizer.encode(prompt, add_special_tokens=msg.add_special_tokens))
+    strs = tokenizer.convert_ids_to_tokens(ids) if msg.return_token_strs else None
+    return TokenizeReply(msg.request_id, ids, max_model_len, strs)
 
 
 def detokenize_reply(tokenizer, vocab_size: int, msg: Detokenize) -> DetokenizeReply:

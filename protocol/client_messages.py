@@ -15,8 +15,8 @@ from protocol.outputs import Logprob
 from protocol.sampling_params import SamplingParams
 
 # 4: Tokenize/Detokenize, ChatPrompt prompts, InfoReply.generation_defaults; 5: logit_bias, prompt_logprobs;
-# 6: InfoReply.max_message_bytes
-CLIENT_PROTOCOL_VERSION = 6
+# 6: InfoReply.max_message_bytes; 7: Tokenize.return_token_strs
+CLIENT_PROTOCOL_VERSION = 7
 DEFAULT_MAX_MESSAGE_BYTES = 8 << 20  # the server's default --max-message-bytes: clients assume it until Info says
 
 # Error.kind values
@@ -85,6 +85,7 @@ class Tokenize:
     token: str | None
     prompt: object  # str | ChatPrompt
     add_special_tokens: bool
+    return_token_strs: bool = False  # also each id's token string, as the vocabulary spells it
 
 
 @record(27)
@@ -252,6 +253,7 @@ class TokenizeReply:
     request_id: str
     token_ids: list[int]
     max_model_len: int
+    token_strs: list[str] | None = None  # when asked (return_token_strs)
 
 
 @record(38)

@@ -119,8 +119,10 @@ def build_app(state: ServerState, max_body_bytes: int) -> FastAPI:
         else:
             prompt, add_special = req.prompt, req.add_special_tokens
         try:
-            ids = await engine.control(engine.client.tokenize(prompt, add_special))
-            strs = await engine.token_texts(ids) if req.return_token_strs else None
+            if req.return_token_strs:  # the vocabulary's spelling, as vLLM's (convert_ids_to_tokens)
+                ids, strs = await engine.control(engine.client.token_strings(prompt, add_special))
+            else:
+                ids, strs = await engine.control(engine.client.tokenize(prompt, add_special)), None
         except Exception as e:
             raise from_engine(
                 e, TokenizeRequest.model_fields, "prompt" if req.messages is None else "messages"

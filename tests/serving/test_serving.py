@@ -297,3 +297,12 @@ def test_slow_and_vanished_clients_do_not_stall(server, offline):
         slow.close()
         ctx.term()
     assert server.proc.poll() is None
+
+
+def test_tokenize_with_token_strings(server, offline):
+    text = "Hello world"
+    with Client(server.address, timeout=30) as c:
+        ids, strs = c.token_strings(text)
+        assert ids == c.tokenize(text) == offline.tokenizer.encode(text)
+    assert strs == offline.tokenizer.convert_ids_to_tokens(ids)
+    assert any(s.startswith("Ġ") for s in strs)  # the vocabulary's spelling of " world", not its text
