@@ -28,8 +28,13 @@ def unfused(y, x_s, w_s, bias):
     return quantize_rows(fused.silu_and_mul(scaled), None)
 
 
+_PREFILL_ROWS = pytest.param(  # prefill's tiling (two passes over slices), at Qwen3-8B's width
+    1100, 12288, marks=[pytest.mark.gpu, pytest.mark.skipif(not ON_GPU, reason="needs CUDA")]
+)
+
+
 @pytest.mark.parametrize("bias", [False, True])
-@pytest.mark.parametrize("m,n", [(2, 96), (3, 300), (2, 2100)])  # 2,100 columns: two steps (on the CPU)
+@pytest.mark.parametrize("m,n", [(2, 96), (3, 300), (2, 2100), _PREFILL_ROWS])  # 2,100 columns: two steps (CPU)
 def test_silu_mul_quant_equals_the_unfused_kernels(m, n, bias):
     gen = torch.Generator().manual_seed(m * n)
     y = (torch.randn(m, 2 * n, generator=gen) * 300).to(torch.bfloat16).to(DEVICE)
