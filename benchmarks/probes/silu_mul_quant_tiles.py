@@ -29,8 +29,8 @@ def run(y, xs, ws, block: int, warps: int):
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--rows", type=int, nargs="+", default=[256, 8192])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
+    p.add_argument("--rows", type=int, nargs="+", default=[256, 8192], help="row counts to time")
     p.add_argument("--n", type=int, default=12288, help="the down input's columns (gate/up is twice)")
     a = p.parse_args()
     require_cuda(1)
