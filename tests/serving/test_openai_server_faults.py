@@ -1,8 +1,9 @@
 """The HTTP server's refusals and faults: a non-loopback host without a key, an HTTP port in use, 401 without the
 key, 429 past --max-pending-requests, 400 for a request over the coordinator's --max-message-bytes (other streams go
 on) and 413 for a body over the front-end's cap, 400s in OpenAI's shape for bodies that are not valid JSON, not
-Unicode or nested too deep, a SIGINT to the front-end (on its own: it exits 0; under a parent: it leaves the
-shutdown to it), 503 once the engine is dead, and the front-end ending its streams and exiting with its parent."""
+Unicode or nested too deep, SIGINT and SIGTERM to the front-end (on its own: SIGINT ends it, exit 0; under a parent it
+leaves both to the parent, which stops it with SIGUSR1), 503 once the engine is dead, and the front-end ending its
+streams and exiting with its parent."""
 
 from __future__ import annotations
 
