@@ -14,7 +14,6 @@ import time
 import weakref
 
 from coordinator.config import EngineConfig
-from coordinator.detokenizer import TokenTexts
 from coordinator.engine import Engine
 from coordinator.prompts import render_chat
 from protocol.client_messages import ChatPrompt
@@ -28,7 +27,6 @@ class LLM:
         cfg = EngineConfig.from_kwargs(model=model, tensor_parallel_size=tensor_parallel_size, **engine_args)
         self.engine = Engine(cfg)
         self.tokenizer = self.engine.tokenizer
-        self._token_texts = TokenTexts(self.tokenizer)
         # close at interpreter exit too, so no worker outlives us
         self._finalizer = weakref.finalize(self, Engine.shutdown, self.engine)
         atexit.register(self._finalizer)
@@ -96,7 +94,8 @@ class LLM:
 
     def _texts(self, samples: list[Completion]) -> dict[int, str]:
         """Each logprob entry's token text (vLLM's ``Logprob.decoded_token``), decoded in one batch per prompt."""
-        return self._token_texts.of(t for c in samples for entry in c.logprobs or () for t in entry)
+        texts = self.engine.output_processor.token_texts  # the engine's cache: one decode per id in this process
+        return texts.of(t for c in samples for entry in c.logprobs or () for t in entry)
 
     def _run(self, prompts: list, sampling_params: list[SamplingParams], use_tqdm: bool) -> list[Completion]:
         """The engine's Completions of these requests (n=1 each), in order."""

@@ -255,7 +255,7 @@ class Engine:
 
     def detokenize(self, msg: Detokenize) -> DetokenizeReply:
         """Answer a Detokenize request (RequestError for ids outside the vocabulary)."""
-        return detokenize_reply(self.tokenizer, self.vocab_size, msg)
+        return detokenize_reply(self.tokenizer, self.vocab_size, msg, self.output_processor.token_texts)
 
     def health(self) -> None:
         """Returns when the engine can serve; raises EngineDeadError naming the problem otherwise (a worker died,

@@ -49,7 +49,7 @@ class OutputProcessor:
     def __init__(self, tokenizer) -> None:
         self.tokenizer = tokenizer
         self.states: dict[str, _RequestState] = {}
-        self._token_texts = TokenTexts(tokenizer)  # for prompt logprobs
+        self.token_texts = TokenTexts(tokenizer)  # the process's one cache: prompt logprobs, LLM's, Detokenize
 
     def add(self, seq: Sequence, stream: bool) -> bool:
         """Track a new request. Returns whether it needs ``update`` for every token (streaming, stop strings or
@@ -85,7 +85,7 @@ class OutputProcessor:
 
     def _prompt_entry(self, ids: list[int], values: list[float], rank: int) -> dict[int, Logprob]:
         """vLLM's entry: the prompt token (its rank counted by the worker), then the top N, ranked 1..N."""
-        texts = self._token_texts.of(ids)
+        texts = self.token_texts.of(ids)
         ranks = [rank, *range(1, len(ids))]
         return {t: Logprob(v, r, texts[t]) for t, v, r in zip(ids, values, ranks)}
 

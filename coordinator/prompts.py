@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from coordinator.detokenizer import TokenTexts
 from protocol.chat_content import content_text
 from protocol.client_messages import ChatPrompt, Detokenize, DetokenizeReply, Tokenize, TokenizeReply
 from protocol.errors import RequestError
@@ -87,8 +88,9 @@ def tokenize_reply(tokenizer, max_model_len: int, msg: Tokenize) -> TokenizeRepl
     return TokenizeReply(msg.request_id, ids, max_model_len, strs)
 
 
-def detokenize_reply(tokenizer, vocab_size: int, msg: Detokenize) -> DetokenizeReply:
-    """Answer a Detokenize request (RequestError for ids outside the vocabulary)."""
+def detokenize_reply(tokenizer, vocab_size: int, msg: Detokenize, token_texts: TokenTexts) -> DetokenizeReply:
+    """Answer a Detokenize request (RequestError for ids outside the vocabulary); ``token_texts``: each id's own
+    text, for ``per_token``."""
     ids = msg.token_ids
     if ids and not (min(ids) >= 0 and max(ids) < vocab_size):
         bad = [t for t in ids if not 0 <= t < vocab_size]
@@ -97,5 +99,6 @@ def detokenize_reply(tokenizer, vocab_size: int, msg: Detokenize) -> DetokenizeR
     text = tok.decode(ids, skip_special_tokens=msg.skip_special_tokens)
     per_token = None
     if msg.per_token:  # each id alone, special tokens kept: a logprob entry names the token it is about
-        per_token = tok.batch_decode([[t] for t in ids], skip_special_tokens=False)
+        texts = token_texts.of(ids)
+        per_token = [texts[t] for t in ids]
     return DetokenizeReply(msg.request_id, text, per_token)

@@ -96,8 +96,15 @@ def _silu_mul_quant_kernel(
             tl.store(q_row + c0 + offs, q.to(q_ptr.dtype.element_ty), mask=c0 + offs < N)
 
 
-def _block_limit(y: torch.Tensor) -> int:
-    return _BLOCK if y.is_cuda else 2048  # the tests' interpreter takes the multi-step path past 2,048 columns
+def _tiling(y: torch.Tensor, n: int) -> tuple[int, int]:
+    """(columns a program takes at once, warps) for ``y``'s rows of ``n`` output columns; the tests' interpreter
+    takes the multi-step path past 2,048 columns."""
+    if not y.is_cuda:
+        return min(2048, triton.next_power_of_2(n)), 1
+    if y.shape[0] >= _MANY_ROWS:
+        return min(_MANY_ROWS_BLOCK, triton.next_power_of_2(n)), 8
+    block = min(_BLOCK, triton.next_power_of_2(n))
+    return block, max(4, min(16, block // 1024))
 
 
 def silu_mul_quant(
@@ -117,7 +124,7 @@ def silu_mul_quant(
     if m == 0:
         return q, scales
     pdl = use_pdl(y)
-    block = min(_block_limit(y), triton.next_power_of_2(n), _MANY_ROWS_BLOCK if m >= _MANY_ROWS else _BLOCK)
+    block, warps = _tiling(y, n)
     _silu_mul_quant_kernel[(m,)](
         y,
         x_s if scaled else scales,
@@ -133,7 +140,7 @@ def silu_mul_quant(
         BLOCK=block,
         ONE_STEP=block >= n,
         USE_PDL=pdl,
-        num_warps=(8 if m >= _MANY_ROWS else max(4, min(16, block // 1024))) if y.is_cuda else 1,
+        num_warps=warps,
         launch_pdl=pdl,
     )
     return q, scales
