@@ -19,7 +19,11 @@ from kernels.attention_store import (
     page_strides,
     softmax_tile,
 )
+from kernels.attention_decode_keys_m import _decode_split_keys_m_kernel
 from kernels.pdl import pdl_enter, use_pdl
+from protocol.settings import settings
+
+_KEYS_M = settings().decode_keys_m
 
 
 # Integers that change from step to step (block-table width, split count, their strides) are not specialized:
@@ -211,7 +215,10 @@ def split_decode(
         part_strides = part.stride()[:3]
         lse_strides = lse.stride()[:2]
     grid = (num_kv_heads, num_splits, batch) if heads_first else (batch, num_kv_heads, num_splits)
-    _decode_split_kernel[grid](
+    group = num_heads // num_kv_heads
+    keys_m = _KEYS_M and group <= 8
+    kernel = _decode_split_keys_m_kernel if keys_m else _decode_split_kernel
+    kernel[grid](
         q,
         k_cache,
         v_cache,
@@ -231,7 +238,7 @@ def split_decode(
         PAGE=page,
         HEAD_DIM=head_dim,
         BLOCK_D=block_d,
-        BLOCK_H=max(16, triton.next_power_of_2(num_heads // num_kv_heads)),
+        BLOCK_H=max(8 if keys_m else 16, triton.next_power_of_2(group)),
         BLOCK_N=block_n,
         DIRECT_OUT=direct,
         HEADS_FIRST=heads_first,
