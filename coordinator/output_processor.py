@@ -115,7 +115,9 @@ class OutputProcessor:
         if not st.stream:
             return None
         new_logprobs = None if st.logprobs is None else [logprobs]
-        return StepOutput(st.request_id, [token], self._ready_text(st), new_logprobs)
+        return StepOutput(
+            st.request_id, [token], self._ready_text(st), new_logprobs, num_prompt_tokens=seq.num_prompt_tokens
+        )
 
     def finish(self, seq: Sequence, reason: str) -> StepOutput | None:
         """The request ended outside a step (abort): its last output, with no new tokens."""
@@ -178,5 +180,13 @@ class OutputProcessor:
             token_ids, logprobs = seq.output_token_ids, st.logprobs
         prompt = seq.token_ids[: seq.num_prompt_tokens]
         return StepOutput(
-            st.request_id, token_ids, text, logprobs, finish_reason, stop_reason, prompt, st.prompt_logprobs
+            st.request_id,
+            token_ids,
+            text,
+            logprobs,
+            finish_reason,
+            stop_reason,
+            prompt,
+            st.prompt_logprobs,
+            len(prompt),
         )

@@ -176,7 +176,14 @@ class Server:
             self.stats.requests_aborted += out.finish_reason == "abort"
         logprobs = None if out.logprobs is None else [TokenLogprobs.from_dict(d) for d in out.logprobs]
         delta = Delta(
-            req.request_id, out.token_ids, out.text, out.finish_reason, out.stop_reason, out.prompt_token_ids, logprobs
+            req.request_id,
+            out.token_ids,
+            out.text,
+            out.finish_reason,
+            out.stop_reason,
+            out.prompt_token_ids,
+            logprobs,
+            num_prompt_tokens=out.num_prompt_tokens,
         )
         if out.prompt_logprobs is not None:  # the first entry (None) is not sent: the client puts it back
             delta.prompt_logprobs = [PromptTokenLogprobs.from_dict(d) for d in out.prompt_logprobs[1:]]

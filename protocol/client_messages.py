@@ -15,8 +15,8 @@ from protocol.outputs import Logprob
 from protocol.sampling_params import SamplingParams
 
 # 4: Tokenize/Detokenize, ChatPrompt prompts, InfoReply.generation_defaults; 5: logit_bias, prompt_logprobs;
-# 6: InfoReply.max_message_bytes; 7: Tokenize.return_token_strs
-CLIENT_PROTOCOL_VERSION = 7
+# 6: InfoReply.max_message_bytes; 7: Tokenize.return_token_strs; 8: Delta.num_prompt_tokens
+CLIENT_PROTOCOL_VERSION = 8
 DEFAULT_MAX_MESSAGE_BYTES = 8 << 20  # the server's default --max-message-bytes: clients assume it until Info says
 
 # Error.kind values
@@ -139,6 +139,7 @@ class Delta:
     # on the last Delta, when the request asked (prompt_logprobs=N): one per prompt token after the first (which
     # nothing predicts; the client puts vLLM's None in its place)
     prompt_logprobs: list[PromptTokenLogprobs] | None = None
+    num_prompt_tokens: int = 0  # on every Delta: a front-end whose client left mid-stream still counts the prompt
 
 
 @record(35)

@@ -68,6 +68,7 @@ class StepOutput:
     stop_reason: str | int | None = None  # the stop string or token id that ended it
     prompt_token_ids: list[int] | None = None  # on the last output only
     prompt_logprobs: PromptLogprobs | None = None  # on the last output only, when the request asked
+    num_prompt_tokens: int = 0  # on every output: a stream read only in part still says what its prompt cost
 
     @property
     def finished(self) -> bool:

@@ -130,6 +130,7 @@ async def _events(
         async for i, d in streams.deltas():
             timers[i].tokens(len(d.token_ids))
             outputs[i] += len(d.token_ids)
+            num_prompt = d.num_prompt_tokens or num_prompt  # every Delta says it: a stream left early still counts
             final = d.finish_reason is not None
             delta = _delta(d.text, parsers[i], final)
             lp = await chat_logprobs(engine, d.logprobs, top_n) if req.logprobs and d.logprobs else None
@@ -138,7 +139,7 @@ async def _events(
             elif not delta and lp is None and not final:
                 continue
             if final:
-                reasons[i], num_prompt = d.finish_reason, len(d.prompt_token_ids or ())
+                reasons[i] = d.finish_reason
             choice = {"index": i, "delta": delta, "logprobs": lp, "finish_reason": d.finish_reason}
             if final:
                 choice["stop_reason"] = d.stop_reason

@@ -109,6 +109,8 @@ async def _events(
             d = _unsampled(d) if score else d
             timers[i].tokens(len(d.token_ids))
             outputs[i] += len(d.token_ids)
+            if d.num_prompt_tokens:  # every Delta says it: a stream left early still counts its prompt
+                prompt_tokens[i // n] = d.num_prompt_tokens
             text = d.text
             if not echoed[i]:  # the prompt goes before the choice's first text
                 text, echoed[i] = echo[i // n] + text, True
@@ -117,7 +119,6 @@ async def _events(
                 lp, offsets[i] = await completion_logprobs(engine, d.logprobs, offsets[i])
             if d.finish_reason is not None:
                 reasons[i] = d.finish_reason
-                prompt_tokens[i // n] = len(d.prompt_token_ids or ())
             elif not text and lp is None and not d.token_ids:
                 continue  # no new token; a token whose text is held back still gets its event, as vLLM's
             choice = {"index": i, "text": text, "logprobs": lp, "finish_reason": d.finish_reason}

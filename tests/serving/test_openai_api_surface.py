@@ -24,7 +24,9 @@ from tests.support.processes import ROOT
 def test_disconnect_mid_stream_aborts_and_frees_kv(server):  # noqa: F811
     aborted = metric(server, "nanoserve:request_success_total", finished_reason="abort")
     generated = metric(server, "nanoserve:generation_tokens_total")
+    prompt_sum = metric(server, "nanoserve:request_prompt_tokens_sum")
     body = {"model": NAME, "prompt": "once upon a time", "max_tokens": 480, "stream": True, "ignore_eos": True}
+    prompt_len = httpx.post(server.root + "/tokenize", json={"model": NAME, "prompt": body["prompt"]}).json()["count"]
     with httpx.Client(timeout=30) as client:
         with client.stream("POST", server.base_url + "/completions", json=body) as resp:
             assert resp.status_code == 200
@@ -44,6 +46,8 @@ def test_disconnect_mid_stream_aborts_and_frees_kv(server):  # noqa: F811
     assert (running, usage) == (0, 0)
     assert metric(server, "nanoserve:request_success_total", finished_reason="abort") == aborted + 1
     assert metric(server, "nanoserve:generation_tokens_total") - generated < 480
+    # the front-end never read the last Delta, yet its histogram and log line count the prompt
+    assert metric(server, "nanoserve:request_prompt_tokens_sum") - prompt_sum == prompt_len > 0
     # a request that does not stream, its client gone once it runs: aborted and counted as one too
     host, port = server.root.removeprefix("http://").split(":")
     payload = json.dumps({**body, "stream": False}).encode()
