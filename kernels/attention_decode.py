@@ -1,7 +1,8 @@
 """Triton split-K decode kernels for paged attention: one query per sequence, the context split over programs
 (stage 1, partial attention per split) and the splits' results merged (stage 2), and ``split_decode``, which
-launches them. The backend (:mod:`kernels.triton_attention`) picks the split count (``num_decode_splits``) and the
-tiles.
+launches them. The backend (:mod:`kernels.triton_attention`) picks the split count (``num_decode_splits``), the
+tiles and, for one-warp programs, the stage-1 kernel that takes the keys as the dots' M
+(kernels/attention_decode_keys_m.py).
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.attention_decode_keys_m import _decode_split_keys_m_kernel
 from kernels.attention_store import (
     check_cache,
     dot_dtype_f16,
@@ -19,11 +21,7 @@ from kernels.attention_store import (
     page_strides,
     softmax_tile,
 )
-from kernels.attention_decode_keys_m import _decode_split_keys_m_kernel
 from kernels.pdl import pdl_enter, use_pdl
-from protocol.settings import settings
-
-_KEYS_M = settings().decode_keys_m
 
 
 # Integers that change from step to step (block-table width, split count, their strides) are not specialized:
@@ -192,11 +190,13 @@ def split_decode(
     num_splits: int,
     tiles: tuple[int, ...],
     heads_first: bool,
+    keys_m: bool = False,
 ) -> None:
     """``out`` [B, Hq, D] = each row of ``q`` attending over its sequence's cached context: the split kernel over
     ``num_splits`` ranges of every context, then (several splits) the merge. ``scales``: the softmax scale, K's and
     V's cache scales; ``tiles``: keys per tile, warps, pipeline stages and optionally a register cap per thread
-    (0: none); ``heads_first``: the grid's order."""
+    (0: none); ``heads_first``: the grid's order; ``keys_m``: stage 1 with the keys as the dots' M (query groups of
+    up to 8 heads)."""
     batch, num_heads, head_dim = q.shape
     num_kv_heads, page = k_cache.shape[2], k_cache.shape[1]
     v_keys = check_cache(k_cache, v_cache)
@@ -216,7 +216,7 @@ def split_decode(
         lse_strides = lse.stride()[:2]
     grid = (num_kv_heads, num_splits, batch) if heads_first else (batch, num_kv_heads, num_splits)
     group = num_heads // num_kv_heads
-    keys_m = _KEYS_M and group <= 8
+    assert not keys_m or group <= 8, "the keys-as-M kernel takes query groups of up to 8 heads"
     kernel = _decode_split_keys_m_kernel if keys_m else _decode_split_kernel
     kernel[grid](
         q,

@@ -91,7 +91,11 @@ def _decode_split_keys_m_kernel(
         mask_n = pos_n < split_end
         page = tl.load(bt_row + pos_n // PAGE, mask=pos_n // PAGE < tl.cdiv(split_end, PAGE), other=0).to(tl.int64)
         in_page = (pos_n % PAGE).to(tl.int64)
-        k = tl.load(k_base + (page * stride_kc_b + in_page * stride_kc_s)[:, None], mask=mask_n[:, None] & mask_d[None, :], other=0.0)
+        k = tl.load(
+            k_base + (page * stride_kc_b + in_page * stride_kc_s)[:, None],
+            mask=mask_n[:, None] & mask_d[None, :],
+            other=0.0,
+        )
         v_off = page * stride_vc_b + in_page * stride_vc_s
         if V_KEYS:
             v_t = load_keys_contiguous(v_base, v_off, mask_d)  # [D, keys]

@@ -17,7 +17,7 @@ from model.rotary import RotaryEmbedding
 from tests.support.builders import make_step, worker_config
 from tests.support.interpreter_fp8 import fix_interpreter_fp8_rounding
 from tests.support.oracle import prompts_with_shared_prefixes, rel_err
-from tests.support.paged_cache import DEVICE, ON_GPU, REF, TRI, PagedCache, prefill_meta
+from tests.support.paged_cache import DEVICE, ON_GPU, REF, TRI, PagedCache, decode_backend, prefill_meta
 from tests.support.processes import ROOT
 
 FP8 = torch.float8_e4m3fn
@@ -106,7 +106,7 @@ def prefill_case(q_dtype, k_scale, v_scale, chunks, heads, head_dim, block_size)
     assert (k_scale, v_scale) == (1.0, 1.0) or rel_err(other, ref) > 0.1
 
 
-def decode_case(q_dtype, k_scale, v_scale, seq_lens, heads, head_dim, block_size, num_splits):
+def decode_case(q_dtype, k_scale, v_scale, seq_lens, heads, head_dim, block_size, num_splits, keys_m=None):
     gen = torch.Generator().manual_seed(4)
     cache = PagedCache(seq_lens, heads[1], head_dim, block_size, torch.float32, gen, extra_cols=5)
     kc, vc = fp8_cache(cache, k_scale, v_scale)
@@ -121,7 +121,8 @@ def decode_case(q_dtype, k_scale, v_scale, seq_lens, heads, head_dim, block_size
         decode_block_tables=cache.table,
         max_decode_seq_len=max(seq_lens),
     )
-    out = TRI.decode(q, kc, vc, meta, head_dim**-0.5, num_splits=num_splits, k_scale=k_scale, v_scale=v_scale)
+    backend = TRI if keys_m is None else decode_backend(keys_m)  # None: the engine's policy
+    out = backend.decode(q, kc, vc, meta, head_dim**-0.5, num_splits=num_splits, k_scale=k_scale, v_scale=v_scale)
     ref_meta = dataclasses.replace(meta, decode_block_tables=cache.ref_table)
     ref = REF.decode(q, kc, vc, ref_meta, head_dim**-0.5, k_scale=k_scale, v_scale=v_scale)
     live = lens > 0
@@ -138,8 +139,9 @@ def test_prefill_reads_fp8_cache(q_dtype, k_scale, v_scale):
 @pytest.mark.parametrize("q_dtype", Q_DTYPES)
 @pytest.mark.parametrize("k_scale,v_scale", SCALES)
 @pytest.mark.parametrize("num_splits", [1, 3])
-def test_decode_reads_fp8_cache(q_dtype, k_scale, v_scale, num_splits):
-    decode_case(q_dtype, k_scale, v_scale, [1, 17, 0, 40], (4, 2), 16, 16, num_splits)
+@pytest.mark.parametrize("keys_m", [True, False], ids=["keys-m", "heads-m"])
+def test_decode_reads_fp8_cache(q_dtype, k_scale, v_scale, num_splits, keys_m):
+    decode_case(q_dtype, k_scale, v_scale, [1, 17, 0, 40], (4, 2), 16, 16, num_splits, keys_m)
 
 
 @pytest.mark.parametrize("k_scale,v_scale", SCALES)
@@ -183,8 +185,9 @@ def test_fp8_kv_attention_gpu(q_dtype, k_scale, v_scale, block_size):
     chunks = [(0, 1024), (0, 1), (700, 324), (2048, 77), (1000, 1500)]
     lens = [1, 4000, 0, 77, 513, 2048] * 8
     cases = [lambda: prefill_case(q_dtype, k_scale, v_scale, chunks, (32, 8), 128, block_size)]
-    for splits in (None, 1, 7):  # None and 7: one-warp split programs; 1: the 4-warp direct ones
+    for splits in (None, 1, 7):  # None and 7: one-warp split programs (keys as M); 1: the 4-warp direct ones
         cases.append(lambda s=splits: decode_case(q_dtype, k_scale, v_scale, lens, (32, 8), 128, block_size, s))
+    cases.append(lambda: decode_case(q_dtype, k_scale, v_scale, lens, (32, 8), 128, block_size, None, keys_m=False))
     cases.append(lambda: decode_case(q_dtype, k_scale, v_scale, lens * 6, (32, 8), 128, block_size, 1))  # one-warp
     cases.append(lambda: decode_case(q_dtype, k_scale, v_scale, lens * 6, (16, 2), 64, block_size, None))  # D 64
     for case in cases:

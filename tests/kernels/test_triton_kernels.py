@@ -13,7 +13,7 @@ import torch
 from kernels.attention import AttentionMetadata
 from kernels.triton_attention import TritonAttentionBackend
 from tests.support.oracle import rel_err
-from tests.support.paged_cache import DEVICE, ON_GPU, REF, TRI, PagedCache, prefill_meta
+from tests.support.paged_cache import DEVICE, ON_GPU, REF, TRI, PagedCache, decode_backend, prefill_meta
 
 gpu = pytest.mark.gpu
 needs_cuda = pytest.mark.skipif(not ON_GPU, reason="needs CUDA")
@@ -184,9 +184,12 @@ def check_decode(
 @pytest.mark.parametrize("heads", GQA_SMALL)
 @pytest.mark.parametrize("block_size", [16, 256])
 @pytest.mark.parametrize("num_splits", [None, 1, 3])
-def test_decode_small(dtype, heads, block_size, num_splits):
-    # 0 = padded batch row; 1, block multiples and ragged lengths.
-    check_decode([1, 17, 0, 40, 16, 5], *heads, 16, block_size, dtype, num_splits)
+@pytest.mark.parametrize("keys_m", [True, False], ids=["keys-m", "heads-m"])
+def test_decode_small(dtype, heads, block_size, num_splits, keys_m):
+    # 0 = padded batch row; 1, block multiples and ragged lengths. Both stage-1 kernels (the CPU's one-warp tiles
+    # take the keys as M unless switched off).
+    backend = decode_backend(keys_m)
+    check_decode([1, 17, 0, 40, 16, 5], *heads, 16, block_size, dtype, num_splits, backend=backend)
 
 
 def test_decode_small_many_splits_head32():

@@ -15,6 +15,7 @@ import torch
 from benchmarks.probes.kernel_regs import build_sm90, check_vector_loads, report_builds
 from kernels import (
     attention_decode,
+    attention_decode_keys_m,
     attention_prefill,
     attention_store,
     fp8_gemm,
@@ -168,6 +169,16 @@ def cases():
                 "USE_PDL": True,
             },
             {"num_stages": 2},
+        )
+    for direct in (True, False):
+        yield (
+            f"split decode over e4m3, keys as M, direct={direct}",
+            attention_decode_keys_m._decode_split_keys_m_kernel,
+            dict(attn, out_ptr=BF16 if direct else F32),
+            {"GROUP": 4, "PAGE": 16, "HEAD_DIM": 128, "BLOCK_D": 128, "BLOCK_H": 8, "BLOCK_N": 16}
+            | {"DIRECT_OUT": direct, "HEADS_FIRST": True, "DOT_F16": True, "V_KEYS": True, "stride_vc_s": 1}
+            | {"USE_PDL": True},
+            {"num_warps": 1, "num_stages": 2},
         )
     yield (
         "qk norm + RoPE + KV store into e4m3",

@@ -17,6 +17,14 @@ REF = TorchAttentionBackend()
 TRI = TritonAttentionBackend()
 
 
+def decode_backend(keys_m: bool) -> TritonAttentionBackend:
+    """A backend whose decode runs one-warp programs with the keys as the dots' M (``keys_m``), or the kernel that
+    pads the query group to 16 rows (on the GPU at its default tiles)."""
+    if not keys_m:
+        return TritonAttentionBackend(decode_keys_m=False)
+    return TritonAttentionBackend(decode_tiles=(16, 1, 2) if ON_GPU else None, decode_keys_m=True)
+
+
 class PagedCache:
     """A NaN-poisoned pool with sequences scattered over shuffled blocks; extra NaN blocks serve as table padding."""
 
