@@ -85,9 +85,8 @@ class TritonAttentionBackend(AttentionBackend):
         # CUDA prefill tiling (queries per tile, keys per tile, warps, stages); None = the default below
         # (benchmarks/attention_kernels.py --sweep-prefill measures the alternatives).
         self.prefill_tiles = prefill_tiles
-        # One-warp decode programs with the keys as the dots' M and the query group (<= 8 heads) as N: half the MMAs
-        # and softmax values a key of the 16-row padded group (e4m3 cache at 16-256 sequences: -8 to -22% a layer,
-        # W1 FP8 + FP8 KV +4.2% on an H200). None: NANOSERVE_DECODE_KEYS_M (on unless 0).
+        # One-warp decode programs take the keys as the dots' M (half the MMAs of a 16-row padded group: -8 to -22%
+        # a layer over e4m3 at 16-256 sequences on an H200). None: NANOSERVE_DECODE_KEYS_M (on unless 0).
         self.decode_keys_m = settings().decode_keys_m if decode_keys_m is None else decode_keys_m
 
     # -- store ---------------------------------------------------------------------------------------------------------
