@@ -14,6 +14,7 @@ import triton.language as tl
 from kernels.attention_decode_keys_m import _decode_split_keys_m_kernel
 from kernels.attention_store import (
     check_cache,
+    decode_split,
     dot_dtype_f16,
     dot_operand,
     kernel_scales,
@@ -64,23 +65,7 @@ def _decode_split_kernel(
     V_KEYS: tl.constexpr,  # V stored keys-contiguous (kernels/attention.py value_cache): read as [D, keys] tiles
     USE_PDL: tl.constexpr,
 ):
-    # Before the wait: the sequence length, a step input no kernel of the step writes.
-    if HEADS_FIRST:
-        kv_head = tl.program_id(0)
-        split = tl.program_id(1)
-        b = tl.program_id(2)
-    else:
-        b = tl.program_id(0)
-        kv_head = tl.program_id(1)
-        split = tl.program_id(2)
-
-    seq_len = tl.load(seq_lens_ptr + b)
-    # The split length is derived from the device-side seq_len, so the grid stays data independent.
-    # Rounding to BLOCK_N keeps tiles whole except the very last one of the sequence.
-    split_len = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
-    split_start = split * split_len
-    split_end = tl.minimum(split_start + split_len, seq_len)
-
+    b, kv_head, split, split_start, split_end = decode_split(seq_lens_ptr, num_splits, BLOCK_N, HEADS_FIRST)
     offs_h = tl.arange(0, BLOCK_H)
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from kernels.attention_store import dot_operand, load_keys_contiguous
+from kernels.attention_store import decode_split, dot_operand, load_keys_contiguous
 from kernels.pdl import pdl_enter
 
 
@@ -49,20 +49,7 @@ def _decode_split_keys_m_kernel(
     V_KEYS: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
-    if HEADS_FIRST:
-        kv_head = tl.program_id(0)
-        split = tl.program_id(1)
-        b = tl.program_id(2)
-    else:
-        b = tl.program_id(0)
-        kv_head = tl.program_id(1)
-        split = tl.program_id(2)
-
-    seq_len = tl.load(seq_lens_ptr + b)
-    split_len = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
-    split_start = split * split_len
-    split_end = tl.minimum(split_start + split_len, seq_len)
-
+    b, kv_head, split, split_start, split_end = decode_split(seq_lens_ptr, num_splits, BLOCK_N, HEADS_FIRST)
     offs_h = tl.arange(0, BLOCK_H)
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)

@@ -141,6 +141,27 @@ def load_keys_contiguous(v_base, offsets, mask_d):
 
 
 @triton.jit
+def decode_split(seq_lens_ptr, num_splits, BLOCK_N: tl.constexpr, HEADS_FIRST: tl.constexpr):
+    """A split decode program's (sequence, kv head, split, first key, end key); the grid is (kv heads, splits,
+    batch) with ``HEADS_FIRST``, else (batch, kv heads, splits). Reads only the sequence length, a step input no
+    kernel of the step writes (so it may run before the PDL wait)."""
+    if HEADS_FIRST:
+        kv_head = tl.program_id(0)
+        split = tl.program_id(1)
+        b = tl.program_id(2)
+    else:
+        b = tl.program_id(0)
+        kv_head = tl.program_id(1)
+        split = tl.program_id(2)
+    seq_len = tl.load(seq_lens_ptr + b)
+    # The split length is derived from the device-side seq_len, so the grid stays data independent.
+    # Rounding to BLOCK_N keeps tiles whole except the very last one of the sequence.
+    split_len = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
+    split_start = split * split_len
+    return b, kv_head, split, split_start, tl.minimum(split_start + split_len, seq_len)
+
+
+@triton.jit
 def softmax_tile(q, qk, v, m_i, l_i, acc):
     """One K/V tile of the online softmax: scores ``qk`` (log2 units, masked keys at -inf) update the running max
     ``m_i`` and sum ``l_i`` and add the tile's values to ``acc``, rescaled; the dots in ``q``'s dtype."""
