@@ -4,7 +4,7 @@ Registers, spills, shared memory and programs per SM of our split decode kernel 
 machine, no GPU needed: ``triton.compile`` for the target with the integer hints the JIT gives at run time
 (16-divisible strides), then ``ptxas -v`` (shipped with Triton).
 
-    python -m benchmarks.probes.kernel_regs [--tiles 64,4,2 ...]
+    python -m benchmarks.probes.kernel_regs [--tiles 64,4,2 ...] [--kv-fp8] [--keys-m]
 
 Why: a memory-bound kernel's speed follows how many of its programs an SM holds at once (a stream decode that
 needed 168 registers where the split decode needs 118 held 3 programs per SM instead of 4 and lost). Re-run it
@@ -26,6 +26,7 @@ from triton.backends.nvidia.compiler import get_ptxas
 from triton.compiler import ASTSource
 
 from kernels import attention_decode
+from kernels.attention_decode_keys_m import _decode_split_keys_m_kernel
 
 SM90 = GPUTarget("cuda", 90, 32)
 REGS_PER_SM, SMEM_PER_SM, THREADS_PER_SM, PROGRAMS_PER_SM = 65536, 228 * 1024, 2048, 32
@@ -147,13 +148,14 @@ def main() -> None:
         help="keys,warps,stages[,max registers a thread]",
     )
     parser.add_argument("--kv-fp8", action="store_true", help="an e4m3 cache (V keys-contiguous), as the engine's")
+    parser.add_argument("--keys-m", action="store_true", help="the stage-1 kernel with the keys as the dots' M")
     args = parser.parse_args()
     tilings = [tuple(int(x) for x in t.split(",")) for t in args.tiles]
-    common = dict(GROUP=4, PAGE=16, HEAD_DIM=128, BLOCK_D=128, BLOCK_H=16, NUM_KV=4, USE_PDL=True)
+    common = dict(GROUP=4, PAGE=16, HEAD_DIM=128, BLOCK_D=128, BLOCK_H=8 if args.keys_m else 16, USE_PDL=True)
     common |= dict(DOT_F16=args.kv_fp8, V_KEYS=args.kv_fp8)
     if args.kv_fp8:  # keys-contiguous V: its key stride is 1, which the JIT specializes as a constant
         common |= dict(stride_vc_s=1)
-    split = attention_decode._decode_split_kernel
+    split = _decode_split_keys_m_kernel if args.keys_m else attention_decode._decode_split_kernel
     print(f"{'kernel':38s} {'tiles':>10s} {'regs':>5s} {'spill B':>8s} {'smem KB':>8s} {'per SM':>7s}")
     for block_n, warps, stages, *cap in tilings:
         for direct in (True, False):
