@@ -340,3 +340,7 @@ def test_kernel_regs_counts_an_sm90_build_without_a_gpu():
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, check=True).stdout
     rows = [line.split()[-5:] for line in out.splitlines() if line.startswith("split decode")]
     assert rows == [[tiles, "128", "0", rows[0][3], "16"]] * 2, out
+    # the kernel the engine runs on those tiles takes the keys as M: within the cap too, no spills
+    out = subprocess.run([*cmd, "--keys-m"], env=env, capture_output=True, text=True, timeout=300, check=True).stdout
+    rows = [line.split()[-5:] for line in out.splitlines() if line.startswith("split decode")]
+    assert len(rows) == 2 and all(int(r[1]) <= 128 and r[2] == "0" and int(r[4]) >= 16 for r in rows), out
