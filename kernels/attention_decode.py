@@ -14,6 +14,7 @@ import triton.language as tl
 from kernels.attention_decode_keys_m import _decode_split_keys_m_kernel
 from kernels.attention_store import (
     check_cache,
+    decode_k_tile,
     decode_split,
     dot_dtype_f16,
     dot_operand,
@@ -67,7 +68,6 @@ def _decode_split_kernel(
 ):
     b, kv_head, split, split_start, split_end = decode_split(seq_lens_ptr, num_splits, BLOCK_N, HEADS_FIRST)
     offs_h = tl.arange(0, BLOCK_H)
-    offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     mask_h = offs_h < GROUP
     mask_d = offs_d < HEAD_DIM
@@ -79,7 +79,7 @@ def _decode_split_kernel(
     q = dot_operand(tl.load(q_ptrs, mask=mask_h[:, None] & mask_d[None, :], other=0.0), DOT_F16)
 
     bt_row = block_tables_ptr + b64 * stride_bt
-    k_base = k_cache_ptr + kv_head * stride_kc_h + offs_d[None, :]
+    k_head = k_cache_ptr + kv_head * stride_kc_h
     if V_KEYS:
         v_base = v_cache_ptr + kv_head * stride_vc_h + offs_d[:, None] * PAGE
     else:
@@ -92,19 +92,14 @@ def _decode_split_kernel(
     # Every tile starts below split_end, so it holds at least one valid key: the running max is finite
     # from the first iteration on (padded head rows have q = 0, hence finite scores too).
     for start_n in range(split_start, split_end, BLOCK_N):
-        pos_n = start_n + offs_n
-        mask_n = pos_n < split_end
-        # Masked: table entries past seq_len may be garbage and must not even be read. Keys past split_end in
-        # its last page get that page (read whole by V_KEYS; their p is 0).
-        page = tl.load(bt_row + pos_n // PAGE, mask=pos_n // PAGE < tl.cdiv(split_end, PAGE), other=0).to(tl.int64)
-        in_page = (pos_n % PAGE).to(tl.int64)
-        kv_mask = mask_n[:, None] & mask_d[None, :]
-        k = tl.load(k_base + (page * stride_kc_b + in_page * stride_kc_s)[:, None], mask=kv_mask, other=0.0)
-        v_off = page * stride_vc_b + in_page * stride_vc_s  # stride_vc_s = 1 when V_KEYS
+        k, v_off, mask_n = decode_k_tile(
+            bt_row, start_n, split_end, k_head, offs_d, mask_d, stride_kc_b, stride_kc_s, stride_vc_b, stride_vc_s,
+            BLOCK_N, PAGE,
+        )  # fmt: skip
         if V_KEYS:
             v = tl.trans(load_keys_contiguous(v_base, v_off, mask_d))
         else:
-            v = tl.load(v_base + v_off[:, None], mask=kv_mask, other=0.0)
+            v = tl.load(v_base + v_off[:, None], mask=mask_n[:, None] & mask_d[None, :], other=0.0)
         qk = tl.dot(q, tl.trans(k.to(q.dtype))) * qk_scale
         qk = tl.where(mask_n[None, :], qk, float("-inf"))
         m_i, l_i, acc = softmax_tile(q, qk, v, m_i, l_i, acc)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from kernels.attention_store import decode_split, dot_operand, load_keys_contiguous
+from kernels.attention_store import decode_k_tile, decode_split, dot_operand, load_keys_contiguous
 from kernels.pdl import pdl_enter
 
 
@@ -51,7 +51,6 @@ def _decode_split_keys_m_kernel(
 ):
     b, kv_head, split, split_start, split_end = decode_split(seq_lens_ptr, num_splits, BLOCK_N, HEADS_FIRST)
     offs_h = tl.arange(0, BLOCK_H)
-    offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     mask_h = offs_h < GROUP
     mask_d = offs_d < HEAD_DIM
@@ -63,7 +62,7 @@ def _decode_split_keys_m_kernel(
     q_t = dot_operand(tl.load(q_ptrs, mask=mask_d[:, None] & mask_h[None, :], other=0.0), DOT_F16)  # [D, H]
 
     bt_row = block_tables_ptr + b64 * stride_bt
-    k_base = k_cache_ptr + kv_head * stride_kc_h + offs_d[None, :]
+    k_head = k_cache_ptr + kv_head * stride_kc_h
     if V_KEYS:
         v_base = v_cache_ptr + kv_head * stride_vc_h + offs_d[:, None] * PAGE
     else:
@@ -74,16 +73,10 @@ def _decode_split_keys_m_kernel(
     acc = tl.zeros([BLOCK_D, BLOCK_H], tl.float32)  # O^T
 
     for start_n in range(split_start, split_end, BLOCK_N):
-        pos_n = start_n + offs_n
-        mask_n = pos_n < split_end
-        page = tl.load(bt_row + pos_n // PAGE, mask=pos_n // PAGE < tl.cdiv(split_end, PAGE), other=0).to(tl.int64)
-        in_page = (pos_n % PAGE).to(tl.int64)
-        k = tl.load(
-            k_base + (page * stride_kc_b + in_page * stride_kc_s)[:, None],
-            mask=mask_n[:, None] & mask_d[None, :],
-            other=0.0,
-        )
-        v_off = page * stride_vc_b + in_page * stride_vc_s
+        k, v_off, mask_n = decode_k_tile(
+            bt_row, start_n, split_end, k_head, offs_d, mask_d, stride_kc_b, stride_kc_s, stride_vc_b, stride_vc_s,
+            BLOCK_N, PAGE,
+        )  # fmt: skip
         if V_KEYS:
             v_t = load_keys_contiguous(v_base, v_off, mask_d)  # [D, keys]
         else:

@@ -162,6 +162,25 @@ def decode_split(seq_lens_ptr, num_splits, BLOCK_N: tl.constexpr, HEADS_FIRST: t
 
 
 @triton.jit
+def decode_k_tile(
+    bt_row, start_n, split_end, k_head, offs_d, mask_d, stride_kc_b, stride_kc_s, stride_vc_b, stride_vc_s,
+    BLOCK_N: tl.constexpr, PAGE: tl.constexpr,
+):  # fmt: skip
+    """A split decode tile from ``start_n``: K as [keys, D] (``k_head``: the kv head's K cache; ``bt_row``: the
+    sequence's block table), each key's offset in the V cache, and the mask of keys before ``split_end``. V is
+    loaded by the caller, in the orientation its dot takes (a 16-bit V loaded transposed costs ~100 registers)."""
+    pos_n = start_n + tl.arange(0, BLOCK_N)
+    mask_n = pos_n < split_end
+    # Masked: table entries past seq_len may be garbage and must not even be read. Keys past split_end in its last
+    # page get that page (read whole by V_KEYS; their p is 0).
+    page = tl.load(bt_row + pos_n // PAGE, mask=pos_n // PAGE < tl.cdiv(split_end, PAGE), other=0).to(tl.int64)
+    in_page = (pos_n % PAGE).to(tl.int64)
+    k_off = page * stride_kc_b + in_page * stride_kc_s
+    k = tl.load(k_head + offs_d[None, :] + k_off[:, None], mask=mask_n[:, None] & mask_d[None, :], other=0.0)
+    return k, page * stride_vc_b + in_page * stride_vc_s, mask_n  # stride_vc_s = 1 when V_KEYS
+
+
+@triton.jit
 def softmax_tile(q, qk, v, m_i, l_i, acc):
     """One K/V tile of the online softmax: scores ``qk`` (log2 units, masked keys at -inf) update the running max
     ``m_i`` and sum ``l_i`` and add the tile's values to ``acc``, rescaled; the dots in ``q``'s dtype."""
