@@ -4,10 +4,14 @@ torch._scaled_mm with rowwise scales runs the one cuBLASLt algorithm that takes 
 at 16-128 rows it streams Qwen3-8B's e4m3 weights no faster than bf16 (docs/PERFORMANCE_LOG.md logs 21c, 22b).
 With scalar scales (1.0) cuBLASLt picks from its whole FP8 catalogue: 2.45-2.77 against 3.75-4.22 ms of products a
 step at 16-128 rows (log 23c). So up to ``MAX_ROWS`` rows (a decode batch) the product runs unscaled into the 16-bit
-output and one kernel applies the token's and the channel's scale (and the bias) in place, in float32.
+output and one kernel applies the token's and the channel's scale (and the bias) in place, in float32. Where the
+kernel that reads the product next can apply them itself (``Unscaled``: an RMSNorm, the q/k norm + RoPE), the
+rescale's launch and its pass over the product go (model/fp8_folded.py).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -58,6 +62,21 @@ def _rescale_kernel(
         if HAS_BIAS:
             y += bias
         tl.store(ptrs, y.to(out_ptr.dtype.element_ty), mask=row_mask)
+
+
+@dataclass(slots=True)
+class Unscaled:
+    """A bias-free per-channel FP8 product before its scales: ``raw`` [M, N] 16-bit, to be multiplied by ``x_s``
+    [M] (per token) and ``w_s`` [N] (per channel). A kernel that takes one applies them as ``rescale_`` does, in
+    float32, rounded to ``raw``'s dtype, so its results are the rescale's bits."""
+
+    raw: torch.Tensor
+    x_s: torch.Tensor
+    w_s: torch.Tensor
+
+    def finished(self) -> torch.Tensor:
+        """The scaled product, in place of ``raw``."""
+        return rescale_(self.raw, self.x_s, self.w_s, None)
 
 
 def rescale_(out: torch.Tensor, x_s: torch.Tensor, w_s: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:

@@ -14,6 +14,7 @@ import triton
 import triton.language as tl
 
 from kernels.fp8_quant import FP8_MAX, MIN_AMAX
+from kernels.fp8_rescale import Unscaled
 from kernels.pdl import pdl_enter, use_pdl
 
 
@@ -44,6 +45,8 @@ def _rmsnorm_kernel(
     out_ptr,
     res_out_ptr,
     scale_ptr,  # QUANTIZE: the rows' per-token scales; else unused
+    xs_ptr,  # SCALED: x is an FP8 product before its scales, per row [M] and per column [N]; else unused
+    ws_ptr,
     stride_x,
     stride_r,
     stride_o,
@@ -52,15 +55,20 @@ def _rmsnorm_kernel(
     eps,
     HAS_RESIDUAL: tl.constexpr,
     QUANTIZE: tl.constexpr,  # out is e4m3: the 16-bit result quantized per token, as kernels/fp8_gemv.py would
+    SCALED: tl.constexpr,
     BLOCK: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
     mask = offs < N
-    w = tl.load(w_ptr + offs, mask=mask, other=0.0)  # a weight: in flight during the wait
+    w = tl.load(w_ptr + offs, mask=mask, other=0.0)  # weights: in flight during the wait
+    if SCALED:
+        ws = tl.load(ws_ptr + offs, mask=mask, other=0.0)
     pdl_enter(USE_PDL)
     x = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0)
+    if SCALED:  # kernels/fp8_rescale.py's arithmetic and rounding
+        x = (x.to(tl.float32) * (tl.load(xs_ptr + row) * ws)).to(x_ptr.dtype.element_ty)
     if HAS_RESIDUAL:
         x = residual_added(x, res_ptr + row * stride_r + offs, res_out_ptr + row * stride_ro + offs, mask, True)
     y = rms_normalized(x, N, eps)
@@ -81,17 +89,24 @@ def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.T
     return out if residual is None else (out, res_out)
 
 
-def rmsnorm_quantized(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor):
+def rmsnorm_quantized(
+    x: torch.Tensor | Unscaled, weight: torch.Tensor, eps: float, residual: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(e4m3 norm(x + residual) [M, K], its per-token scales [M], x + residual): ``rmsnorm``'s rows quantized as
-    kernels/fp8_gemv.py quantizes a 16-bit row, so a GEMV behind it skips that work in each of its programs."""
+    kernels/fp8_gemv.py quantizes a 16-bit row, so a GEMV behind it skips that work in each of its programs.
+    ``x`` may be an FP8 product before its scales (the norm applies them); ``residual`` None: x itself is the new
+    residual (the first layer's embedding)."""
+    unscaled = x if isinstance(x, Unscaled) else None
+    x = x.raw if unscaled is not None else x
     q = torch.empty(x.shape, dtype=torch.float8_e4m3fn, device=x.device)
     scales = torch.empty(x.shape[0], dtype=torch.float32, device=x.device)
-    res_out = torch.empty_like(x)
-    _rmsnorm(x, weight, eps, residual, q, res_out, scales)
+    res_out = torch.empty_like(x) if residual is not None else x
+    assert residual is not None or unscaled is None, "an unscaled product is not a residual"
+    _rmsnorm(x, weight, eps, residual, q, res_out, scales, unscaled)
     return q, scales, res_out
 
 
-def _rmsnorm(x, weight, eps, residual, out, res_out, scales) -> None:
+def _rmsnorm(x, weight, eps, residual, out, res_out, scales, unscaled: Unscaled | None = None) -> None:
     n = x.shape[-1]
     res = residual if residual is not None else x
     block = triton.next_power_of_2(n)
@@ -103,6 +118,8 @@ def _rmsnorm(x, weight, eps, residual, out, res_out, scales) -> None:
         out,
         res_out,
         scales if scales is not None else weight,
+        weight if unscaled is None else unscaled.x_s,
+        weight if unscaled is None else unscaled.w_s,
         x.stride(0),
         res.stride(0),
         out.stride(0),
@@ -111,6 +128,7 @@ def _rmsnorm(x, weight, eps, residual, out, res_out, scales) -> None:
         eps,
         HAS_RESIDUAL=residual is not None,
         QUANTIZE=scales is not None,
+        SCALED=unscaled is not None,
         BLOCK=block,
         USE_PDL=pdl,
         num_warps=4 if block <= 2048 else 8,

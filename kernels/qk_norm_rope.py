@@ -28,6 +28,8 @@ def _qk_norm_rope_kernel(
     k_cache_ptr,
     v_cache_ptr,
     slot_ptr,
+    xs_ptr,  # SCALED: x and v are an FP8 qkv product before its scales, per token and per channel; else unused
+    ws_ptr,
     stride_xt,
     stride_xh,
     stride_cs,
@@ -52,6 +54,7 @@ def _qk_norm_rope_kernel(
     HAS_NORM: tl.constexpr,
     STORE_KV: tl.constexpr,
     KV_FP8: tl.constexpr,
+    SCALED: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
     # One program per token: its q and k heads as rows of one tile (q rows take q_norm's weight, k rows k_norm's),
@@ -70,10 +73,17 @@ def _qk_norm_rope_kernel(
         is_q = (h < NUM_Q_HEADS)[:, None]
         w1 = tl.where(is_q, tl.load(wq_ptr + d)[None, :], tl.load(wk_ptr + d)[None, :]).to(tl.float32)
         w2 = tl.where(is_q, tl.load(wq_ptr + HALF + d)[None, :], tl.load(wk_ptr + HALF + d)[None, :]).to(tl.float32)
+    if SCALED:  # the qkv channels in order: q and k heads, then the v heads
+        ws1 = tl.load(ws_ptr + h[:, None] * (2 * HALF) + d[None, :], mask=hmask, other=0.0)
+        ws2 = tl.load(ws_ptr + h[:, None] * (2 * HALF) + HALF + d[None, :], mask=hmask, other=0.0)
     pdl_enter(USE_PDL)
     base = x_ptr + t * stride_xt + h[:, None] * stride_xh + d[None, :]
     x1 = tl.load(base, mask=hmask, other=0.0).to(tl.float32)
     x2 = tl.load(base + HALF, mask=hmask, other=0.0).to(tl.float32)
+    if SCALED:  # kernels/fp8_rescale.py's arithmetic and rounding
+        xs = tl.load(xs_ptr + t)
+        x1 = (x1 * (xs * ws1)).to(dt).to(tl.float32)
+        x2 = (x2 * (xs * ws2)).to(dt).to(tl.float32)
     if HAS_NORM:
         rstd = 1.0 / tl.sqrt((tl.sum(x1 * x1, axis=1) + tl.sum(x2 * x2, axis=1)) / (2 * HALF) + eps)
         n1 = ((x1 * rstd[:, None]).to(dt).to(tl.float32) * w1).to(dt).to(tl.float32)
@@ -100,6 +110,9 @@ def _qk_norm_rope_kernel(
         dd = tl.arange(0, 2 * HALF)
         vmask = (kv[:, None] < NUM_HEADS - NUM_Q_HEADS) & ((slot + 0 * kv) >= 0)[:, None] & (dd[None, :] < 2 * HALF)
         v = tl.load(v_ptr + t * stride_vt + kv[:, None] * stride_vh + dd[None, :], mask=vmask)
+        if SCALED:
+            wsv = tl.load(ws_ptr + (NUM_HEADS + kv[:, None]) * (2 * HALF) + dd[None, :], mask=vmask, other=0.0)
+            v = (v.to(tl.float32) * (tl.load(xs_ptr + t) * wsv)).to(dt)
         if KV_FP8:
             v = fp8_cache_value(v, inv_v_scale)
         vc = v_cache_ptr + block * stride_vc_b + in_page * stride_vc_s + kv[:, None] * stride_vc_h
@@ -129,13 +142,16 @@ def qk_norm_rope_(
     positions: torch.Tensor,
     num_q_heads: int,
     kv_store: KVStore | None = None,
+    scales: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """In place: per-head RMSNorm then neox RoPE of ``qk`` [tokens, q heads + k heads, head_dim] (a strided view
     of the qkv projection is fine): q heads with ``q_weight``, the rest with ``k_weight`` (both None: RoPE only,
     for families without q/k norms). One launch for both, which with ``kv_store`` also writes the finished K and
-    the V rows into the paged KV cache."""
+    the V rows into the paged KV cache. ``scales`` (per token [tokens], per qkv channel): ``qk`` and the V rows
+    are an FP8 product before its scales (kernels/fp8_rescale.py ``Unscaled``), applied here as the rescale would."""
     tokens, heads, head_dim = qk.shape
     assert qk.stride(-1) == 1
+    assert scales is None or (kv_store is not None and scales[1].numel() == (heads + kv_store.v.shape[1]) * head_dim)
     if tokens == 0:
         return qk
     pdl = use_pdl(qk)
@@ -158,6 +174,7 @@ def qk_norm_rope_(
         cos_sin,
         positions,
         *store_args[:4],
+        *(scales if scales is not None else (cos_sin, cos_sin)),
         qk.stride(0),
         qk.stride(1),
         cos_sin.stride(0),
@@ -173,6 +190,7 @@ def qk_norm_rope_(
         HAS_NORM=has_norm,
         STORE_KV=kv_store is not None,
         KV_FP8=kv_fp8,
+        SCALED=scales is not None,
         USE_PDL=pdl,
         num_warps=4 if heads <= 32 else 8,
         launch_pdl=pdl,

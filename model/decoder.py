@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from model import fp8_folded
 from model.config import ModelConfig
 from model.layers import PagedAttention, ParallelLMHead, RMSNorm, SiluAndMul, VocabParallelEmbedding
 from model.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
@@ -44,11 +45,18 @@ class Attention(nn.Module):
 
     def forward(self, positions: torch.Tensor, qkv: torch.Tensor) -> torch.Tensor:
         """``qkv``: the output of ``qkv_proj``, which the layer calls (so that it may take the norm in front)."""
+        return self.o_proj(self.attend(positions, qkv))
+
+    def attend(
+        self, positions: torch.Tensor, qkv: torch.Tensor, scales: tuple[torch.Tensor, torch.Tensor] | None = None
+    ) -> torch.Tensor:
+        """The attention output [tokens, heads * head_dim] before ``o_proj``; ``scales``: ``qkv`` is an FP8 product
+        before its per-token and per-channel scales (model/fp8_folded.py)."""
         q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         qk = qkv[:, : q_size + kv_size].view(-1, self.num_heads + self.num_kv_heads, self.head_dim)
         v = qkv[:, q_size + kv_size :].view(-1, self.num_kv_heads, self.head_dim)
-        out = self.attn.forward_qk_norm_rope(positions, qk, v, self.q_norm, self.k_norm, self.rotary_emb)
-        return self.o_proj(out.flatten(1))
+        out = self.attn.forward_qk_norm_rope(positions, qk, v, self.q_norm, self.k_norm, self.rotary_emb, scales)
+        return out.flatten(1)
 
 
 class GatedMLP(nn.Module):
@@ -124,8 +132,13 @@ class DecoderModel(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         hidden, residual = self.embed_tokens(input_ids), None
-        for layer in self.layers:
-            hidden, residual = layer(positions, hidden, residual)
+        if fp8_folded.applies(self, hidden):  # FP8 decode batches: each product's scales applied by its reader
+            for layer in self.layers:
+                hidden, residual = fp8_folded.layer_forward(layer, positions, hidden, residual)
+            hidden = hidden.finished()
+        else:
+            for layer in self.layers:
+                hidden, residual = layer(positions, hidden, residual)
         return self.norm.forward_partial(hidden, residual)[0]
 
 

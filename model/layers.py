@@ -121,16 +121,18 @@ class PagedAttention(nn.Module):
         q_norm: RMSNorm | None,
         k_norm: RMSNorm | None,
         rope: RotaryEmbedding,
+        scales: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> torch.Tensor:
         """``forward`` for raw q/k projections ([tokens, q heads + k heads, head_dim], see ``qk_norm_rope``; norms
         None: RoPE only): on CUDA the per-head norms, RoPE and the KV store are one kernel, one launch fewer per
-        layer."""
+        layer. ``scales`` (CUDA): q/k and v are an FP8 product before its scales, which that kernel applies."""
         if not qk.is_cuda:
+            assert scales is None, "unscaled FP8 products are a CUDA path"
             return self.forward(*qk_norm_rope(positions, qk, self.num_heads, q_norm, k_norm, rope), v)
         ctx = get_context()
         store = KVStore(v, self.k_cache, self.v_cache, ctx.meta.slot_mapping)
         wq, wk, eps = (None, None, 0.0) if q_norm is None else (q_norm.weight, k_norm.weight, q_norm.eps)
-        qk_norm_rope_(qk, wq, wk, eps, rope.cos_sin, positions, self.num_heads, store)
+        qk_norm_rope_(qk, wq, wk, eps, rope.cos_sin, positions, self.num_heads, store, scales)
         return self._attend(qk[:, : self.num_heads], ctx.meta, ctx.backend)
 
     def _attend(self, q: torch.Tensor, meta: AttentionMetadata, backend: AttentionBackend) -> torch.Tensor:

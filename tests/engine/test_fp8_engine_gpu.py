@@ -111,3 +111,47 @@ def test_fp8_engine_logits_on_dummy_weights(shape, layers, tmp_path, monkeypatch
         assert record["fp8_kv"]["rel_err"] < 0.1, record
         assert record["fp8_both"]["rel_err"] < 0.3, record
         assert record["fp8_both"]["argmax_agree"] > 0.5, record
+
+
+def decode_logits(model_dir, **kw) -> list[torch.Tensor]:
+    """Teacher-forced logits of two prompts (137 rows in one step), then of 4 steps decoding both (2 rows): every
+    step within the row counts model/fp8_folded.py takes."""
+    from worker.model_runner import ModelRunner
+
+    cfg = worker_config(
+        model_dir, device="cuda", dtype="bfloat16", load_format="dummy", attention_backend="triton", **kw
+    )
+    r = ModelRunner(cfg, DEVICE)
+    r.allocate_kv(64)
+    rng = np.random.default_rng(1)
+    prompts = [rng.integers(0, 10000, n).tolist() for n in (100, 37)]
+    seqs = [dict(slot=i, tokens=t, start=0, new_blocks=list(range(16 * i, 16 * i + 16))) for i, t in enumerate(prompts)]
+    out = [r.forward_logits(make_step(seqs)).float()]
+    last = [int(out[0][99].argmax()), int(out[0][136].argmax())]
+    for s in range(4):
+        out.append(r.forward_logits(make_step([dict(slot=i, tokens=[t]) for i, t in enumerate(last)], step_id=s + 1)))
+        last = out[-1].argmax(-1).tolist()
+    del r
+    torch.cuda.empty_cache()
+    return out
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("kv", ["auto", "fp8"])
+@pytest.mark.parametrize("shape", ["qwen3-8b", "llama3.1-8b"])  # llama: RoPE without q/k norms
+def test_folded_scales_give_the_same_logits(shape, kv, tmp_path, monkeypatch):
+    """model/fp8_folded.py (each FP8 product's scales applied by the kernel reading it) against the layers' own
+    forward (a rescale launch after each product): the same bits, at 137 and at 2 rows."""
+    from model import fp8_folded
+
+    model_dir = dummy_shape(shape, 2, tmp_path)
+    taken, layer_forward = [], fp8_folded.layer_forward
+    monkeypatch.setattr(fp8_folded, "layer_forward", lambda *a: taken.append(a[2]) or layer_forward(*a))
+    folded = decode_logits(model_dir, quantization="fp8", kv_cache_dtype=kv)
+    assert len(taken) == 2 * 5  # two layers, five steps
+    monkeypatch.setattr(fp8_folded, "ENABLED", False)
+    unfolded = decode_logits(model_dir, quantization="fp8", kv_cache_dtype=kv)
+    assert len(taken) == 10
+    for a, b in zip(folded, unfolded, strict=True):
+        assert torch.equal(a, b)

@@ -94,14 +94,15 @@ def cases():
             },
             {"num_warps": 8},
         )
-    yield (
-        "add + RMSNorm quantizing its row",
-        fused._rmsnorm_kernel,
-        {"x_ptr": BF16, "res_ptr": BF16, "w_ptr": BF16, "out_ptr": FP8, "res_out_ptr": BF16, "scale_ptr": F32}
-        | {"eps": "fp32"},
-        {"HAS_RESIDUAL": True, "QUANTIZE": True, "BLOCK": 4096, "USE_PDL": True},
-        {"num_warps": 8},
-    )
+    for scaled in (False, True):  # scaled: its input an FP8 product before its scales (model/fp8_folded.py)
+        yield (
+            f"add + RMSNorm quantizing its row, scaled={scaled}",
+            fused._rmsnorm_kernel,
+            {"x_ptr": BF16, "res_ptr": BF16, "w_ptr": BF16, "out_ptr": FP8, "res_out_ptr": BF16, "scale_ptr": F32}
+            | {"xs_ptr": F32, "ws_ptr": F32, "eps": "fp32"},
+            {"HAS_RESIDUAL": True, "QUANTIZE": True, "SCALED": scaled, "BLOCK": 4096, "USE_PDL": True},
+            {"num_warps": 8},
+        )
     yield (
         "rescale after a scalar-scaled product",
         fp8_rescale._rescale_kernel,
@@ -180,26 +181,28 @@ def cases():
             | {"USE_PDL": True},
             {"num_warps": 1, "num_stages": 2},
         )
-    yield (
-        "qk norm + RoPE + KV store into e4m3",
-        qk_norm_rope._qk_norm_rope_kernel,
-        {"x_ptr": BF16, "wq_ptr": BF16, "wk_ptr": BF16, "cos_sin_ptr": F32, "pos_ptr": "*i64", "v_ptr": BF16}
-        | {"k_cache_ptr": FP8, "v_cache_ptr": FP8, "slot_ptr": "*i64", "eps": "fp32"}
-        | {"inv_k_scale": "fp32", "inv_v_scale": "fp32"},
-        {
-            "PAGE": 16,
-            "NUM_Q_HEADS": 32,
-            "NUM_HEADS": 40,
-            "HALF": 64,
-            "BLOCK_H": 64,
-            "BLOCK_KV": 8,
-            "HAS_NORM": True,
-            "STORE_KV": True,
-            "KV_FP8": True,
-            "USE_PDL": True,
-        },
-        {"num_warps": 8},
-    )
+    for scaled in (False, True):
+        yield (
+            f"qk norm + RoPE + KV store into e4m3, scaled={scaled}",
+            qk_norm_rope._qk_norm_rope_kernel,
+            {"x_ptr": BF16, "wq_ptr": BF16, "wk_ptr": BF16, "cos_sin_ptr": F32, "pos_ptr": "*i64", "v_ptr": BF16}
+            | {"k_cache_ptr": FP8, "v_cache_ptr": FP8, "slot_ptr": "*i64", "xs_ptr": F32, "ws_ptr": F32}
+            | {"eps": "fp32", "inv_k_scale": "fp32", "inv_v_scale": "fp32"},
+            {
+                "PAGE": 16,
+                "NUM_Q_HEADS": 32,
+                "NUM_HEADS": 40,
+                "HALF": 64,
+                "BLOCK_H": 64,
+                "BLOCK_KV": 8,
+                "HAS_NORM": True,
+                "STORE_KV": True,
+                "KV_FP8": True,
+                "SCALED": scaled,
+                "USE_PDL": True,
+            },
+            {"num_warps": 8},
+        )
 
 
 def main() -> int:
