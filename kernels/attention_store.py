@@ -2,7 +2,7 @@
 entry (slot -1 marks padding), and how an FP8 cache is written and read.
 
 Layout and metadata are those of :mod:`kernels.attention`; ``TorchAttentionBackend`` is the oracle. The backend
-(:mod:`kernels.triton_attention`) launches the kernel.
+(:mod:`kernels.triton_attention`) calls ``store_kvcache``.
 
 An e4m3 (FP8) cache holds ``value / scale`` with one float scale for K and one for V (``k_scale``, ``v_scale``;
 the model uses 1.0, as vLLM does without calibrated scales): the store kernel divides and saturates at 448, the
@@ -19,7 +19,7 @@ import triton
 import triton.language as tl
 
 from kernels.attention import cache_scales, is_fp8, keys_contiguous
-from kernels.pdl import pdl_enter
+from kernels.pdl import pdl_enter, use_pdl
 
 _LOG2E = 1.4426950408889634
 
@@ -109,6 +109,48 @@ def _store_kvcache_kernel(
     vc += offs_d[None, :] * stride_vc_d
     tl.store(kc, k.to(k_cache_ptr.dtype.element_ty), mask=mask)
     tl.store(vc, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
+
+
+def store_kvcache(
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
+) -> None:
+    """Each token's K and V rows [tokens, kv heads, head_dim] into the paged caches at its slot (-1: not written)."""
+    num_tokens, num_kv_heads, head_dim = k.shape
+    if num_tokens == 0:
+        return
+    check_cache(k_cache, v_cache)
+    if k.stride(-1) != 1 or v.stride(-1) != 1:
+        raise ValueError("k and v must have a contiguous head_dim")
+    pdl = use_pdl(k)
+    _store_kvcache_kernel[(num_tokens,)](
+        k,
+        v,
+        k_cache,
+        v_cache,
+        slot_mapping,
+        k.stride(0),
+        k.stride(1),
+        v.stride(0),
+        v.stride(1),
+        *store_strides(k_cache, v_cache),
+        1.0 / k_scale,
+        1.0 / v_scale,
+        PAGE=k_cache.shape[1],
+        NUM_KV_HEADS=num_kv_heads,
+        HEAD_DIM=head_dim,
+        BLOCK_H=triton.next_power_of_2(num_kv_heads),
+        BLOCK_D=triton.next_power_of_2(head_dim),
+        KV_FP8=is_fp8(k_cache),
+        USE_PDL=pdl,
+        num_warps=4,
+        launch_pdl=pdl,
+    )
 
 
 # ----------------------------------------------------------------------------------------------------------------------

@@ -16,17 +16,10 @@ from __future__ import annotations
 import torch
 import triton
 
-from kernels.attention import AttentionBackend, AttentionMetadata, is_fp8
+from kernels.attention import AttentionBackend, AttentionMetadata
 from kernels.attention_decode import split_decode
 from kernels.attention_prefill import _prefill_kernel
-from kernels.attention_store import (
-    _store_kvcache_kernel,
-    check_cache,
-    dot_dtype_f16,
-    kernel_scales,
-    page_strides,
-    store_strides,
-)
+from kernels.attention_store import check_cache, dot_dtype_f16, kernel_scales, page_strides, store_kvcache
 from kernels.device import num_sms
 from kernels.pdl import use_pdl
 from protocol.settings import settings
@@ -101,36 +94,7 @@ class TritonAttentionBackend(AttentionBackend):
         k_scale: float = 1.0,
         v_scale: float = 1.0,
     ) -> None:
-        num_tokens, num_kv_heads, head_dim = k.shape
-        if num_tokens == 0:
-            return
-        check_cache(k_cache, v_cache)
-        if k.stride(-1) != 1 or v.stride(-1) != 1:
-            raise ValueError("k and v must have a contiguous head_dim")
-        pdl = use_pdl(k)
-        _store_kvcache_kernel[(num_tokens,)](
-            k,
-            v,
-            k_cache,
-            v_cache,
-            slot_mapping,
-            k.stride(0),
-            k.stride(1),
-            v.stride(0),
-            v.stride(1),
-            *store_strides(k_cache, v_cache),
-            1.0 / k_scale,
-            1.0 / v_scale,
-            PAGE=k_cache.shape[1],
-            NUM_KV_HEADS=num_kv_heads,
-            HEAD_DIM=head_dim,
-            BLOCK_H=triton.next_power_of_2(num_kv_heads),
-            BLOCK_D=triton.next_power_of_2(head_dim),
-            KV_FP8=is_fp8(k_cache),
-            USE_PDL=pdl,
-            num_warps=4,
-            launch_pdl=pdl,
-        )
+        store_kvcache(k, v, k_cache, v_cache, slot_mapping, k_scale, v_scale)
 
     # -- prefill -------------------------------------------------------------------------------------------------------
 
