@@ -232,7 +232,11 @@ def main() -> None:
         # with --prefill the prompts are prefilled twice and the second (compiled) pass is profiled
         for rep in range(2 if a.prefill else 1):
             profiled = rep == 1
-            prefill_prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA])
+            # eager (--enforce-eager): the CPU ops too, by input shape, to name what launched each kernel
+            activities = [torch.profiler.ProfilerActivity.CUDA]
+            if a.enforce_eager:
+                activities.append(torch.profiler.ProfilerActivity.CPU)
+            prefill_prof = torch.profiler.profile(activities=activities, record_shapes=a.enforce_eager)
             if profiled:
                 torch.cuda.synchronize()
                 prefill_prof.start()
@@ -248,6 +252,9 @@ def main() -> None:
                     f"{elapsed / num_steps * 1e3:.2f} ms/step (profiled)"
                 )
                 kernel_summary(prefill_prof, num_steps)
+                if a.enforce_eager:
+                    ops = prefill_prof.key_averages(group_by_input_shape=True)
+                    print(ops.table(sort_by="self_cuda_time_total", row_limit=12, max_name_column_width=40))
         if a.host_profile:
             host_profile(runner, slots[:per_step], prompt, blocks[:per_step], a.temperature, slots[per_step:])
 
