@@ -89,3 +89,28 @@ def test_qk_norm_rope_applies_the_scales_as_the_rescale_would(norms, kv_fp8):
     want = run(fp8_rescale.rescale_(prod.raw.clone(), prod.x_s, prod.w_s, None), None)
     assert all(same_bits(a, b) for a, b in zip(got, want))
     assert got[1].float().abs().sum() > 0 and got[2].float().abs().sum() > 0  # the live tokens' K and V stored
+
+
+def test_folded_layers_only_where_every_product_is_per_channel_fp8(tiny_untied, monkeypatch):
+    """model/fp8_folded.py takes a model whose every layer has four per-channel FP8 products without biases on one
+    rank, and only CUDA steps of 2-256 16-bit rows (so never on the CPU)."""
+    from model import fp8_folded
+    from model.fp8 import Fp8Config
+    from model.fp8_linear import Fp8LinearMethod
+    from model.loader import load_model
+
+    cpu = torch.device("cpu")
+    model = load_model(tiny_untied, cpu, torch.bfloat16, quantization="fp8")
+    layers = model.model.layers
+    assert fp8_folded._takes_model(layers)
+    assert not fp8_folded.applies(model.model, torch.zeros(4, layers[0].input_layernorm.weight.numel()))  # CPU
+    assert not fp8_folded._takes_model(load_model(tiny_untied, cpu, torch.bfloat16).model.layers)  # 16-bit weights
+    o_proj = layers[1].self_attn.o_proj
+    with monkeypatch.context() as m:
+        m.setattr(o_proj, "quant", Fp8LinearMethod(Fp8Config(block=(128, 128))))  # one layer's block scales
+        assert not fp8_folded._takes_model(layers)
+    with monkeypatch.context() as m:
+        m.setattr(o_proj, "bias", torch.nn.Parameter(torch.zeros(o_proj.weight.shape[0]), requires_grad=False))
+        assert not fp8_folded._takes_model(layers)
+    monkeypatch.setattr(fp8_folded, "ENABLED", False)  # NANOSERVE_FP8_FOLDED_SCALES=0
+    assert not fp8_folded._takes_model(layers)
