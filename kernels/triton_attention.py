@@ -84,17 +84,7 @@ class TritonAttentionBackend(AttentionBackend):
 
     # -- store ---------------------------------------------------------------------------------------------------------
 
-    def store_kvcache(
-        self,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        k_cache: torch.Tensor,
-        v_cache: torch.Tensor,
-        slot_mapping: torch.Tensor,
-        k_scale: float = 1.0,
-        v_scale: float = 1.0,
-    ) -> None:
-        store_kvcache(k, v, k_cache, v_cache, slot_mapping, k_scale, v_scale)
+    store_kvcache = staticmethod(store_kvcache)
 
     # -- prefill -------------------------------------------------------------------------------------------------------
 
