@@ -1,4 +1,6 @@
 import os
+import signal
+import warnings
 from pathlib import Path
 
 import pytest
@@ -26,6 +28,25 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+@pytest.fixture(autouse=True)
+def _signal_handling_restored():
+    """Code run in this process (a main() under test, a server's own handlers) must not leave its signal handling
+    to later tests: their subprocesses inherit an ignored or blocked SIGINT and never stop on Ctrl-C. Put back, and
+    named in a warning."""
+    handlers = {s: signal.getsignal(s) for s in _SIGNALS}
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    yield
+    for s, handler in handlers.items():
+        if signal.getsignal(s) is not handler:
+            warnings.warn(f"the test left {signal.Signals(s).name} handled by {signal.getsignal(s)!r}", stacklevel=1)
+            signal.signal(s, handler)
+    if signal.pthread_sigmask(signal.SIG_SETMASK, mask) != mask:
+        warnings.warn("the test left signals blocked", stacklevel=1)
 
 
 @pytest.fixture(scope="session")
