@@ -181,6 +181,7 @@ def test_signals_to_the_front_end(server, tmp_path, child):
         line = proc.stdout.readline()
         assert line.startswith("nanoserve OpenAI API on "), line
         root = line.split()[4].removesuffix("/v1")
+        assert httpx.get(root + "/health", timeout=10).status_code == 200  # serving: its loop runs
         proc.send_signal(signal.SIGINT)
         if child:
             proc.send_signal(signal.SIGTERM)
