@@ -97,11 +97,11 @@ def rmsnorm_quantized(
     ``x`` may be an FP8 product before its scales (the norm applies them); ``residual`` None: x itself is the new
     residual (the first layer's embedding)."""
     unscaled = x if isinstance(x, Unscaled) else None
+    assert residual is not None or unscaled is None, "an unscaled product is not a residual"
     x = x.raw if unscaled is not None else x
     q = torch.empty(x.shape, dtype=torch.float8_e4m3fn, device=x.device)
     scales = torch.empty(x.shape[0], dtype=torch.float32, device=x.device)
     res_out = torch.empty_like(x) if residual is not None else x
-    assert residual is not None or unscaled is None, "an unscaled product is not a residual"
     _rmsnorm(x, weight, eps, residual, q, res_out, scales, unscaled)
     return q, scales, res_out
 
