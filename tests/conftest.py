@@ -33,6 +33,16 @@ def pytest_collection_modifyitems(config, items):
 _SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
+def _os_signal_state() -> dict[str, str]:
+    """The kernel's view (ignored, blocked): C code (a library, ctypes) can change it where Python's
+    ``signal.getsignal`` does not see it, and a subprocess inherits exactly this."""
+    try:
+        with open("/proc/self/status") as f:
+            return {k: v.strip() for k, _, v in (line.partition(":") for line in f) if k in ("SigIgn", "SigBlk")}
+    except OSError:
+        return {}
+
+
 @pytest.fixture(autouse=True)
 def _signal_handling_restored():
     """Code run in this process (a main() under test, a server's own handlers) must not leave its signal handling
@@ -40,6 +50,7 @@ def _signal_handling_restored():
     named in a warning."""
     handlers = {s: signal.getsignal(s) for s in _SIGNALS}
     mask = signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    os_state = _os_signal_state()
     yield
     for s, handler in handlers.items():
         if signal.getsignal(s) is not handler:
@@ -47,6 +58,8 @@ def _signal_handling_restored():
             signal.signal(s, handler)
     if signal.pthread_sigmask(signal.SIG_SETMASK, mask) != mask:
         warnings.warn("the test left signals blocked", stacklevel=1)
+    if (after := _os_signal_state()) != os_state:
+        warnings.warn(f"the test changed the process's signal state from {os_state} to {after}", stacklevel=1)
 
 
 @pytest.fixture(scope="session")

@@ -165,6 +165,15 @@ def test_bad_bodies_are_400s_in_openai_shape(server):
         assert client.post(completions, json={"prompt": "x", "max_tokens": 2}).status_code == 200
 
 
+def _process_state(pid: int | str = "self") -> str:
+    """Its signal state as the kernel sees it and where each thread waits, for a hang's report."""
+    proc = Path(f"/proc/{pid}")
+    sig = [line for line in (proc / "status").read_text().splitlines() if line.startswith(("Sig", "ShdPnd"))]
+    waits = [f"{(t / 'comm').read_text().strip()} {(t / 'stat').read_text().split(') ')[1][0]} syscall "
+             f"{(t / 'syscall').read_text().split(' ')[0]}" for t in sorted((proc / "task").iterdir())]  # fmt: skip
+    return f"{sig} threads {waits}"
+
+
 @pytest.mark.parametrize("child", [False, True], ids=["standalone", "child"])
 def test_signals_to_the_front_end(server, tmp_path, child):
     # standalone: Ctrl-C stops it cleanly; as launch.py's child (--parent-pid) it ignores SIGINT and SIGTERM, which
@@ -190,7 +199,12 @@ def test_signals_to_the_front_end(server, tmp_path, child):
             proc.send_signal(STOP_SIGNAL)  # as launch.py stops it
             assert proc.wait(15) == 0
         else:
-            assert proc.wait(15) == 0
+            try:
+                assert proc.wait(15) == 0
+            except subprocess.TimeoutExpired:
+                raise AssertionError(
+                    f"no exit on SIGINT: {_process_state(proc.pid)}; ours {_process_state()}"
+                ) from None
         assert "Traceback" not in log.read_text(), log.read_text()
     finally:
         proc.kill()
