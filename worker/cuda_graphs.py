@@ -110,10 +110,10 @@ def _attend_into(out: torch.Tensor, q: torch.Tensor, k_cache, v_cache, scale: fl
 
 
 class _PieceRecorder:
-    """Stands in for the attention backend while a prefill forward is captured: at each attention call it
-    copies the queries into the static query buffer, closes the current piece, opens the next one and hands
-    back the static output buffer. Without ``capturing`` it only does the copy (an eager pass that compiles
-    every kernel before the capture)."""
+    """Stands in for the attention backend while a prefill forward is captured: the queries reach the static
+    query buffer (the q/k norm + RoPE kernel writes them there; other queries are copied), and at each attention
+    call it closes the current piece, opens the next one and hands back the static output buffer. Without
+    ``capturing`` it only fills the buffer (an eager pass that compiles every kernel before the capture)."""
 
     def __init__(self, owner: PrefillGraphs, pool, capturing: bool) -> None:
         self.owner, self.pool, self.capturing = owner, pool, capturing
@@ -127,9 +127,13 @@ class _PieceRecorder:
     def end(self) -> None:
         self.pieces[-1].capture_end()
 
+    def query_buffer(self, tokens: int) -> torch.Tensor:
+        return self.owner.q_buf[:tokens]  # the q/k norm + RoPE writes the queries where the attention reads them
+
     def prefill(self, q, k_cache, v_cache, meta, scale, out=None) -> torch.Tensor:
         n = q.shape[0]
-        self.owner.q_buf[:n].copy_(q)
+        if q.data_ptr() != self.owner.q_buf.data_ptr():
+            self.owner.q_buf[:n].copy_(q)
         if self.capturing:
             self.end()
             self.holes.append((k_cache, v_cache, scale))
@@ -141,10 +145,10 @@ class PrefillGraphs:
     """Piecewise CUDA graphs for steps with prefill tokens, one list of pieces per token-count bucket.
 
     Eagerly, such a step launches ~400 kernels, and on the H200 hosts launching them took longer than the device
-    needed to run them. Here a forward is captured as L + 1 pieces around its L attention
-    calls: piece i ends by copying layer i's queries into a static buffer; at replay, the layer's attention
-    runs eagerly from there (with the step's own metadata) into a static output buffer, which piece i + 1
-    starts from. The q/k norm, RoPE and KV store stay inside the pieces (they read the static positions and
+    needed to run them. Here a forward is captured as L + 1 pieces around its L attention calls: piece i ends
+    with layer i's queries in a static buffer (its q/k norm + RoPE writes them there); at replay, the layer's
+    attention runs eagerly from there (with the step's own metadata) into a static output buffer, which piece
+    i + 1 starts from. The q/k norm, RoPE and KV store stay inside the pieces (they read the static positions and
     slot mapping). A step's tokens are padded up to its bucket: padding rows write no KV (slot -1) and attention
     reads only the real rows, so they never reach a real row."""
 

@@ -93,6 +93,29 @@ def test_qk_norm_rope_writes_k_and_v_into_the_paged_cache(dtype, q_heads, k_head
     assert (kc[untouched] == 7).all() and (vc[untouched] == 7).all()
 
 
+def test_qk_norm_rope_writes_the_queries_into_a_given_buffer():
+    """The piecewise prefill graphs' static query buffer (worker/cuda_graphs.py): the same q bits there, the q heads
+    of qkv left as they were, K and V as in place."""
+    g = torch.Generator(device=DEVICE).manual_seed(3)
+    q_heads, k_heads, head_dim, tokens = 4, 2, 16, 5
+    qkv = torch.randn(tokens, (q_heads + 2 * k_heads) * head_dim, device=DEVICE, generator=g).bfloat16()
+    w = (torch.rand(head_dim, device=DEVICE, generator=g) + 0.5).bfloat16()
+    rope = RotaryEmbedding(head_dim, 64, 1e6).to(DEVICE)
+    positions, slots = torch.arange(tokens, device=DEVICE) + 2, torch.arange(tokens, device=DEVICE)
+    results = []
+    for q_out in (None, torch.zeros(8, q_heads, head_dim, device=DEVICE).bfloat16()[:tokens]):
+        x = qkv.clone()
+        qk = x[:, : (q_heads + k_heads) * head_dim].view(tokens, q_heads + k_heads, head_dim)
+        v = x[:, (q_heads + k_heads) * head_dim :].view(tokens, k_heads, head_dim)
+        caches = [torch.zeros(2, 4, k_heads, head_dim, device=DEVICE).bfloat16() for _ in range(2)]
+        qk_norm_rope_(qk, w, w, 1e-6, rope.cos_sin, positions, q_heads, KVStore(v, *caches, slots), q_out=q_out)
+        results.append((qk[:, :q_heads] if q_out is None else q_out, qk[:, q_heads:], caches, x))
+    (q_ref, k_ref, caches_ref, _), (q, k, caches, x) = results
+    assert torch.equal(q, q_ref) and torch.equal(k, k_ref)
+    assert all(torch.equal(a, b) for a, b in zip(caches, caches_ref))
+    assert torch.equal(x[:, : q_heads * head_dim], qkv[:, : q_heads * head_dim])  # the q heads were not written
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_silu_and_mul(dtype):
     g = torch.Generator(device=DEVICE).manual_seed(0)
