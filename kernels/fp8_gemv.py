@@ -25,7 +25,6 @@ _F16_SUMS = settings().fp8_f16_sums
 MAX_ROWS = 4  # rows the kernel unrolls; fp8_linear sends it fewer (kernels/fp8_gemm.py GEMV_ROWS)
 _MAX_BLOCK_K = 4096
 _QUANTIZED_TILING = (16384, 4096)
-_AMAX_TILING = (16384, 4096)  # 16-bit rows with their amax given: no amax pass to share
 
 
 def default_tiling(x_dtype: torch.dtype) -> tuple[int, int]:
@@ -48,7 +47,6 @@ def _fp8_gemv_kernel(
     bias_ptr,
     out_ptr,
     xs_ptr,  # X_QUANTIZED: the rows' per-token scales [M]; else unused
-    amax_ptr,  # GATED: the rows' amax of out, raised here [M]; X_AMAX: x's row amax, given [M]; else unused
     M,
     N,
     stride_xm,
@@ -64,23 +62,14 @@ def _fp8_gemv_kernel(
     HAS_BIAS: tl.constexpr,
     F16_SUMS: tl.constexpr,  # per-channel scales only: products and runs of 8 summed in float16
     X_QUANTIZED: tl.constexpr,  # per-channel scales only: x is e4m3 already, quantized per token (no amax pass)
-    X_AMAX: tl.constexpr,  # per-channel scales only: x is 16-bit and its rows' amax is given (no amax pass)
-    GATED: tl.constexpr,  # per-channel scales, no bias: w is gate/up [2N, K], out silu(gate) * up [M, N]
     USE_PDL: tl.constexpr,
 ):
     STEPS: tl.constexpr = (K + BLOCK_K - 1) // BLOCK_K
     GROUPS: tl.constexpr = BLOCK_K // GROUP_K if GROUP_N else 1
     pid_n = tl.program_id(0)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
-    if GATED:  # the program's gate channels, then the same channels of up (N further down)
-        HALF: tl.constexpr = BLOCK_N // 2
-        lane = tl.arange(0, BLOCK_N)
-        channel = pid_n * HALF + lane % HALF
-        offs_n = tl.where(lane < HALF, channel, N + channel)
-        mask_n = channel < N
-    else:
-        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        mask_n = offs_n < N
+    mask_n = offs_n < N
     w_rows = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn
     # the first weight step: written by no kernel of the step, so in flight during the wait
     w_first = tl.load(w_rows + offs_k[None, :], mask=mask_n[:, None] & (offs_k < K)[None, :], other=0.0)
@@ -93,9 +82,6 @@ def _fp8_gemv_kernel(
         row_ok = (offs_k * 0 + r) < M
         if X_QUANTIZED:  # a padding row (r >= M) reads the last row's scale and stores nothing
             sx = tl.load(xs_ptr + tl.minimum(r, M - 1))
-        elif X_AMAX:
-            sx = tl.math.div_rn(tl.maximum(tl.load(amax_ptr + tl.minimum(r, M - 1)), MIN_AMAX), FP8_MAX)
-            inv = tl.math.div_rn(1.0, sx)
         elif GROUP_N == 0:  # one scale for the whole row: its amax first
             amax = tl.zeros([BLOCK_K], dtype=tl.float32)
             for s in tl.static_range(STEPS):
@@ -144,29 +130,9 @@ def _fp8_gemv_kernel(
             acc = acc * sx * sw
         if HAS_BIAS:
             acc += tl.load(bias_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)
-        if GATED:
-            _store_silu_mul(acc, out_ptr + r * stride_om, amax_ptr + tl.minimum(r, M - 1), pid_n, N, HALF, r < M)
-        else:
-            tl.store(
-                out_ptr + r * stride_om + offs_n,
-                acc.to(out_ptr.dtype.element_ty),
-                mask=mask_n & ((offs_n * 0 + r) < M),
-            )
-
-
-@triton.jit
-def _store_silu_mul(y, out_row, amax_at, pid_n, N, HALF: tl.constexpr, row_ok):
-    """silu(gate) * up of a program's finished gate and up channels ``y`` [2 * HALF], rounded where the unfused
-    kernels store 16-bit values (kernels/fp8_mlp.py), stored; its amax raised at ``amax_at`` (zero for a padding
-    row, which stores nothing)."""
-    dtype = out_row.dtype.element_ty
-    gate, up = tl.split(tl.permute(tl.reshape(y.to(dtype).to(tl.float32), (2, HALF)), (1, 0)))
-    act = (gate / (1.0 + tl.exp(-gate))).to(dtype).to(tl.float32)
-    h = (act * up).to(dtype)
-    channel = pid_n * HALF + tl.arange(0, HALF)
-    ok = (channel < N) & ((channel * 0 + row_ok.to(tl.int32)) > 0)
-    tl.store(out_row + channel, h, mask=ok)
-    tl.atomic_max(amax_at, tl.max(tl.where(ok, tl.abs(h.to(tl.float32)), 0.0), axis=0))
+        tl.store(
+            out_ptr + r * stride_om + offs_n, acc.to(out_ptr.dtype.element_ty), mask=mask_n & ((offs_n * 0 + r) < M)
+        )
 
 
 def gemv_tiles(k: int, block: tuple[int, int] | None, slice_bytes: int, max_block_k: int) -> tuple[int, int]:
@@ -196,8 +162,6 @@ def fp8_gemv(
     f16_sums: bool | None = None,
     max_block_k: int | None = None,
     x_scales: torch.Tensor | None = None,
-    x_amax: torch.Tensor | None = None,
-    gated_amax: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``out = quant(x) @ (w_q * w_s).T (+ bias)`` for ``x`` [M <= MAX_ROWS, K] in 16 bits (or float32): scales
     per token and output channel [N] (``block`` None), or per token and ``block[1]`` columns against per-block
@@ -205,36 +169,23 @@ def fp8_gemv(
     its width (gemv_tiles; None: ``default_tiling``).
     ``f16_sums`` (per-channel scales): multiply and sum runs of 8 in float16, fewer conversions per weight byte; a
     GEMM rounding of its own, under bf16's output rounding (None: for 16-bit rows, unless NANOSERVE_FP8_F16_SUMS=0).
-    ``x_scales`` [M] (per-channel scales): ``x`` is e4m3, already quantized by these per-token scales.
-    ``x_amax`` [M] float32 (per-channel scales, 16-bit ``x``): each row's amax, so no program computes it again.
-    ``gated_amax`` [M] float32 (per-channel scales, no bias): ``w_q`` is a merged gate/up [2N, K] and ``out``
-    [M, N] gets silu(gate) * up, rounded as kernels/fp8_mlp.py's kernels round it; its row amax is raised into
-    ``gated_amax`` (zeros, as ``fused.rmsnorm_quantized`` leaves it), ready for the down GEMV's ``x_amax``."""
+    ``x_scales`` [M] (per-channel scales): ``x`` is e4m3, already quantized by these per-token scales."""
     m, k = x.shape
     n = w_q.shape[0]
     assert supports(m, k, block) and x.stride(1) == 1 and w_q.stride(1) == 1, (x.shape, block)
     assert x_scales is None or (block is None and x.dtype == w_q.dtype and x_scales.numel() == m), x_scales
-    assert x_amax is None or (block is None and x_scales is None and x_amax.numel() == m), x_amax
-    assert gated_amax is None or (block is None and bias is None and gated_amax.numel() == m and 2 * out.shape[1] == n)
-    if x_amax is not None:
-        default_slice, default_width = _AMAX_TILING
-    else:
-        default_slice, default_width = default_tiling(x.dtype)
+    default_slice, default_width = default_tiling(x.dtype)
     block_n, block_k = gemv_tiles(k, block, slice_bytes or default_slice, max_block_k or default_width)
-    gated = gated_amax is not None
-    if gated:  # block_n counts gate and up rows; an even share of each
-        block_n, n = max(2, block_n), n // 2
     if f16_sums is None:
         f16_sums = _F16_SUMS and (x_scales is not None or x.dtype != torch.float32)
     pdl = use_pdl(x)
-    _fp8_gemv_kernel[(triton.cdiv(n, block_n // 2 if gated else block_n),)](
+    _fp8_gemv_kernel[(triton.cdiv(n, block_n),)](
         x,
         w_q,
         w_s,
         bias if bias is not None else out,
         out,
         x_scales if x_scales is not None else w_s,
-        x_amax if x_amax is not None else (gated_amax if gated else w_s),
         m,
         n,
         x.stride(0),
@@ -250,8 +201,6 @@ def fp8_gemv(
         HAS_BIAS=bias is not None,
         F16_SUMS=f16_sums and block is None,
         X_QUANTIZED=x_scales is not None,
-        X_AMAX=x_amax is not None,
-        GATED=gated,
         USE_PDL=pdl,
         num_warps=8 if x.is_cuda else 1,
         launch_pdl=pdl,

@@ -47,7 +47,6 @@ def _rmsnorm_kernel(
     scale_ptr,  # QUANTIZE: the rows' per-token scales; else unused
     xs_ptr,  # SCALED: x is an FP8 product before its scales, per row [M] and per column [N]; else unused
     ws_ptr,
-    zero_ptr,  # ZERO: a float32 per row set to zero here; else unused
     stride_x,
     stride_r,
     stride_o,
@@ -57,7 +56,6 @@ def _rmsnorm_kernel(
     HAS_RESIDUAL: tl.constexpr,
     QUANTIZE: tl.constexpr,  # out is e4m3: the 16-bit result quantized per token, as kernels/fp8_gemv.py would
     SCALED: tl.constexpr,
-    ZERO: tl.constexpr,
     BLOCK: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
@@ -81,8 +79,6 @@ def _rmsnorm_kernel(
         tl.store(scale_ptr + row, scale)
         y = tl.clamp(y * tl.math.div_rn(1.0, scale), -FP8_MAX, FP8_MAX)
     tl.store(out_ptr + row * stride_o + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
-    if ZERO:
-        tl.store(zero_ptr + row, 0.0)
 
 
 def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None):
@@ -94,29 +90,23 @@ def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.T
 
 
 def rmsnorm_quantized(
-    x: torch.Tensor | Unscaled,
-    weight: torch.Tensor,
-    eps: float,
-    residual: torch.Tensor | None,
-    zeroed: torch.Tensor | None = None,
+    x: torch.Tensor | Unscaled, weight: torch.Tensor, eps: float, residual: torch.Tensor | None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(e4m3 norm(x + residual) [M, K], its per-token scales [M], x + residual): ``rmsnorm``'s rows quantized as
     kernels/fp8_gemv.py quantizes a 16-bit row, so a GEMV behind it skips that work in each of its programs.
     ``x`` may be an FP8 product before its scales (the norm applies them); ``residual`` None: x itself is the new
-    residual (the first layer's embedding). ``zeroed`` [M] float32: set to zero by the same launch, for the gated
-    GEMV behind to raise its output's amax in (kernels/fp8_gemv.py)."""
+    residual (the first layer's embedding)."""
     unscaled = x if isinstance(x, Unscaled) else None
     assert residual is not None or unscaled is None, "an unscaled product is not a residual"
     x = x.raw if unscaled is not None else x
     q = torch.empty(x.shape, dtype=torch.float8_e4m3fn, device=x.device)
     scales = torch.empty(x.shape[0], dtype=torch.float32, device=x.device)
     res_out = torch.empty_like(x) if residual is not None else x
-    assert zeroed is None or (zeroed.dtype == torch.float32 and zeroed.numel() == x.shape[0]), zeroed
-    _rmsnorm(x, weight, eps, residual, q, res_out, scales, unscaled, zeroed)
+    _rmsnorm(x, weight, eps, residual, q, res_out, scales, unscaled)
     return q, scales, res_out
 
 
-def _rmsnorm(x, weight, eps, residual, out, res_out, scales, unscaled: Unscaled | None = None, zeroed=None) -> None:
+def _rmsnorm(x, weight, eps, residual, out, res_out, scales, unscaled: Unscaled | None = None) -> None:
     n = x.shape[-1]
     res = residual if residual is not None else x
     block = triton.next_power_of_2(n)
@@ -130,7 +120,6 @@ def _rmsnorm(x, weight, eps, residual, out, res_out, scales, unscaled: Unscaled 
         scales if scales is not None else weight,
         weight if unscaled is None else unscaled.x_s,
         weight if unscaled is None else unscaled.w_s,
-        zeroed if zeroed is not None else weight,
         x.stride(0),
         res.stride(0),
         out.stride(0),
@@ -140,7 +129,6 @@ def _rmsnorm(x, weight, eps, residual, out, res_out, scales, unscaled: Unscaled 
         HAS_RESIDUAL=residual is not None,
         QUANTIZE=scales is not None,
         SCALED=unscaled is not None,
-        ZERO=zeroed is not None,
         BLOCK=block,
         USE_PDL=pdl,
         num_warps=4 if block <= 2048 else 8,

@@ -72,7 +72,7 @@ class GatedMLP(nn.Module):
         """(``self`` of ``norm(hidden + residual)``, the sum) with the norm inside gate/up's GEMV (16 bits) or
         quantizing the rows for gate/up (FP8), or None where that does not apply (the layer then norms first)."""
         gate_up, quant = self.gate_up_proj, self.gate_up_proj.quant
-        if quant is not None and gate_up.takes_norm(hidden, residual):  # an FP8 MLP: its fused paths
+        if quant is not None and gate_up.takes_norm(hidden, residual):  # an FP8 MLP of 2+ rows: its fused path
             if (out := quant.norm_gated_mlp(gate_up, self.down_proj, norm, hidden, residual)) is not None:
                 return out
         fused = gate_up.norm_and_forward(norm, hidden, residual)

@@ -27,7 +27,6 @@ from protocol.settings import settings
 
 _QUANTIZED_ROWS = settings().fp8_quantized_rows
 _NORM_QUANTIZES = settings().fp8_norm_quantizes
-_GATED_GEMV = settings().fp8_gated_gemv
 
 
 class Fp8LinearMethod:
@@ -93,41 +92,13 @@ class Fp8LinearMethod:
         self, gate_up: LinearBase, down: LinearBase, norm: nn.Module, x: torch.Tensor, residual: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor] | None:
         """(``gated_mlp`` of norm(x + residual), x + residual) with the norm's kernel quantizing the rows for the
-        gate/up product; None where neither the gated GEMV (one row) nor the fused MLP (2+ rows) applies."""
-        if self._gated_gemv_applies(gate_up, down, x):
-            return self._norm_gated_gemv(gate_up, down, norm, x, residual)
+        gate/up product; None where ``norm_quantizes_rows`` or the fused MLP does not apply."""
         if not (self.norm_quantizes_rows(gate_up, x) and self.gated_mlp_applies(gate_up, down, x)):
             return None
         x_q, x_s, summed = fused.rmsnorm_quantized(x, norm.weight, norm.eps, residual)
         gu = (gate_up.weight, gate_up.weight_scale, gate_up.bias)
         dn = (down.weight, down.weight_scale, down.bias)
         return down.finish(fp8_mlp.fp8_gated_mlp(x_q, gu, dn, down.output_buffer(x), x_s, x.dtype)), summed
-
-    def _gated_gemv_applies(self, gate_up: LinearBase, down: LinearBase, x: torch.Tensor) -> bool:
-        """One row whose norm quantizes it for gate/up, per-channel scales and no biases on both products."""
-        return (
-            _GATED_GEMV
-            and self.quantizes_row_before(gate_up, x)
-            and down.quant is not None
-            and down.quant.quantizes_row_before(down, x)
-            and gate_up.bias is None
-            and down.bias is None
-        )
-
-    def _norm_gated_gemv(
-        self, gate_up: LinearBase, down: LinearBase, norm: nn.Module, x: torch.Tensor, residual: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Two launches after the norm: gate/up's GEMV stores silu(gate) * up and raises its row amax, which the
-        down GEMV's programs quantize the row by (no SiLU-and-mul launch, no amax pass)."""
-        amax = torch.empty(x.shape[0], dtype=torch.float32, device=x.device)
-        x_q, x_s, summed = fused.rmsnorm_quantized(x, norm.weight, norm.eps, residual, zeroed=amax)
-        h = torch.empty((x.shape[0], gate_up.weight.shape[0] // 2), dtype=x.dtype, device=x.device)
-        fp8_gemv.fp8_gemv(x_q, gate_up.weight, gate_up.weight_scale, None, None, h, x_scales=x_s, gated_amax=amax)
-        out = down.output_buffer(x)
-        if out is None:
-            out = torch.empty((x.shape[0], down.weight.shape[0]), dtype=x.dtype, device=x.device)
-        fp8_gemv.fp8_gemv(h, down.weight, down.weight_scale, None, None, out, x_amax=amax)
-        return down.finish(out), summed
 
     def apply_silu_mul(self, layer: LinearBase, gate_up: torch.Tensor) -> torch.Tensor | None:
         """``layer`` (a row-parallel down projection) of silu(gate) * up, with the SiLU kernel quantizing the row;

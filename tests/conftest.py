@@ -33,14 +33,16 @@ def pytest_collection_modifyitems(config, items):
 _SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
-def _os_signal_state() -> dict[str, str]:
-    """The kernel's view (ignored, blocked): C code (a library, ctypes) can change it where Python's
-    ``signal.getsignal`` does not see it, and a subprocess inherits exactly this."""
+def _os_signal_state() -> dict[str, bool]:
+    """Whether SIGINT and SIGTERM are ignored or blocked as the kernel sees it: C code (a library, ctypes) can change
+    that where Python's ``signal.getsignal`` does not see it, and a subprocess inherits exactly this."""
+    bits = sum(1 << (s - 1) for s in _SIGNALS)
     try:
         with open("/proc/self/status") as f:
-            return {k: v.strip() for k, _, v in (line.partition(":") for line in f) if k in ("SigIgn", "SigBlk")}
+            fields = dict(line.split(":", 1) for line in f if line.startswith(("SigIgn", "SigBlk")))
     except OSError:
         return {}
+    return {name: bool(int(value, 16) & bits) for name, value in fields.items()}
 
 
 @pytest.fixture(autouse=True)
@@ -59,7 +61,7 @@ def _signal_handling_restored():
     if signal.pthread_sigmask(signal.SIG_SETMASK, mask) != mask:
         warnings.warn("the test left signals blocked", stacklevel=1)
     if (after := _os_signal_state()) != os_state:
-        warnings.warn(f"the test changed the process's signal state from {os_state} to {after}", stacklevel=1)
+        warnings.warn(f"the test changed SIGINT/SIGTERM ignored/blocked from {os_state} to {after}", stacklevel=1)
 
 
 @pytest.fixture(scope="session")

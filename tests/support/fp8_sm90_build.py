@@ -68,48 +68,39 @@ def cases():
                 },
                 {"num_warps": warps, "num_stages": 3},
             )
-    # x_amax: the down GEMV behind the gated gate/up GEMV (gated: the last row), whose row it quantizes by the amax
-    for group_n, k, rows, f16_sums, quantized, x_amax, gated in (
-        (0, 4096, 1, False, False, False, False), (0, 4096, 1, True, False, False, False),
-        (0, 12288, 4, False, False, False, False), (128, 4096, 2, False, False, False, False),
-        (128, 12288, 1, False, False, False, False), (0, 4096, 1, False, True, False, False),
-        (0, 12288, 1, False, True, False, False), (0, 12288, 1, True, False, True, False),
-        (0, 4096, 1, True, True, False, True),
-    ):  # fmt: skip
+    for group_n, k, rows, f16_sums, quantized in ((0, 4096, 1, False, False), (0, 4096, 1, True, False),
+                                                  (0, 12288, 4, False, False), (128, 4096, 2, False, False),
+                                                  (128, 12288, 1, False, False), (0, 4096, 1, False, True),
+                                                  (0, 12288, 1, False, True)):  # fmt: skip
         block = None if group_n == 0 else (128, 128)
         x_dtype = torch.float8_e4m3fn if quantized else torch.bfloat16
-        tiling = fp8_gemv._AMAX_TILING if x_amax else fp8_gemv.default_tiling(x_dtype)
-        block_n, block_k = fp8_gemv.gemv_tiles(k, block, *tiling)
+        block_n, block_k = fp8_gemv.gemv_tiles(k, block, *fp8_gemv.default_tiling(x_dtype))
         yield (
-            f"fp8 gemv group_n={group_n} K={k} rows={rows} f16_sums={f16_sums} x_quantized={quantized} "
-            f"x_amax={x_amax} gated={gated}",
+            f"fp8 gemv group_n={group_n} K={k} rows={rows} f16_sums={f16_sums} x_quantized={quantized}",
             fp8_gemv._fp8_gemv_kernel,
             {"x_ptr": FP8 if quantized else BF16, "w_ptr": FP8, "ws_ptr": F32, "bias_ptr": BF16, "out_ptr": BF16}
-            | {"xs_ptr": F32, "amax_ptr": F32},
+            | {"xs_ptr": F32},
             {
                 "X_QUANTIZED": quantized,
-                "X_AMAX": x_amax,
-                "GATED": gated,
                 "K": k,
                 "ROWS": rows,
                 "BLOCK_N": block_n,
                 "BLOCK_K": block_k,
                 "GROUP_N": group_n,
                 "GROUP_K": 128 if group_n else 1,
-                "HAS_BIAS": not gated,
+                "HAS_BIAS": True,
                 "F16_SUMS": f16_sums,
                 "USE_PDL": True,
             },
             {"num_warps": 8},
         )
-    # scaled: its input an FP8 product before its scales (model/fp8_folded.py); zero: the gated GEMV's amax
-    for scaled, zero in ((False, False), (True, False), (False, True)):
+    for scaled in (False, True):  # scaled: its input an FP8 product before its scales (model/fp8_folded.py)
         yield (
-            f"add + RMSNorm quantizing its row, scaled={scaled} zero={zero}",
+            f"add + RMSNorm quantizing its row, scaled={scaled}",
             fused._rmsnorm_kernel,
             {"x_ptr": BF16, "res_ptr": BF16, "w_ptr": BF16, "out_ptr": FP8, "res_out_ptr": BF16, "scale_ptr": F32}
-            | {"xs_ptr": F32, "ws_ptr": F32, "zero_ptr": F32, "eps": "fp32"},
-            {"HAS_RESIDUAL": True, "QUANTIZE": True, "SCALED": scaled, "ZERO": zero, "BLOCK": 4096, "USE_PDL": True},
+            | {"xs_ptr": F32, "ws_ptr": F32, "eps": "fp32"},
+            {"HAS_RESIDUAL": True, "QUANTIZE": True, "SCALED": scaled, "BLOCK": 4096, "USE_PDL": True},
             {"num_warps": 8},
         )
     yield (
