@@ -16,6 +16,8 @@ from kernels.attention import is_fp8
 from kernels.attention_store import check_cache, fp8_cache_value, store_strides
 from kernels.pdl import pdl_enter, use_pdl
 
+_BLOCK_H = 8  # heads a program takes (q/k, or v): W1 Qwen3-8B prefill 151 us a layer at 40 heads a program (log 37)
+
 
 @triton.jit
 def _qk_norm_rope_kernel(
@@ -51,9 +53,9 @@ def _qk_norm_rope_kernel(
     PAGE: tl.constexpr,
     NUM_Q_HEADS: tl.constexpr,
     NUM_HEADS: tl.constexpr,
+    NUM_KV: tl.constexpr,  # v heads
     HALF: tl.constexpr,
-    BLOCK_H: tl.constexpr,
-    BLOCK_KV: tl.constexpr,
+    BLOCK_H: tl.constexpr,  # heads a program takes
     HAS_NORM: tl.constexpr,
     STORE_KV: tl.constexpr,
     KV_FP8: tl.constexpr,
@@ -61,71 +63,82 @@ def _qk_norm_rope_kernel(
     Q_OUT: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
-    # One program per token: its q and k heads as rows of one tile (q rows take q_norm's weight, k rows k_norm's),
-    # each row split in its two rotary halves; written back in place. With STORE_KV the token's finished K rows
-    # and its V rows also go to the paged cache at its slot (slot -1: padding, nothing written).
-    # Before the wait: the step's positions, the rotary table and the norm weights, which no kernel writes.
+    # A program per token and block of BLOCK_H heads: its q and k heads as rows of one tile (q rows take q_norm's
+    # weight, k rows k_norm's), each row split in its two rotary halves, written back in place; with STORE_KV the
+    # finished K rows also go to the paged cache at the token's slot (slot -1: padding, nothing written), and the
+    # blocks past the q/k heads store the token's V rows. Small tiles keep many programs resident per SM (one
+    # program of all 40 heads of a Qwen3-8B token held the SM's registers alone), and every load of a program is
+    # issued at once after the PDL wait, not behind the stores.
     t = tl.program_id(0).to(tl.int64)
-    pos = tl.load(pos_ptr + t).to(tl.int64)
-    h = tl.arange(0, BLOCK_H)
-    d = tl.arange(0, HALF)
-    hmask = (h[:, None] < NUM_HEADS) & (d[None, :] < HALF)
-    dt = x_ptr.dtype.element_ty
-    cos = tl.load(cos_sin_ptr + pos * stride_cs + d).to(dt).to(tl.float32)
-    sin = tl.load(cos_sin_ptr + pos * stride_cs + HALF + d).to(dt).to(tl.float32)
-    if HAS_NORM:
-        is_q = (h < NUM_Q_HEADS)[:, None]
-        w1 = tl.where(is_q, tl.load(wq_ptr + d)[None, :], tl.load(wk_ptr + d)[None, :]).to(tl.float32)
-        w2 = tl.where(is_q, tl.load(wq_ptr + HALF + d)[None, :], tl.load(wk_ptr + HALF + d)[None, :]).to(tl.float32)
-    if SCALED:  # the qkv channels in order: q and k heads, then the v heads
-        ws1 = tl.load(ws_ptr + h[:, None] * (2 * HALF) + d[None, :], mask=hmask, other=0.0)
-        ws2 = tl.load(ws_ptr + h[:, None] * (2 * HALF) + HALF + d[None, :], mask=hmask, other=0.0)
-    pdl_enter(USE_PDL)
-    base = x_ptr + t * stride_xt + h[:, None] * stride_xh + d[None, :]
-    x1 = tl.load(base, mask=hmask, other=0.0).to(tl.float32)
-    x2 = tl.load(base + HALF, mask=hmask, other=0.0).to(tl.float32)
-    if SCALED:  # kernels/fp8_rescale.py's arithmetic and rounding
-        xs = tl.load(xs_ptr + t)
-        x1 = (x1 * (xs * ws1)).to(dt).to(tl.float32)
-        x2 = (x2 * (xs * ws2)).to(dt).to(tl.float32)
-    if HAS_NORM:
-        rstd = 1.0 / tl.sqrt((tl.sum(x1 * x1, axis=1) + tl.sum(x2 * x2, axis=1)) / (2 * HALF) + eps)
-        n1 = ((x1 * rstd[:, None]).to(dt).to(tl.float32) * w1).to(dt).to(tl.float32)
-        n2 = ((x2 * rstd[:, None]).to(dt).to(tl.float32) * w2).to(dt).to(tl.float32)
-    else:
-        n1, n2 = x1, x2
-    o1 = (n1 * cos[None, :] - n2 * sin[None, :]).to(dt)
-    o2 = (n2 * cos[None, :] + n1 * sin[None, :]).to(dt)
-    if Q_OUT:  # q rows to their buffer, k rows in place
-        q_dst = q_out_ptr + t * stride_qo_t + h[:, None] * stride_qo_h + d[None, :]
-        qmask = hmask & (h[:, None] < NUM_Q_HEADS)
-        tl.store(q_dst, o1, mask=qmask)
-        tl.store(q_dst + HALF, o2, mask=qmask)
-        hmask = hmask & (h[:, None] >= NUM_Q_HEADS)
-    tl.store(base, o1, mask=hmask)
-    tl.store(base + HALF, o2, mask=hmask)
+    QK_BLOCKS: tl.constexpr = (NUM_HEADS + BLOCK_H - 1) // BLOCK_H
+    block = tl.program_id(1)
     if STORE_KV:
-        slot = tl.load(slot_ptr + t).to(tl.int64)
-        # compared as a tensor: the interpreter mis-types a scalar bool broadcast into a mask
-        kmask = hmask & (h[:, None] >= NUM_Q_HEADS) & ((slot + 0 * h) >= 0)[:, None]
-        block, in_page = slot // PAGE, slot % PAGE
-        kc = k_cache_ptr + block * stride_kc_b + in_page * stride_kc_s + (h[:, None] - NUM_Q_HEADS) * stride_kc_h
-        kc += d[None, :]
-        k1, k2 = o1, o2
-        if KV_FP8:
-            k1, k2 = fp8_cache_value(o1, inv_k_scale), fp8_cache_value(o2, inv_k_scale)
-        tl.store(kc, k1.to(k_cache_ptr.dtype.element_ty), mask=kmask)
-        tl.store(kc + HALF, k2.to(k_cache_ptr.dtype.element_ty), mask=kmask)
-        kv = tl.arange(0, BLOCK_KV)
+        slot = tl.load(slot_ptr + t).to(tl.int64)  # an input of the step, written before its first kernel
+        page, in_page = slot // PAGE, slot % PAGE
+    if block < QK_BLOCKS:
+        # before the wait: the step's positions, the rotary table and the norm weights, which no kernel writes
+        pos = tl.load(pos_ptr + t).to(tl.int64)
+        h = block * BLOCK_H + tl.arange(0, BLOCK_H)
+        d = tl.arange(0, HALF)
+        hmask = (h[:, None] < NUM_HEADS) & (d[None, :] < HALF)
+        dt = x_ptr.dtype.element_ty
+        cos = tl.load(cos_sin_ptr + pos * stride_cs + d).to(dt).to(tl.float32)
+        sin = tl.load(cos_sin_ptr + pos * stride_cs + HALF + d).to(dt).to(tl.float32)
+        if HAS_NORM:
+            is_q = (h < NUM_Q_HEADS)[:, None]
+            w1 = tl.where(is_q, tl.load(wq_ptr + d)[None, :], tl.load(wk_ptr + d)[None, :]).to(tl.float32)
+            w2 = tl.where(is_q, tl.load(wq_ptr + HALF + d)[None, :], tl.load(wk_ptr + HALF + d)[None, :])
+            w2 = w2.to(tl.float32)
+        if SCALED:  # the qkv channels in order: q and k heads, then the v heads
+            ws1 = tl.load(ws_ptr + h[:, None] * (2 * HALF) + d[None, :], mask=hmask, other=0.0)
+            ws2 = tl.load(ws_ptr + h[:, None] * (2 * HALF) + HALF + d[None, :], mask=hmask, other=0.0)
+        pdl_enter(USE_PDL)
+        base = x_ptr + t * stride_xt + h[:, None] * stride_xh + d[None, :]
+        x1 = tl.load(base, mask=hmask, other=0.0).to(tl.float32)
+        x2 = tl.load(base + HALF, mask=hmask, other=0.0).to(tl.float32)
+        if SCALED:  # kernels/fp8_rescale.py's arithmetic and rounding
+            xs = tl.load(xs_ptr + t)
+            x1 = (x1 * (xs * ws1)).to(dt).to(tl.float32)
+            x2 = (x2 * (xs * ws2)).to(dt).to(tl.float32)
+        if HAS_NORM:
+            rstd = 1.0 / tl.sqrt((tl.sum(x1 * x1, axis=1) + tl.sum(x2 * x2, axis=1)) / (2 * HALF) + eps)
+            n1 = ((x1 * rstd[:, None]).to(dt).to(tl.float32) * w1).to(dt).to(tl.float32)
+            n2 = ((x2 * rstd[:, None]).to(dt).to(tl.float32) * w2).to(dt).to(tl.float32)
+        else:
+            n1, n2 = x1, x2
+        o1 = (n1 * cos[None, :] - n2 * sin[None, :]).to(dt)
+        o2 = (n2 * cos[None, :] + n1 * sin[None, :]).to(dt)
+        if Q_OUT:  # q rows to their buffer, k rows in place
+            q_dst = q_out_ptr + t * stride_qo_t + h[:, None] * stride_qo_h + d[None, :]
+            qmask = hmask & (h[:, None] < NUM_Q_HEADS)
+            tl.store(q_dst, o1, mask=qmask)
+            tl.store(q_dst + HALF, o2, mask=qmask)
+            hmask = hmask & (h[:, None] >= NUM_Q_HEADS)
+        tl.store(base, o1, mask=hmask)
+        tl.store(base + HALF, o2, mask=hmask)
+        if STORE_KV:
+            # compared as a tensor: the interpreter mis-types a scalar bool broadcast into a mask
+            kmask = hmask & (h[:, None] >= NUM_Q_HEADS) & ((slot + 0 * h) >= 0)[:, None]
+            kc = k_cache_ptr + page * stride_kc_b + in_page * stride_kc_s + (h[:, None] - NUM_Q_HEADS) * stride_kc_h
+            kc += d[None, :]
+            k1, k2 = o1, o2
+            if KV_FP8:
+                k1, k2 = fp8_cache_value(o1, inv_k_scale), fp8_cache_value(o2, inv_k_scale)
+            tl.store(kc, k1.to(k_cache_ptr.dtype.element_ty), mask=kmask)
+            tl.store(kc + HALF, k2.to(k_cache_ptr.dtype.element_ty), mask=kmask)
+    elif STORE_KV:  # the V rows of heads kv
+        kv = (block - QK_BLOCKS) * BLOCK_H + tl.arange(0, BLOCK_H)
         dd = tl.arange(0, 2 * HALF)
-        vmask = (kv[:, None] < NUM_HEADS - NUM_Q_HEADS) & ((slot + 0 * kv) >= 0)[:, None] & (dd[None, :] < 2 * HALF)
-        v = tl.load(v_ptr + t * stride_vt + kv[:, None] * stride_vh + dd[None, :], mask=vmask)
+        vmask = (kv[:, None] < NUM_KV) & ((slot + 0 * kv) >= 0)[:, None] & (dd[None, :] < 2 * HALF)
         if SCALED:
             wsv = tl.load(ws_ptr + (NUM_HEADS + kv[:, None]) * (2 * HALF) + dd[None, :], mask=vmask, other=0.0)
-            v = (v.to(tl.float32) * (tl.load(xs_ptr + t) * wsv)).to(dt)
+        pdl_enter(USE_PDL)
+        v = tl.load(v_ptr + t * stride_vt + kv[:, None] * stride_vh + dd[None, :], mask=vmask)
+        if SCALED:
+            v = (v.to(tl.float32) * (tl.load(xs_ptr + t) * wsv)).to(x_ptr.dtype.element_ty)
         if KV_FP8:
             v = fp8_cache_value(v, inv_v_scale)
-        vc = v_cache_ptr + block * stride_vc_b + in_page * stride_vc_s + kv[:, None] * stride_vc_h
+        vc = v_cache_ptr + page * stride_vc_b + in_page * stride_vc_s + kv[:, None] * stride_vc_h
         vc += dd[None, :] * stride_vc_d
         tl.store(vc, v.to(v_cache_ptr.dtype.element_ty), mask=vmask)
 
@@ -181,7 +194,9 @@ def qk_norm_rope_(
     else:
         store_args, page = (qk, qk, qk, positions, *[0] * 9), 1  # placeholders: the V rows' and caches' 9 strides
     has_norm = q_weight is not None
-    _qk_norm_rope_kernel[(tokens,)](
+    block_h = _BLOCK_H
+    blocks = triton.cdiv(heads, block_h) + (triton.cdiv(num_kv, block_h) if kv_store is not None else 0)
+    _qk_norm_rope_kernel[(tokens, blocks)](
         qk,
         q_weight if has_norm else qk,
         k_weight if has_norm else qk,
@@ -200,16 +215,16 @@ def qk_norm_rope_(
         PAGE=page,
         NUM_Q_HEADS=num_q_heads,
         NUM_HEADS=heads,
+        NUM_KV=num_kv,
         HALF=head_dim // 2,
-        BLOCK_H=triton.next_power_of_2(heads),
-        BLOCK_KV=triton.next_power_of_2(num_kv),
+        BLOCK_H=block_h,
         HAS_NORM=has_norm,
         STORE_KV=kv_store is not None,
         KV_FP8=kv_fp8,
         SCALED=scales is not None,
         Q_OUT=q_out is not None,
         USE_PDL=pdl,
-        num_warps=4 if heads <= 32 else 8,
+        num_warps=2,
         launch_pdl=pdl,
     )
     return qk

@@ -193,9 +193,9 @@ def cases():
                 "PAGE": 16,
                 "NUM_Q_HEADS": 32,
                 "NUM_HEADS": 40,
+                "NUM_KV": 8,
                 "HALF": 64,
-                "BLOCK_H": 64,
-                "BLOCK_KV": 8,
+                "BLOCK_H": 8,
                 "HAS_NORM": True,
                 "STORE_KV": True,
                 "KV_FP8": True,
@@ -203,7 +203,7 @@ def cases():
                 "Q_OUT": q_out,
                 "USE_PDL": True,
             },
-            {"num_warps": 8},
+            {"num_warps": 2},
         )
 
 
