@@ -16,7 +16,10 @@ from kernels.attention import is_fp8
 from kernels.attention_store import check_cache, fp8_cache_value, store_strides
 from kernels.pdl import pdl_enter, use_pdl
 
-_BLOCK_H = 8  # heads a program takes (q/k, or v): W1 Qwen3-8B prefill 151 us a layer at 40 heads a program (log 37)
+# from this many tokens (prefill), programs of 8 heads (q/k, or v): a Qwen3-8B prefill layer's 40 heads a program
+# held 3 programs an SM (W1 FP8 +0.75%, log 37); a few decode rows keep one program a token (W2 +1.8% with 8)
+_SMALL_BLOCKS_FROM = 512
+_BLOCK_H = 8
 
 
 @triton.jit
@@ -55,7 +58,9 @@ def _qk_norm_rope_kernel(
     NUM_HEADS: tl.constexpr,
     NUM_KV: tl.constexpr,  # v heads
     HALF: tl.constexpr,
-    BLOCK_H: tl.constexpr,  # heads a program takes
+    BLOCK_H: tl.constexpr,  # q/k heads a program takes
+    BLOCK_V: tl.constexpr,  # v heads a program takes
+    V_INLINE: tl.constexpr,  # one q/k program a token (BLOCK_H covers all heads), which also stores the V rows
     HAS_NORM: tl.constexpr,
     STORE_KV: tl.constexpr,
     KV_FP8: tl.constexpr,
@@ -66,9 +71,9 @@ def _qk_norm_rope_kernel(
     # A program per token and block of BLOCK_H heads: its q and k heads as rows of one tile (q rows take q_norm's
     # weight, k rows k_norm's), each row split in its two rotary halves, written back in place; with STORE_KV the
     # finished K rows also go to the paged cache at the token's slot (slot -1: padding, nothing written), and the
-    # blocks past the q/k heads store the token's V rows. Small tiles keep many programs resident per SM (one
-    # program of all 40 heads of a Qwen3-8B token held the SM's registers alone), and every load of a program is
-    # issued at once after the PDL wait, not behind the stores.
+    # token's V rows too: by the blocks past the q/k heads, or by the one q/k program (V_INLINE). Many tokens take
+    # small tiles, which keep many programs resident per SM (one program of all 40 heads of a Qwen3-8B token held
+    # the SM's registers alone). Every load of a program is issued at once after the PDL wait, not behind stores.
     t = tl.program_id(0).to(tl.int64)
     QK_BLOCKS: tl.constexpr = (NUM_HEADS + BLOCK_H - 1) // BLOCK_H
     block = tl.program_id(1)
@@ -92,10 +97,16 @@ def _qk_norm_rope_kernel(
         if SCALED:  # the qkv channels in order: q and k heads, then the v heads
             ws1 = tl.load(ws_ptr + h[:, None] * (2 * HALF) + d[None, :], mask=hmask, other=0.0)
             ws2 = tl.load(ws_ptr + h[:, None] * (2 * HALF) + HALF + d[None, :], mask=hmask, other=0.0)
+        if STORE_KV and V_INLINE:
+            kv, dd, vmask = _v_rows(0, slot, NUM_KV, HALF, BLOCK_V)
+            if SCALED:
+                wsv = tl.load(ws_ptr + (NUM_HEADS + kv[:, None]) * (2 * HALF) + dd[None, :], mask=vmask, other=0.0)
         pdl_enter(USE_PDL)
         base = x_ptr + t * stride_xt + h[:, None] * stride_xh + d[None, :]
         x1 = tl.load(base, mask=hmask, other=0.0).to(tl.float32)
         x2 = tl.load(base + HALF, mask=hmask, other=0.0).to(tl.float32)
+        if STORE_KV and V_INLINE:
+            v = tl.load(v_ptr + t * stride_vt + kv[:, None] * stride_vh + dd[None, :], mask=vmask)
         if SCALED:  # kernels/fp8_rescale.py's arithmetic and rounding
             xs = tl.load(xs_ptr + t)
             x1 = (x1 * (xs * ws1)).to(dt).to(tl.float32)
@@ -126,21 +137,38 @@ def _qk_norm_rope_kernel(
                 k1, k2 = fp8_cache_value(o1, inv_k_scale), fp8_cache_value(o2, inv_k_scale)
             tl.store(kc, k1.to(k_cache_ptr.dtype.element_ty), mask=kmask)
             tl.store(kc + HALF, k2.to(k_cache_ptr.dtype.element_ty), mask=kmask)
-    elif STORE_KV:  # the V rows of heads kv
-        kv = (block - QK_BLOCKS) * BLOCK_H + tl.arange(0, BLOCK_H)
-        dd = tl.arange(0, 2 * HALF)
-        vmask = (kv[:, None] < NUM_KV) & ((slot + 0 * kv) >= 0)[:, None] & (dd[None, :] < 2 * HALF)
+            if V_INLINE:
+                if SCALED:
+                    v = (v.to(tl.float32) * (tl.load(xs_ptr + t) * wsv)).to(dt)
+                vc = v_cache_ptr + page * stride_vc_b + in_page * stride_vc_s + kv[:, None] * stride_vc_h
+                _store_v(v, vc + dd[None, :] * stride_vc_d, vmask, inv_v_scale, KV_FP8)
+    elif STORE_KV:  # the V rows of a block of heads
+        kv, dd, vmask = _v_rows((block - QK_BLOCKS) * BLOCK_V, slot, NUM_KV, HALF, BLOCK_V)
         if SCALED:
             wsv = tl.load(ws_ptr + (NUM_HEADS + kv[:, None]) * (2 * HALF) + dd[None, :], mask=vmask, other=0.0)
         pdl_enter(USE_PDL)
         v = tl.load(v_ptr + t * stride_vt + kv[:, None] * stride_vh + dd[None, :], mask=vmask)
         if SCALED:
             v = (v.to(tl.float32) * (tl.load(xs_ptr + t) * wsv)).to(x_ptr.dtype.element_ty)
-        if KV_FP8:
-            v = fp8_cache_value(v, inv_v_scale)
         vc = v_cache_ptr + page * stride_vc_b + in_page * stride_vc_s + kv[:, None] * stride_vc_h
-        vc += dd[None, :] * stride_vc_d
-        tl.store(vc, v.to(v_cache_ptr.dtype.element_ty), mask=vmask)
+        _store_v(v, vc + dd[None, :] * stride_vc_d, vmask, inv_v_scale, KV_FP8)
+
+
+@triton.jit
+def _v_rows(first, slot, NUM_KV: tl.constexpr, HALF: tl.constexpr, BLOCK_V: tl.constexpr):
+    """The v heads from ``first`` (BLOCK_V of them), the columns of a row, and which entries a token at ``slot``
+    stores."""
+    kv = first + tl.arange(0, BLOCK_V)
+    dd = tl.arange(0, 2 * HALF)
+    # compared as a tensor: the interpreter mis-types a scalar bool broadcast into a mask
+    return kv, dd, (kv[:, None] < NUM_KV) & ((slot + 0 * kv) >= 0)[:, None] & (dd[None, :] < 2 * HALF)
+
+
+@triton.jit
+def _store_v(v, dst, mask, inv_v_scale, KV_FP8: tl.constexpr):
+    if KV_FP8:
+        v = fp8_cache_value(v, inv_v_scale)
+    tl.store(dst, v.to(dst.dtype.element_ty), mask=mask)
 
 
 class KVStore(NamedTuple):
@@ -194,8 +222,11 @@ def qk_norm_rope_(
     else:
         store_args, page = (qk, qk, qk, positions, *[0] * 9), 1  # placeholders: the V rows' and caches' 9 strides
     has_norm = q_weight is not None
-    block_h = _BLOCK_H
-    blocks = triton.cdiv(heads, block_h) + (triton.cdiv(num_kv, block_h) if kv_store is not None else 0)
+    small = tokens >= _SMALL_BLOCKS_FROM
+    block_h, block_v = (
+        (_BLOCK_H, _BLOCK_H) if small else (triton.next_power_of_2(heads), triton.next_power_of_2(num_kv))
+    )
+    blocks = triton.cdiv(heads, block_h) + (triton.cdiv(num_kv, block_v) if kv_store is not None and small else 0)
     _qk_norm_rope_kernel[(tokens, blocks)](
         qk,
         q_weight if has_norm else qk,
@@ -218,13 +249,15 @@ def qk_norm_rope_(
         NUM_KV=num_kv,
         HALF=head_dim // 2,
         BLOCK_H=block_h,
+        BLOCK_V=block_v,
+        V_INLINE=not small,
         HAS_NORM=has_norm,
         STORE_KV=kv_store is not None,
         KV_FP8=kv_fp8,
         SCALED=scales is not None,
         Q_OUT=q_out is not None,
         USE_PDL=pdl,
-        num_warps=2,
+        num_warps=2 if small else (4 if heads <= 32 else 8),
         launch_pdl=pdl,
     )
     return qk

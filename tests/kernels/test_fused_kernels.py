@@ -116,6 +116,42 @@ def test_qk_norm_rope_writes_the_queries_into_a_given_buffer():
     assert torch.equal(x[:, : q_heads * head_dim], qkv[:, : q_heads * head_dim])  # the q heads were not written
 
 
+@pytest.mark.parametrize("scaled", [False, True], ids=["finished", "fp8-scaled"])
+@pytest.mark.parametrize("kv_fp8", [False, True], ids=["bf16-cache", "e4m3-cache"])
+def test_qk_norm_rope_head_blocks_give_the_one_program_bits(scaled, kv_fp8, monkeypatch):
+    """Many tokens (prefill) run programs of 8 q/k heads and of 8 v heads; few run one program a token. The same
+    bits either way: q in place and into a buffer, K and V in either cache, with the FP8 product's scales."""
+    from kernels import qk_norm_rope
+    from kernels.attention import value_cache
+
+    g = torch.Generator().manual_seed(11)
+    q_heads, k_heads, head_dim, tokens = 10, 3, 16, 6  # 13 q/k heads and 3 v heads: partly filled blocks
+    width = (q_heads + 2 * k_heads) * head_dim
+    qkv = torch.randn(tokens, width, generator=g).bfloat16().to(DEVICE)
+    scales = (torch.rand(tokens, generator=g).to(DEVICE), torch.rand(width, generator=g).to(DEVICE)) if scaled else None
+    w = (torch.rand(head_dim, generator=g) + 0.5).bfloat16().to(DEVICE)
+    rope = RotaryEmbedding(head_dim, 64, 1e6).to(DEVICE)
+    positions, slots = torch.arange(tokens, device=DEVICE) + 2, torch.tensor([5, 0, -1, 15, 9, 2], device=DEVICE)
+    results = []
+    for blocks_from in (tokens + 1, 1):  # one program a token, then head blocks
+        monkeypatch.setattr(qk_norm_rope, "_SMALL_BLOCKS_FROM", blocks_from)
+        for q_out in (None, torch.zeros(tokens, q_heads, head_dim, device=DEVICE).bfloat16()):
+            x = qkv.clone()
+            qk = x[:, : (q_heads + k_heads) * head_dim].view(tokens, q_heads + k_heads, head_dim)
+            v = x[:, (q_heads + k_heads) * head_dim :].view(tokens, k_heads, head_dim)
+            k_cache = torch.zeros(4, 4, k_heads, head_dim, device=DEVICE).to(
+                torch.float8_e4m3fn if kv_fp8 else qkv.dtype
+            )
+            v_cache = value_cache(torch.zeros_like(k_cache))
+            store = KVStore(v, k_cache, v_cache, slots, 0.5 if kv_fp8 else 1.0, 2.0 if kv_fp8 else 1.0)
+            qk_norm_rope_(qk, w, w, 1e-6, rope.cos_sin, positions, q_heads, store, scales, q_out)
+            results.append(
+                [x, k_cache.view(torch.uint8), v_cache.view(torch.uint8)] + ([] if q_out is None else [q_out])
+            )
+    assert all(torch.equal(a, b) for one, many in zip(results[:2], results[2:]) for a, b in zip(one, many))
+    assert results[0][2].any() and not torch.equal(results[0][0], qkv)  # V stored, q/k written
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_silu_and_mul(dtype):
     g = torch.Generator(device=DEVICE).manual_seed(0)

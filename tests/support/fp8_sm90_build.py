@@ -181,10 +181,15 @@ def cases():
             | {"USE_PDL": True},
             {"num_warps": 1, "num_stages": 2},
         )
-    # q_out: the queries into the prefill graphs' static buffer (worker/cuda_graphs.py)
-    for scaled, q_out in ((False, False), (True, False), (False, True)):
+    # q_out: the queries into the prefill graphs' static buffer (worker/cuda_graphs.py); blocks: programs of 8 heads
+    for scaled, q_out, blocks in (
+        (False, False, False),
+        (True, False, False),
+        (False, True, True),
+        (True, False, True),
+    ):
         yield (
-            f"qk norm + RoPE + KV store into e4m3, scaled={scaled} q_out={q_out}",
+            f"qk norm + RoPE + KV store into e4m3, scaled={scaled} q_out={q_out} head_blocks={blocks}",
             qk_norm_rope._qk_norm_rope_kernel,
             {"x_ptr": BF16, "wq_ptr": BF16, "wk_ptr": BF16, "cos_sin_ptr": F32, "pos_ptr": "*i64", "v_ptr": BF16}
             | {"k_cache_ptr": FP8, "v_cache_ptr": FP8, "slot_ptr": "*i64", "xs_ptr": F32, "ws_ptr": F32}
@@ -195,7 +200,9 @@ def cases():
                 "NUM_HEADS": 40,
                 "NUM_KV": 8,
                 "HALF": 64,
-                "BLOCK_H": 8,
+                "BLOCK_H": 8 if blocks else 64,
+                "BLOCK_V": 8,
+                "V_INLINE": not blocks,
                 "HAS_NORM": True,
                 "STORE_KV": True,
                 "KV_FP8": True,
@@ -203,7 +210,7 @@ def cases():
                 "Q_OUT": q_out,
                 "USE_PDL": True,
             },
-            {"num_warps": 2},
+            {"num_warps": 2 if blocks else 8},
         )
 
 
