@@ -73,13 +73,12 @@ def _qk_norm_rope_kernel(
     # finished K rows also go to the paged cache at the token's slot (slot -1: padding, nothing written), and the
     # token's V rows too: by the blocks past the q/k heads, or by the one q/k program (V_INLINE). Many tokens take
     # small tiles, which keep many programs resident per SM (one program of all 40 heads of a Qwen3-8B token held
-    # the SM's registers alone). Every load of a program is issued at once after the PDL wait, not behind stores.
+    # the SM's registers alone), and the head-block programs issue every load at once after the PDL wait.
     t = tl.program_id(0).to(tl.int64)
     QK_BLOCKS: tl.constexpr = (NUM_HEADS + BLOCK_H - 1) // BLOCK_H
     block = tl.program_id(1)
-    if STORE_KV:
+    if STORE_KV and not V_INLINE:
         slot = tl.load(slot_ptr + t).to(tl.int64)  # an input of the step, written before its first kernel
-        page, in_page = slot // PAGE, slot % PAGE
     if block < QK_BLOCKS:
         # before the wait: the step's positions, the rotary table and the norm weights, which no kernel writes
         pos = tl.load(pos_ptr + t).to(tl.int64)
@@ -97,16 +96,10 @@ def _qk_norm_rope_kernel(
         if SCALED:  # the qkv channels in order: q and k heads, then the v heads
             ws1 = tl.load(ws_ptr + h[:, None] * (2 * HALF) + d[None, :], mask=hmask, other=0.0)
             ws2 = tl.load(ws_ptr + h[:, None] * (2 * HALF) + HALF + d[None, :], mask=hmask, other=0.0)
-        if STORE_KV and V_INLINE:
-            kv, dd, vmask = _v_rows(0, slot, NUM_KV, HALF, BLOCK_V)
-            if SCALED:
-                wsv = tl.load(ws_ptr + (NUM_HEADS + kv[:, None]) * (2 * HALF) + dd[None, :], mask=vmask, other=0.0)
         pdl_enter(USE_PDL)
         base = x_ptr + t * stride_xt + h[:, None] * stride_xh + d[None, :]
         x1 = tl.load(base, mask=hmask, other=0.0).to(tl.float32)
         x2 = tl.load(base + HALF, mask=hmask, other=0.0).to(tl.float32)
-        if STORE_KV and V_INLINE:
-            v = tl.load(v_ptr + t * stride_vt + kv[:, None] * stride_vh + dd[None, :], mask=vmask)
         if SCALED:  # kernels/fp8_rescale.py's arithmetic and rounding
             xs = tl.load(xs_ptr + t)
             x1 = (x1 * (xs * ws1)).to(dt).to(tl.float32)
@@ -128,6 +121,9 @@ def _qk_norm_rope_kernel(
         tl.store(base, o1, mask=hmask)
         tl.store(base + HALF, o2, mask=hmask)
         if STORE_KV:
+            if V_INLINE:  # the one program of a token reads the rest last: fewer registers held, more programs an SM
+                slot = tl.load(slot_ptr + t).to(tl.int64)
+            page, in_page = slot // PAGE, slot % PAGE
             # compared as a tensor: the interpreter mis-types a scalar bool broadcast into a mask
             kmask = hmask & (h[:, None] >= NUM_Q_HEADS) & ((slot + 0 * h) >= 0)[:, None]
             kc = k_cache_ptr + page * stride_kc_b + in_page * stride_kc_s + (h[:, None] - NUM_Q_HEADS) * stride_kc_h
@@ -138,11 +134,15 @@ def _qk_norm_rope_kernel(
             tl.store(kc, k1.to(k_cache_ptr.dtype.element_ty), mask=kmask)
             tl.store(kc + HALF, k2.to(k_cache_ptr.dtype.element_ty), mask=kmask)
             if V_INLINE:
+                kv, dd, vmask = _v_rows(0, slot, NUM_KV, HALF, BLOCK_V)
+                v = tl.load(v_ptr + t * stride_vt + kv[:, None] * stride_vh + dd[None, :], mask=vmask)
                 if SCALED:
+                    wsv = tl.load(ws_ptr + (NUM_HEADS + kv[:, None]) * (2 * HALF) + dd[None, :], mask=vmask, other=0.0)
                     v = (v.to(tl.float32) * (tl.load(xs_ptr + t) * wsv)).to(dt)
                 vc = v_cache_ptr + page * stride_vc_b + in_page * stride_vc_s + kv[:, None] * stride_vc_h
                 _store_v(v, vc + dd[None, :] * stride_vc_d, vmask, inv_v_scale, KV_FP8)
-    elif STORE_KV:  # the V rows of a block of heads
+    elif STORE_KV and not V_INLINE:  # the V rows of a block of heads
+        page, in_page = slot // PAGE, slot % PAGE
         kv, dd, vmask = _v_rows((block - QK_BLOCKS) * BLOCK_V, slot, NUM_KV, HALF, BLOCK_V)
         if SCALED:
             wsv = tl.load(ws_ptr + (NUM_HEADS + kv[:, None]) * (2 * HALF) + dd[None, :], mask=vmask, other=0.0)
