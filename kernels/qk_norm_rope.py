@@ -74,33 +74,34 @@ def _qk_norm_rope_kernel(
     # finished K rows also go to the paged cache at the token's slot (slot -1: padding, nothing written), and the
     # token's V rows too: by the blocks past the q/k heads, or by the one q/k program (V_INLINE). Many tokens take
     # small tiles, which keep many programs resident per SM (one program of all 40 heads of a Qwen3-8B token held
-    # the SM's registers alone), and the head-block programs issue every load at once after the PDL wait.
+    # the SM's registers alone); their slot is read with the rows, not behind the stores. One wait, for every
+    # program, at the top level (tests/kernels/test_pdl_rule.py).
     t = tl.program_id(0).to(tl.int64)
     QK_BLOCKS: tl.constexpr = (NUM_HEADS + BLOCK_H - 1) // BLOCK_H
     block = tl.program_id(1)
-    if STORE_KV and not V_INLINE:
-        slot = tl.load(slot_ptr + t).to(tl.int64)  # an input of the step, written before its first kernel
+    # before the wait: the step's positions, the rotary table and the norm weights, which no kernel writes (a
+    # program of v heads has no q/k rows: its h are past NUM_HEADS, all masked)
+    pos = tl.load(pos_ptr + t).to(tl.int64)
+    h = block * BLOCK_H + tl.arange(0, BLOCK_H)
+    d = tl.arange(0, HALF)
+    hmask = (h[:, None] < NUM_HEADS) & (d[None, :] < HALF)
+    dt = x_ptr.dtype.element_ty
+    cos = tl.load(cos_sin_ptr + pos * stride_cs + d).to(dt).to(tl.float32)
+    sin = tl.load(cos_sin_ptr + pos * stride_cs + HALF + d).to(dt).to(tl.float32)
+    if HAS_NORM:
+        is_q = (h < NUM_Q_HEADS)[:, None]
+        w1 = tl.where(is_q, tl.load(wq_ptr + d)[None, :], tl.load(wk_ptr + d)[None, :]).to(tl.float32)
+        w2 = tl.where(is_q, tl.load(wq_ptr + HALF + d)[None, :], tl.load(wk_ptr + HALF + d)[None, :]).to(tl.float32)
+    if SCALED:  # the qkv channels in order: q and k heads, then the v heads
+        ws1 = tl.load(ws_ptr + h[:, None] * (2 * HALF) + d[None, :], mask=hmask, other=0.0)
+        ws2 = tl.load(ws_ptr + h[:, None] * (2 * HALF) + HALF + d[None, :], mask=hmask, other=0.0)
+    pdl_enter(USE_PDL)
     if block < QK_BLOCKS:
-        # before the wait: the step's positions, the rotary table and the norm weights, which no kernel writes
-        pos = tl.load(pos_ptr + t).to(tl.int64)
-        h = block * BLOCK_H + tl.arange(0, BLOCK_H)
-        d = tl.arange(0, HALF)
-        hmask = (h[:, None] < NUM_HEADS) & (d[None, :] < HALF)
-        dt = x_ptr.dtype.element_ty
-        cos = tl.load(cos_sin_ptr + pos * stride_cs + d).to(dt).to(tl.float32)
-        sin = tl.load(cos_sin_ptr + pos * stride_cs + HALF + d).to(dt).to(tl.float32)
-        if HAS_NORM:
-            is_q = (h < NUM_Q_HEADS)[:, None]
-            w1 = tl.where(is_q, tl.load(wq_ptr + d)[None, :], tl.load(wk_ptr + d)[None, :]).to(tl.float32)
-            w2 = tl.where(is_q, tl.load(wq_ptr + HALF + d)[None, :], tl.load(wk_ptr + HALF + d)[None, :])
-            w2 = w2.to(tl.float32)
-        if SCALED:  # the qkv channels in order: q and k heads, then the v heads
-            ws1 = tl.load(ws_ptr + h[:, None] * (2 * HALF) + d[None, :], mask=hmask, other=0.0)
-            ws2 = tl.load(ws_ptr + h[:, None] * (2 * HALF) + HALF + d[None, :], mask=hmask, other=0.0)
-        pdl_enter(USE_PDL)
         base = x_ptr + t * stride_xt + h[:, None] * stride_xh + d[None, :]
         x1 = tl.load(base, mask=hmask, other=0.0).to(tl.float32)
         x2 = tl.load(base + HALF, mask=hmask, other=0.0).to(tl.float32)
+        if STORE_KV and not V_INLINE:  # issued with the rows' loads, not behind the stores
+            slot = tl.load(slot_ptr + t).to(tl.int64)
         if SCALED:  # kernels/fp8_rescale.py's arithmetic and rounding
             xs = tl.load(xs_ptr + t)
             x1 = (x1 * (xs * ws1)).to(dt).to(tl.float32)
@@ -135,41 +136,38 @@ def _qk_norm_rope_kernel(
             tl.store(kc, k1.to(k_cache_ptr.dtype.element_ty), mask=kmask)
             tl.store(kc + HALF, k2.to(k_cache_ptr.dtype.element_ty), mask=kmask)
             if V_INLINE:
-                kv, dd, vmask = _v_rows(0, slot, NUM_KV, HALF, BLOCK_V)
-                v = tl.load(v_ptr + t * stride_vt + kv[:, None] * stride_vh + dd[None, :], mask=vmask)
-                if SCALED:
-                    wsv = tl.load(ws_ptr + (NUM_HEADS + kv[:, None]) * (2 * HALF) + dd[None, :], mask=vmask, other=0.0)
-                    v = (v.to(tl.float32) * (tl.load(xs_ptr + t) * wsv)).to(dt)
-                vc = v_cache_ptr + page * stride_vc_b + in_page * stride_vc_s + kv[:, None] * stride_vc_h
-                _store_v(v, vc + dd[None, :] * stride_vc_d, vmask, inv_v_scale, KV_FP8)
+                _store_v(t, 0, slot, v_ptr, xs_ptr, ws_ptr, v_cache_ptr, stride_vt, stride_vh, stride_vc_b,
+                         stride_vc_s, stride_vc_h, stride_vc_d, inv_v_scale, PAGE, NUM_HEADS, NUM_KV, HALF, BLOCK_V,
+                         SCALED, KV_FP8)  # fmt: skip
     elif STORE_KV and not V_INLINE:  # the V rows of a block of heads
-        page, in_page = slot // PAGE, slot % PAGE
-        kv, dd, vmask = _v_rows((block - QK_BLOCKS) * BLOCK_V, slot, NUM_KV, HALF, BLOCK_V)
-        if SCALED:
-            wsv = tl.load(ws_ptr + (NUM_HEADS + kv[:, None]) * (2 * HALF) + dd[None, :], mask=vmask, other=0.0)
-        pdl_enter(USE_PDL)
-        v = tl.load(v_ptr + t * stride_vt + kv[:, None] * stride_vh + dd[None, :], mask=vmask)
-        if SCALED:
-            v = (v.to(tl.float32) * (tl.load(xs_ptr + t) * wsv)).to(x_ptr.dtype.element_ty)
-        vc = v_cache_ptr + page * stride_vc_b + in_page * stride_vc_s + kv[:, None] * stride_vc_h
-        _store_v(v, vc + dd[None, :] * stride_vc_d, vmask, inv_v_scale, KV_FP8)
+        slot = tl.load(slot_ptr + t).to(tl.int64)
+        _store_v(t, (block - QK_BLOCKS) * BLOCK_V, slot, v_ptr, xs_ptr, ws_ptr, v_cache_ptr, stride_vt, stride_vh,
+                 stride_vc_b, stride_vc_s, stride_vc_h, stride_vc_d, inv_v_scale, PAGE, NUM_HEADS, NUM_KV, HALF,
+                 BLOCK_V, SCALED, KV_FP8)  # fmt: skip
 
 
 @triton.jit
-def _v_rows(first, slot, NUM_KV: tl.constexpr, HALF: tl.constexpr, BLOCK_V: tl.constexpr):
-    """The v heads from ``first`` (BLOCK_V of them), the columns of a row, and which entries a token at ``slot``
-    stores."""
+def _store_v(
+    t, first, slot, v_ptr, xs_ptr, ws_ptr, v_cache_ptr, stride_vt, stride_vh, stride_vc_b, stride_vc_s, stride_vc_h,
+    stride_vc_d, inv_v_scale, PAGE: tl.constexpr, NUM_HEADS: tl.constexpr, NUM_KV: tl.constexpr,
+    HALF: tl.constexpr, BLOCK_V: tl.constexpr, SCALED: tl.constexpr, KV_FP8: tl.constexpr,
+):  # fmt: skip
+    """Token ``t``'s V rows of heads ``first`` to ``first + BLOCK_V`` into the cache at ``slot`` (-1: none)."""
     kv = first + tl.arange(0, BLOCK_V)
     dd = tl.arange(0, 2 * HALF)
     # compared as a tensor: the interpreter mis-types a scalar bool broadcast into a mask
-    return kv, dd, (kv[:, None] < NUM_KV) & ((slot + 0 * kv) >= 0)[:, None] & (dd[None, :] < 2 * HALF)
-
-
-@triton.jit
-def _store_v(v, dst, mask, inv_v_scale, KV_FP8: tl.constexpr):
+    vmask = (kv[:, None] < NUM_KV) & ((slot + 0 * kv) >= 0)[:, None] & (dd[None, :] < 2 * HALF)
+    v = tl.load(v_ptr + t * stride_vt + kv[:, None] * stride_vh + dd[None, :], mask=vmask)
+    if SCALED:
+        wsv = tl.load(ws_ptr + (NUM_HEADS + kv[:, None]) * (2 * HALF) + dd[None, :], mask=vmask, other=0.0)
+        v = (v.to(tl.float32) * (tl.load(xs_ptr + t) * wsv)).to(v_ptr.dtype.element_ty)
     if KV_FP8:
         v = fp8_cache_value(v, inv_v_scale)
-    tl.store(dst, v.to(dst.dtype.element_ty), mask=mask)
+    page, in_page = slot // PAGE, slot % PAGE
+    dst = (
+        v_cache_ptr + page * stride_vc_b + in_page * stride_vc_s + kv[:, None] * stride_vc_h + dd[None, :] * stride_vc_d
+    )
+    tl.store(dst, v.to(v_cache_ptr.dtype.element_ty), mask=vmask)
 
 
 class KVStore(NamedTuple):

@@ -125,7 +125,7 @@ def test_qk_norm_rope_head_blocks_give_the_one_program_bits(scaled, kv_fp8, monk
     from kernels.attention import value_cache
 
     g = torch.Generator().manual_seed(11)
-    q_heads, k_heads, head_dim, tokens = 10, 3, 16, 6  # 13 q/k heads and 3 v heads: partly filled blocks
+    q_heads, k_heads, head_dim, tokens = 10, 9, 16, 6  # 19 q/k heads and 9 v heads: partly filled blocks
     width = (q_heads + 2 * k_heads) * head_dim
     qkv = torch.randn(tokens, width, generator=g).bfloat16().to(DEVICE)
     scales = (torch.rand(tokens, generator=g).to(DEVICE), torch.rand(width, generator=g).to(DEVICE)) if scaled else None
