@@ -57,7 +57,6 @@ def _qk_norm_rope_kernel(
     PAGE: tl.constexpr,
     NUM_Q_HEADS: tl.constexpr,
     NUM_HEADS: tl.constexpr,
-    NUM_KV: tl.constexpr,  # v heads
     HALF: tl.constexpr,
     BLOCK_H: tl.constexpr,  # q/k heads a program takes
     BLOCK_V: tl.constexpr,  # v heads a program takes
@@ -78,6 +77,7 @@ def _qk_norm_rope_kernel(
     # program, at the top level (tests/kernels/test_pdl_rule.py).
     t = tl.program_id(0).to(tl.int64)
     QK_BLOCKS: tl.constexpr = (NUM_HEADS + BLOCK_H - 1) // BLOCK_H
+    NUM_KV: tl.constexpr = NUM_HEADS - NUM_Q_HEADS  # the v heads, as many as the k heads
     block = tl.program_id(1)
     # before the wait: the step's positions, the rotary table and the norm weights, which no kernel writes (a
     # program of v heads has no q/k rows: its h are past NUM_HEADS, all masked)
@@ -96,12 +96,12 @@ def _qk_norm_rope_kernel(
         ws1 = tl.load(ws_ptr + h[:, None] * (2 * HALF) + d[None, :], mask=hmask, other=0.0)
         ws2 = tl.load(ws_ptr + h[:, None] * (2 * HALF) + HALF + d[None, :], mask=hmask, other=0.0)
     pdl_enter(USE_PDL)
+    if STORE_KV and not V_INLINE:  # issued with the rows' loads, not behind the stores
+        slot = tl.load(slot_ptr + t).to(tl.int64)
     if block < QK_BLOCKS:
         base = x_ptr + t * stride_xt + h[:, None] * stride_xh + d[None, :]
         x1 = tl.load(base, mask=hmask, other=0.0).to(tl.float32)
         x2 = tl.load(base + HALF, mask=hmask, other=0.0).to(tl.float32)
-        if STORE_KV and not V_INLINE:  # issued with the rows' loads, not behind the stores
-            slot = tl.load(slot_ptr + t).to(tl.int64)
         if SCALED:  # kernels/fp8_rescale.py's arithmetic and rounding
             xs = tl.load(xs_ptr + t)
             x1 = (x1 * (xs * ws1)).to(dt).to(tl.float32)
@@ -140,7 +140,6 @@ def _qk_norm_rope_kernel(
                          stride_vc_s, stride_vc_h, stride_vc_d, inv_v_scale, PAGE, NUM_HEADS, NUM_KV, HALF, BLOCK_V,
                          SCALED, KV_FP8)  # fmt: skip
     elif STORE_KV and not V_INLINE:  # the V rows of a block of heads
-        slot = tl.load(slot_ptr + t).to(tl.int64)
         _store_v(t, (block - QK_BLOCKS) * BLOCK_V, slot, v_ptr, xs_ptr, ws_ptr, v_cache_ptr, stride_vt, stride_vh,
                  stride_vc_b, stride_vc_s, stride_vc_h, stride_vc_d, inv_v_scale, PAGE, NUM_HEADS, NUM_KV, HALF,
                  BLOCK_V, SCALED, KV_FP8)  # fmt: skip
@@ -245,7 +244,6 @@ def qk_norm_rope_(
         PAGE=page,
         NUM_Q_HEADS=num_q_heads,
         NUM_HEADS=heads,
-        NUM_KV=num_kv,
         HALF=head_dim // 2,
         BLOCK_H=block_h,
         BLOCK_V=block_v,

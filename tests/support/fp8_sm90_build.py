@@ -198,7 +198,6 @@ def cases():
                 "PAGE": 16,
                 "NUM_Q_HEADS": 32,
                 "NUM_HEADS": 40,
-                "NUM_KV": 8,
                 "HALF": 64,
                 "BLOCK_H": 8 if blocks else 64,
                 "BLOCK_V": 8,
