@@ -9,6 +9,7 @@ from zmq.utils.monitor import recv_monitor_message
 # disconnected, and both sides watch for that (workers on other hosts included).
 HEARTBEAT_IVL_MS = 1000
 HEARTBEAT_TIMEOUT_MS = 5000
+LAST_WORDS_MS = 200  # how long a newly dropped connection's last message may trail the drop
 
 
 class WatchedSocket:
@@ -29,14 +30,20 @@ class WatchedSocket:
         self.poller.register(self.monitor, zmq.POLLIN)
 
     def poll(self, timeout_ms: int) -> tuple[bool, bool]:
-        """(a message is waiting, a connection dropped); a drop stays reported."""
+        """(a message is waiting, a connection dropped); a drop stays reported. When a drop is first seen, the
+        socket gets a moment more for the peer's last message (a coordinator's Shutdown), which reaches it apart
+        from the monitor's event and may come second."""
         ready = dict(self.poller.poll(timeout_ms))
+        was_dropped = self.dropped
         if self.monitor in ready:
             while self.monitor.poll(0):
                 event = recv_monitor_message(self.monitor)["event"]
                 self.connected |= event == zmq.EVENT_HANDSHAKE_SUCCEEDED
                 self.dropped |= event == zmq.EVENT_DISCONNECTED
-        return self.sock in ready, self.dropped
+        has_message = self.sock in ready
+        if self.dropped and not was_dropped and not has_message:
+            has_message = bool(self.sock.poll(LAST_WORDS_MS))
+        return has_message, self.dropped
 
     def close(self, linger_ms: int) -> None:
         if not self.sock.closed:
