@@ -22,8 +22,11 @@ from worker.transfer import HostStager
 
 
 def token_buckets(max_tokens: int) -> list[int]:
-    """Token counts the prefill graphs are captured for: 256, 512, 1024, then every 1024 up to ``max_tokens``."""
-    sizes = [t for t in (256, 512) if t < max_tokens] + list(range(1024, max_tokens, 1024)) + [max_tokens]
+    """Token counts the prefill graphs are captured for: powers of two from 16 to 512, then every 1024 up to
+    ``max_tokens``. The small ones matter for a short prompt's first token: padded to 256 tokens, a 128-token
+    prefill of an 8B model costs twice the tensor-core work it needs."""
+    sizes = [t for t in (16, 32, 64, 128, 256, 512) if t < max_tokens]
+    sizes += list(range(1024, max_tokens, 1024)) + [max_tokens]
     return sorted(set(sizes))
 
 
