@@ -4,7 +4,6 @@ top level of a non-streaming response), reasoning_content with a reasoning parse
 
 from __future__ import annotations
 
-import asyncio
 import time
 import uuid
 
@@ -14,7 +13,7 @@ from client.openai_server.errors import APIError, from_engine
 from client.openai_server.logprobs import chat_logprobs, prompt_logprobs_json
 from client.openai_server.metrics import TokenTimer
 from client.openai_server.params import chat_max_tokens, check_model, choice_params, conversation, sampling_params
-from client.openai_server.responses import finished_response, usage
+from client.openai_server.responses import engine_errors, finished_response, usage
 from client.openai_server.schemas import ChatCompletionRequest
 from client.openai_server.state import ServerState
 from client.openai_server.streaming import DONE, ChoiceStreams, EventStreamResponse, generate_all, sse
@@ -54,7 +53,7 @@ async def create_chat_completion(state: ServerState, req: ChatCompletionRequest)
     engine = state.engine
     check_model(req.model, engine.served_model_name)
     rid = f"chatcmpl-{uuid.uuid4().hex}"
-    try:
+    with engine_errors(state, rid, arrival, req.n, FIELDS, "messages"):
         prompt, max_tokens, opened = await _prompt_and_max_tokens(state, req)
         logprobs = (req.top_logprobs or 0) if req.logprobs else None
         params = sampling_params(req, engine.generation_defaults, max_tokens, logprobs)
@@ -64,13 +63,6 @@ async def create_chat_completion(state: ServerState, req: ChatCompletionRequest)
             await streams.start()
             return EventStreamResponse(_events(state, req, rid, streams, arrival, opened))
         results = await generate_all(engine, jobs)
-    except APIError:
-        raise
-    except asyncio.CancelledError:  # the client went away (until_disconnect): its choices were aborted
-        state.metrics.finished(rid, arrival, 0, 0, ["abort"] * req.n)
-        raise
-    except Exception as e:
-        raise from_engine(e, FIELDS, "messages") from None
     choices = []
     for i, c in enumerate(results):
         message = {"role": "assistant", "content": c.text}

@@ -4,14 +4,13 @@ vLLM's), vLLM's prompt_logprobs and usage."""
 
 from __future__ import annotations
 
-import asyncio
 import time
 import uuid
 from dataclasses import replace
 
 from starlette.responses import Response
 
-from client.openai_server.errors import APIError, from_engine
+from client.openai_server.errors import from_engine
 from client.openai_server.logprobs import completion_logprobs, echo_logprobs, prompt_logprobs_json
 from client.openai_server.metrics import TokenTimer
 from client.openai_server.params import (
@@ -21,7 +20,7 @@ from client.openai_server.params import (
     completion_prompts,
     sampling_params,
 )
-from client.openai_server.responses import finished_response, usage
+from client.openai_server.responses import engine_errors, finished_response, usage
 from client.openai_server.schemas import CompletionRequest
 from client.openai_server.state import ServerState
 from client.openai_server.streaming import DONE, ChoiceStreams, EventStreamResponse, generate_all, sse
@@ -47,20 +46,13 @@ async def create_completion(state: ServerState, req: CompletionRequest) -> Respo
     params = sampling_params(req, defaults, 1 if score else completion_max_tokens(req, defaults), req.logprobs)
     jobs = [(p, sp) for p in prompts for sp in choice_params(params, req.n)]
     rid = f"cmpl-{uuid.uuid4().hex}"
-    try:
+    with engine_errors(state, rid, arrival, len(jobs), FIELDS):
         echo = await _echo_texts(state, prompts) if req.echo else None
         if req.stream:
             streams = ChoiceStreams(engine, jobs)
             await streams.start()
             return EventStreamResponse(_events(state, req, rid, streams, echo, arrival, score))
         results = [_unsampled(c) if score else c for c in await generate_all(engine, jobs)]
-    except APIError:
-        raise
-    except asyncio.CancelledError:  # the client went away (until_disconnect): its choices were aborted
-        state.metrics.finished(rid, arrival, 0, 0, ["abort"] * len(jobs))
-        raise
-    except Exception as e:
-        raise from_engine(e, FIELDS) from None
     choices, num_output = [], 0
     for i, c in enumerate(results):
         first = results[i - i % req.n]  # the prompt's first choice: it computed the prompt logprobs for all

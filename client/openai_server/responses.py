@@ -1,12 +1,34 @@
-"""The non-streaming response body shared by /v1/completions and /v1/chat/completions, and its usage block."""
+"""What /v1/completions and /v1/chat/completions share: the non-streaming response body, its usage block, and
+how an engine failure or a client that went away ends a request."""
 
 from __future__ import annotations
 
+import asyncio
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from starlette.responses import JSONResponse
 
+from client.openai_server.errors import APIError, from_engine
 from client.openai_server.state import ServerState
+
+
+@contextmanager
+def engine_errors(
+    state: ServerState, rid: str, arrival: float, num_choices: int, fields, prompt_param: str = "prompt"
+) -> Iterator[None]:
+    """Around a request's calls to the engine: its refusals become OpenAI errors (naming the field), and a client
+    that went away (until_disconnect cancels the handler; its choices were aborted) is counted as aborted."""
+    try:
+        yield
+    except APIError:
+        raise
+    except asyncio.CancelledError:
+        state.metrics.finished(rid, arrival, 0, 0, ["abort"] * num_choices)
+        raise
+    except Exception as e:
+        raise from_engine(e, fields, prompt_param) from None
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict:
