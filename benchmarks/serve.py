@@ -14,7 +14,10 @@ measured. Arrivals are a Poisson process at ``--request-rate`` requests/s (``inf
 Ids above ``--max-token-id`` wrap around (use the model's vocabulary size - 1 for small models).
 
 Reports request throughput, output tok/s, total tok/s, and TTFT, TPOT (per request: (latency - TTFT) / (output
-tokens - 1)) and ITL (gaps between streamed events) mean/p50/p99 in ms; the LAST line is one JSON object.
+tokens - 1)) and ITL (gaps between streamed events) mean/p50/p99 in ms; the LAST line is one JSON object. When the
+server exposes vLLM's ``*:time_to_first_token_seconds`` histogram at ``/metrics`` (vLLM's and nanoserve's do), it
+also reports the server's own mean TTFT over the run (``server_ttft_mean_ms``): what HTTP and this client add to a
+first token is the difference.
 """
 
 from __future__ import annotations
@@ -95,7 +98,28 @@ async def one_request(session, url: str, body: dict, headers: dict) -> Result:
     return res
 
 
-async def run(args, reqs: list[tuple[list[int], int]]) -> tuple[list[Result], float]:
+_TTFT_METRIC = "time_to_first_token_seconds"
+
+
+async def server_ttft_totals(session, base_url: str, headers: dict) -> tuple[float, float] | None:
+    """(sum of seconds, count) of the server's time-to-first-token histogram over all its label sets; None when
+    the server has no such metric (parsed by hand: the load generator needs no Prometheus library)."""
+    try:
+        async with session.get(base_url.rsplit("/v1", 1)[0] + "/metrics", headers=headers) as resp:
+            text = await resp.text() if resp.status == 200 else ""
+    except Exception:  # no /metrics: the report just lacks the server's view
+        return None
+    totals, found = [0.0, 0.0], False
+    for line in text.splitlines():
+        name, _, rest = line.partition("{") if "{" in line else line.partition(" ")
+        for i, suffix in enumerate(("_sum", "_count")):
+            if name.endswith(_TTFT_METRIC + suffix):
+                totals[i] += float((rest.rsplit("}", 1)[-1]).split()[0])
+                found = True
+    return (totals[0], totals[1]) if found else None
+
+
+async def run(args, reqs: list[tuple[list[int], int]]) -> tuple[list[Result], float, float | None]:
     import aiohttp  # vllm bench serve's client too: ~1.5 ms less per request than httpx's on an H200 host
 
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
@@ -121,6 +145,7 @@ async def run(args, reqs: list[tuple[list[int], int]]) -> tuple[list[Result], fl
             async with gate:
                 return await one_request(session, url, body, headers)
 
+        before = await server_ttft_totals(session, args.base_url, headers)
         tasks = []
         t0 = time.perf_counter()
         for body in bodies:
@@ -128,7 +153,12 @@ async def run(args, reqs: list[tuple[list[int], int]]) -> tuple[list[Result], fl
             if math.isfinite(args.request_rate):
                 await asyncio.sleep(rng.exponential(1.0 / args.request_rate))
         results = await asyncio.gather(*tasks)
-        return results, time.perf_counter() - t0
+        seconds = time.perf_counter() - t0
+        after = await server_ttft_totals(session, args.base_url, headers)
+        server_ttft = None
+        if before is not None and after is not None and after[1] > before[1]:
+            server_ttft = (after[0] - before[0]) / (after[1] - before[1])
+        return results, seconds, server_ttft
 
 
 def _ms(xs: list[float]) -> dict:
@@ -138,7 +168,7 @@ def _ms(xs: list[float]) -> dict:
     return {"mean": float(a.mean()), "p50": float(np.percentile(a, 50)), "p99": float(np.percentile(a, 99))}
 
 
-def summarize(results: list[Result], seconds: float, args) -> dict:
+def summarize(results: list[Result], seconds: float, args, server_ttft: float | None = None) -> dict:
     ok = [r for r in results if r.ok]
     out = sum(r.output_tokens for r in ok)
     prompt = sum(r.prompt_tokens for r in ok)
@@ -157,6 +187,7 @@ def summarize(results: list[Result], seconds: float, args) -> dict:
         "ttft_ms": _ms([r.ttft for r in ok]),
         "tpot_ms": _ms([(r.latency - r.ttft) / (r.output_tokens - 1) for r in ok if r.output_tokens > 1]),
         "itl_ms": _ms([x for r in ok for x in r.itl]),
+        "server_ttft_mean_ms": None if server_ttft is None else server_ttft * 1e3,
     }
 
 
@@ -184,8 +215,8 @@ def parse_args(argv=None) -> argparse.Namespace:
 def main(argv=None) -> dict:
     args = parse_args(argv)
     reqs = build_requests(args)
-    results, seconds = asyncio.run(run(args, reqs))
-    s = summarize(results, seconds, args)
+    results, seconds, server_ttft = asyncio.run(run(args, reqs))
+    s = summarize(results, seconds, args, server_ttft)
     print(f"requests      {s['completed']}/{s['num_requests']} ok in {s['seconds']:.2f} s, rate {s['request_rate']}")
     if s["failed"]:
         print(f"first error   {s['first_error']}")
@@ -194,6 +225,8 @@ def main(argv=None) -> dict:
     for key in ("ttft_ms", "tpot_ms", "itl_ms"):
         m = s[key]
         print(f"{key[:-3].upper():13s} mean {m['mean']:.2f} ms, p50 {m['p50']:.2f} ms, p99 {m['p99']:.2f} ms")
+    if s["server_ttft_mean_ms"] is not None:
+        print(f"TTFT (server) mean {s['server_ttft_mean_ms']:.2f} ms, by its /metrics")
     print(json.dumps(s), flush=True)
     return s
 

@@ -176,3 +176,5 @@ def test_benchmark_serve_against_the_server(server):  # noqa: F811
     assert (report["completed"], report["failed"]) == (n, 0), report["first_error"]
     assert report["output_tokens"] == n * out_len
     assert 0 < report["ttft_ms"]["p50"] and 0 < report["itl_ms"]["p50"]
+    # the server's own histogram over these requests alone: inside each request's client-side interval
+    assert 0 < report["server_ttft_mean_ms"] <= report["ttft_ms"]["mean"]
