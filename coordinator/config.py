@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -35,6 +36,19 @@ class EngineArgError(ValueError):
     def __init__(self, name: str, message: str) -> None:
         super().__init__(message)
         self.name = name
+
+
+def _chat_template_text(value: str) -> str:
+    """``chat_template`` as vLLM's ``--chat-template`` takes it: a file's path, or the template itself."""
+    path = Path(value).expanduser()
+    if path.is_file():
+        try:
+            return path.read_text()
+        except (OSError, UnicodeDecodeError) as e:
+            raise EngineArgError("chat_template", f"chat_template: cannot read {value!r}: {e}") from None
+    if "{" in value:  # Jinja: {{ ... }} or {% ... %}
+        return value
+    raise EngineArgError("chat_template", f"chat_template: {value!r} is neither a file nor a Jinja template")
 
 
 @dataclass(slots=True)
@@ -70,6 +84,9 @@ class EngineConfig:
         "", "fp8: FP8 linear layers, quantized at load ('' = none; an FP8 checkpoint is served as stored)", ("", "fp8")
     )
     kv_cache_dtype: str = _arg("auto", "auto = the model's dtype; fp8: an e4m3 KV cache, twice the tokens", KV_DTYPES)
+    chat_template: str = _arg(
+        "", "a Jinja chat template, or a file holding one, in place of the tokenizer's ('' = the tokenizer's own)"
+    )
 
     def __post_init__(self) -> None:
         if not self.device:
@@ -97,6 +114,8 @@ class EngineConfig:
         for ok, name, what in checks:
             if not ok:
                 raise EngineArgError(name, f"{name} {what}, got {getattr(self, name)!r}")
+        if self.chat_template:  # the template's text from here on, so a missing file fails before start-up
+            self.chat_template = _chat_template_text(self.chat_template)
         if self.external_workers and not self.worker_address:
             raise EngineArgError(
                 "worker_address", "worker_address is required with external_workers, e.g. tcp://0.0.0.0:29600"

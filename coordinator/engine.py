@@ -60,6 +60,8 @@ class Engine:
         self.model_config = ModelConfig.from_pretrained(cfg.model)  # fails fast, before any process starts
         cfg.fit_model(self.model_config)  # max_model_len resolved in the config itself: one value, reported and kept
         self.tokenizer = AutoTokenizer.from_pretrained(cfg.model)
+        if cfg.chat_template:  # every chat renders through it: LLM.chat, the client's chat and the HTTP API
+            self.tokenizer.chat_template = cfg.chat_template
         self.generation_defaults = generation_defaults(cfg.model)  # for requests that leave them unset
         mc = self.model_config
         self.max_model_len = cfg.max_model_len

@@ -64,7 +64,10 @@ def render_chat(tokenizer, chat: ChatPrompt) -> str:
     if reserved:
         raise RequestError(f"chat_template_kwargs may not set {', '.join(reserved)}")
     if not getattr(tokenizer, "chat_template", None):
-        raise RequestError("this model's tokenizer has no chat template: use completions instead of chat")
+        raise RequestError(
+            "this model's tokenizer has no chat template: start the engine with one (--chat-template FILE) or use "
+            "completions instead of chat"
+        )
     try:
         text = tokenizer.apply_chat_template(
             messages, tokenize=False, add_generation_prompt=chat.add_generation_prompt, **kwargs

@@ -19,6 +19,7 @@ from model.config import ModelConfig
         (dict(load_format="pt"), "load_format", "load_format must be auto or dummy"),
         (dict(external_workers=True), "worker_address", "worker_address is required with external_workers"),
         (dict(worker_timeout_s=0), "worker_timeout_s", "worker_timeout_s must be > 0"),
+        (dict(chat_template="no/such.jinja"), "chat_template", "'no/such.jinja' is neither a file nor a Jinja"),
         # the model's limit is 2048: refused as vLLM refuses it, not silently lowered
         (
             dict(device="cpu", max_model_len=100000),

@@ -5,10 +5,14 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 
 from client import LLM, SamplingParams
+from coordinator.prompts import render_chat
+from protocol.client_messages import ChatPrompt
+from protocol.errors import RequestError
 from tests.support.processes import ROOT
 
 QUICKSTART = """
@@ -130,3 +134,19 @@ def test_chat_takes_text_parts_as_the_http_api_does(llm):
     assert chat.prompt == plain.prompt and chat.outputs[0].token_ids == plain.outputs[0].token_ids
     with pytest.raises(ValueError, match=r"^messages\[0\].content: only text parts are supported$"):
         llm.chat([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}], use_tqdm=False)
+
+
+def test_chat_template_argument_replaces_the_tokenizers(tiny_tied, tmp_path):
+    """vLLM's --chat-template: a file's template renders every chat in place of the tokenizer's."""
+    path = tmp_path / "chat.jinja"
+    path.write_text("{% for m in messages %}<<{{ m['role'] }}:{{ m['content'] }}>>{% endfor %}")
+    greedy = SamplingParams(temperature=0, max_tokens=2, ignore_eos=True)
+    with LLM(str(tiny_tied), max_model_len=256, num_kv_blocks=64, chat_template=str(path)) as llm:
+        (out,) = llm.chat([{"role": "user", "content": "hi"}], greedy, use_tqdm=False)
+    assert out.prompt == "<<user:hi>>" and len(out.outputs[0].token_ids) == 2
+
+
+def test_a_tokenizer_without_a_chat_template_names_the_way_to_give_one():
+    chat = ChatPrompt([{"role": "user", "content": "hi"}], None, True)
+    with pytest.raises(RequestError, match=r"no chat template: start the engine with one \(--chat-template FILE\)"):
+        render_chat(SimpleNamespace(chat_template=None), chat)
