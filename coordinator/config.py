@@ -84,8 +84,14 @@ class EngineConfig:
         "", "fp8: FP8 linear layers, quantized at load ('' = none; an FP8 checkpoint is served as stored)", ("", "fp8")
     )
     kv_cache_dtype: str = _arg("auto", "auto = the model's dtype; fp8: an e4m3 KV cache, twice the tokens", KV_DTYPES)
+    tokenizer: str = _arg("", "tokenizer directory ('' = the model's)")
     chat_template: str = _arg(
         "", "a Jinja chat template, or a file holding one, in place of the tokenizer's ('' = the tokenizer's own)"
+    )
+    generation_config: str = _arg(
+        "auto",
+        "sampling defaults for requests that leave a field unset: auto = the model's generation_config.json, vllm = "
+        "none (each field's own default), or a directory holding a generation_config.json",
     )
 
     def __post_init__(self) -> None:
@@ -114,6 +120,13 @@ class EngineConfig:
         for ok, name, what in checks:
             if not ok:
                 raise EngineArgError(name, f"{name} {what}, got {getattr(self, name)!r}")
+        if self.tokenizer and not Path(self.tokenizer).is_dir():
+            raise EngineArgError("tokenizer", f"tokenizer: no directory {self.tokenizer!r}")
+        if self.generation_config not in ("auto", "vllm") and not Path(self.generation_config).is_dir():
+            raise EngineArgError(
+                "generation_config",
+                f"generation_config must be auto, vllm or a directory, got {self.generation_config!r}",
+            )
         if self.chat_template:  # the template's text from here on, so a missing file fails before start-up
             self.chat_template = _chat_template_text(self.chat_template)
         if self.external_workers and not self.worker_address:

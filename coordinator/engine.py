@@ -19,7 +19,7 @@ from coordinator.admission import Admission
 from coordinator.block_manager import BlockManager
 from coordinator.config import EngineConfig
 from coordinator.output_processor import OutputProcessor, TokenStop
-from coordinator.prompts import detokenize_reply, generation_defaults, tokenize_reply
+from coordinator.prompts import configured_generation_defaults, detokenize_reply, tokenize_reply
 from coordinator.scheduler import ScheduledBatch, Scheduler
 from coordinator.sequence import SeqStatus, Sequence
 from coordinator.worker_group import WorkerGroup
@@ -59,10 +59,11 @@ class Engine:
         self.config = cfg
         self.model_config = ModelConfig.from_pretrained(cfg.model)  # fails fast, before any process starts
         cfg.fit_model(self.model_config)  # max_model_len resolved in the config itself: one value, reported and kept
-        self.tokenizer = AutoTokenizer.from_pretrained(cfg.model)
+        self.tokenizer = AutoTokenizer.from_pretrained(cfg.tokenizer or cfg.model)
         if cfg.chat_template:  # every chat renders through it: LLM.chat, the client's chat and the HTTP API
             self.tokenizer.chat_template = cfg.chat_template
-        self.generation_defaults = generation_defaults(cfg.model)  # for requests that leave them unset
+        # for requests that leave them unset
+        self.generation_defaults = configured_generation_defaults(cfg.generation_config, cfg.model)
         mc = self.model_config
         self.max_model_len = cfg.max_model_len
         mc.check_max_model_len(self.max_model_len)

@@ -24,6 +24,14 @@ _GENERATION_KEYS = {
 _RESERVED_TEMPLATE_KWARGS = frozenset({"messages", "conversation", "tokenize", "add_generation_prompt", "return_dict"})
 
 
+def configured_generation_defaults(setting: str, model_dir: str | Path) -> dict:
+    """The engine's ``generation_config`` setting resolved as vLLM's: "auto" reads the model's file, "vllm" none,
+    anything else is a directory holding one."""
+    if setting == "vllm":
+        return {}
+    return generation_defaults(model_dir if setting == "auto" else setting)
+
+
 def generation_defaults(model_dir: str | Path) -> dict:
     """Sampling defaults from ``model_dir``/generation_config.json (SamplingParams field -> value); {} without."""
     path = Path(model_dir) / "generation_config.json"

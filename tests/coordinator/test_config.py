@@ -20,6 +20,8 @@ from model.config import ModelConfig
         (dict(external_workers=True), "worker_address", "worker_address is required with external_workers"),
         (dict(worker_timeout_s=0), "worker_timeout_s", "worker_timeout_s must be > 0"),
         (dict(chat_template="no/such.jinja"), "chat_template", "'no/such.jinja' is neither a file nor a Jinja"),
+        (dict(tokenizer="no/such/dir"), "tokenizer", "tokenizer: no directory 'no/such/dir'"),
+        (dict(generation_config="none"), "generation_config", "generation_config must be auto, vllm or a directory"),
         # the model's limit is 2048: refused as vLLM refuses it, not silently lowered
         (
             dict(device="cpu", max_model_len=100000),

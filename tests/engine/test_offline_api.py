@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from types import SimpleNamespace
@@ -10,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 
 from client import LLM, SamplingParams
-from coordinator.prompts import render_chat
+from coordinator.prompts import configured_generation_defaults, render_chat
 from protocol.client_messages import ChatPrompt
 from protocol.errors import RequestError
 from tests.support.processes import ROOT
@@ -150,3 +151,30 @@ def test_a_tokenizer_without_a_chat_template_names_the_way_to_give_one():
     chat = ChatPrompt([{"role": "user", "content": "hi"}], None, True)
     with pytest.raises(RequestError, match=r"no chat template: start the engine with one \(--chat-template FILE\)"):
         render_chat(SimpleNamespace(chat_template=None), chat)
+
+
+def test_tokenizer_and_generation_config_from_other_directories(tiny_tied, tmp_path):
+    """vLLM's --tokenizer and --generation-config DIR: a checkpoint without tokenizer files serves with another
+    directory's tokenizer, and its sampling defaults come from the directory given."""
+    model, gen = tmp_path / "weights", tmp_path / "gen"
+    model.mkdir(), gen.mkdir()
+    for name in ("config.json", "model.safetensors"):
+        (model / name).symlink_to(tiny_tied / name)
+    (gen / "generation_config.json").write_text(json.dumps({"top_k": 1, "max_new_tokens": 7}))
+    greedy = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+    args = dict(max_model_len=256, num_kv_blocks=64, tokenizer=str(tiny_tied), generation_config=str(gen))
+    with LLM(str(model), **args) as llm:
+        assert llm.engine.generation_defaults == {"top_k": 1, "max_tokens": 7}
+        (out,) = llm.generate("once upon a time", greedy, use_tqdm=False)
+    assert len(out.outputs[0].token_ids) == 4 and out.outputs[0].text
+    assert out.prompt_token_ids == llm.get_tokenizer().encode("once upon a time")
+
+
+def test_generation_config_settings_resolve_as_vllms(tmp_path):
+    model, other = tmp_path / "model", tmp_path / "other"
+    for d, temperature in ((model, 0.5), (other, 0.3)):
+        d.mkdir()
+        (d / "generation_config.json").write_text(json.dumps({"temperature": temperature}))
+    assert configured_generation_defaults("auto", model) == {"temperature": 0.5}
+    assert configured_generation_defaults("vllm", model) == {}
+    assert configured_generation_defaults(str(other), model) == {"temperature": 0.3}
