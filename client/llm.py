@@ -78,13 +78,14 @@ class LLM:
         use_tqdm: bool = True,
         chat_template_kwargs: dict | None = None,
         add_generation_prompt: bool = True,
+        chat_template: str | None = None,
     ) -> list[RequestOutput]:
-        """Replies to one conversation ([{"role", "content"}]) or a list of them, through the model's chat
-        template; a content is a string or OpenAI's text parts ([{"type": "text", "text": ...}], joined as the HTTP
-        API joins them). ``RequestOutput.prompt`` is the rendered prompt text."""
+        """Replies to one conversation ([{"role", "content"}]) or a list of them, through ``chat_template`` (a
+        Jinja template) or the model's; a content is a string or OpenAI's text parts ([{"type": "text", "text":
+        ...}], joined as the HTTP API joins them). ``RequestOutput.prompt`` is the rendered prompt text."""
         conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
         texts = [
-            render_chat(self.tokenizer, ChatPrompt(list(c), chat_template_kwargs, add_generation_prompt))
+            render_chat(self.tokenizer, ChatPrompt(list(c), chat_template_kwargs, add_generation_prompt), chat_template)
             for c in conversations
         ]
         return self.generate(texts, sampling_params, use_tqdm)

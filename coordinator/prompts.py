@@ -20,8 +20,11 @@ _GENERATION_KEYS = {
     "repetition_penalty": "repetition_penalty",
     "max_new_tokens": "max_tokens",
 }
-# template variables a request may not override: they are how the template is called
-_RESERVED_TEMPLATE_KWARGS = frozenset({"messages", "conversation", "tokenize", "add_generation_prompt", "return_dict"})
+# template arguments a request may not set: how the template is called, and the template itself (the server's
+# operator chose it, as vLLM keeps request templates behind a flag)
+_RESERVED_TEMPLATE_KWARGS = frozenset(
+    {"messages", "conversation", "tokenize", "add_generation_prompt", "return_dict", "chat_template"}
+)
 
 
 def configured_generation_defaults(setting: str, model_dir: str | Path) -> dict:
@@ -62,8 +65,8 @@ def _check_messages(messages) -> list[dict]:
     return out
 
 
-def render_chat(tokenizer, chat: ChatPrompt) -> str:
-    """The prompt text of a conversation, through the tokenizer's chat template."""
+def render_chat(tokenizer, chat: ChatPrompt, chat_template: str | None = None) -> str:
+    """The prompt text of a conversation, through ``chat_template`` (the offline caller's own) or the tokenizer's."""
     messages = _check_messages(chat.messages)
     kwargs = chat.chat_template_kwargs or {}
     if not isinstance(kwargs, dict) or not all(isinstance(k, str) for k in kwargs):
@@ -71,14 +74,18 @@ def render_chat(tokenizer, chat: ChatPrompt) -> str:
     reserved = sorted(_RESERVED_TEMPLATE_KWARGS & kwargs.keys())
     if reserved:
         raise RequestError(f"chat_template_kwargs may not set {', '.join(reserved)}")
-    if not getattr(tokenizer, "chat_template", None):
+    if not (chat_template or getattr(tokenizer, "chat_template", None)):
         raise RequestError(
             "this model's tokenizer has no chat template: start the engine with one (--chat-template FILE) or use "
             "completions instead of chat"
         )
     try:
         text = tokenizer.apply_chat_template(
-            messages, tokenize=False, add_generation_prompt=chat.add_generation_prompt, **kwargs
+            messages,
+            chat_template=chat_template,
+            tokenize=False,
+            add_generation_prompt=chat.add_generation_prompt,
+            **kwargs,
         )
     except Exception as e:  # a template that raises (jinja's raise_exception) or chokes on the input
         raise RequestError(f"messages: the chat template failed: {type(e).__name__}: {e}") from None

@@ -147,6 +147,17 @@ def test_chat_template_argument_replaces_the_tokenizers(tiny_tied, tmp_path):
     assert out.prompt == "<<user:hi>>" and len(out.outputs[0].token_ids) == 2
 
 
+def test_chat_takes_its_own_template_offline_but_a_request_cannot_set_one(llm):
+    """LLM.chat(chat_template=...) as vLLM's; ``chat_template_kwargs`` (what an HTTP request sends) may not
+    replace the server's template."""
+    greedy = SamplingParams(temperature=0, max_tokens=2, ignore_eos=True)
+    messages = [{"role": "user", "content": "hi"}]
+    (out,) = llm.chat(messages, greedy, use_tqdm=False, chat_template="{{ messages[0]['content'] }}!")
+    assert out.prompt == "hi!"
+    with pytest.raises(ValueError, match="^chat_template_kwargs may not set chat_template$"):
+        llm.chat(messages, greedy, use_tqdm=False, chat_template_kwargs={"chat_template": "{{ 'x' }}"})
+
+
 def test_a_tokenizer_without_a_chat_template_names_the_way_to_give_one():
     chat = ChatPrompt([{"role": "user", "content": "hi"}], None, True)
     with pytest.raises(RequestError, match=r"no chat template: start the engine with one \(--chat-template FILE\)"):
