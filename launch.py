@@ -89,7 +89,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="also serve the OpenAI-compatible HTTP API on this port (0 = a free one)",
     )
     h.add_argument(
-        "--served-model-name", default=None, help="the model's name in the HTTP API (default: --model as given)"
+        "--served-model-name",
+        nargs="+",
+        default=None,
+        metavar="NAME",
+        help="the model's name(s) in the HTTP API: requests may name any, responses and metrics the first "
+        "(default: --model as given)",
     )
     h.add_argument(
         "--reasoning-parser",
@@ -151,12 +156,12 @@ class _HttpFrontEnd:
     """The front-end process (python -m client.openai_server) on the socket bound here. If it ends by itself,
     ``on_exit`` runs (the service stops too: a supervisor restarts the whole thing)."""
 
-    def __init__(self, args, sock: socket.socket, zmq_address: str, served_name: str, on_exit) -> None:
+    def __init__(self, args, sock: socket.socket, zmq_address: str, served_names: list[str], on_exit) -> None:
         host, port = zmq_address.removeprefix("tcp://").rsplit(":", 1)
         local = {"0.0.0.0": "127.0.0.1", "[::]": "[::1]"}.get(host, host)  # a wildcard bind is reached on loopback
         cmd = [
             sys.executable, "-m", "client.openai_server", "--address", f"tcp://{local}:{port}",
-            "--fd", str(sock.fileno()), "--parent-pid", str(os.getpid()), "--served-model-name", served_name,
+            "--fd", str(sock.fileno()), "--parent-pid", str(os.getpid()), "--served-model-name", *served_names,
             "--log-stats-interval", str(args.log_stats_interval), "--log-level", args.log_level,
         ]  # fmt: skip
         if args.reasoning_parser:
@@ -245,8 +250,8 @@ def main(argv: list[str] | None = None) -> int:
             "model %s, max_model_len %d, %d KV blocks", cfg.model, engine.max_model_len, engine.block_manager.num_blocks
         )
         if http_sock is not None:  # it prints its own line (http://HOST:PORT/v1) once it answers
-            served_name = args.served_model_name or kwargs.get("model") or cfg.model
-            http_proc = _HttpFrontEnd(args, http_sock, server.address, served_name, server.stop)
+            served_names = args.served_model_name or [kwargs.get("model") or cfg.model]
+            http_proc = _HttpFrontEnd(args, http_sock, server.address, served_names, server.stop)
             http_sock.close()  # the front-end holds it now
         server.serve(engine)
         log.info("shutting down")

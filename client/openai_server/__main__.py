@@ -46,7 +46,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--api-key", default=settings().api_key, help="key HTTP clients must send; also the coordinator's token "
         "(env NANOSERVE_API_KEY)",
     )  # fmt: skip
-    p.add_argument("--served-model-name", default=None, help="model name in the API (default: the model path)")
+    p.add_argument(
+        "--served-model-name", nargs="+", default=None, metavar="NAME",
+        help="model name(s) in the API: requests may name any, responses and metrics the first (default: the model "
+        "path)",
+    )  # fmt: skip
     p.add_argument(
         "--reasoning-parser",
         choices=sorted(REASONING_PARSERS),

@@ -97,7 +97,6 @@ def build_app(state: ServerState, max_body_bytes: int) -> FastAPI:
     @app.get("/v1/models", dependencies=guarded)
     async def models() -> dict:
         card = {
-            "id": engine.served_model_name,
             "object": "model",
             "created": created,
             "owned_by": "nanoserve",
@@ -105,12 +104,12 @@ def build_app(state: ServerState, max_body_bytes: int) -> FastAPI:
             "parent": None,
             "max_model_len": engine.max_model_len,
         }
-        return {"object": "list", "data": [card]}
+        return {"object": "list", "data": [{"id": name, **card} for name in engine.served_model_names]}
 
     @app.post("/tokenize", dependencies=guarded)
     async def tokenize(req: TokenizeRequest) -> dict:
         check_text(req)
-        check_model(req.model, engine.served_model_name)
+        check_model(req.model, engine.served_model_names)
         if (req.prompt is None) == (req.messages is None):
             raise APIError(400, "give exactly one of prompt and messages", "prompt")
         if req.messages is not None:
@@ -135,7 +134,7 @@ def build_app(state: ServerState, max_body_bytes: int) -> FastAPI:
     @app.post("/detokenize", dependencies=guarded)
     async def detokenize(req: DetokenizeRequest) -> dict:
         check_text(req)
-        check_model(req.model, engine.served_model_name)
+        check_model(req.model, engine.served_model_names)
         try:
             # vLLM decodes with the tokenizer's default: special tokens kept, so tokenize -> detokenize round-trips
             text = await engine.control(engine.client.detokenize(req.tokens, skip_special_tokens=False))

@@ -51,7 +51,7 @@ async def _prompt_and_max_tokens(state: ServerState, req: ChatCompletionRequest)
 async def create_chat_completion(state: ServerState, req: ChatCompletionRequest) -> Response:
     arrival = time.monotonic()
     engine = state.engine
-    check_model(req.model, engine.served_model_name)
+    check_model(req.model, engine.served_model_names)
     rid = f"chatcmpl-{uuid.uuid4().hex}"
     with engine_errors(state, rid, arrival, req.n, FIELDS, "messages"):
         prompt, max_tokens, opened = await _prompt_and_max_tokens(state, req)

@@ -39,7 +39,7 @@ async def _echo_texts(state: ServerState, prompts: list) -> list[str]:
 async def create_completion(state: ServerState, req: CompletionRequest) -> Response:
     arrival = time.monotonic()
     engine = state.engine
-    check_model(req.model, engine.served_model_name)
+    check_model(req.model, engine.served_model_names)
     prompts = completion_prompts(req.prompt)
     defaults = engine.generation_defaults
     score = bool(req.echo) and req.max_tokens == 0  # vLLM's echo without generation: the prompt and its logprobs

@@ -11,11 +11,11 @@ CONTROL_TIMEOUT_S = 10.0  # health, stats, info, tokenize: the coordinator answe
 
 
 class EngineClient:
-    def __init__(self, address: str, token: str | None, served_model_name: str | None = None) -> None:
+    def __init__(self, address: str, token: str | None, served_model_names: list[str] | None = None) -> None:
         self.client = AsyncClient(address, token=token)  # no timeout: a long generation must not be cut
         self.address = address
         self.info: dict = {}
-        self.served_model_name = served_model_name or ""
+        self.served_model_names = list(served_model_names or ())  # requests may name any; responses say the first
         self._token_texts: dict[int, str] = {}
 
     async def connect(self, timeout: float) -> dict:
@@ -31,8 +31,13 @@ class EngineClient:
             except ConnectionError:  # not listening yet
                 if asyncio.get_running_loop().time() >= deadline:
                     raise
-        self.served_model_name = self.served_model_name or self.info["model"]
+        self.served_model_names = self.served_model_names or [self.info["model"]]
         return self.info
+
+    @property
+    def served_model_name(self) -> str:
+        """The name responses and metrics carry (vLLM's: the first served name)."""
+        return self.served_model_names[0] if self.served_model_names else ""
 
     @property
     def max_model_len(self) -> int:

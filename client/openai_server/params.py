@@ -20,8 +20,8 @@ _DEFAULTED = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
 GUIDED_FIELDS = ("guided_json", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs")
 
 
-def check_model(requested: str | None, served: str) -> None:
-    if requested is not None and requested != served:
+def check_model(requested: str | None, served: list[str]) -> None:
+    if requested is not None and requested not in served:
         raise APIError(404, f"The model `{requested}` does not exist.", "model")
 
 

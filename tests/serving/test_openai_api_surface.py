@@ -16,7 +16,7 @@ import httpx
 import openai
 import pytest
 
-from tests.serving.test_openai_server import GREEDY, NAME, api, hf, model_dir, server  # noqa: F401 (fixtures)
+from tests.serving.test_openai_server import ALIAS, GREEDY, NAME, api, hf, model_dir, server  # noqa: F401 (fixtures)
 from tests.support.openai_http import metric, metrics
 from tests.support.processes import ROOT
 
@@ -123,7 +123,9 @@ def test_tokenize_detokenize_models_version_health(server, hf):  # noqa: F811
     assert httpx.post(server.root + "/detokenize", json={"tokens": ids}).json()["prompt"] == special
     assert "vocabulary" in _error(httpx.post(server.root + "/detokenize", json={"tokens": [99999]}), 400, "tokens")
     models = httpx.get(server.base_url + "/models").json()
-    assert [m["id"] for m in models["data"]] == [NAME] and models["data"][0]["max_model_len"] == 512
+    assert [m["id"] for m in models["data"]] == [NAME, ALIAS] and models["data"][0]["max_model_len"] == 512
+    aliased = httpx.post(server.base_url + "/completions", json={"model": ALIAS, "prompt": "hi", "max_tokens": 2})
+    assert aliased.status_code == 200 and aliased.json()["model"] == NAME  # vLLM's: the first served name
     assert time.time() - 600 < models["data"][0]["created"] <= time.time()  # when the server started, as vLLM's
     assert httpx.get(server.root + "/version").json()["version"]
     assert httpx.get(server.root + "/health").status_code == 200

@@ -21,6 +21,7 @@ from tests.support.hf_oracle import Oracle
 from tests.support.openai_http import HttpServer, metric
 
 NAME = "tiny-chat"
+ALIAS = "tiny-chat-alias"  # a second --served-model-name: requests may use it, responses say NAME
 GEN_MAX_NEW_TOKENS = 20  # generation_config.json's max_new_tokens: chat's default max_tokens
 GREEDY = dict(temperature=0, extra_body={"ignore_eos": True})
 
@@ -44,7 +45,7 @@ def model_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def server(model_dir, tmp_path_factory):
-    flags = ["--served-model-name", NAME, "--log-stats-interval", "1", "--reasoning-parser", "qwen3"]
+    flags = ["--served-model-name", NAME, ALIAS, "--log-stats-interval", "1", "--reasoning-parser", "qwen3"]
     with HttpServer(model_dir, tmp_path_factory.mktemp("http") / "server.log", *flags) as srv:
         yield srv
 
