@@ -16,7 +16,14 @@ from client.openai_server.params import chat_max_tokens, check_model, choice_par
 from client.openai_server.responses import engine_errors, finished_response, usage
 from client.openai_server.schemas import ChatCompletionRequest
 from client.openai_server.state import ServerState
-from client.openai_server.streaming import DONE, ChoiceStreams, EventStreamResponse, generate_all, sse
+from client.openai_server.streaming import (
+    DONE,
+    ChoiceStreams,
+    EventStreamResponse,
+    generate_all,
+    sse,
+    usage_events,
+)
 
 FIELDS = frozenset(ChatCompletionRequest.model_fields)
 
@@ -118,6 +125,7 @@ async def _events(
     reasons: list[str | None] = [None] * count
     num_prompt = 0
     top_n = req.top_logprobs or 0
+    final_usage, every_usage = usage_events(req.stream_options)
     try:
         async for i, d in streams.deltas():
             timers[i].tokens(len(d.token_ids))
@@ -135,8 +143,11 @@ async def _events(
             choice = {"index": i, "delta": delta, "logprobs": lp, "finish_reason": d.finish_reason}
             if final:
                 choice["stop_reason"] = d.stop_reason
-            yield sse({**head, "choices": [choice]})
-        if req.stream_options is not None and req.stream_options.include_usage:
+            chunk = {**head, "choices": [choice]}
+            if every_usage:  # this choice's tokens so far, as vLLM's continuous_usage_stats
+                chunk["usage"] = usage(num_prompt, outputs[i])
+            yield sse(chunk)
+        if final_usage:
             yield sse({**head, "choices": [], "usage": usage(num_prompt, sum(outputs))})
     except Exception as e:  # the engine failed mid-stream: the error is the last event
         yield sse(from_engine(e, FIELDS, "messages").body())

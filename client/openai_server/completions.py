@@ -23,7 +23,14 @@ from client.openai_server.params import (
 from client.openai_server.responses import engine_errors, finished_response, usage
 from client.openai_server.schemas import CompletionRequest
 from client.openai_server.state import ServerState
-from client.openai_server.streaming import DONE, ChoiceStreams, EventStreamResponse, generate_all, sse
+from client.openai_server.streaming import (
+    DONE,
+    ChoiceStreams,
+    EventStreamResponse,
+    generate_all,
+    sse,
+    usage_events,
+)
 
 FIELDS = frozenset(CompletionRequest.model_fields)
 
@@ -96,6 +103,7 @@ async def _events(
     reasons: list[str | None] = [None] * count
     prompt_tokens: dict[int, int] = {}
     want_logprobs = req.logprobs is not None
+    final_usage, every_usage = usage_events(req.stream_options)
     try:
         async for i, d in streams.deltas():
             d = _unsampled(d) if score else d
@@ -116,8 +124,11 @@ async def _events(
             choice = {"index": i, "text": text, "logprobs": lp, "finish_reason": d.finish_reason}
             if d.finish_reason is not None:
                 choice["stop_reason"] = d.stop_reason
-            yield sse({**head, "choices": [choice]})
-        if req.stream_options is not None and req.stream_options.include_usage:
+            chunk = {**head, "choices": [choice]}
+            if every_usage:  # this choice's tokens so far, as vLLM's continuous_usage_stats
+                chunk["usage"] = usage(prompt_tokens.get(i // n, 0), outputs[i])
+            yield sse(chunk)
+        if final_usage:
             yield sse({**head, "choices": [], "usage": usage(sum(prompt_tokens.values()), sum(outputs))})
     except Exception as e:  # the engine failed mid-stream: the error is the last event
         yield sse(from_engine(e, FIELDS).body())

@@ -20,6 +20,14 @@ DONE = b"data: [DONE]\n\n"
 HEADERS_WAIT_S = 2.0  # how long a streaming response waits for its first delta before it starts anyway
 
 
+def usage_events(stream_options) -> tuple[bool, bool]:
+    """(a last event with the usage, the usage in every event too): ``stream_options``' include_usage and vLLM's
+    continuous_usage_stats, which counts only with include_usage, as vLLM's."""
+    if stream_options is None or not stream_options.include_usage:
+        return False, False
+    return True, stream_options.continuous_usage_stats
+
+
 def sse(payload: dict) -> bytes:
     text = json.dumps(payload, separators=(",", ":"), ensure_ascii=False)
     if not text.isascii():  # JSON may carry these line breaks raw, but a client that splits the stream with

@@ -107,6 +107,13 @@ def test_chat_equals_hf_greedy_plain_and_streaming(api, hf):
             model=NAME, messages=messages, stream=True, stream_options={"include_usage": True}, **GREEDY
         )
     )
+    assert all(c.usage is None for c in chunks[:-1])  # without continuous_usage_stats, the last event alone
+    every = {"include_usage": True, "continuous_usage_stats": True}
+    kw = dict(model=NAME, messages=messages, stream=True, stream_options=every, **GREEDY)
+    chunks = list(api.chat.completions.create(**kw))
+    counts = [c.usage.completion_tokens for c in chunks if c.choices]
+    assert counts == sorted(counts) and counts[-1] == GEN_MAX_NEW_TOKENS and counts[0] >= 1
+    assert {c.usage.prompt_tokens for c in chunks} == {len(ids)}
     assert chunks[0].choices[0].delta.role == "assistant"
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == expected
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
@@ -164,12 +171,15 @@ def test_stop_strings(api, hf):
     r = api.completions.create(**kw)
     assert (r.choices[0].text, r.choices[0].finish_reason) == (cut, "stop")
     assert r.choices[0].stop_reason == stop  # vLLM's extra field
-    streamed = list(api.completions.create(stream=True, stream_options={"include_usage": True}, **kw))
+    every = {"include_usage": True, "continuous_usage_stats": True}  # vLLM's: the usage so far in every event
+    streamed = list(api.completions.create(stream=True, stream_options=every, **kw))
     chunks, usage = streamed[:-1], streamed[-1].usage
     assert "".join(c.choices[0].text for c in chunks) == cut
     assert chunks[-1].choices[0].finish_reason == "stop"
     # one event per token, as vLLM streams: the stop string's first characters are held back, their events empty
     assert len(chunks) == usage.completion_tokens
+    assert [c.usage.completion_tokens for c in chunks] == list(range(1, len(chunks) + 1))
+    assert {c.usage.prompt_tokens for c in chunks} == {usage.prompt_tokens} == {len(hf.ids(prompt))}
     assert any(c.choices[0].text == "" for c in chunks[:-1])
 
 
