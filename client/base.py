@@ -45,9 +45,21 @@ def _generate_msg(request_id: str, token: str | None, prompt, params: SamplingPa
     return Generate(CLIENT_PROTOCOL_VERSION, request_id, token, _prompt(prompt), stream, p)
 
 
-def chat_prompt(messages: list[dict], chat_template_kwargs: dict | None = None) -> ChatPrompt:
-    """A conversation as a prompt: the server renders it with the model's chat template."""
-    return ChatPrompt(list(messages), chat_template_kwargs, True)
+def chat_prompt(
+    messages: list[dict],
+    chat_template_kwargs: dict | None = None,
+    add_generation_prompt: bool = True,
+    continue_final_message: bool = False,
+) -> ChatPrompt:
+    """A conversation as a prompt: the server renders it with the model's chat template. ``continue_final_message``
+    (vLLM's): the last message, an assistant's, is continued rather than closed; it needs add_generation_prompt
+    off, and travels to the template as the template argument of that name."""
+    if continue_final_message:
+        if add_generation_prompt:
+            raise RequestError("continue_final_message and add_generation_prompt cannot both be true")
+        if chat_template_kwargs is None or isinstance(chat_template_kwargs, dict):  # else the server refuses it
+            chat_template_kwargs = {**(chat_template_kwargs or {}), "continue_final_message": True}
+    return ChatPrompt(list(messages), chat_template_kwargs, add_generation_prompt)
 
 
 def _prompts_list(prompts) -> list:

@@ -13,10 +13,10 @@ import atexit
 import time
 import weakref
 
+from client.base import chat_prompt
 from coordinator.config import EngineConfig
 from coordinator.engine import Engine
 from coordinator.prompts import render_chat
-from protocol.client_messages import ChatPrompt
 from protocol.outputs import Completion, CompletionOutput, RequestOutput
 from protocol.sampling_params import SamplingParams
 
@@ -79,13 +79,18 @@ class LLM:
         chat_template_kwargs: dict | None = None,
         add_generation_prompt: bool = True,
         chat_template: str | None = None,
+        continue_final_message: bool = False,
     ) -> list[RequestOutput]:
         """Replies to one conversation ([{"role", "content"}]) or a list of them, through ``chat_template`` (a
         Jinja template) or the model's; a content is a string or OpenAI's text parts ([{"type": "text", "text":
         ...}], joined as the HTTP API joins them). ``RequestOutput.prompt`` is the rendered prompt text."""
         conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
         texts = [
-            render_chat(self.tokenizer, ChatPrompt(list(c), chat_template_kwargs, add_generation_prompt), chat_template)
+            render_chat(
+                self.tokenizer,
+                chat_prompt(c, chat_template_kwargs, add_generation_prompt, continue_final_message),
+                chat_template,
+            )
             for c in conversations
         ]
         return self.generate(texts, sampling_params, use_tqdm)

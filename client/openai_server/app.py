@@ -113,7 +113,7 @@ def build_app(state: ServerState, max_body_bytes: int) -> FastAPI:
         if (req.prompt is None) == (req.messages is None):
             raise APIError(400, "give exactly one of prompt and messages", "prompt")
         if req.messages is not None:
-            prompt = conversation(req.messages, req.chat_template_kwargs, req.add_generation_prompt)
+            prompt = conversation(req)
             add_special = False  # the template's text carries its special tokens
         else:
             prompt, add_special = req.prompt, req.add_special_tokens

@@ -6,8 +6,9 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import replace
 
+from client.base import chat_prompt
 from client.openai_server.errors import APIError, param_of
-from client.openai_server.schemas import ChatCompletionRequest, ChatMessage, CompletionRequest
+from client.openai_server.schemas import ChatCompletionRequest, CompletionRequest, TokenizeRequest
 from protocol.chat_content import content_text
 from protocol.client_messages import ChatPrompt
 from protocol.errors import RequestError
@@ -43,13 +44,19 @@ def _text(i: int, content) -> str | None:
         raise APIError(400, str(e), "messages") from None
 
 
-def conversation(messages: list[ChatMessage], kwargs: dict | None, add_generation_prompt: bool = True) -> ChatPrompt:
+def conversation(req: ChatCompletionRequest | TokenizeRequest) -> ChatPrompt:
+    """The request's messages (text parts joined) and template arguments as the coordinator renders them."""
     out = []
-    for i, m in enumerate(messages):
+    for i, m in enumerate(req.messages):
         d = m.model_dump(exclude_none=True)
         d["content"] = _text(i, m.content) or ""
         out.append(d)
-    return ChatPrompt(out, kwargs, add_generation_prompt)
+    if req.continue_final_message and req.add_generation_prompt:
+        raise APIError(
+            400, "continue_final_message and add_generation_prompt cannot both be true: set add_generation_prompt "
+            "to false to continue the last message", "continue_final_message",
+        )  # fmt: skip
+    return chat_prompt(out, req.chat_template_kwargs, req.add_generation_prompt, req.continue_final_message)
 
 
 def _unsupported(req) -> None:

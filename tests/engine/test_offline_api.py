@@ -154,6 +154,10 @@ def test_chat_takes_its_own_template_offline_but_a_request_cannot_set_one(llm):
     messages = [{"role": "user", "content": "hi"}]
     (out,) = llm.chat(messages, greedy, use_tqdm=False, chat_template="{{ messages[0]['content'] }}!")
     assert out.prompt == "hi!"
+    prefilled = [*messages, {"role": "assistant", "content": "yes,"}]  # vLLM's continue_final_message
+    (out,) = llm.chat(prefilled, greedy, use_tqdm=False, add_generation_prompt=False, continue_final_message=True)
+    assert out.prompt == llm.get_tokenizer().apply_chat_template(prefilled, tokenize=False, continue_final_message=True)
+    assert out.prompt.endswith("yes,")
     with pytest.raises(ValueError, match="^chat_template_kwargs may not set chat_template$"):
         llm.chat(messages, greedy, use_tqdm=False, chat_template_kwargs={"chat_template": "{{ 'x' }}"})
 

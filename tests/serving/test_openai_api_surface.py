@@ -94,6 +94,8 @@ def test_errors_name_the_field_and_the_server_keeps_serving(api, server):  # noq
     _error(
         httpx.post(chat, json={"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}), 400, "top_logprobs"
     )
+    both = {"messages": [{"role": "user", "content": "x"}], "continue_final_message": True}  # generation prompt on
+    assert "cannot both be true" in _error(httpx.post(chat, json=both), 400, "continue_final_message")
     too_many = {"messages": [{"role": "user", "content": "x"}], "logprobs": True, "top_logprobs": 21}
     assert "top_logprobs must be in [0, 20]" in _error(httpx.post(chat, json=too_many), 400, "top_logprobs")
     not_json = httpx.post(url, content=b"{not json", headers={"content-type": "application/json"})

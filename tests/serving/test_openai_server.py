@@ -85,6 +85,18 @@ def test_completions_equal_hf_greedy(api, hf):
         assert c.text == hf.tok.decode(ids) + hf.text(hf.greedy(ids, 5))
 
 
+def test_chat_continues_the_final_message_as_hf_renders_it(api, hf):
+    """vLLM's continue_final_message: the assistant's last message is continued, not closed (a reply prefilled)."""
+    messages = [{"role": "user", "content": "Hello there!"}, {"role": "assistant", "content": "Well, I"}]
+    text = hf.tok.apply_chat_template(messages, tokenize=False, continue_final_message=True)
+    assert text.endswith("Well, I")  # the turn is left open
+    ids = hf.ids(text)
+    extra = dict(GREEDY["extra_body"], continue_final_message=True, add_generation_prompt=False)
+    r = api.chat.completions.create(model=NAME, messages=messages, max_tokens=8, temperature=0, extra_body=extra)
+    assert r.choices[0].message.content == hf.text(hf.greedy(ids, 8))
+    assert r.usage.prompt_tokens == len(ids)
+
+
 def test_chat_equals_hf_greedy_plain_and_streaming(api, hf):
     messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "Hello there!"}]
     ids = hf.chat_ids(messages)
