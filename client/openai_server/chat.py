@@ -16,14 +16,7 @@ from client.openai_server.params import chat_max_tokens, check_model, choice_par
 from client.openai_server.responses import engine_errors, finished_response, usage
 from client.openai_server.schemas import ChatCompletionRequest
 from client.openai_server.state import ServerState
-from client.openai_server.streaming import (
-    DONE,
-    ChoiceStreams,
-    EventStreamResponse,
-    generate_all,
-    sse,
-    usage_events,
-)
+from client.openai_server.streaming import DONE, ChoiceStreams, EventStreamResponse, generate_all, sse, usage_events
 
 FIELDS = frozenset(ChatCompletionRequest.model_fields)
 

@@ -23,14 +23,7 @@ from client.openai_server.params import (
 from client.openai_server.responses import engine_errors, finished_response, usage
 from client.openai_server.schemas import CompletionRequest
 from client.openai_server.state import ServerState
-from client.openai_server.streaming import (
-    DONE,
-    ChoiceStreams,
-    EventStreamResponse,
-    generate_all,
-    sse,
-    usage_events,
-)
+from client.openai_server.streaming import DONE, ChoiceStreams, EventStreamResponse, generate_all, sse, usage_events
 
 FIELDS = frozenset(CompletionRequest.model_fields)
 
