@@ -11,7 +11,7 @@ from coordinator.block_manager import BlockManager
 from coordinator.prompts import render_chat
 from protocol.client_messages import ChatPrompt
 from protocol.errors import RequestError
-from protocol.sampling_params import SamplingParams
+from protocol.sampling_params import SamplingParams, truncate_prompt
 
 
 class Admission:
@@ -37,7 +37,7 @@ class Admission:
             raise RequestError(str(e)) from None
         if params.n != 1:
             raise RequestError(f"n must be 1 per engine request (LLM.generate and the HTTP API send n), got {params.n}")
-        ids = self.prompt_ids(prompt)
+        ids = truncate_prompt(self.prompt_ids(prompt), params.truncate_prompt_tokens, self.max_model_len)
         if not ids:
             raise RequestError("prompt is empty")
         if len(ids) >= self.max_model_len:  # named as the prompt's fault whatever max_tokens is

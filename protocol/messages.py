@@ -7,7 +7,8 @@ from dataclasses import dataclass
 from protocol.codec import F32, I32, record
 from protocol.sampling_params import SamplingParams
 
-PROTOCOL_VERSION = 4  # 4: SamplingParams.logit_bias / prompt_logprobs, StepResult's prompt logprobs
+# 4: SamplingParams.logit_bias / prompt_logprobs, StepResult's prompt logprobs; 5: SamplingParams.truncate_prompt_tokens
+PROTOCOL_VERSION = 5
 
 
 # ---- coordinator <-> worker --------------------------------------------------------------------------

@@ -36,6 +36,14 @@ def _check_logit_bias(bias) -> None:
             raise ValueError(f"logit_bias values must be finite numbers, got {v!r} for token {k}")
 
 
+def truncate_prompt(prompt_ids: list[int], keep: int | None, max_model_len: int) -> list[int]:
+    """``prompt_ids`` cut to their last ``keep`` tokens (SamplingParams.truncate_prompt_tokens; -1: max_model_len);
+    None, or a value validate refuses, leaves them whole."""
+    if keep == -1:
+        keep = max_model_len
+    return prompt_ids[-keep:] if _is_int(keep) and keep >= 1 else prompt_ids
+
+
 @record(10)
 @dataclass(slots=True)
 class SamplingParams:
@@ -60,6 +68,7 @@ class SamplingParams:
     # order); ids are checked against the vocabulary by the engine. Travels as a flat [id, bias, ...] list.
     logit_bias: dict[int, float] | None = None
     prompt_logprobs: int | None = None  # top-N logprobs of every prompt token (after the first), as vLLM
+    truncate_prompt_tokens: int | None = None  # vLLM's: keep the prompt's last k tokens (-1: max_model_len)
 
     def __post_init__(self) -> None:
         # vLLM's spellings: a lone str, a tuple, None; any other type is left for validate to name
@@ -113,6 +122,9 @@ class SamplingParams:
         n = self.prompt_logprobs
         if not (n is None or (_is_int(n) and 0 <= n <= MAX_LOGPROBS)):
             self._bad("prompt_logprobs", f"must be None or an int in [0, {MAX_LOGPROBS}]")
+        k = self.truncate_prompt_tokens
+        if not (k is None or (_is_int(k) and (k >= 1 or k == -1))):
+            self._bad("truncate_prompt_tokens", "must be None, -1 (max_model_len) or an int >= 1")
 
     def _bad(self, name: str, what: str) -> None:
         raise ValueError(f"{name} {what}, got {getattr(self, name)!r}")

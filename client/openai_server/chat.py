@@ -17,6 +17,7 @@ from client.openai_server.responses import engine_errors, finished_response, usa
 from client.openai_server.schemas import ChatCompletionRequest
 from client.openai_server.state import ServerState
 from client.openai_server.streaming import DONE, ChoiceStreams, EventStreamResponse, generate_all, sse, usage_events
+from protocol.sampling_params import truncate_prompt
 
 FIELDS = frozenset(ChatCompletionRequest.model_fields)
 
@@ -34,6 +35,8 @@ async def _prompt_and_max_tokens(state: ServerState, req: ChatCompletionRequest)
     if max_tokens is not None and state.reasoning_parser is None:
         return chat, max_tokens, False
     ids = await engine.control(engine.client.tokenize(chat, add_special_tokens=False))
+    # cut as the coordinator will cut them, so that the room left is counted after the cut
+    ids = truncate_prompt(ids, req.truncate_prompt_tokens, engine.max_model_len)
     opened = False
     if state.reasoning_parser is not None:
         opened = state.reasoning_parser.opens_block("".join(await engine.token_texts(ids[-_TAIL_TOKENS:])))

@@ -131,6 +131,7 @@ def sampling_params(req, defaults: dict, max_tokens: int, logprobs: int | None) 
             include_stop_str_in_output=req.include_stop_str_in_output,
             logit_bias=logit_bias(req.logit_bias),
             prompt_logprobs=_prompt_logprobs(req),
+            truncate_prompt_tokens=req.truncate_prompt_tokens,
         )
     except (ValueError, TypeError) as e:
         raise APIError(400, str(e), param_of(str(e), _PARAM_FIELDS)) from None

@@ -39,6 +39,7 @@ class _Request(BaseModel):
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
     prompt_logprobs: int | None = None  # top-N logprobs of every prompt token (completions: per choice; chat: once)
+    truncate_prompt_tokens: int | None = None  # keep the prompt's last k tokens (-1: max_model_len)
 
 
 class CompletionRequest(_Request):

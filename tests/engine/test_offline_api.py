@@ -193,3 +193,20 @@ def test_generation_config_settings_resolve_as_vllms(tmp_path):
     assert configured_generation_defaults("auto", model) == {"temperature": 0.5}
     assert configured_generation_defaults("vllm", model) == {}
     assert configured_generation_defaults(str(other), model) == {"temperature": 0.3}
+
+
+def test_truncate_prompt_tokens_keeps_the_prompts_end(llm):
+    """vLLM's truncate_prompt_tokens: the prompt's last k tokens are all the model sees (and all it reports)."""
+    ids = list(range(100, 140))
+    greedy = dict(temperature=0, max_tokens=4, ignore_eos=True)
+    (cut,) = llm.generate(
+        {"prompt_token_ids": ids}, SamplingParams(truncate_prompt_tokens=10, **greedy), use_tqdm=False
+    )
+    (tail,) = llm.generate({"prompt_token_ids": ids[-10:]}, SamplingParams(**greedy), use_tqdm=False)
+    assert cut.prompt_token_ids == ids[-10:] and cut.outputs[0].token_ids == tail.outputs[0].token_ids
+    (whole,) = llm.generate(
+        {"prompt_token_ids": ids}, SamplingParams(truncate_prompt_tokens=-1, **greedy), use_tqdm=False
+    )
+    assert whole.prompt_token_ids == ids  # -1: up to max_model_len, which this prompt is under
+    with pytest.raises(ValueError, match=r"^truncate_prompt_tokens must be None, -1 \(max_model_len\) or an int >= 1"):
+        SamplingParams(truncate_prompt_tokens=0)

@@ -128,6 +128,12 @@ def test_tokenize_detokenize_models_version_health(server, hf):  # noqa: F811
     assert [m["id"] for m in models["data"]] == [NAME, ALIAS] and models["data"][0]["max_model_len"] == 512
     aliased = httpx.post(server.base_url + "/completions", json={"model": ALIAS, "prompt": "hi", "max_tokens": 2})
     assert aliased.status_code == 200 and aliased.json()["model"] == NAME  # vLLM's: the first served name
+    cut = {"prompt": list(range(100, 140)), "max_tokens": 2, "truncate_prompt_tokens": 10}  # vLLM's extra
+    assert httpx.post(server.base_url + "/completions", json=cut).json()["usage"]["prompt_tokens"] == 10
+    # a conversation longer than max_model_len (512) fits once cut, max_tokens left to the room after the cut
+    long_chat = {"messages": [{"role": "user", "content": "tok " * 700}], "truncate_prompt_tokens": 20}
+    r = httpx.post(server.base_url + "/chat/completions", json=long_chat)
+    assert r.status_code == 200 and r.json()["usage"]["prompt_tokens"] == 20, r.text
     assert time.time() - 600 < models["data"][0]["created"] <= time.time()  # when the server started, as vLLM's
     assert httpx.get(server.root + "/version").json()["version"]
     assert httpx.get(server.root + "/health").status_code == 200
