@@ -220,11 +220,12 @@ def qk_norm_rope_(
     else:
         store_args, page = (qk, qk, qk, positions, *[0] * 9), 1  # placeholders: the V rows' and caches' 9 strides
     has_norm = q_weight is not None
-    small = tokens >= _SMALL_BLOCKS_FROM
+    small_blocks = tokens >= _SMALL_BLOCKS_FROM
     block_h, block_v = (
-        (_BLOCK_H, _BLOCK_H) if small else (triton.next_power_of_2(heads), triton.next_power_of_2(num_kv))
+        (_BLOCK_H, _BLOCK_H) if small_blocks else (triton.next_power_of_2(heads), triton.next_power_of_2(num_kv))
     )
-    blocks = triton.cdiv(heads, block_h) + (triton.cdiv(num_kv, block_v) if kv_store is not None and small else 0)
+    v_blocks = triton.cdiv(num_kv, block_v) if kv_store is not None and small_blocks else 0
+    blocks = triton.cdiv(heads, block_h) + v_blocks
     _qk_norm_rope_kernel[(tokens, blocks)](
         qk,
         q_weight if has_norm else qk,
@@ -247,14 +248,14 @@ def qk_norm_rope_(
         HALF=head_dim // 2,
         BLOCK_H=block_h,
         BLOCK_V=block_v,
-        V_INLINE=not small,
+        V_INLINE=not small_blocks,
         HAS_NORM=has_norm,
         STORE_KV=kv_store is not None,
         KV_FP8=kv_fp8,
         SCALED=scales is not None,
         Q_OUT=q_out is not None,
         USE_PDL=pdl,
-        num_warps=2 if small else (4 if heads <= 32 else 8),
+        num_warps=2 if small_blocks else (4 if heads <= 32 else 8),
         launch_pdl=pdl,
     )
     return qk

@@ -51,12 +51,10 @@ def conversation(req: ChatCompletionRequest | TokenizeRequest) -> ChatPrompt:
         d = m.model_dump(exclude_none=True)
         d["content"] = _text(i, m.content) or ""
         out.append(d)
-    if req.continue_final_message and req.add_generation_prompt:
-        raise APIError(
-            400, "continue_final_message and add_generation_prompt cannot both be true: set add_generation_prompt "
-            "to false to continue the last message", "continue_final_message",
-        )  # fmt: skip
-    return chat_prompt(out, req.chat_template_kwargs, req.add_generation_prompt, req.continue_final_message)
+    try:
+        return chat_prompt(out, req.chat_template_kwargs, req.add_generation_prompt, req.continue_final_message)
+    except RequestError as e:  # its one refusal: continue_final_message with add_generation_prompt
+        raise APIError(400, str(e), "continue_final_message") from None
 
 
 def _unsupported(req) -> None:
