@@ -1,0 +1,110 @@
+"""Which kernels a pipelined decode step waits on, with PDL on (GPU only): each kernel's share of the step's
+critical path, not its own duration.
+
+    python -m benchmarks.probes.step_timeline --shape qwen3-8b --quantization fp8 [--batch 1] [--context 512]
+
+Under PDL a kernel is scheduled while the one in front still runs, so kernel durations overlap and their sum says
+little. This probe walks one profiled window's kernels in start order and charges each the time by which it moved
+the device's frontier (the latest end so far): ``ahead`` is that share, ``idle`` the gap before it when nothing
+ran. Kernels are named by their function and, for the GEMVs, by their neighbours (qkv sits between a norm and the
+q/k norm + RoPE, down behind the SiLU), so the four products of a layer are told apart. The shares add up to
+the window; the ``ms/step`` the probe also prints without the profiler says how much the profiler stretches it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+
+from benchmarks.profile_step import decode_step, make_runner, prefill_prompts
+
+
+def kernel_spans(prof) -> list[tuple[float, float, str]]:
+    """(start, end, short name) of every device kernel in the profile, in start order (us)."""
+    spans = []
+    for ev in prof.events():
+        if ev.device_type != torch.autograd.DeviceType.CUDA:
+            continue
+        name = ev.name.split("(")[0].split("<")[0][:48]
+        spans.append((ev.time_range.start, ev.time_range.end, name))
+    return sorted(spans)
+
+
+def label(names: list[str], i: int) -> str:
+    """A kernel's name, with its neighbours' for the GEMV-like kernels that run several products a layer."""
+    name = names[i]
+    if "gemv" not in name and "gemm" not in name:
+        return name
+    prev = names[i - 1] if i else ""
+    nxt = names[i + 1] if i + 1 < len(names) else ""
+    return f"{name} [{prev[:22]} -> {nxt[:22]}]"
+
+
+def critical_path(spans: list[tuple[float, float, str]]) -> tuple[dict[str, list[float]], float]:
+    """Per label: [share of the critical path, idle before it, summed duration, count]; and the window (us). The
+    shares and idles add up to the window."""
+    names = [s[2] for s in spans]
+    rows: dict[str, list[float]] = {}
+    frontier = spans[0][0]
+    for i, (start, end, _) in enumerate(spans):
+        r = rows.setdefault(label(names, i), [0.0, 0.0, 0.0, 0])
+        r[1] += max(0.0, start - frontier)
+        r[0] += max(0.0, end - max(frontier, start))
+        r[2] += end - start
+        r[3] += 1
+        frontier = max(frontier, end)
+    return rows, frontier - spans[0][0]
+
+
+def print_ledger(spans: list[tuple[float, float, str]], steps: int) -> None:
+    """Each label's share of the critical path, idle share and mean duration, per step, largest first."""
+    rows, window = critical_path(spans)
+    print(f"window {window / steps / 1e3:.3f} ms/step, {len(spans) / steps:.0f} kernels/step")
+    print(f"{'ahead us':>9s} {'idle us':>8s} {'mean dur':>9s} {'n/step':>7s}  kernel")
+    for key, (ahead, idle, dur, n) in sorted(rows.items(), key=lambda kv: -(kv[1][0] + kv[1][1])):
+        print(f"{ahead / steps:9.1f} {idle / steps:8.1f} {dur / n:9.2f} {n / steps:7.1f}  {key}")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
+    p.add_argument("--shape", default="qwen3-8b")
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--context", type=int, default=512)
+    p.add_argument("--quantization", choices=["fp8"])
+    p.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "fp8"])
+    p.add_argument("--steps", type=int, default=10, help="profiled steps")
+    a = p.parse_args()
+    blocks_per_seq = (a.context + 512) // 16 + 1
+    runner = make_runner(a.shape, a.batch, a.batch * blocks_per_seq, a.quantization, a.kv_cache_dtype, False)
+    slots = list(range(a.batch))
+    blocks = [[s * blocks_per_seq + j for j in range(blocks_per_seq)] for s in slots]
+    prefill_prompts(runner, slots, a.context, blocks)
+    sid = 1
+
+    def pipelined(n: int) -> None:
+        nonlocal sid
+        prev = None
+        for _ in range(n):
+            cur = runner.launch(decode_step(sid, slots))
+            sid += 1
+            if prev is not None:
+                prev.wait()
+            prev = cur
+        prev.wait()
+
+    pipelined(20)
+    torch.cuda.synchronize()
+    runner.num_computed[slots] = a.context
+    t0 = time.perf_counter()
+    pipelined(100)
+    print(f"pipelined, no profiler: {(time.perf_counter() - t0) * 10:.3f} ms/step")
+    runner.num_computed[slots] = a.context
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        pipelined(a.steps)
+    print_ledger(kernel_spans(prof), a.steps)
+
+
+if __name__ == "__main__":
+    main()
