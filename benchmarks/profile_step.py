@@ -146,6 +146,20 @@ def decode_step(step_id: int, slots: list[int]) -> StepCommand:
     return step(step_id, slots, [1] * len(slots), [-1] * len(slots), [[] for _ in slots])
 
 
+def pipelined_decode(runner, slots: list[int], n: int, sid: int) -> int:
+    """``n`` decode steps of ``slots`` as the worker loop runs them (launch N+1 before waiting on N), the first
+    numbered ``sid``; returns the next step id."""
+    prev = None
+    for _ in range(n):
+        cur = runner.launch(decode_step(sid, slots))
+        sid += 1
+        if prev is not None:
+            prev.wait()
+        prev = cur
+    prev.wait()
+    return sid
+
+
 def make_runner(shape: str, max_bs: int, num_blocks: int, quantization, kv_cache_dtype: str, enforce_eager: bool):
     """A worker's ModelRunner in this process for ``shape`` (random weights), its KV pool of ``num_blocks``, kernels
     warmed up and CUDA graphs captured; under torchrun one per rank, rank 0 the one that prints."""
@@ -271,27 +285,15 @@ def main() -> None:
             times.append(time.perf_counter() - t0)
             sid += 1
 
-        def pipelined_steps(n: int, sid: int, slots=slots, bs=bs) -> int:
-            """n decode steps as the worker loop runs them (launch N+1 before waiting on N); the next step id."""
-            prev = None
-            for _ in range(n):
-                cur = runner.launch(decode_step(sid, slots))
-                sid += 1
-                if prev is not None:
-                    prev.wait()
-                prev = cur
-            prev.wait()
-            return sid
-
         rewind()
         t0 = time.perf_counter()
-        sid = pipelined_steps(100, sid)
+        sid = pipelined_decode(runner, slots, 100, sid)
         pipelined = (time.perf_counter() - t0) / 100
         rewind()
         with torch.profiler.profile(
             activities=[torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
         ) as prof:
-            sid = pipelined_steps(20, sid)
+            sid = pipelined_decode(runner, slots, 20, sid)
         print(f"\n--- batch {bs}: top ops by self CPU time (20 steps)")
         print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=12, max_name_column_width=50))
         print(prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=16, max_name_column_width=60))

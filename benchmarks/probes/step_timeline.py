@@ -18,7 +18,7 @@ import time
 
 import torch
 
-from benchmarks.profile_step import decode_step, make_runner, prefill_prompts
+from benchmarks.profile_step import make_runner, pipelined_decode, prefill_prompts
 
 
 def kernel_spans(prof) -> list[tuple[float, float, str]]:
@@ -69,11 +69,11 @@ def print_ledger(spans: list[tuple[float, float, str]], steps: int) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
-    p.add_argument("--shape", default="qwen3-8b")
-    p.add_argument("--batch", type=int, default=1)
-    p.add_argument("--context", type=int, default=512)
-    p.add_argument("--quantization", choices=["fp8"])
-    p.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "fp8"])
+    p.add_argument("--shape", default="qwen3-8b", help="model shape (random weights)")
+    p.add_argument("--batch", type=int, default=1, help="sequences decoding together")
+    p.add_argument("--context", type=int, default=512, help="prompt tokens per sequence before the timed steps")
+    p.add_argument("--quantization", choices=["fp8"], help="FP8 linear layers (quantized at load)")
+    p.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "fp8"], help="fp8: an e4m3 KV cache")
     p.add_argument("--steps", type=int, default=10, help="profiled steps")
     a = p.parse_args()
     blocks_per_seq = (a.context + 512) // 16 + 1
@@ -81,28 +81,15 @@ def main() -> None:
     slots = list(range(a.batch))
     blocks = [[s * blocks_per_seq + j for j in range(blocks_per_seq)] for s in slots]
     prefill_prompts(runner, slots, a.context, blocks)
-    sid = 1
-
-    def pipelined(n: int) -> None:
-        nonlocal sid
-        prev = None
-        for _ in range(n):
-            cur = runner.launch(decode_step(sid, slots))
-            sid += 1
-            if prev is not None:
-                prev.wait()
-            prev = cur
-        prev.wait()
-
-    pipelined(20)
+    sid = pipelined_decode(runner, slots, 20, 1)  # warm
     torch.cuda.synchronize()
-    runner.num_computed[slots] = a.context
+    runner.num_computed[slots] = a.context  # each phase from the same contexts
     t0 = time.perf_counter()
-    pipelined(100)
+    sid = pipelined_decode(runner, slots, 100, sid)
     print(f"pipelined, no profiler: {(time.perf_counter() - t0) * 10:.3f} ms/step")
     runner.num_computed[slots] = a.context
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        pipelined(a.steps)
+        pipelined_decode(runner, slots, a.steps, sid)
     print_ledger(kernel_spans(prof), a.steps)
 
 
