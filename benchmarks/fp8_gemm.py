@@ -9,8 +9,9 @@ L2 holds), each product behind an RMSNorm as in a decode step: bf16 (F.linear, w
 decode kernels); the FP8 GEMV that quantizes the rows itself ("gemv", up to four rows; candidates: "gemv_32k" with
 twice the weight a program, "gemv_f16" multiplying and summing runs of 8 in float16, per-channel scales only); our
 Triton FP8 GEMM after kernels/fp8_quant.py ("triton"; with --sweep also at other tilings); torch._scaled_mm after that
-pass ("cublaslt", per-channel and block scales); and what fp8_linear picks ("auto"). ``--only gemv cublaslt`` times
-just the paths whose names start so. One JSON line per row count, then the per-step totals.
+pass ("cublaslt", per-channel and block scales); what fp8_linear picks ("auto"); and the GEMV on rows the norm in
+front quantized at several tilings ("qgemv*", quantized_paths). ``--only gemv cublaslt`` times just the paths whose
+names start so. One JSON line per row count, then the per-step totals.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import json
 
 import torch
 import torch.nn.functional as F
+import triton
 
 from benchmarks.decode_gemm import SHAPES
 from kernels import fp8_gemm, fp8_gemv, fused, scaled_mm
@@ -76,6 +78,40 @@ def _like(x: torch.Tensor) -> dict:
     return {"dtype": x.dtype, "device": x.device}
 
 
+def quantized_paths() -> dict:
+    """The GEMV on e4m3 rows quantized by the RMSNorm in front, as the engine runs one-row products behind a norm
+    (per-channel scales): the engine's tiling ("qgemv": 16 KB programs, 4,096-wide steps), 8 KB programs, and one
+    step as wide as K rounded up to a power of two (down_proj's 12,288 in 16,384 columns) at 16 and 32 KB, so each
+    program loads all its weight before the PDL wait."""
+
+    def run(slice_bytes: int, max_block_k: int | None):
+        def gemv(x_q, x_s, w_q, w_s):
+            out = torch.empty(x_q.shape[0], w_q.shape[0], dtype=torch.bfloat16, device=x_q.device)
+            width = max_block_k or triton.next_power_of_2(x_q.shape[1])
+            return fp8_gemv.fp8_gemv(x_q, w_q, w_s, None, None, out, slice_bytes, None, width, x_scales=x_s)
+
+        return gemv
+
+    return {
+        "qgemv": run(16384, 4096),
+        "qgemv_8k": run(8192, 4096),
+        "qgemv_wide16k": run(16384, None),
+        "qgemv_wide32k": run(32768, None),
+    }
+
+
+def quantized_step_us(fn, weights, x) -> float:
+    """Microseconds per product of fn(rmsnorm_quantized(x), *weight) over every layer's weight."""
+    norm_w = torch.ones(x.shape[1], device=x.device, dtype=x.dtype)
+
+    def run():
+        for w in weights:
+            x_q, x_s, _ = fused.rmsnorm_quantized(x, norm_w, 1e-6, None)
+            fn(x_q, x_s, *w)
+
+    return graph_replay_us(run, len(weights))
+
+
 def step_us(fn, weights, x) -> float:
     """Microseconds per product of fn(rmsnorm(x), *weight) over every layer's weight."""
     norm_w = torch.ones(x.shape[1], device=x.device, dtype=x.dtype)
@@ -127,6 +163,10 @@ def main() -> None:
                     if name.startswith("gemv") and not fp8_gemv.supports(m, k, block):
                         continue
                     row[f"{scheme}_{name}"] = step_us(fn, ws, x)
+                if scheme == "channel" and fp8_gemv.supports(m, k, None):
+                    for name, fn in quantized_paths().items():
+                        if not a.only or name.startswith(tuple(a.only)):
+                            row[f"{scheme}_{name}"] = quantized_step_us(fn, ws, x)
             print(json.dumps({key: round(v, 2) if isinstance(v, float) else v for key, v in row.items()}), flush=True)
             tot = totals.setdefault(m, {})
             for key, v in row.items():
