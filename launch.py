@@ -103,6 +103,17 @@ def build_parser() -> argparse.ArgumentParser:
         help="chat: return the <think> part as reasoning_content (default: off)",
     )
     h.add_argument(
+        "--enable-auto-tool-choice",
+        action="store_true",
+        help="chat: requests may give tools (tool_choice auto); calls in the output become tool_calls",
+    )
+    h.add_argument(
+        "--tool-call-parser",
+        choices=["hermes"],
+        default=None,
+        help="how the model writes its tool calls (hermes: <tool_call> blocks, as Qwen2.5 and Qwen3)",
+    )
+    h.add_argument(
         "--log-stats-interval",
         type=float,
         default=10.0,
@@ -126,6 +137,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error(
             f"argument --http-port: {args.http_port} clashes with --port {args.port} (the ZMQ port): pick another"
         )
+    if args.enable_auto_tool_choice and not args.tool_call_parser:
+        parser.error("--enable-auto-tool-choice needs --tool-call-parser")
     return args
 
 
@@ -166,6 +179,10 @@ class _HttpFrontEnd:
         ]  # fmt: skip
         if args.reasoning_parser:
             cmd += ["--reasoning-parser", args.reasoning_parser]
+        if args.enable_auto_tool_choice:
+            cmd += ["--enable-auto-tool-choice"]
+        if args.tool_call_parser:
+            cmd += ["--tool-call-parser", args.tool_call_parser]
         env = dict(os.environ)
         env.pop("NANOSERVE_API_KEY", None)
         if args.token:

@@ -21,6 +21,7 @@ from client.openai_server.engine_client import EngineClient
 from client.openai_server.metrics import Metrics
 from client.openai_server.reasoning import REASONING_PARSERS
 from client.openai_server.state import ServerState
+from client.openai_server.tool_parsers import TOOL_PARSERS
 from coordinator.client_socket import is_loopback
 from protocol.cli_logging import add_log_level_flag, configure_logging
 from protocol.errors import EngineDeadError
@@ -56,6 +57,17 @@ def build_parser() -> argparse.ArgumentParser:
         choices=sorted(REASONING_PARSERS),
         default=None,
         help="chat: return the <think> part as reasoning_content (default: off)",
+    )
+    p.add_argument(
+        "--enable-auto-tool-choice",
+        action="store_true",
+        help="chat: requests may give tools (tool_choice auto); calls in the output become tool_calls",
+    )
+    p.add_argument(
+        "--tool-call-parser",
+        choices=sorted(TOOL_PARSERS),
+        default=None,
+        help="how the model writes its tool calls (hermes: <tool_call> blocks, as Qwen2.5 and Qwen3)",
     )
     p.add_argument(
         "--max-body-bytes", type=int, default=None, help="larger HTTP request bodies get a 413 (default: "
@@ -143,7 +155,8 @@ async def serve(args) -> int:
         await engine.close()
         return 1
     parser = REASONING_PARSERS[args.reasoning_parser] if args.reasoning_parser else None
-    state = ServerState(engine, Metrics(engine.served_model_name), args.api_key, parser)
+    tools = TOOL_PARSERS[args.tool_call_parser] if args.enable_auto_tool_choice else None
+    state = ServerState(engine, Metrics(engine.served_model_name), args.api_key, parser, tools)
     sock = _listen_socket(args)
     max_body = args.max_body_bytes or BODIES_PER_MESSAGE * engine.max_message_bytes
     config = uvicorn.Config(
@@ -176,6 +189,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.fd is None and not is_loopback(args.host) and not args.api_key:
         parser.error(f"listening on the non-loopback host {args.host!r} needs --api-key")
+    if args.enable_auto_tool_choice and not args.tool_call_parser:
+        parser.error("--enable-auto-tool-choice needs --tool-call-parser")
     configure_logging(args.log_level)
     if args.parent_pid is not None:
         # Ctrl-C and systemd's stop reach the whole process group: launch.py aborts the requests in flight first,

@@ -12,7 +12,14 @@ from starlette.responses import Response
 from client.openai_server.errors import APIError, from_engine
 from client.openai_server.logprobs import chat_logprobs, prompt_logprobs_json
 from client.openai_server.metrics import TokenTimer
-from client.openai_server.params import chat_max_tokens, check_model, choice_params, conversation, sampling_params
+from client.openai_server.params import (
+    chat_max_tokens,
+    check_model,
+    check_tools,
+    choice_params,
+    conversation,
+    sampling_params,
+)
 from client.openai_server.responses import engine_errors, finished_response, usage
 from client.openai_server.schemas import ChatCompletionRequest
 from client.openai_server.state import ServerState
@@ -57,6 +64,7 @@ async def create_chat_completion(state: ServerState, req: ChatCompletionRequest)
     check_model(req.model, engine.served_model_names)
     rid = f"chatcmpl-{uuid.uuid4().hex}"
     with engine_errors(state, rid, arrival, req.n, FIELDS, "messages"):
+        tools = state.tool_parser if check_tools(req, state.tool_parser is not None) else None
         prompt, max_tokens, opened = await _prompt_and_max_tokens(state, req)
         logprobs = (req.top_logprobs or 0) if req.logprobs else None
         params = sampling_params(req, engine.generation_defaults, max_tokens, logprobs)
@@ -64,20 +72,26 @@ async def create_chat_completion(state: ServerState, req: ChatCompletionRequest)
         if req.stream:
             streams = ChoiceStreams(engine, jobs)
             await streams.start()
-            return EventStreamResponse(_events(state, req, rid, streams, arrival, opened))
+            return EventStreamResponse(_events(state, req, rid, streams, arrival, opened, tools))
         results = await generate_all(engine, jobs)
     choices = []
     for i, c in enumerate(results):
         message = {"role": "assistant", "content": c.text}
         if state.reasoning_parser is not None:
             message["reasoning_content"], message["content"] = state.reasoning_parser.split(c.text, opened)
+        finish_reason = c.finish_reason
+        if tools is not None and message["content"]:
+            content, calls = tools.extract(message["content"])
+            if calls:
+                message["content"], message["tool_calls"] = content, calls
+                finish_reason = "tool_calls" if finish_reason == "stop" else finish_reason
         lp = await chat_logprobs(engine, c.logprobs, req.top_logprobs or 0) if req.logprobs and c.logprobs else None
         choices.append(
             {
                 "index": i,
                 "message": message,
                 "logprobs": lp,
-                "finish_reason": c.finish_reason,
+                "finish_reason": finish_reason,
                 "stop_reason": c.stop_reason,
             }
         )
@@ -88,24 +102,42 @@ async def create_chat_completion(state: ServerState, req: ChatCompletionRequest)
     return finished_response(state, rid, "chat.completion", arrival, choices, results, num_prompt, num_output, extra)
 
 
-def _delta(text: str, parser, final: bool) -> dict:
-    """The chat delta for new output text, split into reasoning and content by the parser if there is one."""
+def _delta(text: str, parser, tools, final: bool) -> dict:
+    """The chat delta for new output text: split into reasoning and content by the reasoning parser if there is
+    one, then the content's finished tool calls taken out by the tool parser (``tools``) if there is one."""
     if parser is None:
-        return {"content": text} if text else {}
-    reasoning, content = parser.feed(text)
-    if final:
-        r2, c2 = parser.finish()
-        reasoning, content = reasoning + r2, content + c2
+        reasoning, content = "", text
+    else:
+        reasoning, content = parser.feed(text)
+        if final:
+            r2, c2 = parser.finish()
+            reasoning, content = reasoning + r2, content + c2
+    calls: list[dict] = []
+    if tools is not None:
+        first = tools.calls
+        content, calls = tools.feed(content)
+        if final:
+            c2, more = tools.finish()
+            content, calls = content + c2, calls + more
+        calls = [{"index": first + k, **call} for k, call in enumerate(calls)]
     out = {}
     if reasoning:
         out["reasoning_content"] = reasoning
     if content:
         out["content"] = content
+    if calls:
+        out["tool_calls"] = calls
     return out
 
 
 async def _events(
-    state: ServerState, req: ChatCompletionRequest, rid: str, streams: ChoiceStreams, arrival: float, opened: bool
+    state: ServerState,
+    req: ChatCompletionRequest,
+    rid: str,
+    streams: ChoiceStreams,
+    arrival: float,
+    opened: bool,
+    tools: type | None,
 ):
     engine = state.engine
     head = {
@@ -117,6 +149,7 @@ async def _events(
     count = len(streams.streams)
     timers = [TokenTimer(state.metrics, arrival) for _ in range(count)]
     parsers = [state.reasoning_parser(opened) if state.reasoning_parser else None for _ in range(count)]
+    tool_parsers = [tools() if tools else None for _ in range(count)]
     outputs, started = [0] * count, [False] * count
     reasons: list[str | None] = [None] * count
     num_prompt = 0
@@ -128,7 +161,7 @@ async def _events(
             outputs[i] += len(d.token_ids)
             num_prompt = d.num_prompt_tokens or num_prompt  # every Delta says it: a stream left early still counts
             final = d.finish_reason is not None
-            delta = _delta(d.text, parsers[i], final)
+            delta = _delta(d.text, parsers[i], tool_parsers[i], final)
             lp = await chat_logprobs(engine, d.logprobs, top_n) if req.logprobs and d.logprobs else None
             if not started[i]:  # the first event of a choice names the role
                 delta, started[i] = {"role": "assistant", "content": "", **delta}, True
@@ -136,7 +169,10 @@ async def _events(
                 continue
             if final:
                 reasons[i] = d.finish_reason
-            choice = {"index": i, "delta": delta, "logprobs": lp, "finish_reason": d.finish_reason}
+            finish_reason = d.finish_reason
+            if final and finish_reason == "stop" and tool_parsers[i] is not None and tool_parsers[i].calls:
+                finish_reason = "tool_calls"
+            choice = {"index": i, "delta": delta, "logprobs": lp, "finish_reason": finish_reason}
             if final:
                 choice["stop_reason"] = d.stop_reason
             chunk = {**head, "choices": [choice]}

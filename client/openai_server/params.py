@@ -4,6 +4,7 @@ model's generation_config.json defaults for the sampling fields a request leaves
 from __future__ import annotations
 
 import dataclasses
+import json
 from dataclasses import replace
 
 from client.base import chat_prompt
@@ -50,11 +51,47 @@ def conversation(req: ChatCompletionRequest | TokenizeRequest) -> ChatPrompt:
     for i, m in enumerate(req.messages):
         d = m.model_dump(exclude_none=True)
         d["content"] = _text(i, m.content) or ""
+        if isinstance(d.get("tool_calls"), list):
+            d["tool_calls"] = [_call_for_template(c) for c in d["tool_calls"]]
         out.append(d)
+    kwargs = req.chat_template_kwargs
+    if req.tools and (kwargs is None or isinstance(kwargs, dict)):  # else the coordinator refuses the kwargs
+        kwargs = {**(kwargs or {}), "tools": req.tools}
     try:
-        return chat_prompt(out, req.chat_template_kwargs, req.add_generation_prompt, req.continue_final_message)
+        return chat_prompt(out, kwargs, req.add_generation_prompt, req.continue_final_message)
     except RequestError as e:  # its one refusal: continue_final_message with add_generation_prompt
         raise APIError(400, str(e), "continue_final_message") from None
+
+
+def _call_for_template(call):
+    """An earlier assistant turn's tool call as chat templates take it: OpenAI sends its arguments as JSON text,
+    templates (Qwen's, Llama's) expect the object."""
+    fn = call.get("function") if isinstance(call, dict) else None
+    if isinstance(fn, dict) and isinstance(fn.get("arguments"), str):
+        try:
+            return {**call, "function": {**fn, "arguments": json.loads(fn["arguments"])}}
+        except ValueError:
+            pass  # left as sent: the template shows the text
+    return call
+
+
+def check_tools(req: ChatCompletionRequest, parsing: bool) -> bool:
+    """Whether the output is parsed for tool calls: tools given, tool_choice auto (the default with tools) and the
+    server started with a tool-call parser (``parsing``); a 400 naming the field for what cannot be served."""
+    choice = req.tool_choice
+    if choice not in (None, "none", "auto"):
+        raise APIError(400, "tool_choice: only 'auto' and 'none' are supported (forcing a call needs constrained "
+                       "decoding)", "tool_choice")  # fmt: skip
+    if choice == "none" or (choice is None and not req.tools):
+        return False
+    if not req.tools:
+        raise APIError(400, "tool_choice 'auto' needs tools", "tool_choice")
+    if not parsing:
+        raise APIError(
+            400, "tools with tool_choice 'auto' need the server started with --enable-auto-tool-choice and "
+            "--tool-call-parser", "tools",
+        )  # fmt: skip
+    return True
 
 
 def _unsupported(req) -> None:
@@ -76,8 +113,6 @@ def _unsupported(req) -> None:
         if extra.get(name) is not None:
             raise APIError(400, f"{name}: constrained decoding is not supported", name)
     if isinstance(req, ChatCompletionRequest):
-        if req.tools or (req.tool_choice not in (None, "none")):
-            raise APIError(400, "tools are not supported", "tools")
         if req.top_logprobs is not None and not req.logprobs:
             raise APIError(400, "top_logprobs needs logprobs: true", "top_logprobs")
         if req.top_logprobs is not None and not 0 <= req.top_logprobs <= MAX_LOGPROBS:  # named as sent, not as logprobs

@@ -41,7 +41,7 @@ class Qwen3ReasoningParser:
             reasoning, content = self.held[:end], self.held[end + len(self.END) :]
             self.state, self.held = "content", ""
             return reasoning, content
-        keep = _partial_suffix(self.held, self.END)
+        keep = partial_tag_suffix(self.held, self.END)
         ready = self.held[: len(self.held) - keep]
         self.held = self.held[len(ready) :]
         return ready, ""
@@ -62,7 +62,7 @@ class Qwen3ReasoningParser:
         return r1 + r2, (c1 + c2) or None
 
 
-def _partial_suffix(text: str, tag: str) -> int:
+def partial_tag_suffix(text: str, tag: str) -> int:
     """Length of the longest suffix of ``text`` that is a proper prefix of ``tag``."""
     for n in range(min(len(tag) - 1, len(text)), 0, -1):
         if text.endswith(tag[:n]):

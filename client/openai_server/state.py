@@ -1,4 +1,4 @@
-"""What every route shares: the coordinator client, the metrics, the key and the reasoning parser."""
+"""What every route shares: the coordinator client, the metrics, the key and the output parsers."""
 
 from __future__ import annotations
 
@@ -14,3 +14,4 @@ class ServerState:
     metrics: Metrics
     api_key: str | None = None
     reasoning_parser: type | None = None  # e.g. Qwen3ReasoningParser: chat replies get reasoning_content
+    tool_parser: type | None = None  # e.g. HermesToolParser (--enable-auto-tool-choice): chat replies get tool_calls

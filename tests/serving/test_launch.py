@@ -53,6 +53,7 @@ def test_bad_engine_value_errors():
         (["--attention-backend", "cudnn"], "argument --attention-backend: invalid choice: 'cudnn'"),
         (["--external-workers"], "argument --worker-address: worker_address is required with external_workers"),
         (["--max-tok", "3"], "unrecognized arguments: --max-tok"),  # abbreviations are refused
+        (["--http-port", "0", "--enable-auto-tool-choice"], "--enable-auto-tool-choice needs --tool-call-parser"),
     ],
 )
 def test_a_bad_flag_is_refused_by_name_before_any_worker_starts(args, refusal):

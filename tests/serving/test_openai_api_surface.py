@@ -151,7 +151,12 @@ def test_metrics_names_parse_and_logs(server, api):  # noqa: F811
     for hist in ("time_to_first_token_seconds", "inter_token_latency_seconds", "e2e_request_latency_seconds"):
         assert m[(f"nanoserve:{hist}_count", ())] > 0
     assert m[("nanoserve:request_success_total", (("finished_reason", "length"),))] > 0
-    time.sleep(1.5)  # one stats interval: the periodic line covers the requests above
+    # the periodic line (every second) reports an interval with work, measured against the sample before it, so
+    # requests go on until it shows (the ones above may all have come before the server's first sample)
+    deadline = time.monotonic() + 30
+    while "Avg generation throughput" not in server.stderr() and time.monotonic() < deadline:
+        api.completions.create(model=NAME, prompt="metrics", max_tokens=4, stream=False, **GREEDY)
+        time.sleep(0.3)
     log = server.stderr()
     assert re.search(r"cmpl-\w+ finished: \d+ prompt \+ 4 output tokens, [\d.]+ s, finish_reason=length", log)
     assert "Avg generation throughput" in log and "KV cache usage" in log

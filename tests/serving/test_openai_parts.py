@@ -11,7 +11,7 @@ import pytest
 
 from client.base import _generate_msg, chat_prompt
 from client.openai_server.errors import APIError
-from client.openai_server.params import choice_params, sampling_params
+from client.openai_server.params import check_tools, choice_params, sampling_params
 from client.openai_server.reasoning import Qwen3ReasoningParser
 from client.openai_server.schemas import ChatCompletionRequest, CompletionRequest
 from client.openai_server.streaming import sse
@@ -91,20 +91,44 @@ CHAT = {"messages": [{"role": "user", "content": "x"}]}
         (CompletionRequest, {"prompt": "x", "suffix": "y"}, "suffix"),
         (CompletionRequest, {"prompt": "x", "response_format": {"type": "json_object"}}, "response_format"),
         (ChatCompletionRequest, {**CHAT, "response_format": {"type": "json_schema"}}, "response_format"),
-        (ChatCompletionRequest, {**CHAT, "tools": [{"type": "function"}]}, "tools"),
         (CompletionRequest, {"prompt": "x", "guided_json": {"type": "object"}}, "guided_json"),
         (ChatCompletionRequest, {**CHAT, "guided_choice": ["a", "b"]}, "guided_choice"),
         (ChatCompletionRequest, {**CHAT, "structured_outputs": {"regex": "a+"}}, "structured_outputs"),
     ],
 )
 def test_what_would_change_the_output_unseen_is_refused(request_type, body, param):
-    """Fields the server cannot honour (constrained decoding, tools, suffix) are a 400 naming the field, not
+    """Fields the server cannot honour (constrained decoding, suffix) are a 400 naming the field, not
     silently dropped as other unknown fields are; {"type": "text"} and absent constraints pass."""
     with pytest.raises(APIError) as e:
         sampling_params(request_type(**body), {}, 4, None)
     assert e.value.status == 400 and e.value.param == param
     plain = {k: v for k, v in body.items() if k in ("prompt", "messages")}
     assert sampling_params(request_type(**plain, response_format={"type": "text"}, guided_json=None), {}, 4, None)
+
+
+TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {}}}]
+
+
+@pytest.mark.parametrize(
+    "body, parsing, param",
+    [
+        ({**CHAT, "tools": TOOLS}, False, "tools"),  # tool_choice auto by default: the server needs its parser
+        ({**CHAT, "tools": TOOLS, "tool_choice": "required"}, True, "tool_choice"),  # needs constrained decoding
+        ({**CHAT, "tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "f"}}}, True, "tool_choice"),
+        ({**CHAT, "tool_choice": "auto"}, True, "tool_choice"),  # auto, and no tools
+    ],
+)
+def test_tool_requests_that_cannot_be_served_are_refused_by_name(body, parsing, param):
+    with pytest.raises(APIError) as e:
+        check_tools(ChatCompletionRequest(**body), parsing)
+    assert e.value.status == 400 and e.value.param == param
+
+
+def test_tool_calls_are_parsed_only_for_auto_with_tools():
+    assert check_tools(ChatCompletionRequest(**CHAT, tools=TOOLS), True)
+    assert check_tools(ChatCompletionRequest(**CHAT, tools=TOOLS, tool_choice="auto"), True)
+    assert not check_tools(ChatCompletionRequest(**CHAT, tools=TOOLS, tool_choice="none"), False)
+    assert not check_tools(ChatCompletionRequest(**CHAT), False)
 
 
 @pytest.mark.parametrize("loop", ["asyncio", "uvloop"])

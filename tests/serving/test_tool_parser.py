@@ -1,0 +1,80 @@
+"""client/openai_server/tool_parsers.py: Hermes-style <tool_call> blocks out of a model's text, whole and as it
+streams in pieces of any size."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from client.openai_server.tool_parsers import HermesToolParser
+
+WEATHER = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "unit": "°C"}}\n</tool_call>'
+TIME = '<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>'
+
+
+def names_and_args(calls: list[dict]) -> list[tuple[str, dict]]:
+    assert all(c["type"] == "function" and c["id"].startswith("call_") for c in calls)
+    return [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls]
+
+
+def streamed(text: str, size: int) -> tuple[str, list[dict]]:
+    p = HermesToolParser()
+    content, calls = "", []
+    for i in range(0, len(text), size):
+        c, new = p.feed(text[i : i + size])
+        content, calls = content + c, calls + new
+    c, new = p.finish()
+    assert p.calls == len(calls + new)
+    return content + c, calls + new
+
+
+CASES = [
+    # (output text, content, calls)
+    ("Paris is sunny.", "Paris is sunny.", []),
+    (WEATHER, None, [("get_weather", {"city": "Paris", "unit": "°C"})]),
+    (
+        "Let me check.\n" + WEATHER + "\n" + TIME,
+        "Let me check.",
+        [("get_weather", {"city": "Paris", "unit": "°C"}), ("get_time", {})],
+    ),  # fmt: skip
+    # the output ended inside a block whose JSON is whole (max_tokens, or the end of turn right after it)
+    ('<tool_call>\n{"name": "get_time", "arguments": {}}', None, [("get_time", {})]),
+    # not a call: text, as written
+    ("<tool_call>\n{not json}\n</tool_call> done", "<tool_call>\n{not json}\n</tool_call> done", []),
+    ('<tool_call>{"name": "get_ti', '<tool_call>{"name": "get_ti', []),
+    ("a < b and <tool_c", "a < b and <tool_c", []),
+]
+
+
+@pytest.mark.parametrize("text,content,calls", CASES)
+def test_whole_output(text, content, calls):
+    got_content, got_calls = HermesToolParser.extract(text)
+    assert got_content == content and names_and_args(got_calls) == calls
+
+
+@pytest.mark.parametrize("text,content,calls", CASES)
+@pytest.mark.parametrize("size", [1, 2, 5, 1000])
+def test_streamed_in_pieces_gives_the_same(text, content, calls, size):
+    got_content, got_calls = streamed(text, size)
+    assert names_and_args(got_calls) == calls
+    # a stream sends content as it comes, the whitespace around the calls too
+    assert (got_content.strip() or None) == (content.strip() if content else None)
+
+
+def test_arguments_given_as_text_or_parameters_are_kept():
+    text = '<tool_call>{"name": "f", "arguments": "{\\"x\\": 1}"}</tool_call>'
+    text += '<tool_call>{"name": "g", "parameters": {"y": 2}}</tool_call>'
+    assert names_and_args(HermesToolParser.extract(text)[1]) == [("f", {"x": 1}), ("g", {"y": 2})]
+
+
+def test_chat_stream_deltas_number_the_calls():
+    from client.openai_server.chat import _delta
+
+    parser = HermesToolParser()
+    pieces = ["Let me check.\n<tool_", "call>\n" + WEATHER[len("<tool_call>\n") :], "\n" + TIME[:-3], TIME[-3:]]
+    deltas = [_delta(t, None, parser, final=i == len(pieces) - 1) for i, t in enumerate(pieces)]
+    calls = [c for d in deltas for c in d.get("tool_calls", [])]
+    assert [c["index"] for c in calls] == [0, 1]
+    assert [name for name, _ in names_and_args(calls)] == ["get_weather", "get_time"]
+    assert "".join(d.get("content", "") for d in deltas).strip() == "Let me check."
