@@ -18,6 +18,8 @@ import sys
 import threading
 
 from client.openai_server import STOP_SIGNAL
+from client.openai_server.reasoning import REASONING_PARSERS
+from client.openai_server.tool_parsers import TOOL_PARSERS
 from coordinator.config import EngineArgError, EngineConfig
 from protocol.cli_logging import add_log_level_flag, configure_logging
 from protocol.settings import settings
@@ -98,7 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     h.add_argument(
         "--reasoning-parser",
-        choices=["qwen3"],
+        choices=sorted(REASONING_PARSERS),
         default=None,
         help="chat: return the <think> part as reasoning_content (default: off)",
     )
@@ -109,9 +111,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     h.add_argument(
         "--tool-call-parser",
-        choices=["hermes"],
+        choices=sorted(TOOL_PARSERS),
         default=None,
-        help="how the model writes its tool calls (hermes: <tool_call> blocks, as Qwen2.5 and Qwen3)",
+        help="how the model writes its tool calls (hermes: <tool_call> blocks, as Qwen2.5 and Qwen3; llama3_json: "
+        "a reply of JSON call objects, as Llama 3.1-3.3)",
     )
     h.add_argument(
         "--log-stats-interval",

@@ -67,7 +67,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--tool-call-parser",
         choices=sorted(TOOL_PARSERS),
         default=None,
-        help="how the model writes its tool calls (hermes: <tool_call> blocks, as Qwen2.5 and Qwen3)",
+        help="how the model writes its tool calls (hermes: <tool_call> blocks, as Qwen2.5 and Qwen3; llama3_json: "
+        "a reply of JSON call objects, as Llama 3.1-3.3)",
     )
     p.add_argument(
         "--max-body-bytes", type=int, default=None, help="larger HTTP request bodies get a 413 (default: "

@@ -1,6 +1,7 @@
 """Tool-call parsers: find the calls a model writes into its output text and return them as OpenAI ``tool_calls``,
-as the output streams. ``hermes``: ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` blocks, the format
-of Hermes, Qwen2.5 and Qwen3 chat templates (vLLM's ``--tool-call-parser hermes``)."""
+as the output streams (vLLM's ``--tool-call-parser`` names). ``hermes``: ``<tool_call>{"name": ..., "arguments":
+{...}}</tool_call>`` blocks, as Hermes, Qwen2.5 and Qwen3 write them. ``llama3_json``: the whole reply a JSON object
+``{"name": ..., "parameters": {...}}`` (or several joined by ``;``), as Llama 3.1-3.3 write them."""
 
 from __future__ import annotations
 
@@ -19,7 +20,45 @@ def tool_call(name: str, arguments: str) -> dict:
     }
 
 
-class HermesToolParser:
+class ToolParser:
+    """``feed`` pieces of output, then ``finish``; each returns (content, finished calls). ``calls`` counts the
+    calls returned so far: the next one's index in a stream."""
+
+    def __init__(self) -> None:
+        self.held = ""  # text not yet returned
+        self.calls = 0
+
+    def feed(self, text: str) -> tuple[str, list[dict]]:
+        """The content and the calls completed by the next piece of output."""
+        content, calls = self._feed(text)
+        self.calls += len(calls)
+        return content, calls
+
+    def finish(self) -> tuple[str, list[dict]]:
+        """What was held back, once the output is complete."""
+        content, calls = self._finish()
+        self.calls += len(calls)
+        return content, calls
+
+    @classmethod
+    def extract(cls, text: str) -> tuple[str | None, list[dict]]:
+        """A whole output's content (None when only calls and whitespace are left, as vLLM) and calls."""
+        p = cls()
+        c1, calls = p.feed(text)
+        c2, more = p.finish()
+        content = c1 + c2
+        if calls or more:
+            return (content.strip() or None), calls + more
+        return content, []
+
+    def _feed(self, text: str) -> tuple[str, list[dict]]:
+        raise NotImplementedError
+
+    def _finish(self) -> tuple[str, list[dict]]:
+        raise NotImplementedError
+
+
+class HermesToolParser(ToolParser):
     """Text outside ``<tool_call>`` blocks is content; each block's JSON becomes a call. A block still open when
     the output ends (max_tokens, or the end-of-turn token right after its JSON) is a call if its JSON parses, and
     content otherwise, as is a block whose JSON is not a call. Text that may be the start of a tag is held back
@@ -28,15 +67,8 @@ class HermesToolParser:
     START, END = "<tool_call>", "</tool_call>"
 
     def __init__(self) -> None:
-        self.held = ""  # content that may begin a tag, or the open block's text
-        self.in_call = False
-        self.calls = 0  # calls returned so far: the next one's index in a stream
-
-    def feed(self, text: str) -> tuple[str, list[dict]]:
-        """The content and the calls completed by the next piece of output."""
-        content, calls = self._feed(text)
-        self.calls += len(calls)
-        return content, calls
+        super().__init__()
+        self.in_call = False  # ``held`` is then the open block's text
 
     def _feed(self, text: str) -> tuple[str, list[dict]]:
         self.held += text
@@ -61,39 +93,76 @@ class HermesToolParser:
             content += self.held[:start]
             self.held, self.in_call = self.held[start + len(self.START) :], True
 
-    def finish(self) -> tuple[str, list[dict]]:
-        """What was held back, once the output is complete."""
+    def _finish(self) -> tuple[str, list[dict]]:
         held, self.held = self.held, ""
         if not self.in_call:
             return held, []
         self.in_call, call = False, _parse(held)
-        if call is None:
-            return self.START + held, []
-        self.calls += 1
-        return "", [call]
+        return (self.START + held, []) if call is None else ("", [call])
 
-    @classmethod
-    def extract(cls, text: str) -> tuple[str | None, list[dict]]:
-        """A whole output's content (None when only calls and whitespace are left, as vLLM) and calls."""
-        p = cls()
-        c1, calls = p.feed(text)
-        c2, more = p.finish()
-        content = c1 + c2
-        if calls or more:
-            return (content.strip() or None), calls + more
-        return content, []
+
+class Llama3JsonToolParser(ToolParser):
+    """A reply that starts with ``{`` (after whitespace, or Llama's ``<|python_tag|>`` when special tokens are
+    kept) is held back to its end, then is calls if it is nothing but call objects joined by ``;``, and content
+    otherwise; any other reply is content as it streams."""
+
+    TAG = "<|python_tag|>"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.state = "start"  # start -> call (held to the end) or start -> content
+
+    def _feed(self, text: str) -> tuple[str, list[dict]]:
+        if self.state == "content":
+            return text, []
+        self.held += text
+        head = self.held.lstrip()
+        if self.state == "start" and head:
+            if head.startswith(("{", self.TAG)):
+                self.state = "call"
+            elif not self.TAG.startswith(head):  # not the tag's start either: content from here on
+                self.state, held, self.held = "content", self.held, ""
+                return held, []
+        return "", []
+
+    def _finish(self) -> tuple[str, list[dict]]:
+        held, self.held = self.held, ""
+        calls = _parse_joined(held.lstrip().removeprefix(self.TAG)) if self.state == "call" else None
+        return ("", calls) if calls else (held, [])
+
+
+def _parse_joined(text: str) -> list[dict] | None:
+    """The calls of ``text`` if it is nothing but call objects joined by ``;`` (and whitespace), else None."""
+    decoder, calls, i = json.JSONDecoder(), [], 0
+    while True:
+        while i < len(text) and (text[i].isspace() or (calls and text[i] == ";")):
+            i += 1
+        if i == len(text):
+            return calls or None
+        try:
+            obj, i = decoder.raw_decode(text, i)
+        except ValueError:
+            return None
+        call = _call(obj)
+        if call is None:
+            return None
+        calls.append(call)
 
 
 def _parse(block: str) -> dict | None:
-    """The call a block's JSON names ({"name": str, "arguments": object or JSON text}), or None."""
+    """The call a block's JSON names, or None."""
     try:
-        obj = json.loads(block)
+        return _call(json.loads(block))
     except ValueError:
         return None
+
+
+def _call(obj) -> dict | None:
+    """The call a JSON value names ({"name": str, "arguments" or "parameters": object or JSON text}), or None."""
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
         return None
     args = obj.get("arguments", obj.get("parameters", {}))
     return tool_call(obj["name"], args if isinstance(args, str) else json.dumps(args, ensure_ascii=False))
 
 
-TOOL_PARSERS = {"hermes": HermesToolParser}
+TOOL_PARSERS = {"hermes": HermesToolParser, "llama3_json": Llama3JsonToolParser}

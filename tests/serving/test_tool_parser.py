@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from client.openai_server.tool_parsers import HermesToolParser
+from client.openai_server.tool_parsers import HermesToolParser, Llama3JsonToolParser
 
 WEATHER = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "unit": "°C"}}\n</tool_call>'
 TIME = '<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>'
@@ -18,8 +18,8 @@ def names_and_args(calls: list[dict]) -> list[tuple[str, dict]]:
     return [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls]
 
 
-def streamed(text: str, size: int) -> tuple[str, list[dict]]:
-    p = HermesToolParser()
+def streamed(text: str, size: int, parser=HermesToolParser) -> tuple[str, list[dict]]:
+    p = parser()
     content, calls = "", []
     for i in range(0, len(text), size):
         c, new = p.feed(text[i : i + size])
@@ -78,3 +78,28 @@ def test_chat_stream_deltas_number_the_calls():
     assert [c["index"] for c in calls] == [0, 1]
     assert [name for name, _ in names_and_args(calls)] == ["get_weather", "get_time"]
     assert "".join(d.get("content", "") for d in deltas).strip() == "Let me check."
+
+
+LLAMA_CASES = [
+    ('{"name": "get_weather", "parameters": {"city": "Paris"}}', None, [("get_weather", {"city": "Paris"})]),
+    # kept special tokens show Llama's tag; several calls are joined by ";"
+    (
+        '<|python_tag|>{"name": "f", "parameters": {}}; {"name": "g", "parameters": {"x": 1}}',
+        None,
+        [("f", {}), ("g", {"x": 1})],
+    ),
+    ("Paris is sunny.", "Paris is sunny.", []),
+    ("{not a call}", "{not a call}", []),
+    ('{"name": "f", "parameters": {}} and then text', '{"name": "f", "parameters": {}} and then text', []),
+    ('{"city": "Paris"}', '{"city": "Paris"}', []),  # JSON, but no call
+    (" <|python", " <|python", []),
+]
+
+
+@pytest.mark.parametrize("text,content,calls", LLAMA_CASES)
+@pytest.mark.parametrize("size", [1, 3, 1000])
+def test_llama3_json_whole_and_streamed(text, content, calls, size):
+    got_content, got_calls = Llama3JsonToolParser.extract(text)
+    assert got_content == content and names_and_args(got_calls) == calls
+    got_content, got_calls = streamed(text, size, Llama3JsonToolParser)
+    assert got_content == (content or "") and names_and_args(got_calls) == calls
