@@ -68,7 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
         choices=sorted(TOOL_PARSERS),
         default=None,
         help="how the model writes its tool calls (hermes: <tool_call> blocks, as Qwen2.5 and Qwen3; llama3_json: "
-        "a reply of JSON call objects, as Llama 3.1-3.3)",
+        "a reply of JSON call objects, as Llama 3.1-3.3; mistral: a reply of a JSON list of calls)",
     )
     p.add_argument(
         "--max-body-bytes", type=int, default=None, help="larger HTTP request bodies get a 413 (default: "

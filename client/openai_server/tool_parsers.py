@@ -1,7 +1,8 @@
 """Tool-call parsers: find the calls a model writes into its output text and return them as OpenAI ``tool_calls``,
 as the output streams (vLLM's ``--tool-call-parser`` names). ``hermes``: ``<tool_call>{"name": ..., "arguments":
 {...}}</tool_call>`` blocks, as Hermes, Qwen2.5 and Qwen3 write them. ``llama3_json``: the whole reply a JSON object
-``{"name": ..., "parameters": {...}}`` (or several joined by ``;``), as Llama 3.1-3.3 write them."""
+``{"name": ..., "parameters": {...}}`` (or several joined by ``;``), as Llama 3.1-3.3 write them. ``mistral``: the
+whole reply a JSON list of calls, as Mistral's instruct models write them after ``[TOOL_CALLS]``."""
 
 from __future__ import annotations
 
@@ -101,12 +102,12 @@ class HermesToolParser(ToolParser):
         return (self.START + held, []) if call is None else ("", [call])
 
 
-class Llama3JsonToolParser(ToolParser):
-    """A reply that starts with ``{`` (after whitespace, or Llama's ``<|python_tag|>`` when special tokens are
-    kept) is held back to its end, then is calls if it is nothing but call objects joined by ``;``, and content
-    otherwise; any other reply is content as it streams."""
+class WholeReplyToolParser(ToolParser):
+    """Calls that are the whole reply: one that starts with ``OPENER`` (after whitespace, or after ``TAG``, the
+    model's call token, when special tokens are kept) is held back to its end, then is calls if ``calls_of`` reads
+    all of it, and content otherwise; any other reply is content as it streams."""
 
-    TAG = "<|python_tag|>"
+    TAG, OPENER = "", ""
 
     def __init__(self) -> None:
         super().__init__()
@@ -118,7 +119,7 @@ class Llama3JsonToolParser(ToolParser):
         self.held += text
         head = self.held.lstrip()
         if self.state == "start" and head:
-            if head.startswith(("{", self.TAG)):
+            if head.startswith((self.OPENER, self.TAG)):
                 self.state = "call"
             elif not self.TAG.startswith(head):  # not the tag's start either: content from here on
                 self.state, held, self.held = "content", self.held, ""
@@ -127,8 +128,37 @@ class Llama3JsonToolParser(ToolParser):
 
     def _finish(self) -> tuple[str, list[dict]]:
         held, self.held = self.held, ""
-        calls = _parse_joined(held.lstrip().removeprefix(self.TAG)) if self.state == "call" else None
+        calls = self.calls_of(held.lstrip().removeprefix(self.TAG)) if self.state == "call" else None
         return ("", calls) if calls else (held, [])
+
+    @staticmethod
+    def calls_of(text: str) -> list[dict] | None:
+        raise NotImplementedError
+
+
+class Llama3JsonToolParser(WholeReplyToolParser):
+    """Llama 3.1-3.3: ``{"name": ..., "parameters": {...}}`` objects joined by ``;``, after ``<|python_tag|>``."""
+
+    TAG, OPENER = "<|python_tag|>", "{"
+
+    @staticmethod
+    def calls_of(text: str) -> list[dict] | None:
+        return _parse_joined(text)
+
+
+class MistralToolParser(WholeReplyToolParser):
+    """Mistral's instruct models: a JSON list of ``{"name": ..., "arguments": {...}}`` after ``[TOOL_CALLS]``."""
+
+    TAG, OPENER = "[TOOL_CALLS]", "["
+
+    @staticmethod
+    def calls_of(text: str) -> list[dict] | None:
+        try:
+            items = json.loads(text)
+        except ValueError:
+            return None
+        calls = [_call(item) for item in items] if isinstance(items, list) else [_call(items)]
+        return calls if calls and all(calls) else None
 
 
 def _parse_joined(text: str) -> list[dict] | None:
@@ -165,4 +195,4 @@ def _call(obj) -> dict | None:
     return tool_call(obj["name"], args if isinstance(args, str) else json.dumps(args, ensure_ascii=False))
 
 
-TOOL_PARSERS = {"hermes": HermesToolParser, "llama3_json": Llama3JsonToolParser}
+TOOL_PARSERS = {"hermes": HermesToolParser, "llama3_json": Llama3JsonToolParser, "mistral": MistralToolParser}

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from client.openai_server.tool_parsers import HermesToolParser, Llama3JsonToolParser
+from client.openai_server.tool_parsers import HermesToolParser, Llama3JsonToolParser, MistralToolParser
 
 WEATHER = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "unit": "°C"}}\n</tool_call>'
 TIME = '<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>'
@@ -102,4 +102,27 @@ def test_llama3_json_whole_and_streamed(text, content, calls, size):
     got_content, got_calls = Llama3JsonToolParser.extract(text)
     assert got_content == content and names_and_args(got_calls) == calls
     got_content, got_calls = streamed(text, size, Llama3JsonToolParser)
+    assert got_content == (content or "") and names_and_args(got_calls) == calls
+
+
+MISTRAL_CASES = [
+    (
+        '[TOOL_CALLS] [{"name": "get_weather", "arguments": {"city": "Paris"}}]',
+        None,
+        [("get_weather", {"city": "Paris"})],
+    ),
+    # with special tokens skipped the list comes alone; two calls
+    (' [{"name": "f", "arguments": {}}, {"name": "g", "arguments": {"x": 1}}]', None, [("f", {}), ("g", {"x": 1})]),
+    ("[1] is a footnote.", "[1] is a footnote.", []),  # held back to the end, then content
+    ('[{"name": "f"}, {"no": "name"}]', '[{"name": "f"}, {"no": "name"}]', []),  # not all calls: content
+    ("Sunny.", "Sunny.", []),
+]
+
+
+@pytest.mark.parametrize("text,content,calls", MISTRAL_CASES)
+@pytest.mark.parametrize("size", [1, 4, 1000])
+def test_mistral_whole_and_streamed(text, content, calls, size):
+    got_content, got_calls = MistralToolParser.extract(text)
+    assert got_content == content and names_and_args(got_calls) == calls
+    got_content, got_calls = streamed(text, size, MistralToolParser)
     assert got_content == (content or "") and names_and_args(got_calls) == calls
