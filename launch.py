@@ -18,8 +18,7 @@ import sys
 import threading
 
 from client.openai_server import STOP_SIGNAL
-from client.openai_server.reasoning import REASONING_PARSERS
-from client.openai_server.tool_parsers import TOOL_PARSERS
+from client.openai_server.parser_flags import add_parser_flags, check_parser_flags, parser_flags_args
 from coordinator.config import EngineArgError, EngineConfig
 from protocol.cli_logging import add_log_level_flag, configure_logging
 from protocol.settings import settings
@@ -98,24 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="the model's name(s) in the HTTP API: requests may name any, responses and metrics the first "
         "(default: --model as given)",
     )
-    h.add_argument(
-        "--reasoning-parser",
-        choices=sorted(REASONING_PARSERS),
-        default=None,
-        help="chat: return the <think> part as reasoning_content (default: off)",
-    )
-    h.add_argument(
-        "--enable-auto-tool-choice",
-        action="store_true",
-        help="chat: requests may give tools (tool_choice auto); calls in the output become tool_calls",
-    )
-    h.add_argument(
-        "--tool-call-parser",
-        choices=sorted(TOOL_PARSERS),
-        default=None,
-        help="how the model writes its tool calls (hermes: <tool_call> blocks, as Qwen2.5 and Qwen3; llama3_json: "
-        "a reply of JSON call objects, as Llama 3.1-3.3; mistral: a reply of a JSON list of calls)",
-    )
+    add_parser_flags(h)
     h.add_argument(
         "--log-stats-interval",
         type=float,
@@ -140,8 +122,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error(
             f"argument --http-port: {args.http_port} clashes with --port {args.port} (the ZMQ port): pick another"
         )
-    if args.enable_auto_tool_choice and not args.tool_call_parser:
-        parser.error("--enable-auto-tool-choice needs --tool-call-parser")
+    check_parser_flags(parser, args)
     return args
 
 
@@ -180,12 +161,7 @@ class _HttpFrontEnd:
             "--fd", str(sock.fileno()), "--parent-pid", str(os.getpid()), "--served-model-name", *served_names,
             "--log-stats-interval", str(args.log_stats_interval), "--log-level", args.log_level,
         ]  # fmt: skip
-        if args.reasoning_parser:
-            cmd += ["--reasoning-parser", args.reasoning_parser]
-        if args.enable_auto_tool_choice:
-            cmd += ["--enable-auto-tool-choice"]
-        if args.tool_call_parser:
-            cmd += ["--tool-call-parser", args.tool_call_parser]
+        cmd += parser_flags_args(args)
         env = dict(os.environ)
         env.pop("NANOSERVE_API_KEY", None)
         if args.token:

@@ -19,6 +19,7 @@ from client.openai_server.app import build_app
 from client.openai_server.body_limit import BODIES_PER_MESSAGE
 from client.openai_server.engine_client import EngineClient
 from client.openai_server.metrics import Metrics
+from client.openai_server.parser_flags import add_parser_flags, check_parser_flags
 from client.openai_server.reasoning import REASONING_PARSERS
 from client.openai_server.state import ServerState
 from client.openai_server.tool_parsers import TOOL_PARSERS
@@ -52,24 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="model name(s) in the API: requests may name any, responses and metrics the first (default: the model "
         "path)",
     )  # fmt: skip
-    p.add_argument(
-        "--reasoning-parser",
-        choices=sorted(REASONING_PARSERS),
-        default=None,
-        help="chat: return the <think> part as reasoning_content (default: off)",
-    )
-    p.add_argument(
-        "--enable-auto-tool-choice",
-        action="store_true",
-        help="chat: requests may give tools (tool_choice auto); calls in the output become tool_calls",
-    )
-    p.add_argument(
-        "--tool-call-parser",
-        choices=sorted(TOOL_PARSERS),
-        default=None,
-        help="how the model writes its tool calls (hermes: <tool_call> blocks, as Qwen2.5 and Qwen3; llama3_json: "
-        "a reply of JSON call objects, as Llama 3.1-3.3; mistral: a reply of a JSON list of calls)",
-    )
+    add_parser_flags(p)
     p.add_argument(
         "--max-body-bytes", type=int, default=None, help="larger HTTP request bodies get a 413 (default: "
         f"{BODIES_PER_MESSAGE} times the coordinator's --max-message-bytes)",
@@ -190,8 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.fd is None and not is_loopback(args.host) and not args.api_key:
         parser.error(f"listening on the non-loopback host {args.host!r} needs --api-key")
-    if args.enable_auto_tool_choice and not args.tool_call_parser:
-        parser.error("--enable-auto-tool-choice needs --tool-call-parser")
+    check_parser_flags(parser, args)
     configure_logging(args.log_level)
     if args.parent_pid is not None:
         # Ctrl-C and systemd's stop reach the whole process group: launch.py aborts the requests in flight first,

@@ -96,15 +96,6 @@ LLAMA_CASES = [
 ]
 
 
-@pytest.mark.parametrize("text,content,calls", LLAMA_CASES)
-@pytest.mark.parametrize("size", [1, 3, 1000])
-def test_llama3_json_whole_and_streamed(text, content, calls, size):
-    got_content, got_calls = Llama3JsonToolParser.extract(text)
-    assert got_content == content and names_and_args(got_calls) == calls
-    got_content, got_calls = streamed(text, size, Llama3JsonToolParser)
-    assert got_content == (content or "") and names_and_args(got_calls) == calls
-
-
 MISTRAL_CASES = [
     (
         '[TOOL_CALLS] [{"name": "get_weather", "arguments": {"city": "Paris"}}]',
@@ -119,10 +110,14 @@ MISTRAL_CASES = [
 ]
 
 
-@pytest.mark.parametrize("text,content,calls", MISTRAL_CASES)
-@pytest.mark.parametrize("size", [1, 4, 1000])
-def test_mistral_whole_and_streamed(text, content, calls, size):
-    got_content, got_calls = MistralToolParser.extract(text)
+WHOLE_REPLY_CASES = [(Llama3JsonToolParser, *case) for case in LLAMA_CASES]
+WHOLE_REPLY_CASES += [(MistralToolParser, *case) for case in MISTRAL_CASES]
+
+
+@pytest.mark.parametrize("parser,text,content,calls", WHOLE_REPLY_CASES)
+@pytest.mark.parametrize("size", [1, 3, 1000])
+def test_whole_reply_parsers_whole_and_streamed(parser, text, content, calls, size):
+    got_content, got_calls = parser.extract(text)
     assert got_content == content and names_and_args(got_calls) == calls
-    got_content, got_calls = streamed(text, size, MistralToolParser)
+    got_content, got_calls = streamed(text, size, parser)
     assert got_content == (content or "") and names_and_args(got_calls) == calls
