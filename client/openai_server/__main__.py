@@ -19,10 +19,8 @@ from client.openai_server.app import build_app
 from client.openai_server.body_limit import BODIES_PER_MESSAGE
 from client.openai_server.engine_client import EngineClient
 from client.openai_server.metrics import Metrics
-from client.openai_server.parser_flags import add_parser_flags, check_parser_flags
-from client.openai_server.reasoning import REASONING_PARSERS
+from client.openai_server.parser_flags import add_parser_flags, check_parser_flags, parser_classes
 from client.openai_server.state import ServerState
-from client.openai_server.tool_parsers import TOOL_PARSERS
 from coordinator.client_socket import is_loopback
 from protocol.cli_logging import add_log_level_flag, configure_logging
 from protocol.errors import EngineDeadError
@@ -139,9 +137,7 @@ async def serve(args) -> int:
         log.error("no answer from the coordinator at %s: %s: %s", args.address, type(e).__name__, e)
         await engine.close()
         return 1
-    parser = REASONING_PARSERS[args.reasoning_parser] if args.reasoning_parser else None
-    tools = TOOL_PARSERS[args.tool_call_parser] if args.enable_auto_tool_choice else None
-    state = ServerState(engine, Metrics(engine.served_model_name), args.api_key, parser, tools)
+    state = ServerState(engine, Metrics(engine.served_model_name), args.api_key, *parser_classes(args))
     sock = _listen_socket(args)
     max_body = args.max_body_bytes or BODIES_PER_MESSAGE * engine.max_message_bytes
     config = uvicorn.Config(

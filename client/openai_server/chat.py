@@ -105,6 +105,8 @@ async def create_chat_completion(state: ServerState, req: ChatCompletionRequest)
 def _delta(text: str, parser, tools, final: bool) -> dict:
     """The chat delta for new output text: split into reasoning and content by the reasoning parser if there is
     one, then the content's finished tool calls taken out by the tool parser (``tools``) if there is one."""
+    if parser is None and tools is None:  # the common case: one dict a token, nothing else
+        return {"content": text} if text else {}
     if parser is None:
         reasoning, content = "", text
     else:

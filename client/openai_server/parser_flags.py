@@ -37,6 +37,12 @@ def check_parser_flags(parser: argparse.ArgumentParser, args: argparse.Namespace
         parser.error("--enable-auto-tool-choice needs --tool-call-parser")
 
 
+def parser_classes(args: argparse.Namespace) -> tuple[type | None, type | None]:
+    """(the reasoning parser, the tool-call parser) the flags ask for; None where off."""
+    reasoning = REASONING_PARSERS[args.reasoning_parser] if args.reasoning_parser else None
+    return reasoning, TOOL_PARSERS[args.tool_call_parser] if args.enable_auto_tool_choice else None
+
+
 def parser_flags_args(args: argparse.Namespace) -> list[str]:
     """The flags as given, for the front-end's command line."""
     out = ["--reasoning-parser", args.reasoning_parser] if args.reasoning_parser else []
