@@ -13,8 +13,6 @@ rounding under bf16's output rounding. One launch, no split-K workspace; CUDA-gr
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import triton
 import triton.language as tl
@@ -55,7 +53,6 @@ def _fp8_gemv_kernel(
     stride_wn,
     stride_ws_n,
     stride_om,
-    stride_split,  # SPLIT_K: between the K steps' partial sums in out
     K: tl.constexpr,
     ROWS: tl.constexpr,  # M rounded up to a power of two
     BLOCK_N: tl.constexpr,
@@ -65,17 +62,13 @@ def _fp8_gemv_kernel(
     HAS_BIAS: tl.constexpr,
     F16_SUMS: tl.constexpr,  # per-channel scales only: products and runs of 8 summed in float16
     X_QUANTIZED: tl.constexpr,  # per-channel scales only: x is e4m3 already, quantized per token (no amax pass)
-    SPLIT_K: tl.constexpr,  # X_QUANTIZED only: one program a K step, storing its float32 sum before the scales
     USE_PDL: tl.constexpr,
 ):
-    STEPS: tl.constexpr = 1 if SPLIT_K else (K + BLOCK_K - 1) // BLOCK_K
+    STEPS: tl.constexpr = (K + BLOCK_K - 1) // BLOCK_K
     GROUPS: tl.constexpr = BLOCK_K // GROUP_K if GROUP_N else 1
     pid_n = tl.program_id(0)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
-    if SPLIT_K:
-        offs_k += tl.program_id(1) * BLOCK_K
-        out_ptr += tl.program_id(1) * stride_split
     mask_n = offs_n < N
     w_rows = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn
     # the first weight step: written by no kernel of the step, so in flight during the wait
@@ -133,7 +126,7 @@ def _fp8_gemv_kernel(
                 g_ok = (g * GROUP_K < K)[None, :] & mask_n[:, None]
                 swg = tl.load(ws_ptr + (offs_n // GROUP_N)[:, None] * stride_ws_n + g[None, :], mask=g_ok, other=0.0)
                 acc += tl.sum(part * sxg[None, :] * swg, axis=1)
-        if GROUP_N == 0 and not SPLIT_K:
+        if GROUP_N == 0:
             acc = acc * sx * sw
         if HAS_BIAS:
             acc += tl.load(bias_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)
@@ -176,21 +169,17 @@ def fp8_gemv(
     its width (gemv_tiles; None: ``default_tiling``).
     ``f16_sums`` (per-channel scales): multiply and sum runs of 8 in float16, fewer conversions per weight byte; a
     GEMM rounding of its own, under bf16's output rounding (None: for 16-bit rows, unless NANOSERVE_FP8_F16_SUMS=0).
-    ``x_scales`` [M] (per-channel scales): ``x`` is e4m3, already quantized by these per-token scales; then
-    ``out`` may be float32 [K steps, M, N] (``k_steps``), each step's sum in a program of its own, before the
-    scales (``KSplits``)."""
+    ``x_scales`` [M] (per-channel scales): ``x`` is e4m3, already quantized by these per-token scales."""
     m, k = x.shape
     n = w_q.shape[0]
     assert supports(m, k, block) and x.stride(1) == 1 and w_q.stride(1) == 1, (x.shape, block)
     assert x_scales is None or (block is None and x.dtype == w_q.dtype and x_scales.numel() == m), x_scales
     default_slice, default_width = default_tiling(x.dtype)
     block_n, block_k = gemv_tiles(k, block, slice_bytes or default_slice, max_block_k or default_width)
-    split = out.dim() == 3
-    assert not split or (x_scales is not None and bias is None and out.shape[0] == triton.cdiv(k, block_k)), out.shape
     if f16_sums is None:
         f16_sums = _F16_SUMS and (x_scales is not None or x.dtype != torch.float32)
     pdl = use_pdl(x)
-    _fp8_gemv_kernel[(triton.cdiv(n, block_n), out.shape[0] if split else 1)](
+    _fp8_gemv_kernel[(triton.cdiv(n, block_n),)](
         x,
         w_q,
         w_s,
@@ -202,8 +191,7 @@ def fp8_gemv(
         x.stride(0),
         w_q.stride(0),
         w_s.stride(0),
-        out.stride(-2),
-        out.stride(0) if split else 0,
+        out.stride(0),
         K=k,
         ROWS=triton.next_power_of_2(m),
         BLOCK_N=block_n,
@@ -213,57 +201,8 @@ def fp8_gemv(
         HAS_BIAS=bias is not None,
         F16_SUMS=f16_sums and block is None,
         X_QUANTIZED=x_scales is not None,
-        SPLIT_K=split,
         USE_PDL=pdl,
         num_warps=8 if x.is_cuda else 1,
         launch_pdl=pdl,
     )
     return out
-
-
-def k_steps(k: int) -> int:
-    """The K steps of a GEMV on e4m3 rows at the default tiling: a split ``KSplits`` product has one sum each."""
-    return triton.cdiv(k, gemv_tiles(k, None, *default_tiling(torch.float8_e4m3fn))[1])
-
-
-@dataclass(slots=True)
-class KSplits:
-    """A one-row FP8 GEMV's product as one float32 sum per K step, each from programs of its own, before its
-    per-token and per-channel scales: ``sums`` [steps, M, N], ``x_s`` [M], ``w_s`` [N]. Its reader (an RMSNorm,
-    kernels/fused.py) adds the sums in step order and scales them as the GEMV's last lines do, so the row is the
-    one-launch GEMV's bits; the GEMV then has a program for each (slice, step), all loading before the PDL wait.
-    Reads as the [M, N] product of ``dtype`` that it stands for (shape, dtype, device)."""
-
-    sums: torch.Tensor
-    x_s: torch.Tensor
-    w_s: torch.Tensor
-    dtype: torch.dtype
-
-    @property
-    def shape(self) -> torch.Size:
-        return self.sums.shape[1:]
-
-    @property
-    def device(self) -> torch.device:
-        return self.sums.device
-
-    @property
-    def is_cuda(self) -> bool:
-        return self.sums.is_cuda
-
-    def dim(self) -> int:
-        return 2
-
-    def finished(self) -> torch.Tensor:
-        """The product [M, N] in ``dtype``, as its reader computes it (for a reader that does not take one)."""
-        acc = self.sums[0]
-        for part in self.sums[1:]:
-            acc = acc + part
-        return (acc * self.x_s[:, None] * self.w_s).to(self.dtype)
-
-
-def k_split_gemv(x_q: torch.Tensor, x_s: torch.Tensor, w_q: torch.Tensor, w_s: torch.Tensor, dtype) -> KSplits:
-    """``fp8_gemv`` of e4m3 rows ``x_q`` (per-token scales ``x_s``) and a per-channel weight, as ``KSplits``."""
-    sums = torch.empty((k_steps(x_q.shape[1]), x_q.shape[0], w_q.shape[0]), dtype=torch.float32, device=x_q.device)
-    fp8_gemv(x_q, w_q, w_s, None, None, sums, x_scales=x_s)
-    return KSplits(sums, x_s.view(-1), w_s, dtype)

@@ -13,7 +13,6 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.fp8_gemv import KSplits
 from kernels.fp8_quant import FP8_MAX, MIN_AMAX
 from kernels.fp8_rescale import Unscaled
 from kernels.pdl import pdl_enter, use_pdl
@@ -52,13 +51,11 @@ def _rmsnorm_kernel(
     stride_r,
     stride_o,
     stride_ro,
-    stride_split,
     N,
     eps,
     HAS_RESIDUAL: tl.constexpr,
     QUANTIZE: tl.constexpr,  # out is e4m3: the 16-bit result quantized per token, as kernels/fp8_gemv.py would
     SCALED: tl.constexpr,
-    SPLITS: tl.constexpr,  # > 0: x is a KSplits product, SPLITS float32 sums a row (SCALED's pointers its scales)
     BLOCK: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
@@ -66,15 +63,11 @@ def _rmsnorm_kernel(
     offs = tl.arange(0, BLOCK)
     mask = offs < N
     w = tl.load(w_ptr + offs, mask=mask, other=0.0)  # weights: in flight during the wait
-    if SCALED or SPLITS:
+    if SCALED:
         ws = tl.load(ws_ptr + offs, mask=mask, other=0.0)
     pdl_enter(USE_PDL)
     x = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0)
-    if SPLITS:  # the GEMV's own last lines: the steps' sums in order, then the token's and the channel's scale
-        for s in tl.static_range(1, SPLITS):
-            x += tl.load(x_ptr + s * stride_split + row * stride_x + offs, mask=mask, other=0.0)
-        x = (x * tl.load(xs_ptr + row) * ws).to(res_ptr.dtype.element_ty)
-    elif SCALED:  # kernels/fp8_rescale.py's arithmetic and rounding
+    if SCALED:  # kernels/fp8_rescale.py's arithmetic and rounding
         x = (x.to(tl.float32) * (tl.load(xs_ptr + row) * ws)).to(x_ptr.dtype.element_ty)
     if HAS_RESIDUAL:
         x = residual_added(x, res_ptr + row * stride_r + offs, res_out_ptr + row * stride_ro + offs, mask, True)
@@ -88,43 +81,37 @@ def _rmsnorm_kernel(
     tl.store(out_ptr + row * stride_o + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-def rmsnorm(x: torch.Tensor | KSplits, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None):
-    """RMSNorm over the last dim of a 2-D ``x``; with ``residual``, returns (norm(x + residual), x + residual).
-    ``x`` may be a ``KSplits`` product (with a residual)."""
-    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    res_out = torch.empty_like(out) if residual is not None else out
+def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None):
+    """RMSNorm over the last dim of a 2-D ``x``; with ``residual``, returns (norm(x + residual), x + residual)."""
+    out = torch.empty_like(x)
+    res_out = torch.empty_like(x) if residual is not None else out
     _rmsnorm(x, weight, eps, residual, out, res_out, None)
     return out if residual is None else (out, res_out)
 
 
 def rmsnorm_quantized(
-    x: torch.Tensor | Unscaled | KSplits, weight: torch.Tensor, eps: float, residual: torch.Tensor | None
+    x: torch.Tensor | Unscaled, weight: torch.Tensor, eps: float, residual: torch.Tensor | None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(e4m3 norm(x + residual) [M, K], its per-token scales [M], x + residual): ``rmsnorm``'s rows quantized as
     kernels/fp8_gemv.py quantizes a 16-bit row, so a GEMV behind it skips that work in each of its programs.
-    ``x`` may be an FP8 product before its scales (``Unscaled``, ``KSplits``: the norm applies them); ``residual``
-    None: x itself is the new residual (the first layer's embedding)."""
+    ``x`` may be an FP8 product before its scales (the norm applies them); ``residual`` None: x itself is the new
+    residual (the first layer's embedding)."""
     unscaled = x if isinstance(x, Unscaled) else None
     assert residual is not None or unscaled is None, "an unscaled product is not a residual"
     x = x.raw if unscaled is not None else x
     q = torch.empty(x.shape, dtype=torch.float8_e4m3fn, device=x.device)
     scales = torch.empty(x.shape[0], dtype=torch.float32, device=x.device)
-    res_out = torch.empty(x.shape, dtype=x.dtype, device=x.device) if residual is not None else x
+    res_out = torch.empty_like(x) if residual is not None else x
     _rmsnorm(x, weight, eps, residual, q, res_out, scales, unscaled)
     return q, scales, res_out
 
 
-def _rmsnorm(x, weight, eps, residual, out, res_out, scales, unscaled: Unscaled | KSplits | None = None) -> None:
-    if isinstance(x, KSplits):
-        assert residual is not None, "a KSplits product is not a residual"
-        x, unscaled, splits = x.sums, x, x.sums.shape[0]
-    else:
-        splits = 0
+def _rmsnorm(x, weight, eps, residual, out, res_out, scales, unscaled: Unscaled | None = None) -> None:
     n = x.shape[-1]
     res = residual if residual is not None else x
     block = triton.next_power_of_2(n)
     pdl = use_pdl(x)
-    _rmsnorm_kernel[(x.shape[-2],)](
+    _rmsnorm_kernel[(x.shape[0],)](
         x,
         res,
         weight,
@@ -133,17 +120,15 @@ def _rmsnorm(x, weight, eps, residual, out, res_out, scales, unscaled: Unscaled 
         scales if scales is not None else weight,
         weight if unscaled is None else unscaled.x_s,
         weight if unscaled is None else unscaled.w_s,
-        x.stride(-2),
+        x.stride(0),
         res.stride(0),
         out.stride(0),
         res_out.stride(0),
-        x.stride(0) if splits else 0,
         n,
         eps,
         HAS_RESIDUAL=residual is not None,
         QUANTIZE=scales is not None,
-        SCALED=unscaled is not None and not splits,
-        SPLITS=splits,
+        SCALED=unscaled is not None,
         BLOCK=block,
         USE_PDL=pdl,
         num_warps=4 if block <= 2048 else 8,

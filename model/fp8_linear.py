@@ -27,7 +27,6 @@ from protocol.settings import settings
 
 _QUANTIZED_ROWS = settings().fp8_quantized_rows
 _NORM_QUANTIZES = settings().fp8_norm_quantizes
-_DOWN_SPLITS = settings().fp8_down_splits
 
 
 class Fp8LinearMethod:
@@ -101,15 +100,12 @@ class Fp8LinearMethod:
         dn = (down.weight, down.weight_scale, down.bias)
         return down.finish(fp8_mlp.fp8_gated_mlp(x_q, gu, dn, down.output_buffer(x), x_s, x.dtype)), summed
 
-    def apply_silu_mul(self, layer: LinearBase, gate_up: torch.Tensor) -> torch.Tensor | fp8_gemv.KSplits | None:
+    def apply_silu_mul(self, layer: LinearBase, gate_up: torch.Tensor) -> torch.Tensor | None:
         """``layer`` (a row-parallel down projection) of silu(gate) * up, with the SiLU kernel quantizing the row;
-        None where the row is not quantized before the GEMV. A ``KSplits`` product where the layer's reader is an
-        RMSNorm that takes one (``mark_k_split_readers``)."""
+        None where the row is not quantized before the GEMV."""
         if not self.quantizes_row_before(layer, gate_up):
             return None
         x_q, x_s = fp8_mlp.silu_mul_quant(gate_up)
-        if getattr(layer, "k_split_reader", False) and fp8_gemv.k_steps(x_q.shape[1]) > 1:
-            return fp8_gemv.k_split_gemv(x_q, x_s, layer.weight, self.scale(layer), gate_up.dtype)
         out = layer.output_buffer(gate_up)
         if out is None:
             out = torch.empty((x_q.shape[0], layer.weight.shape[0]), dtype=gate_up.dtype, device=gate_up.device)
@@ -238,18 +234,3 @@ def _prepare_kernels(model: nn.Module) -> None:
         from kernels.scaled_mm import probe_scaled_mm
 
         probe_scaled_mm(device)
-    mark_k_split_readers(model)
-
-
-def mark_k_split_readers(model: nn.Module) -> None:
-    """Let the gated MLPs' down projections return one-row products as ``KSplits`` where every reader of an MLP's
-    output takes one: one rank (no all-reduce in between), every layer's q/k/v projection per-channel FP8 (the
-    next layer's norm quantizes the row for it; a 16-bit q/k/v GEMV would norm the row itself) or, behind a bias,
-    the plain RMSNorm, which takes one too, as does the model's final norm."""
-    modules = list(model.modules())
-    qkvs = [m.qkv_proj for m in modules if hasattr(m, "qkv_proj")]
-    per_channel = all(q.quant is not None and q.quant.cfg.block is None for q in qkvs)
-    ok = _DOWN_SPLITS and tp_size() == 1 and per_channel and qkvs
-    for m in modules:
-        if hasattr(m, "gate_up_proj") and hasattr(m, "down_proj"):
-            m.down_proj.k_split_reader = bool(ok) and m.down_proj.bias is None

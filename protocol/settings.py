@@ -62,7 +62,6 @@ class Settings:
     fp8_quantized_rows: bool  # NANOSERVE_FP8_QUANTIZED_ROWS=0: FP8 GEMV rows quantized in the GEMV, not before
     fp8_norm_quantizes: bool  # NANOSERVE_FP8_NORM_QUANTIZES=0: 2+ FP8 rows quantized by a launch after the RMSNorm
     fp8_folded_scales: bool  # NANOSERVE_FP8_FOLDED_SCALES=0: FP8 decode products rescaled by a launch of their own
-    fp8_down_splits: bool  # NANOSERVE_FP8_DOWN_SPLITS=0: a one-row FP8 down GEMV sums its K steps itself
     fp8_f16_sums: bool  # NANOSERVE_FP8_F16_SUMS=0: the one-row FP8 GEMV sums its products in float32 only
     fp8_v_keys: bool  # NANOSERVE_FP8_V_KEYS=0: an e4m3 V cache in the [keys, head_dim] page layout of 16-bit ones
     decode_keys_m: bool  # NANOSERVE_DECODE_KEYS_M=0: one-warp decode programs pad the query group to 16 rows as M
@@ -89,7 +88,6 @@ def settings() -> Settings:
         fp8_quantized_rows=_switch("FP8_QUANTIZED_ROWS"),
         fp8_norm_quantizes=_switch("FP8_NORM_QUANTIZES"),
         fp8_folded_scales=_switch("FP8_FOLDED_SCALES"),
-        fp8_down_splits=_switch("FP8_DOWN_SPLITS"),
         fp8_f16_sums=_switch("FP8_F16_SUMS"),
         fp8_v_keys=_switch("FP8_V_KEYS"),
         decode_keys_m=_switch("DECODE_KEYS_M"),

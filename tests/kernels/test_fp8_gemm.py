@@ -309,4 +309,4 @@ def test_fp8_kernels_build_for_sm90_without_a_gpu():
     cmd = [sys.executable, "-m", "tests.support.fp8_sm90_build"]
     out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-2000:]
-    assert out.stdout.count("ok ") == 34, out.stdout
+    assert out.stdout.count("ok ") == 32, out.stdout

@@ -14,7 +14,6 @@ from model.fp8 import Fp8Config
 from model.fp8_linear import quantize_loaded
 from model.layers import RMSNorm
 from model.linear import QKVParallelLinear
-from tests.support.interpreter_bf16 import bf16_like_the_gpu
 from tests.support.interpreter_fp8 import fix_interpreter_fp8_rounding
 
 ON_GPU = torch.cuda.is_available()
@@ -69,28 +68,17 @@ def test_silu_quantizes_a_finished_product_as_the_gemv_would(n):
     assert not torch.equal(gemv(x_q, w_q, w_s, x_s * 2), gemv(act, w_q, w_s))  # the scale is applied
 
 
-@pytest.mark.parametrize("k", [5000, 9000])  # two and three K steps of 4,096, the last one partial
-def test_k_split_sums_read_by_the_norm_are_the_one_launch_gemv_bits(k):
-    """The down GEMV as one program per (slice, K step), its float32 sums added and scaled by the next norm: the
-    same row as the one-launch GEMV, and so the same norm, residual and quantized row after it."""
-    with bf16_like_the_gpu():  # the interpreter's float32 -> bf16 conversions truncate
-        g = torch.Generator().manual_seed(k)
-        x_q, x_s = quantize_rows((torch.randn(1, k, generator=g) * 2).to(DEVICE).bfloat16(), None)
-        w_q, w_s = weight(40, k, g)
-        product = gemv(x_q, w_q, w_s, x_s.flatten())
-        split = fp8_gemv.k_split_gemv(x_q, x_s, w_q, w_s, torch.bfloat16)
-        assert split.sums.shape == (fp8_gemv.k_steps(k), 1, 40) and split.shape == product.shape
-        assert same_bits(split.finished(), product)
-        res = torch.randn(1, 40, generator=g).to(DEVICE).bfloat16()
-        nw = (torch.rand(40, generator=g) + 0.5).to(DEVICE).bfloat16()
-        for got, want in zip(
-            fused.rmsnorm_quantized(split, nw, 1e-6, res), fused.rmsnorm_quantized(product, nw, 1e-6, res)
-        ):
-            assert same_bits(got, want)
-        for got, want in zip(fused.rmsnorm(split, nw, 1e-6, res), fused.rmsnorm(product, nw, 1e-6, res)):
-            assert same_bits(got, want)
-        split.sums[-1] *= 2  # the last step's sum is read
-        assert not torch.equal(fused.rmsnorm(split, nw, 1e-6, res)[1], fused.rmsnorm(product, nw, 1e-6, res)[1])
+@pytest.mark.parametrize("slice_bytes", [8192, 16384])
+def test_one_step_over_the_whole_row_equals_the_default_tiling(slice_bytes):
+    """benchmarks/fp8_gemm.py times e4m3 rows in one step as wide as K rounded up (down_proj's 12,288 in 16,384
+    columns, a quarter of them masked) against the engine's 4,096-wide steps: the same products, summed in another
+    order."""
+    k, g = 5000, torch.Generator().manual_seed(3)
+    x_q, x_s = quantize_rows((torch.randn(1, k, generator=g) * 2).to(DEVICE).bfloat16(), None)
+    w_q, w_s = weight(24, k, g)
+    out = torch.empty((1, 24), dtype=torch.bfloat16, device=DEVICE)
+    wide = fp8_gemv.fp8_gemv(x_q, w_q, w_s, None, None, out, slice_bytes, None, 8192, x_scales=x_s.flatten())
+    torch.testing.assert_close(wide, gemv(x_q, w_q, w_s, x_s.flatten()), rtol=2**-7, atol=1e-3)
 
 
 def test_a_block_scaled_or_float32_row_is_not_taken():
@@ -156,10 +144,6 @@ def test_the_mlp_and_qkv_paths_take_quantized_rows_and_match_the_plain_layers(ro
     out, summed = mlp.norm_and_forward(norm, x, res)
     normed, ref_summed = norm(x, res)
     assert torch.equal(summed, ref_summed)
-    if rows == 1:  # down's K steps summed by its reader, the next norm (mark_k_split_readers)
-        assert isinstance(out, fp8_gemv.KSplits)
-        assert torch.equal(norm(out, res)[0], norm(out.finished(), res)[0])
-        out = out.finished()
     # one row: the GEMVs quantizing their rows themselves; more: the fused MLP quantizing the normed rows itself
     assert torch.equal(out, mlp.down_proj(mlp.act(mlp.gate_up_proj(normed))) if rows == 1 else mlp(normed))
     y, _ = qkv.norm_and_forward(norm, x, res)

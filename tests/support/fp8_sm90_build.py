@@ -68,23 +68,18 @@ def cases():
                 },
                 {"num_warps": warps, "num_stages": 3},
             )
-    # split: one program a K step, its sums for the next norm (KSplits)
-    for group_n, k, rows, f16_sums, quantized, split in ((0, 4096, 1, False, False, False),
-                                                         (0, 4096, 1, True, False, False),
-                                                         (0, 12288, 4, False, False, False),
-                                                         (128, 4096, 2, False, False, False),
-                                                         (128, 12288, 1, False, False, False),
-                                                         (0, 4096, 1, False, True, False),
-                                                         (0, 12288, 1, False, True, False),
-                                                         (0, 12288, 1, True, True, True)):  # fmt: skip
+    for group_n, k, rows, f16_sums, quantized in ((0, 4096, 1, False, False), (0, 4096, 1, True, False),
+                                                  (0, 12288, 4, False, False), (128, 4096, 2, False, False),
+                                                  (128, 12288, 1, False, False), (0, 4096, 1, False, True),
+                                                  (0, 12288, 1, False, True)):  # fmt: skip
         block = None if group_n == 0 else (128, 128)
         x_dtype = torch.float8_e4m3fn if quantized else torch.bfloat16
         block_n, block_k = fp8_gemv.gemv_tiles(k, block, *fp8_gemv.default_tiling(x_dtype))
         yield (
-            f"fp8 gemv group_n={group_n} K={k} rows={rows} f16_sums={f16_sums} x_quantized={quantized} split={split}",
+            f"fp8 gemv group_n={group_n} K={k} rows={rows} f16_sums={f16_sums} x_quantized={quantized}",
             fp8_gemv._fp8_gemv_kernel,
-            {"x_ptr": FP8 if quantized else BF16, "w_ptr": FP8, "ws_ptr": F32, "bias_ptr": BF16}
-            | {"out_ptr": F32 if split else BF16, "xs_ptr": F32},
+            {"x_ptr": FP8 if quantized else BF16, "w_ptr": FP8, "ws_ptr": F32, "bias_ptr": BF16, "out_ptr": BF16}
+            | {"xs_ptr": F32},
             {
                 "X_QUANTIZED": quantized,
                 "K": k,
@@ -93,22 +88,19 @@ def cases():
                 "BLOCK_K": block_k,
                 "GROUP_N": group_n,
                 "GROUP_K": 128 if group_n else 1,
-                "HAS_BIAS": not split,
+                "HAS_BIAS": True,
                 "F16_SUMS": f16_sums,
-                "SPLIT_K": split,
                 "USE_PDL": True,
             },
             {"num_warps": 8},
         )
-    # scaled: its input an FP8 product before its scales (model/fp8_folded.py); splits: a KSplits product's sums
-    for scaled, splits in ((False, 0), (True, 0), (False, 3)):
+    for scaled in (False, True):  # scaled: its input an FP8 product before its scales (model/fp8_folded.py)
         yield (
-            f"add + RMSNorm quantizing its row, scaled={scaled} splits={splits}",
+            f"add + RMSNorm quantizing its row, scaled={scaled}",
             fused._rmsnorm_kernel,
-            {"x_ptr": F32 if splits else BF16, "res_ptr": BF16, "w_ptr": BF16, "out_ptr": FP8, "res_out_ptr": BF16}
-            | {"scale_ptr": F32, "xs_ptr": F32, "ws_ptr": F32, "eps": "fp32"},
-            {"HAS_RESIDUAL": True, "QUANTIZE": True, "SCALED": scaled, "SPLITS": splits, "BLOCK": 4096}
-            | {"USE_PDL": True},
+            {"x_ptr": BF16, "res_ptr": BF16, "w_ptr": BF16, "out_ptr": FP8, "res_out_ptr": BF16, "scale_ptr": F32}
+            | {"xs_ptr": F32, "ws_ptr": F32, "eps": "fp32"},
+            {"HAS_RESIDUAL": True, "QUANTIZE": True, "SCALED": scaled, "BLOCK": 4096, "USE_PDL": True},
             {"num_warps": 8},
         )
     yield (
