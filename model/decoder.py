@@ -9,7 +9,6 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from kernels.l2_prefetch import prefetch_l2
 from model import fp8_folded
 from model.config import ModelConfig
 from model.layers import PagedAttention, ParallelLMHead, RMSNorm, SiluAndMul, VocabParallelEmbedding
@@ -116,8 +115,6 @@ class DecoderLayer(nn.Module):
                 hidden, residual = self.input_layernorm.forward_partial(hidden, residual)
             fused = self.self_attn.qkv_proj(hidden), residual
         qkv, residual = fused
-        if qkv.shape[0] == 1:  # the bus idles during one row's attention: the next weights go to the L2
-            prefetch_l2(self.self_attn.o_proj.weight, getattr(getattr(self.mlp, "gate_up_proj", None), "weight", None))
         hidden = self.self_attn(positions, qkv)
         if self.mlp_front is not None and (out := self.mlp_front(self.post_attention_layernorm, hidden, residual)):
             return out

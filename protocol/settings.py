@@ -65,7 +65,6 @@ class Settings:
     fp8_f16_sums: bool  # NANOSERVE_FP8_F16_SUMS=0: the one-row FP8 GEMV sums its products in float32 only
     fp8_v_keys: bool  # NANOSERVE_FP8_V_KEYS=0: an e4m3 V cache in the [keys, head_dim] page layout of 16-bit ones
     decode_keys_m: bool  # NANOSERVE_DECODE_KEYS_M=0: one-warp decode programs pad the query group to 16 rows as M
-    l2_prefetch_mb: int  # NANOSERVE_L2_PREFETCH_MB: weight a one-row layer asks the L2 for during attention (0: off)
     decode_tiles: tuple[int, ...] | None  # NANOSERVE_DECODE_TILES=keys,warps,stages[,regs]: CUDA decode tiles (sweeps)
     triton_interpret: bool  # TRITON_INTERPRET=1: Triton kernels run on CPU tensors (tests)
 
@@ -92,7 +91,6 @@ def settings() -> Settings:
         fp8_f16_sums=_switch("FP8_F16_SUMS"),
         fp8_v_keys=_switch("FP8_V_KEYS"),
         decode_keys_m=_switch("DECODE_KEYS_M"),
-        l2_prefetch_mb=int(_text("L2_PREFETCH_MB") or 32),
         decode_tiles=_decode_tiles(),
         triton_interpret=os.environ.get("TRITON_INTERPRET", "0") == "1",
     )
