@@ -21,7 +21,6 @@ import json
 
 import torch
 import torch.nn.functional as F
-import triton
 
 from benchmarks.decode_gemm import SHAPES
 from kernels import fp8_gemm, fp8_gemv, fused, scaled_mm
@@ -80,24 +79,16 @@ def _like(x: torch.Tensor) -> dict:
 
 def quantized_paths() -> dict:
     """The GEMV on e4m3 rows quantized by the RMSNorm in front, as the engine runs one-row products behind a norm
-    (per-channel scales): the engine's tiling ("qgemv": 16 KB programs, 4,096-wide steps), 8 KB programs, and one
-    step as wide as K rounded up to a power of two (down_proj's 12,288 in 16,384 columns) at 16 and 32 KB, so each
-    program loads all its weight before the PDL wait."""
+    (per-channel scales): the engine's tiling ("qgemv": 16 KB programs, 4,096-wide steps) and 8 KB programs."""
 
-    def run(slice_bytes: int, max_block_k: int | None):
+    def run(slice_bytes: int):
         def gemv(x_q, x_s, w_q, w_s):
             out = torch.empty(x_q.shape[0], w_q.shape[0], dtype=torch.bfloat16, device=x_q.device)
-            width = max_block_k or triton.next_power_of_2(x_q.shape[1])
-            return fp8_gemv.fp8_gemv(x_q, w_q, w_s, None, None, out, slice_bytes, None, width, x_scales=x_s)
+            return fp8_gemv.fp8_gemv(x_q, w_q, w_s, None, None, out, slice_bytes, None, 4096, x_scales=x_s)
 
         return gemv
 
-    return {
-        "qgemv": run(16384, 4096),
-        "qgemv_8k": run(8192, 4096),
-        "qgemv_wide16k": run(16384, None),
-        "qgemv_wide32k": run(32768, None),
-    }
+    return {"qgemv": run(16384), "qgemv_8k": run(8192)}
 
 
 def quantized_step_us(fn, weights, x) -> float:

@@ -68,19 +68,6 @@ def test_silu_quantizes_a_finished_product_as_the_gemv_would(n):
     assert not torch.equal(gemv(x_q, w_q, w_s, x_s * 2), gemv(act, w_q, w_s))  # the scale is applied
 
 
-@pytest.mark.parametrize("slice_bytes", [8192, 16384])
-def test_one_step_over_the_whole_row_equals_the_default_tiling(slice_bytes):
-    """benchmarks/fp8_gemm.py times e4m3 rows in one step as wide as K rounded up (down_proj's 12,288 in 16,384
-    columns, a quarter of them masked) against the engine's 4,096-wide steps: the same products, summed in another
-    order."""
-    k, g = 5000, torch.Generator().manual_seed(3)
-    x_q, x_s = quantize_rows((torch.randn(1, k, generator=g) * 2).to(DEVICE).bfloat16(), None)
-    w_q, w_s = weight(24, k, g)
-    out = torch.empty((1, 24), dtype=torch.bfloat16, device=DEVICE)
-    wide = fp8_gemv.fp8_gemv(x_q, w_q, w_s, None, None, out, slice_bytes, None, 8192, x_scales=x_s.flatten())
-    torch.testing.assert_close(wide, gemv(x_q, w_q, w_s, x_s.flatten()), rtol=2**-7, atol=1e-3)
-
-
 def test_a_block_scaled_or_float32_row_is_not_taken():
     with pytest.raises(AssertionError):
         w_q, w_s = fp8.quantize_blocks(torch.randn(128, 256).to(DEVICE), (128, 128))
