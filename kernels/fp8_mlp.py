@@ -104,6 +104,8 @@ def _tiling(y: torch.Tensor, n: int) -> tuple[int, int]:
     if y.shape[0] >= _MANY_ROWS:
         return min(_MANY_ROWS_BLOCK, triton.next_power_of_2(n)), 8
     block = min(_BLOCK, triton.next_power_of_2(n))
+    if y.shape[0] == 1 and block == _BLOCK:  # one row: the step waits on this one program (W2 FP8 -0.6%)
+        return block, 32
     return block, max(4, min(16, block // 1024))
 
 
