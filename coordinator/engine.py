@@ -15,6 +15,8 @@ import os
 import time
 from collections import deque
 
+import numpy as np
+
 from coordinator.admission import Admission
 from coordinator.block_manager import BlockManager
 from coordinator.config import EngineConfig
@@ -22,6 +24,7 @@ from coordinator.output_processor import OutputProcessor, TokenStop
 from coordinator.prompts import configured_generation_defaults, detokenize_reply, tokenize_reply
 from coordinator.scheduler import ScheduledBatch, Scheduler
 from coordinator.sequence import SeqStatus, Sequence
+from coordinator.structured_outputs import Grammars, accept
 from coordinator.worker_group import WorkerGroup
 from model.config import ModelConfig
 from protocol.client_messages import ChatPrompt, Detokenize, DetokenizeReply, Tokenize, TokenizeReply
@@ -98,6 +101,8 @@ class Engine:
             async_scheduling=cfg.async_scheduling,
         )
         self.output_processor = OutputProcessor(self.tokenizer)
+        self.grammars = Grammars(self.tokenizer, self.vocab_size, eos_ids)
+        self.num_constrained = 0  # unfinished requests with structured outputs: only then a step builds masks
         self._in_flight: deque[ScheduledBatch] = deque()  # sent, results not applied yet (oldest first)
         self.requests: dict[str, Sequence] = {}  # unfinished requests
         self._ids = itertools.count()
@@ -126,6 +131,9 @@ class Engine:
         if request_id in self.requests:
             raise RequestError(f"request_id {request_id!r} is already in flight")
         seq = Sequence(request_id, ids, len(ids), params, time.monotonic())
+        if params.structured_outputs is not None:
+            seq.grammar = self.grammars.matcher(params.structured_outputs)  # RequestError if it does not compile
+            self.num_constrained += 1
         seq.every_token = self.output_processor.add(seq, stream)
         self.requests[request_id] = seq
         self.scheduler.add(seq)
@@ -137,6 +145,7 @@ class Engine:
         seq = self.requests.pop(request_id, None)
         if seq is None:
             return None
+        self.num_constrained -= seq.grammar is not None
         self.scheduler.finish(seq, "abort")
         return self.output_processor.finish(seq, "abort")
 
@@ -155,6 +164,8 @@ class Engine:
         results, checks stop conditions and detokenizes. A sequence that stops at step N may already be in the
         steps after it: those extra tokens are dropped."""
         batch = self.scheduler.schedule()
+        if batch is not None and self.num_constrained:
+            self._constrain(batch)
         if not self.config.async_scheduling:
             if batch is None:
                 return []
@@ -167,6 +178,14 @@ class Engine:
             done = self._in_flight.popleft()
             return self._apply(done, self.workers.recv_result(done.step.step_id))
         return []
+
+    def _constrain(self, batch: ScheduledBatch) -> None:
+        """The step's token bitmasks for its sampled rows under a grammar (each has every token known: the
+        scheduler holds such a row back while its last token is in flight)."""
+        rows = [i for i, seq in enumerate(batch.sampled) if seq.grammar is not None]
+        if rows:
+            masks = self.grammars.bitmasks([batch.sampled[i].grammar for i in rows])
+            batch.step.mask_rows, batch.step.token_masks = np.array(rows, np.int32), masks.reshape(-1)
 
     def _apply(self, batch: ScheduledBatch, result: StepResult) -> list[StepOutput]:
         tokens = result.token_ids.tolist()
@@ -194,6 +213,8 @@ class Engine:
             else:
                 seq.token_ids.append(token)
             stop = self._check_stop(seq, token)
+            if seq.grammar is not None and stop is None:
+                stop = self._grammar_stop(seq, token)
             if stop is None and not seq.every_token:
                 continue  # the output processor only needs this request's last token
             out = processor.update(seq, token, logprobs, stop)
@@ -202,8 +223,17 @@ class Engine:
             if out.finish_reason is not None:  # a token-level stop, or a stop string the processor found
                 self.scheduler.finish(seq, out.finish_reason)
                 self.requests.pop(seq.request_id, None)
+                self.num_constrained -= seq.grammar is not None
             outputs.append(out)
         return outputs
+
+    @staticmethod
+    def _grammar_stop(seq: Sequence, token: int) -> TokenStop | None:
+        """A constrained request ends when its grammar is complete (and only a stop token could follow) or, which
+        its bitmask should prevent, when the grammar refuses the token."""
+        if not accept(seq.grammar, token):
+            return ("abort", None)
+        return _EOS if seq.grammar.is_terminated() else None
 
     def _check_stop(self, seq: Sequence, token: int) -> TokenStop | None:
         p = seq.params

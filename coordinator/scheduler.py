@@ -94,8 +94,9 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
-            if seq.num_pending and self._done_when_resolved(seq):
-                i += 1  # its in-flight token is its last: nothing more to compute
+            if seq.num_pending and (seq.grammar is not None or self._done_when_resolved(seq)):
+                # its in-flight token is its last, or its grammar must see that token before the next is masked
+                i += 1
                 continue
             n = min(seq.num_tokens - seq.num_computed_tokens, budget)
             while not bm.allocate(seq.block_table, [], seq.num_computed_tokens + n):

@@ -35,6 +35,7 @@ class Sequence:
     finish_reason: str | None = None
     every_token: bool = False  # the output processor takes each new token (streaming, stop strings, logprobs)
     prompt_logprobs_upto: int = 0  # prompt_logprobs: last prompt position whose logprobs a scheduled step computes
+    grammar: object | None = None  # structured outputs: its matcher (coordinator/structured_outputs.py)
 
     @property
     def num_tokens(self) -> int:

@@ -8,7 +8,8 @@ from protocol.codec import F32, I32, record
 from protocol.sampling_params import SamplingParams
 
 # 4: SamplingParams.logit_bias / prompt_logprobs, StepResult's prompt logprobs; 5: SamplingParams.truncate_prompt_tokens
-PROTOCOL_VERSION = 5
+# 6: SamplingParams.structured_outputs, StepCommand's token masks
+PROTOCOL_VERSION = 6
 
 
 # ---- coordinator <-> worker --------------------------------------------------------------------------
@@ -120,6 +121,10 @@ class StepCommand:
     # per new sequence, concatenated: new_prompt_lens[i] prompt ids, then its new_num_outputs[i] outputs so far
     new_past_token_ids: I32
     freed_slots: I32  # sequences that finished or were preempted since the last step
+    # structured outputs: the sampled rows (indices among the step's sampled rows) whose tokens are masked, and
+    # their bitmasks, [len(mask_rows), ceil(vocab / 32)] flattened (token i allowed: bit i % 32 of word i // 32)
+    mask_rows: I32 | None = None
+    token_masks: I32 | None = None
 
 
 @record(8)

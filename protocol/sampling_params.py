@@ -6,6 +6,7 @@ server) and ``StepCommand.new_params`` (coordinator to workers), and decoding it
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, field, replace
 
@@ -34,6 +35,44 @@ def _check_logit_bias(bias) -> None:
             raise ValueError(f"logit_bias keys must be token ids (ints >= 0), got {k!r}")
         if not (_is_num(v) and math.isfinite(v) and abs(v) <= _F32_MAX):
             raise ValueError(f"logit_bias values must be finite numbers, got {v!r} for token {k}")
+
+
+STRUCTURED_KINDS = ("json", "regex", "choice", "grammar", "json_object")  # vLLM's StructuredOutputsParams fields
+
+
+def structured_spec(spec) -> str:
+    """vLLM's ``structured_outputs`` (one of STRUCTURED_KINDS: a JSON schema as a dict or text, a regex, a list of
+    choices, an EBNF grammar, or ``json_object: True`` for any JSON object) as the canonical JSON text the record
+    carries; ValueError naming the field unless it is exactly one well-typed kind."""
+    if isinstance(spec, str):
+        try:
+            spec = json.loads(spec)
+        except ValueError:
+            raise ValueError(f"structured_outputs must be a dict or its JSON text, got {spec[:80]!r}") from None
+    if not isinstance(spec, dict):
+        raise ValueError(f"structured_outputs must be a dict, got {type(spec).__name__}")
+    given = {k: v for k, v in spec.items() if v is not None and v is not False}
+    unknown = sorted(set(given) - set(STRUCTURED_KINDS))
+    if unknown or len(given) != 1:
+        what = f"unknown fields {unknown}" if unknown else f"{len(given)} given"
+        raise ValueError(f"structured_outputs must give exactly one of {', '.join(STRUCTURED_KINDS)} ({what})")
+    (kind, value), ok = next(iter(given.items())), True
+    if kind == "json":
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except ValueError:
+                ok = False
+        ok = ok and isinstance(value, (dict, bool))
+    elif kind == "choice":
+        ok = isinstance(value, list) and bool(value) and all(isinstance(c, str) and c for c in value)
+    elif kind == "json_object":
+        ok = value is True
+    else:
+        ok = isinstance(value, str) and bool(value)
+    if not ok:
+        raise ValueError(f"structured_outputs.{kind} is not a valid {kind}: {str(value)[:80]!r}")
+    return json.dumps({kind: value}, sort_keys=True)
 
 
 def truncate_prompt(prompt_ids: list[int], keep: int | None, max_model_len: int) -> list[int]:
@@ -69,6 +108,9 @@ class SamplingParams:
     logit_bias: dict[int, float] | None = None
     prompt_logprobs: int | None = None  # top-N logprobs of every prompt token (after the first), as vLLM
     truncate_prompt_tokens: int | None = None  # vLLM's: keep the prompt's last k tokens (-1: max_model_len)
+    # vLLM's structured outputs: the coordinator masks every sampled token to what keeps the output valid. Given
+    # as a dict (STRUCTURED_KINDS), carried as its canonical JSON text (structured_spec).
+    structured_outputs: str | None = None
 
     def __post_init__(self) -> None:
         # vLLM's spellings: a lone str, a tuple, None; any other type is left for validate to name
@@ -78,6 +120,8 @@ class SamplingParams:
             self.stop_token_ids = list(self.stop_token_ids or ())
         if isinstance(self.logit_bias, dict) and not self.logit_bias:
             self.logit_bias = None  # one way to say "no bias": the worker's fast path tests for None
+        if self.structured_outputs is not None:
+            self.structured_outputs = structured_spec(self.structured_outputs)  # raises naming the field
         self.validate()
 
     def validate(self) -> None:
@@ -125,6 +169,8 @@ class SamplingParams:
         k = self.truncate_prompt_tokens
         if not (k is None or (_is_int(k) and (k >= 1 or k == -1))):
             self._bad("truncate_prompt_tokens", "must be None, -1 (max_model_len) or an int >= 1")
+        if not (self.structured_outputs is None or isinstance(self.structured_outputs, str)):
+            self._bad("structured_outputs", "must be None or a structured outputs spec")
 
     def _bad(self, name: str, what: str) -> None:
         raise ValueError(f"{name} {what}, got {getattr(self, name)!r}")

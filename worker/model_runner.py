@@ -225,7 +225,7 @@ class ModelRunner:
         # sample_idx picks increasing token rows: as many as there are tokens means every row, in order (a
         # decode-only step), and the gather (a copy to the device and an index kernel) is skipped
         rows = hidden if len(hb.sample_idx) == hidden.shape[0] else hidden[self.to_dev(hb.sample_idx)]
-        tokens, lp = self._sample(rows, hb, slots_dev)
+        tokens, lp = self._sample(rows, hb, slots_dev, step)
         self.last_tokens[slots_dev] = tokens
         prompt = self._prompt_logprobs(hidden, prompt_rows)
         if tp_rank() != 0:
@@ -243,15 +243,16 @@ class ModelRunner:
         return self.prompt_logprobs.compute(self.model.compute_logits, hidden, prompt_rows, self.to_dev)
 
     def _sample(
-        self, rows: torch.Tensor, hb: HostBatch, slots_dev: torch.Tensor
+        self, rows: torch.Tensor, hb: HostBatch, slots_dev: torch.Tensor, step: StepCommand
     ) -> tuple[torch.Tensor, tuple[np.ndarray, torch.Tensor] | None]:
         """Every rank's copy of the sampled ids (int64 [rows]) and, on rank 0, the raw logprobs of the rows that
         ask for them."""
         state = self.sampling
+        masked = step.mask_rows is not None and len(step.mask_rows) > 0  # structured outputs: rank 0 samples
         noise_seed = int(self.noise_seeds.integers(1 << 31))  # drawn on every rank: shard sampling shares it
         # the controls (penalties, min_tokens, logprobs) live on rank 0; without them every rank can build st
         st = state.tensors(hb.sample_slots, hb.sample_positions) if tp_rank() == 0 or not state.any_controls else None
-        if tp_size() > 1 and not state.any_controls and samples_on_shards(self.device.type == "cuda", st):
+        if tp_size() > 1 and not (state.any_controls or masked) and samples_on_shards(self.device.type == "cuda", st):
             # same decision on every rank (same commands): each proposes its vocabulary shard's best per row
             local, start = self.model.compute_shard_logits(rows)
             candidates = shard_candidates(local, st, noise_seed, start, self.model_config.vocab_size)
@@ -259,6 +260,9 @@ class ModelRunner:
         logits = self.model.compute_logits(rows)
         lp = None
         if tp_rank() == 0:
+            if masked:
+                words = step.token_masks.reshape(len(step.mask_rows), -1)
+                st.allowed = (self.to_dev(step.mask_rows), self.to_dev(words, torch.int32))
             if state.any_controls:
                 lp = raw_logprobs(logits, state.num_logprobs[hb.sample_slots], self.to_dev)
             tokens = sample(logits, st, self.generator, noise_seed)

@@ -53,6 +53,7 @@ class SamplingTensors:
     repetition_penalty: torch.Tensor | None = None  # [r] float32
     output_counts: torch.Tensor | None = None  # [r, vocab] int32: occurrences of each token in the output so far
     prompt_mask: torch.Tensor | None = None  # [r, vocab] bool: tokens of the prompt (repetition penalty only)
+    allowed: tuple[torch.Tensor, torch.Tensor] | None = None  # structured outputs: (rows, int32 bitmasks [r, words])
 
 
 def _hash32(x: torch.Tensor) -> torch.Tensor:
@@ -93,13 +94,19 @@ def apply_penalties(
 
 
 def has_controls(st: SamplingTensors) -> bool:
-    """Whether some row's logits change before sampling (logit bias, min_tokens masks or penalties)."""
-    return st.logit_bias is not None or st.banned is not None or st.penalty_rows is not None
+    """Whether some row's logits change before sampling (logit bias, min_tokens masks, penalties, token masks)."""
+    return st.logit_bias is not None or st.banned is not None or st.penalty_rows is not None or st.allowed is not None
+
+
+def allowed_tokens(bitmasks: torch.Tensor, vocab: int) -> torch.Tensor:
+    """int32 bitmasks [r, words] (token i: bit i % 32 of word i // 32) as bool [r, vocab]."""
+    bits = torch.arange(32, dtype=torch.int32, device=bitmasks.device)
+    return ((bitmasks.unsqueeze(-1) >> bits) & 1).flatten(1)[:, :vocab].bool()
 
 
 def apply_controls(logits: torch.Tensor, st: SamplingTensors) -> torch.Tensor:
-    """Logit bias, then min_tokens masks, then penalties, on float32 logits; returns ``logits`` itself when no row
-    uses them."""
+    """Logit bias, then min_tokens masks, then penalties, then structured outputs' token masks, on float32 logits;
+    returns ``logits`` itself when no row uses them."""
     if not has_controls(st):
         return logits
     logits = logits.clone()
@@ -119,6 +126,9 @@ def apply_controls(logits: torch.Tensor, st: SamplingTensors) -> torch.Tensor:
             st.frequency_penalty,
             st.repetition_penalty,
         )
+    if st.allowed is not None:
+        rows, bitmasks = st.allowed
+        logits[rows] = logits[rows].masked_fill(~allowed_tokens(bitmasks, logits.shape[1]), -torch.inf)
     return logits
 
 

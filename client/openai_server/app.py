@@ -35,7 +35,7 @@ def _version() -> str:
 
 
 def _warn_unknown_fields(req) -> None:
-    new = sorted(set(req.model_extra or ()).difference(_warned_fields, GUIDED_FIELDS))  # those are refused instead
+    new = sorted(set(req.model_extra or ()).difference(_warned_fields, GUIDED_FIELDS))  # those are taken
     if new:
         _warned_fields.update(new)
         log.warning("ignoring request field(s) this server does not know: %s", ", ".join(new))

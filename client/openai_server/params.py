@@ -13,13 +13,14 @@ from client.openai_server.schemas import ChatCompletionRequest, CompletionReques
 from protocol.chat_content import content_text
 from protocol.client_messages import ChatPrompt
 from protocol.errors import RequestError
-from protocol.sampling_params import MAX_LOGPROBS, SamplingParams
+from protocol.sampling_params import MAX_LOGPROBS, SamplingParams, structured_spec
 
 _PARAM_FIELDS = frozenset(f.name for f in dataclasses.fields(SamplingParams))
 # fields whose unset value comes from the model's generation config when it has one
 _DEFAULTED = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
-# vLLM's constrained-decoding fields: refused, since ignoring them would return unconstrained text as if constrained
+# vLLM's constrained-decoding fields (request extras): each becomes SamplingParams.structured_outputs
 GUIDED_FIELDS = ("guided_json", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs")
+_GUIDED_KIND = {"guided_json": "json", "guided_regex": "regex", "guided_choice": "choice", "guided_grammar": "grammar"}
 
 
 def check_model(requested: str | None, served: list[str]) -> None:
@@ -106,12 +107,6 @@ def _unsupported(req) -> None:
         raise APIError(400, "stream_options can only be given with stream=true", "stream_options")
     if req.stream and req.prompt_logprobs is not None:  # as vLLM: they come with the finished request only
         raise APIError(400, "prompt_logprobs are not available when stream=true", "prompt_logprobs")
-    if req.response_format and req.response_format.get("type") not in (None, "text"):
-        raise APIError(400, "response_format: only {'type': 'text'} is supported", "response_format")
-    extra = req.model_extra or {}
-    for name in GUIDED_FIELDS:
-        if extra.get(name) is not None:
-            raise APIError(400, f"{name}: constrained decoding is not supported", name)
     if isinstance(req, ChatCompletionRequest):
         if req.top_logprobs is not None and not req.logprobs:
             raise APIError(400, "top_logprobs needs logprobs: true", "top_logprobs")
@@ -139,11 +134,50 @@ def logit_bias(bias: dict[str, float] | None) -> dict[int, float] | None:
     return out
 
 
+def structured_outputs(req) -> dict | None:
+    """The request's constraint as SamplingParams.structured_outputs: OpenAI's ``response_format`` (``json_object``,
+    or ``json_schema`` with its ``schema``) or one of vLLM's GUIDED_FIELDS; None without one, a 400 naming the
+    field for a malformed one or for two at once."""
+    found: list[tuple[str, dict]] = []
+    fmt = req.response_format
+    if fmt:
+        kind = fmt.get("type")
+        if kind == "json_object":
+            found.append(("response_format", {"json_object": True}))
+        elif kind == "json_schema":
+            schema = (fmt.get("json_schema") or {}).get("schema") if isinstance(fmt.get("json_schema"), dict) else None
+            if not isinstance(schema, dict):
+                raise APIError(
+                    400, "response_format json_schema needs json_schema.schema (an object)", "response_format"
+                )
+            found.append(("response_format", {"json": schema}))
+        elif kind not in (None, "text"):
+            msg = f"response_format type must be text, json_object or json_schema, got {kind!r}"
+            raise APIError(400, msg, "response_format")
+    extra = req.model_extra or {}
+    for name in GUIDED_FIELDS:
+        value = extra.get(name)
+        if value is not None:
+            found.append((name, value if name == "structured_outputs" else {_GUIDED_KIND[name]: value}))
+    if len(found) > 1:
+        names = " and ".join(name for name, _ in found)
+        raise APIError(400, f"{names}: give one constraint, not several", found[1][0])
+    if not found:
+        return None
+    name, spec = found[0]
+    try:
+        structured_spec(spec)
+        return spec
+    except ValueError as e:
+        raise APIError(400, f"{name}: {e}", name) from None
+
+
 def sampling_params(req, defaults: dict, max_tokens: int, logprobs: int | None) -> SamplingParams:
     """One choice's SamplingParams (n=1: the front-end sends each of a request's n choices on its own)."""
     _unsupported(req)
     if not isinstance(req.n, int) or not 1 <= req.n <= 128:
         raise APIError(400, f"n must be an int in [1, 128], got {req.n!r}", "n")
+    structured = structured_outputs(req)
     values = {name: getattr(req, name) for name in _DEFAULTED}
     for name in _DEFAULTED:
         if values[name] is None:
@@ -165,6 +199,7 @@ def sampling_params(req, defaults: dict, max_tokens: int, logprobs: int | None) 
             logit_bias=logit_bias(req.logit_bias),
             prompt_logprobs=_prompt_logprobs(req),
             truncate_prompt_tokens=req.truncate_prompt_tokens,
+            structured_outputs=structured,
         )
     except (ValueError, TypeError) as e:
         raise APIError(400, str(e), param_of(str(e), _PARAM_FIELDS)) from None

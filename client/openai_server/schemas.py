@@ -28,7 +28,7 @@ class _Request(BaseModel):
     frequency_penalty: float | None = None
     logit_bias: dict[str, float] | None = None  # OpenAI's: token id (a string) -> bias in [-100, 100]
     user: str | None = None
-    response_format: dict[str, Any] | None = None  # only {"type": "text"}: no structured outputs yet
+    response_format: dict[str, Any] | None = None  # text, json_object or json_schema (params.structured_outputs)
     # vLLM's extras
     top_k: int | None = None
     min_p: float | None = None

@@ -1,0 +1,102 @@
+"""Structured outputs: a request's ``structured_outputs`` (a JSON schema, any JSON object, a regex, a choice or an
+EBNF grammar) becomes a grammar matcher (xgrammar, as vLLM and SGLang use) that the engine asks, before each token
+the request samples, which tokens keep the output valid. The answer travels to the workers as a bitmask per
+sampled row (token i: bit i % 32 of int32 word i // 32), and the sampler sets every other token's logit to -inf.
+The engine feeds each sampled token back (``accept``); a request whose grammar is complete may only end.
+
+xgrammar is imported on the first constrained request, so an engine that serves none never loads it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections import OrderedDict
+
+import numpy as np
+
+from protocol.errors import RequestError
+
+log = logging.getLogger("nanoserve.structured_outputs")
+
+_CACHE_SIZE = 64  # compiled grammars kept, by spec
+
+
+class Grammars:
+    """Compiles specs (cached) and fills the step's token bitmasks, for one tokenizer and vocabulary."""
+
+    def __init__(self, tokenizer, vocab_size: int, eos_token_ids: list[int]) -> None:
+        self.tokenizer, self.vocab_size, self.eos_token_ids = tokenizer, vocab_size, eos_token_ids
+        self.words = -(-vocab_size // 32)  # int32 words of one row's bitmask
+        self._compiler = None
+        self._compiled: OrderedDict[str, object] = OrderedDict()
+
+    def _xgrammar_compiler(self):
+        if self._compiler is None:
+            try:
+                import xgrammar
+            except ImportError:
+                raise RequestError("structured_outputs needs the xgrammar package (pip install xgrammar)") from None
+            info = xgrammar.TokenizerInfo.from_huggingface(
+                self.tokenizer, vocab_size=self.vocab_size, stop_token_ids=self.eos_token_ids
+            )
+            self._compiler = xgrammar.GrammarCompiler(info)
+        return self._compiler
+
+    def matcher(self, spec: str):
+        """A new matcher for ``spec`` (SamplingParams.structured_outputs); RequestError naming the field when it
+        does not compile (a schema xgrammar cannot take, a bad regex or grammar)."""
+        compiler = self._xgrammar_compiler()
+        compiled = self._compiled.get(spec)
+        if compiled is None:
+            ((kind, value),) = json.loads(spec).items()
+            try:
+                compiled = _compile(compiler, kind, value)
+            except Exception as e:  # xgrammar raises RuntimeError / ValueError with its parser's message
+                raise RequestError(f"structured_outputs.{kind} does not compile: {e}") from None
+            self._compiled[spec] = compiled
+            if len(self._compiled) > _CACHE_SIZE:
+                self._compiled.popitem(last=False)
+        else:
+            self._compiled.move_to_end(spec)
+        import xgrammar
+
+        return xgrammar.GrammarMatcher(compiled)
+
+    def bitmasks(self, matchers: list) -> np.ndarray:
+        """int32 [len(matchers), words]: the tokens each matcher allows next."""
+        import xgrammar
+
+        masks = xgrammar.allocate_token_bitmask(len(matchers), self.vocab_size)
+        for i, m in enumerate(matchers):
+            m.fill_next_token_bitmask(masks, i)
+        return masks.numpy()
+
+
+def _compile(compiler, kind: str, value):
+    # JSON without free whitespace between tokens: small models otherwise fill a reply with blank lines
+    if kind == "json":
+        return compiler.compile_json_schema(json.dumps(value), any_whitespace=False)
+    if kind == "json_object":
+        return compiler.compile_json_schema('{"type": "object"}', any_whitespace=False)
+    if kind == "regex":
+        return compiler.compile_regex(value)
+    if kind == "choice":
+        return compiler.compile_regex("|".join(_escape(c) for c in value))
+    return compiler.compile_grammar(value)
+
+
+def _escape(text: str) -> str:
+    """``text`` as a regex that matches it literally."""
+    special = set("\\^$.|?*+()[]{}/")
+    return "".join("\\" + c if c in special else c for c in text)
+
+
+def accept(matcher, token: int) -> bool:
+    """Feed a sampled token; False if the grammar refuses it (never for a token its bitmask allowed)."""
+    if matcher.is_terminated():
+        return False
+    ok = matcher.accept_token(token)
+    if not ok:
+        log.warning("a constrained request sampled token %d, which its grammar refuses", token)
+    return ok

@@ -1,0 +1,112 @@
+"""Structured outputs end to end through ``client.LLM`` (real worker processes, xgrammar's matchers in the
+coordinator): greedy decoding under a grammar equals HF transformers' greedy decoding over the tokens the same
+grammar allows (masked by xgrammar's own ``apply_token_bitmask_inplace``: the oracle), with async scheduling on and
+off, and leaves an unconstrained request of the same batch alone; sampled outputs of choices, regexes and JSON
+schemas are valid; a spec that does not compile is refused naming the field, and the engine keeps serving."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+import torch
+import xgrammar as xgr
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from client import LLM, SamplingParams
+from protocol.errors import RequestError
+from tests.support.oracle import hf_greedy, prompts_with_shared_prefixes
+
+SCHEMA = {
+    "type": "object",
+    "properties": {"color": {"enum": ["red", "green", "blue"]}, "ok": {"type": "boolean"}},
+    "required": ["color", "ok"],
+    "additionalProperties": False,
+}
+SPECS = [
+    {"choice": ["yes", "no", "maybe not"]},
+    {"regex": "[ab]{2,4}-[0-9]"},
+    {"json": SCHEMA},
+    {"grammar": 'root ::= "x" [0-9] ("," [0-9])?'},
+]
+ENGINE = dict(max_model_len=256, num_kv_blocks=128, block_size=16)
+
+
+def _grammar(compiler, spec: dict):
+    ((kind, value),) = spec.items()
+    if kind == "json":
+        return compiler.compile_json_schema(json.dumps(value), any_whitespace=False)
+    if kind == "choice":
+        return compiler.compile_regex("|".join(re.escape(c) for c in value))
+    if kind == "regex":
+        return compiler.compile_regex(value)
+    return compiler.compile_grammar(value)
+
+
+def hf_constrained_greedy(model_dir, prompt: list[int], spec: dict, max_tokens: int) -> list[int]:
+    """HF's greedy tokens, each step's logits masked by a fresh xgrammar matcher of ``spec``; ends on EOS."""
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    vocab = model.config.vocab_size
+    info = xgr.TokenizerInfo.from_huggingface(tok, vocab_size=vocab, stop_token_ids=[tok.eos_token_id])
+    matcher = xgr.GrammarMatcher(_grammar(xgr.GrammarCompiler(info), spec))
+    ids, out = list(prompt), []
+    mask = xgr.allocate_token_bitmask(1, vocab)
+    with torch.no_grad():
+        while len(out) < max_tokens:
+            logits = model(torch.tensor([ids])).logits[0, -1:].float()
+            matcher.fill_next_token_bitmask(mask)
+            xgr.apply_token_bitmask_inplace(logits, mask)
+            token = int(logits.argmax())
+            out.append(token)
+            if token == tok.eos_token_id:
+                break
+            assert matcher.accept_token(token)
+            ids.append(token)
+    return out
+
+
+@pytest.mark.parametrize("async_scheduling", [True, False], ids=["async", "sync"])
+def test_greedy_under_a_grammar_equals_hf_over_the_same_mask(tiny_untied, async_scheduling):
+    prompts = prompts_with_shared_prefixes()[:5]
+    with LLM(str(tiny_untied), async_scheduling=async_scheduling, **ENGINE) as llm:
+        params = [SamplingParams(temperature=0, max_tokens=40, structured_outputs=s) for s in SPECS]
+        plain = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+        outs = llm.generate(prompts, [*params, plain], use_tqdm=False)
+    for p, spec, o in zip(prompts, SPECS, outs):
+        assert o.outputs[0].token_ids == hf_constrained_greedy(tiny_untied, p, spec, 40), spec
+        assert o.outputs[0].finish_reason == "stop", spec  # each grammar ends well before 40 tokens
+    assert outs[-1].outputs[0].token_ids == hf_greedy(tiny_untied, prompts[-1:], 12)[0]
+
+
+def test_sampled_outputs_are_valid_and_a_bad_spec_is_refused(tiny_tied):
+    with LLM(str(tiny_tied), **ENGINE) as llm:
+        sampled = dict(temperature=1.0, max_tokens=60, n=3, seed=11)
+        choice, regex, schema, obj = llm.generate(
+            ["pick", "match", "json", "object"],
+            [
+                SamplingParams(**sampled, structured_outputs=SPECS[0]),
+                SamplingParams(**sampled, structured_outputs=SPECS[1]),
+                SamplingParams(**sampled, structured_outputs=SPECS[2]),
+                SamplingParams(temperature=1.0, max_tokens=200, seed=3, structured_outputs={"json_object": True}),
+            ],
+            use_tqdm=False,
+        )
+        assert {c.text for c in choice.outputs} <= {"yes", "no", "maybe not"}
+        assert all(re.fullmatch("[ab]{2,4}-[0-9]", c.text) for c in regex.outputs), [c.text for c in regex.outputs]
+        for c in schema.outputs:
+            value = json.loads(c.text)
+            assert set(value) == {"color", "ok"} and value["color"] in ("red", "green", "blue")
+            assert isinstance(value["ok"], bool)
+        if obj.outputs[0].finish_reason == "stop":  # a random model may fill its 200 tokens with one long string
+            assert isinstance(json.loads(obj.outputs[0].text), dict)
+        else:
+            assert obj.outputs[0].text.startswith("{")
+        for bad, field in (({"regex": "(unclosed"}, "regex"), ({"json": {"type": "nonsense"}}, "json")):
+            with pytest.raises(RequestError, match=f"structured_outputs.{field}"):
+                llm.generate("x", SamplingParams(structured_outputs=bad), use_tqdm=False)
+        with pytest.raises(ValueError, match="exactly one of"):
+            SamplingParams(structured_outputs={"regex": "a", "choice": ["a"]})
+        again = llm.generate("pick", SamplingParams(temperature=0, structured_outputs=SPECS[0]), use_tqdm=False)
+        assert again[0].outputs[0].text in ("yes", "no", "maybe not")
