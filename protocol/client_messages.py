@@ -16,8 +16,8 @@ from protocol.sampling_params import SamplingParams
 
 # 4: Tokenize/Detokenize, ChatPrompt prompts, InfoReply.generation_defaults; 5: logit_bias, prompt_logprobs;
 # 6: InfoReply.max_message_bytes; 7: Tokenize.return_token_strs; 8: Delta.num_prompt_tokens;
-# 9: SamplingParams.truncate_prompt_tokens
-CLIENT_PROTOCOL_VERSION = 9
+# 9: SamplingParams.truncate_prompt_tokens; 10: SamplingParams.structured_outputs
+CLIENT_PROTOCOL_VERSION = 10
 DEFAULT_MAX_MESSAGE_BYTES = 8 << 20  # the server's default --max-message-bytes: clients assume it until Info says
 
 # Error.kind values

@@ -45,7 +45,7 @@ def param_of(message: str, fields, prompt_param: str = "prompt") -> str | None:
     "prompt" is the request's ``prompt_param`` (chat: "messages")."""
     if "+ max_tokens" in message:  # a prompt that fits, too long with max_tokens: max_tokens is what to lower
         return "max_tokens"
-    word = message.split(" ", 1)[0].split("[", 1)[0].strip("(),:")
+    word = message.split(" ", 1)[0].split("[", 1)[0].split(".", 1)[0].strip("(),:")
     if word == "prompt":
         return prompt_param
     return word if word in fields else None

@@ -107,6 +107,12 @@ def random_sampling_params(rng: np.random.Generator) -> SamplingParams:
         else {int(t): float(rng.uniform(-100, 100)) for t in rng.integers(0, 1 << 31, int(rng.integers(1, 5)))},
         prompt_logprobs=None if rng.random() < 0.3 else int(rng.integers(0, 21)),
         truncate_prompt_tokens=None if rng.random() < 0.3 else int(rng.choice([-1, int(rng.integers(1, 1 << 20))])),
+        structured_outputs=[
+            None,
+            {"choice": [random_value("str", rng) + "x", "y"]},
+            {"json": {"type": "object", "properties": {random_value("str", rng): {"type": "integer"}}}},
+            {"regex": random_value("str", rng) + "[0-9]+"},
+        ][int(rng.integers(0, 4))],
     )
     assert set(kw) == {f.name for f in dataclasses.fields(SamplingParams)}, "a new field: give it a random value"
     return SamplingParams(**kw)

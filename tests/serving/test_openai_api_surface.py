@@ -85,7 +85,9 @@ def test_errors_name_the_field_and_the_server_keeps_serving(api, server):  # noq
     assert "vocabulary" in _error(httpx.post(url, json={"prompt": [10**6]}), 400, "prompt")
     assert "n " in _error(httpx.post(url, json={"prompt": "x", "n": 0}), 400, "n")
     assert "model" in _error(httpx.post(url, json={"prompt": "x", "model": "gpt-9"}), 404, "model")
-    _error(httpx.post(url, json={"prompt": "x", "guided_regex": "a+"}), 400, "guided_regex")  # refused, not ignored
+    _error(httpx.post(url, json={"prompt": "x", "guided_choice": []}), 400, "guided_choice")  # not ignored
+    bad_regex = {"prompt": "x", "guided_regex": "(a"}  # compiled by the coordinator, which names its own field
+    assert "does not compile" in _error(httpx.post(url, json=bad_regex), 400, "structured_outputs")
     _error(httpx.post(url, json={"prompt": "x", "stop": ""}), 400, "stop")  # as [""], not silently no stop
     only_streams = {"prompt": "x", "stream_options": {"include_usage": True}}
     assert "stream=true" in _error(httpx.post(url, json=only_streams), 400, "stream_options")

@@ -89,21 +89,46 @@ CHAT = {"messages": [{"role": "user", "content": "x"}]}
     "request_type, body, param",
     [
         (CompletionRequest, {"prompt": "x", "suffix": "y"}, "suffix"),
-        (CompletionRequest, {"prompt": "x", "response_format": {"type": "json_object"}}, "response_format"),
-        (ChatCompletionRequest, {**CHAT, "response_format": {"type": "json_schema"}}, "response_format"),
-        (CompletionRequest, {"prompt": "x", "guided_json": {"type": "object"}}, "guided_json"),
-        (ChatCompletionRequest, {**CHAT, "guided_choice": ["a", "b"]}, "guided_choice"),
-        (ChatCompletionRequest, {**CHAT, "structured_outputs": {"regex": "a+"}}, "structured_outputs"),
+        (CompletionRequest, {"prompt": "x", "response_format": {"type": "xml"}}, "response_format"),
+        (ChatCompletionRequest, {**CHAT, "response_format": {"type": "json_schema"}}, "response_format"),  # no schema
+        (CompletionRequest, {"prompt": "x", "guided_json": "{not json"}, "guided_json"),
+        (ChatCompletionRequest, {**CHAT, "guided_choice": []}, "guided_choice"),
+        (ChatCompletionRequest, {**CHAT, "structured_outputs": {"regex": "a", "choice": ["a"]}}, "structured_outputs"),
+        (
+            ChatCompletionRequest,
+            {**CHAT, "response_format": {"type": "json_object"}, "guided_regex": "a"},
+            "guided_regex",
+        ),
     ],
 )
 def test_what_would_change_the_output_unseen_is_refused(request_type, body, param):
-    """Fields the server cannot honour (constrained decoding, suffix) are a 400 naming the field, not
+    """Fields the server cannot honour (suffix, a malformed or doubled constraint) are a 400 naming the field, not
     silently dropped as other unknown fields are; {"type": "text"} and absent constraints pass."""
     with pytest.raises(APIError) as e:
         sampling_params(request_type(**body), {}, 4, None)
     assert e.value.status == 400 and e.value.param == param
     plain = {k: v for k, v in body.items() if k in ("prompt", "messages")}
-    assert sampling_params(request_type(**plain, response_format={"type": "text"}, guided_json=None), {}, 4, None)
+    params = sampling_params(request_type(**plain, response_format={"type": "text"}, guided_json=None), {}, 4, None)
+    assert params.structured_outputs is None
+
+
+@pytest.mark.parametrize(
+    "extra, spec",
+    [
+        ({"response_format": {"type": "json_object"}}, {"json_object": True}),
+        ({"response_format": {"type": "json_schema", "json_schema": {"name": "s", "schema": {"type": "object"}}}},
+         {"json": {"type": "object"}}),
+        ({"guided_json": '{"type": "integer"}'}, {"json": {"type": "integer"}}),
+        ({"guided_regex": "a+"}, {"regex": "a+"}),
+        ({"guided_choice": ["a", "b"]}, {"choice": ["a", "b"]}),
+        ({"guided_grammar": 'root ::= "a"'}, {"grammar": 'root ::= "a"'}),
+        ({"structured_outputs": {"choice": ["a"]}}, {"choice": ["a"]}),
+    ],
+)  # fmt: skip
+def test_each_constraint_field_becomes_structured_outputs(extra, spec):
+    """OpenAI's response_format and vLLM's guided_* / structured_outputs fields, as SamplingParams carries them."""
+    params = sampling_params(ChatCompletionRequest(**CHAT, **extra), {}, 4, None)
+    assert json.loads(params.structured_outputs) == spec
 
 
 TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {}}}]
