@@ -1,8 +1,11 @@
-"""logit_bias (completions and chat), vLLM's prompt_logprobs (completions and chat, through ``extra_body``) and
-echo with logprobs over HTTP: ``python launch.py --http-port 0`` in a subprocess driven by the real ``openai`` SDK,
-HF transformers on the same float32 checkpoint as the oracle; and the 400s that name the field."""
+"""logit_bias (completions and chat), vLLM's prompt_logprobs (completions and chat, through ``extra_body``), echo
+with logprobs and structured outputs (OpenAI's response_format, vLLM's guided_choice) over HTTP: ``python launch.py
+--http-port 0`` in a subprocess driven by the real ``openai`` SDK, HF transformers on the same float32 checkpoint
+as the oracle; and the 400s that name the field."""
 
 from __future__ import annotations
+
+import json
 
 import httpx
 import openai
@@ -196,3 +199,31 @@ def test_bad_logit_bias_and_prompt_logprobs_are_400s_naming_the_field(api, serve
     # and the server keeps serving
     r = api.completions.create(model=NAME, prompt="x", max_tokens=2, logit_bias={"5": 100}, **GREEDY)
     assert r.choices[0].text == hf.text([5, 5])
+
+
+SCHEMA = {
+    "type": "object",
+    "properties": {"city": {"enum": ["Paris", "Rome"]}, "days": {"type": "integer", "minimum": 1, "maximum": 9}},
+    "required": ["city", "days"],
+    "additionalProperties": False,
+}
+
+
+def test_structured_outputs_follow_the_schema_and_choices(api):  # noqa: F811
+    messages = [{"role": "user", "content": "Plan a trip"}]
+    fmt = {"type": "json_schema", "json_schema": {"name": "trip", "schema": SCHEMA}}
+    kw = dict(model=NAME, messages=messages, max_tokens=60, temperature=0, response_format=fmt)
+    r = api.chat.completions.create(**kw)
+    value = json.loads(r.choices[0].message.content)
+    assert value["city"] in ("Paris", "Rome") and 1 <= value["days"] <= 9 and len(value) == 2
+    assert r.choices[0].finish_reason == "stop"
+    chunks = list(api.chat.completions.create(**kw, stream=True))
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == r.choices[0].message.content
+    picks = api.completions.create(
+        model=NAME, prompt="def hello(", max_tokens=20, n=4, temperature=1.0, seed=4,
+        extra_body={"guided_choice": ["alpha", "beta gamma"]},
+    )  # fmt: skip
+    assert {c.text for c in picks.choices} <= {"alpha", "beta gamma"}
+    with pytest.raises(openai.BadRequestError) as e:  # the coordinator compiles it, and names its own field
+        api.completions.create(model=NAME, prompt="x", max_tokens=4, extra_body={"guided_regex": "(a"})
+    assert e.value.body["param"] == "structured_outputs" and "does not compile" in e.value.body["message"]
