@@ -65,10 +65,10 @@ async def create_chat_completion(state: ServerState, req: ChatCompletionRequest)
     check_model(req.model, engine.served_model_names)
     rid = f"chatcmpl-{uuid.uuid4().hex}"
     with engine_errors(state, rid, arrival, req.n, FIELDS, "messages"):
-        tools = state.tool_parser if check_tools(req, state.tool_parser is not None) else None
+        tools, forced = check_tools(req, state.tool_parser)
         prompt, max_tokens, opened = await _prompt_and_max_tokens(state, req)
         logprobs = (req.top_logprobs or 0) if req.logprobs else None
-        params = sampling_params(req, engine.generation_defaults, max_tokens, logprobs)
+        params = sampling_params(req, engine.generation_defaults, max_tokens, logprobs, forced)
         jobs = [(prompt, sp) for sp in choice_params(params, req.n)]
         if req.stream:
             streams = ChoiceStreams(engine, jobs)

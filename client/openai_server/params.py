@@ -10,6 +10,7 @@ from dataclasses import replace
 from client.base import chat_prompt
 from client.openai_server.errors import APIError, param_of
 from client.openai_server.schemas import ChatCompletionRequest, CompletionRequest, TokenizeRequest
+from client.openai_server.tool_parsers import ToolParser, forced_calls
 from protocol.chat_content import content_text
 from protocol.client_messages import ChatPrompt
 from protocol.errors import RequestError
@@ -76,23 +77,37 @@ def _call_for_template(call):
     return call
 
 
-def check_tools(req: ChatCompletionRequest, parsing: bool) -> bool:
-    """Whether the output is parsed for tool calls: tools given, tool_choice auto (the default with tools) and the
-    server started with a tool-call parser (``parsing``); a 400 naming the field for what cannot be served."""
-    choice = req.tool_choice
-    if choice not in (None, "none", "auto"):
-        raise APIError(400, "tool_choice: only 'auto' and 'none' are supported (forcing a call needs constrained "
-                       "decoding)", "tool_choice")  # fmt: skip
-    if choice == "none" or (choice is None and not req.tools):
-        return False
-    if not req.tools:
-        raise APIError(400, "tool_choice 'auto' needs tools", "tool_choice")
-    if not parsing:
+def check_tools(
+    req: ChatCompletionRequest, parser: type[ToolParser] | None
+) -> tuple[type[ToolParser] | None, dict | None]:
+    """The parser of the reply's tool calls and, for a forced call, the structured outputs that force it: with
+    tool_choice auto (the default with tools) the server's parser (``parser``, from --tool-call-parser); with
+    ``required`` or a named function a constrained reply (any server, as vLLM's); None without tools or with
+    ``none``. A 400 naming the field for what cannot be served."""
+    choice, tools = req.tool_choice, req.tools
+    if choice == "none" or (choice is None and not tools):
+        return None, None
+    named = isinstance(choice, dict) and choice.get("type") == "function" and isinstance(choice.get("function"), dict)
+    if choice not in (None, "auto", "required") and not (named and isinstance(choice["function"].get("name"), str)):
+        raise APIError(400, "tool_choice must be none, auto, required or {'type': 'function', 'function': "
+                       "{'name': ...}}", "tool_choice")  # fmt: skip
+    if not tools:
+        raise APIError(400, f"tool_choice {choice!r} needs tools", "tool_choice")
+    if not all(isinstance(t, dict) and isinstance((t.get("function") or {}).get("name"), str) for t in tools):
+        raise APIError(400, "tools must be {'type': 'function', 'function': {'name': ...}} objects", "tools")
+    if choice not in (None, "auto"):
+        if structured_outputs(req) is not None:
+            raise APIError(400, "a forced tool call cannot take another constraint (response_format)", "tool_choice")
+        try:
+            return forced_calls(tools, choice)
+        except ValueError as e:
+            raise APIError(400, str(e), "tool_choice") from None
+    if parser is None:
         raise APIError(
             400, "tools with tool_choice 'auto' need the server started with --enable-auto-tool-choice and "
             "--tool-call-parser", "tools",
         )  # fmt: skip
-    return True
+    return parser, None
 
 
 def _unsupported(req) -> None:
@@ -172,12 +187,15 @@ def structured_outputs(req) -> dict | None:
         raise APIError(400, f"{name}: {e}", name) from None
 
 
-def sampling_params(req, defaults: dict, max_tokens: int, logprobs: int | None) -> SamplingParams:
-    """One choice's SamplingParams (n=1: the front-end sends each of a request's n choices on its own)."""
+def sampling_params(
+    req, defaults: dict, max_tokens: int, logprobs: int | None, forced: dict | None = None
+) -> SamplingParams:
+    """One choice's SamplingParams (n=1: the front-end sends each of a request's n choices on its own);
+    ``forced``: the structured outputs of a forced tool call (check_tools)."""
     _unsupported(req)
     if not isinstance(req.n, int) or not 1 <= req.n <= 128:
         raise APIError(400, f"n must be an int in [1, 128], got {req.n!r}", "n")
-    structured = structured_outputs(req)
+    structured = forced or structured_outputs(req)
     values = {name: getattr(req, name) for name in _DEFAULTED}
     for name in _DEFAULTED:
         if values[name] is None:

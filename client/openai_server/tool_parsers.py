@@ -2,7 +2,9 @@
 as the output streams (vLLM's ``--tool-call-parser`` names). ``hermes``: ``<tool_call>{"name": ..., "arguments":
 {...}}</tool_call>`` blocks, as Hermes, Qwen2.5 and Qwen3 write them. ``llama3_json``: the whole reply a JSON object
 ``{"name": ..., "parameters": {...}}`` (or several joined by ``;``), as Llama 3.1-3.3 write them. ``mistral``: the
-whole reply a JSON list of calls, as Mistral's instruct models write them after ``[TOOL_CALLS]``."""
+whole reply a JSON list of calls, as Mistral's instruct models write them after ``[TOOL_CALLS]``. A forced call
+(``tool_choice`` ``required`` or a named function) needs no parser flag: structured outputs constrain the reply
+to the calls' JSON (``forced_calls``), which ``ForcedCallsParser`` reads back as calls."""
 
 from __future__ import annotations
 
@@ -193,6 +195,54 @@ def _call(obj) -> dict | None:
         return None
     args = obj.get("arguments", obj.get("parameters", {}))
     return tool_call(obj["name"], args if isinstance(args, str) else json.dumps(args, ensure_ascii=False))
+
+
+class ForcedCallsParser(ToolParser):
+    """A reply constrained to the forced calls' JSON: for a named function (``NAME``), its arguments object; for
+    ``required``, a list of ``{"name", "parameters"}``. Held back whole, then calls; a reply cut short (its JSON
+    incomplete) stays content."""
+
+    NAME: str | None = None
+
+    def _feed(self, text: str) -> tuple[str, list[dict]]:
+        self.held += text
+        return "", []
+
+    def _finish(self) -> tuple[str, list[dict]]:
+        held, self.held = self.held, ""
+        try:
+            value = json.loads(held)
+        except ValueError:
+            return held, []
+        if self.NAME is not None:
+            return (
+                ("", [tool_call(self.NAME, json.dumps(value, ensure_ascii=False))])
+                if isinstance(value, dict)
+                else (held, [])
+            )
+        calls = [_call(item) for item in value] if isinstance(value, list) else []
+        return ("", calls) if calls and all(calls) else (held, [])
+
+
+def forced_calls(tools: list[dict], choice) -> tuple[type[ToolParser], dict]:
+    """For ``tool_choice`` ``required`` or ``{"type": "function", "function": {"name": ...}}``: the parser of the
+    reply and the structured outputs that force it (vLLM's forms); ValueError naming an unknown function."""
+    schemas = {t["function"]["name"]: t["function"].get("parameters") or {"type": "object"} for t in tools}
+    if choice == "required":
+        one_call = [
+            {
+                "type": "object",
+                "properties": {"name": {"enum": [name]}, "parameters": schema},
+                "required": ["name", "parameters"],
+                "additionalProperties": False,
+            }
+            for name, schema in schemas.items()
+        ]
+        return ForcedCallsParser, {"json": {"type": "array", "minItems": 1, "items": {"anyOf": one_call}}}
+    name = choice["function"]["name"]
+    if name not in schemas:
+        raise ValueError(f"tool_choice names function {name!r}, which is not among the tools")
+    return type("NamedCallParser", (ForcedCallsParser,), {"NAME": name}), {"json": schemas[name]}
 
 
 TOOL_PARSERS = {"hermes": HermesToolParser, "llama3_json": Llama3JsonToolParser, "mistral": MistralToolParser}

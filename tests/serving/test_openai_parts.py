@@ -15,6 +15,7 @@ from client.openai_server.params import check_tools, choice_params, sampling_par
 from client.openai_server.reasoning import Qwen3ReasoningParser
 from client.openai_server.schemas import ChatCompletionRequest, CompletionRequest
 from client.openai_server.streaming import sse
+from client.openai_server.tool_parsers import HermesToolParser
 from protocol.client_messages import CLIENT_PROTOCOL_VERSION, ChatPrompt, Generate, Tokenize
 from protocol.codec import ProtocolError, decode, encode
 from protocol.sampling_params import SamplingParams
@@ -131,29 +132,42 @@ def test_each_constraint_field_becomes_structured_outputs(extra, spec):
     assert json.loads(params.structured_outputs) == spec
 
 
-TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {}}}]
+TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+NAMED = {"type": "function", "function": {"name": "f"}}
 
 
 @pytest.mark.parametrize(
-    "body, parsing, param",
+    "body, parser, param",
     [
-        ({**CHAT, "tools": TOOLS}, False, "tools"),  # tool_choice auto by default: the server needs its parser
-        ({**CHAT, "tools": TOOLS, "tool_choice": "required"}, True, "tool_choice"),  # needs constrained decoding
-        ({**CHAT, "tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "f"}}}, True, "tool_choice"),
-        ({**CHAT, "tool_choice": "auto"}, True, "tool_choice"),  # auto, and no tools
+        ({**CHAT, "tools": TOOLS}, None, "tools"),  # tool_choice auto by default: the server needs its parser
+        ({**CHAT, "tool_choice": "auto"}, HermesToolParser, "tool_choice"),  # auto, and no tools
+        ({**CHAT, "tool_choice": "required"}, None, "tool_choice"),
+        ({**CHAT, "tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "g"}}}, None, "tool_choice"),
+        ({**CHAT, "tools": TOOLS, "tool_choice": "always"}, None, "tool_choice"),
+        ({**CHAT, "tools": [{"type": "function"}], "tool_choice": "required"}, None, "tools"),
+        (
+            {**CHAT, "tools": TOOLS, "tool_choice": NAMED, "response_format": {"type": "json_object"}},
+            None,
+            "tool_choice",
+        ),
     ],
 )
-def test_tool_requests_that_cannot_be_served_are_refused_by_name(body, parsing, param):
+def test_tool_requests_that_cannot_be_served_are_refused_by_name(body, parser, param):
     with pytest.raises(APIError) as e:
-        check_tools(ChatCompletionRequest(**body), parsing)
+        check_tools(ChatCompletionRequest(**body), parser)
     assert e.value.status == 400 and e.value.param == param
 
 
-def test_tool_calls_are_parsed_only_for_auto_with_tools():
-    assert check_tools(ChatCompletionRequest(**CHAT, tools=TOOLS), True)
-    assert check_tools(ChatCompletionRequest(**CHAT, tools=TOOLS, tool_choice="auto"), True)
-    assert not check_tools(ChatCompletionRequest(**CHAT, tools=TOOLS, tool_choice="none"), False)
-    assert not check_tools(ChatCompletionRequest(**CHAT), False)
+def test_auto_takes_the_servers_parser_and_a_forced_call_a_constraint():
+    assert check_tools(ChatCompletionRequest(**CHAT, tools=TOOLS), HermesToolParser) == (HermesToolParser, None)
+    assert check_tools(ChatCompletionRequest(**CHAT, tools=TOOLS, tool_choice="none"), None) == (None, None)
+    assert check_tools(ChatCompletionRequest(**CHAT), None) == (None, None)
+    parser, spec = check_tools(ChatCompletionRequest(**CHAT, tools=TOOLS, tool_choice=NAMED), None)  # no flags needed
+    assert spec == {"json": {"type": "object"}} and parser.extract('{"x": 1}')[1][0]["function"]["name"] == "f"
+    parser, spec = check_tools(ChatCompletionRequest(**CHAT, tools=TOOLS, tool_choice="required"), None)
+    assert spec["json"]["type"] == "array" and spec["json"]["minItems"] == 1
+    params = sampling_params(ChatCompletionRequest(**CHAT, tools=TOOLS, tool_choice="required"), {}, 4, None, spec)
+    assert json.loads(params.structured_outputs) == spec
 
 
 @pytest.mark.parametrize("loop", ["asyncio", "uvloop"])

@@ -84,11 +84,58 @@ def test_tools_and_earlier_calls_reach_the_template(api, server):
     assert chunks[-1].choices[0].finish_reason == "length"
 
 
-@pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "get_weather"}}])
-def test_a_forced_call_is_refused_by_name(api, choice):
+FORCED_TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"enum": ["Paris", "Rome"]}},
+                "required": ["city"],
+                "additionalProperties": False,
+            },
+        },
+    },
+    {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {}}}},
+]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_forced_call_follows_the_function_schema(api, stream):
+    """tool_choice naming a function, on this server and on any other (no parser flag needed): the reply is
+    constrained to the function's arguments and comes back as its call."""
+    choice = {"type": "function", "function": {"name": "get_weather"}}
+    kw = dict(model=NAME, messages=MESSAGES[:1], tools=FORCED_TOOLS, tool_choice=choice, max_tokens=40, temperature=0)
+    if stream:
+        chunks = list(api.chat.completions.create(**kw, stream=True))
+        calls = [c for ch in chunks if ch.choices for c in ch.choices[0].delta.tool_calls or []]
+        assert not any(ch.choices[0].delta.content for ch in chunks if ch.choices)
+        finish = chunks[-1].choices[0].finish_reason
+    else:
+        reply = api.chat.completions.create(**kw)
+        calls, finish = reply.choices[0].message.tool_calls, reply.choices[0].finish_reason
+        assert reply.choices[0].message.content is None
+    assert len(calls) == 1 and calls[0].function.name == "get_weather" and finish == "tool_calls"
+    assert json.loads(calls[0].function.arguments)["city"] in ("Paris", "Rome")
+
+
+def test_tool_choice_required_calls_listed_functions(api):
+    reply = api.chat.completions.create(
+        model=NAME, messages=MESSAGES[:1], tools=FORCED_TOOLS, tool_choice="required", max_tokens=120, temperature=0
+    )
+    calls = reply.choices[0].message.tool_calls  # the tiny model's greedy list closes after one call
+    assert calls and reply.choices[0].finish_reason == "tool_calls" and reply.choices[0].message.content is None
+    for c in calls:
+        assert c.function.name in ("get_weather", "get_time")
+        assert isinstance(json.loads(c.function.arguments), dict)
+
+
+def test_a_call_to_an_unknown_function_is_refused_by_name(api):
     with pytest.raises(openai.BadRequestError) as e:
+        choice = {"type": "function", "function": {"name": "get_mood"}}
         api.chat.completions.create(model=NAME, messages=MESSAGES, tools=TOOLS, tool_choice=choice, max_tokens=4)
-    assert e.value.body["param"] == "tool_choice" and "constrained decoding" in e.value.body["message"]
+    assert e.value.body["param"] == "tool_choice" and "get_mood" in e.value.body["message"]
 
 
 def test_tool_choice_none_renders_the_tools_but_parses_nothing(api, server):

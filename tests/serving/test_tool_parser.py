@@ -7,7 +7,12 @@ import json
 
 import pytest
 
-from client.openai_server.tool_parsers import HermesToolParser, Llama3JsonToolParser, MistralToolParser
+from client.openai_server.tool_parsers import (
+    HermesToolParser,
+    Llama3JsonToolParser,
+    MistralToolParser,
+    forced_calls,
+)
 
 WEATHER = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "unit": "°C"}}\n</tool_call>'
 TIME = '<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>'
@@ -110,8 +115,23 @@ MISTRAL_CASES = [
 ]
 
 
+TOOLS = [
+    {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}},
+    {"type": "function", "function": {"name": "g"}},
+]
+REQUIRED = forced_calls(TOOLS, "required")[0]
+NAMED_G = forced_calls(TOOLS, {"type": "function", "function": {"name": "g"}})[0]
+TWO_CALLS = '[{"name": "f", "parameters": {"x": 1}}, {"name": "g", "parameters": {}}]'
+FORCED_CASES = [  # replies constrained to the forced calls' JSON (tool_choice required, or the function g)
+    (REQUIRED, TWO_CALLS, None, [("f", {"x": 1}), ("g", {})]),
+    (REQUIRED, TWO_CALLS[:50], TWO_CALLS[:50], []),  # cut short by max_tokens: content
+    (NAMED_G, '{"city": "Paris"}', None, [("g", {"city": "Paris"})]),
+    (NAMED_G, '{"city": "Par', '{"city": "Par', []),
+]
+
 WHOLE_REPLY_CASES = [(Llama3JsonToolParser, *case) for case in LLAMA_CASES]
 WHOLE_REPLY_CASES += [(MistralToolParser, *case) for case in MISTRAL_CASES]
+WHOLE_REPLY_CASES += FORCED_CASES
 
 
 @pytest.mark.parametrize("parser,text,content,calls", WHOLE_REPLY_CASES)
@@ -121,3 +141,14 @@ def test_whole_reply_parsers_whole_and_streamed(parser, text, content, calls, si
     assert got_content == content and names_and_args(got_calls) == calls
     got_content, got_calls = streamed(text, size, parser)
     assert got_content == (content or "") and names_and_args(got_calls) == calls
+
+
+def test_forced_calls_constrain_to_the_tools_schemas():
+    _, named = forced_calls(TOOLS, {"type": "function", "function": {"name": "f"}})
+    assert named == {"json": {"type": "object"}}
+    _, required = forced_calls(TOOLS, "required")
+    items = required["json"]["items"]["anyOf"]
+    assert [i["properties"]["name"] for i in items] == [{"enum": ["f"]}, {"enum": ["g"]}]
+    assert items[1]["properties"]["parameters"] == {"type": "object"}  # a tool without parameters: any object
+    with pytest.raises(ValueError, match="'h'"):
+        forced_calls(TOOLS, {"type": "function", "function": {"name": "h"}})
