@@ -1,7 +1,8 @@
 """Tool calling over HTTP (``--enable-auto-tool-choice --tool-call-parser hermes``): the request's tools and an earlier
 turn's calls reach the chat template, and the reply passes through the parser. The tiny random model writes no
 <tool_call> block, so its replies stay plain content; tests/serving/test_tool_parser.py checks the parser on text that
-has calls."""
+has calls. A forced call (tool_choice required or a named function) is constrained to the calls' JSON, so there the
+tiny model's reply does come back as calls."""
 
 from __future__ import annotations
 
