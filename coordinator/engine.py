@@ -15,8 +15,6 @@ import os
 import time
 from collections import deque
 
-import numpy as np
-
 from coordinator.admission import Admission
 from coordinator.block_manager import BlockManager
 from coordinator.config import EngineConfig
@@ -24,7 +22,7 @@ from coordinator.output_processor import OutputProcessor, TokenStop
 from coordinator.prompts import configured_generation_defaults, detokenize_reply, tokenize_reply
 from coordinator.scheduler import ScheduledBatch, Scheduler
 from coordinator.sequence import SeqStatus, Sequence
-from coordinator.structured_outputs import Grammars, accept
+from coordinator.structured_outputs import Grammars, grammar_stop
 from coordinator.worker_group import WorkerGroup
 from model.config import ModelConfig
 from protocol.client_messages import ChatPrompt, Detokenize, DetokenizeReply, Tokenize, TokenizeReply
@@ -165,7 +163,7 @@ class Engine:
         steps after it: those extra tokens are dropped."""
         batch = self.scheduler.schedule()
         if batch is not None and self.num_constrained:
-            self._constrain(batch)
+            self.grammars.add_token_masks(batch)
         if not self.config.async_scheduling:
             if batch is None:
                 return []
@@ -178,14 +176,6 @@ class Engine:
             done = self._in_flight.popleft()
             return self._apply(done, self.workers.recv_result(done.step.step_id))
         return []
-
-    def _constrain(self, batch: ScheduledBatch) -> None:
-        """The step's token bitmasks for its sampled rows under a grammar (each has every token known: the
-        scheduler holds such a row back while its last token is in flight)."""
-        rows = [i for i, seq in enumerate(batch.sampled) if seq.grammar is not None]
-        if rows:
-            masks = self.grammars.bitmasks([batch.sampled[i].grammar for i in rows])
-            batch.step.mask_rows, batch.step.token_masks = np.array(rows, np.int32), masks.reshape(-1)
 
     def _apply(self, batch: ScheduledBatch, result: StepResult) -> list[StepOutput]:
         tokens = result.token_ids.tolist()
@@ -214,7 +204,7 @@ class Engine:
                 seq.token_ids.append(token)
             stop = self._check_stop(seq, token)
             if seq.grammar is not None and stop is None:
-                stop = self._grammar_stop(seq, token)
+                stop = grammar_stop(seq.grammar, token)
             if stop is None and not seq.every_token:
                 continue  # the output processor only needs this request's last token
             out = processor.update(seq, token, logprobs, stop)
@@ -226,14 +216,6 @@ class Engine:
                 self.num_constrained -= seq.grammar is not None
             outputs.append(out)
         return outputs
-
-    @staticmethod
-    def _grammar_stop(seq: Sequence, token: int) -> TokenStop | None:
-        """A constrained request ends when its grammar is complete (and only a stop token could follow) or, which
-        its bitmask should prevent, when the grammar refuses the token."""
-        if not accept(seq.grammar, token):
-            return ("abort", None)
-        return _EOS if seq.grammar.is_terminated() else None
 
     def _check_stop(self, seq: Sequence, token: int) -> TokenStop | None:
         p = seq.params

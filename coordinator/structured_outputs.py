@@ -63,14 +63,18 @@ class Grammars:
 
         return xgrammar.GrammarMatcher(compiled)
 
-    def bitmasks(self, matchers: list) -> np.ndarray:
-        """int32 [len(matchers), words]: the tokens each matcher allows next."""
+    def add_token_masks(self, batch) -> None:
+        """Put a scheduled batch's token bitmasks into its step command: one per sampled row under a grammar
+        (each has every token known: the scheduler holds such a row back while its last token is in flight)."""
+        rows = [i for i, seq in enumerate(batch.sampled) if seq.grammar is not None]
+        if not rows:
+            return
         import xgrammar
 
-        masks = xgrammar.allocate_token_bitmask(len(matchers), self.vocab_size)
-        for i, m in enumerate(matchers):
-            m.fill_next_token_bitmask(masks, i)
-        return masks.numpy()
+        masks = xgrammar.allocate_token_bitmask(len(rows), self.vocab_size)
+        for i, row in enumerate(rows):
+            batch.sampled[row].grammar.fill_next_token_bitmask(masks, i)
+        batch.step.mask_rows, batch.step.token_masks = np.array(rows, np.int32), masks.numpy().reshape(-1)
 
 
 def _compile(compiler, kind: str, value):
@@ -92,11 +96,10 @@ def _escape(text: str) -> str:
     return "".join("\\" + c if c in special else c for c in text)
 
 
-def accept(matcher, token: int) -> bool:
-    """Feed a sampled token; False if the grammar refuses it (never for a token its bitmask allowed)."""
-    if matcher.is_terminated():
-        return False
-    ok = matcher.accept_token(token)
-    if not ok:
+def grammar_stop(matcher, token: int) -> tuple[str, None] | None:
+    """Feed a sampled token to a request's matcher: the request stops ("stop") once its grammar is complete (only a
+    stop token could follow), or ("abort"), which its bitmask should prevent, when the grammar refuses the token."""
+    if matcher.is_terminated() or not matcher.accept_token(token):
         log.warning("a constrained request sampled token %d, which its grammar refuses", token)
-    return ok
+        return ("abort", None)
+    return ("stop", None) if matcher.is_terminated() else None
