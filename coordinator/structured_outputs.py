@@ -2,7 +2,7 @@
 EBNF grammar) becomes a grammar matcher (xgrammar, as vLLM and SGLang use) that the engine asks, before each token
 the request samples, which tokens keep the output valid. The answer travels to the workers as a bitmask per
 sampled row (token i: bit i % 32 of int32 word i // 32), and the sampler sets every other token's logit to -inf.
-The engine feeds each sampled token back (``accept``); a request whose grammar is complete may only end.
+The engine feeds each sampled token back (``grammar_stop``); a request whose grammar is complete ends.
 
 xgrammar is imported on the first constrained request, so an engine that serves none never loads it.
 """
@@ -27,7 +27,6 @@ class Grammars:
 
     def __init__(self, tokenizer, vocab_size: int, eos_token_ids: list[int]) -> None:
         self.tokenizer, self.vocab_size, self.eos_token_ids = tokenizer, vocab_size, eos_token_ids
-        self.words = -(-vocab_size // 32)  # int32 words of one row's bitmask
         self._compiler = None
         self._compiled: OrderedDict[str, object] = OrderedDict()
 
