@@ -99,9 +99,10 @@ def has_controls(st: SamplingTensors) -> bool:
 
 
 def allowed_tokens(bitmasks: torch.Tensor, vocab: int) -> torch.Tensor:
-    """int32 bitmasks [r, words] (token i: bit i % 32 of word i // 32) as bool [r, vocab]."""
-    bits = torch.arange(32, dtype=torch.int32, device=bitmasks.device)
-    return ((bitmasks.unsqueeze(-1) >> bits) & 1).flatten(1)[:, :vocab].bool()
+    """int32 bitmasks [r, words] (token i: bit i % 32 of word i // 32) as bool [r, vocab]. Read as little-endian
+    bytes (token i: bit i % 8 of byte i // 8), so the unpacked intermediate is a byte a token, not 4."""
+    bits = torch.arange(8, dtype=torch.uint8, device=bitmasks.device)
+    return ((bitmasks.view(torch.uint8).unsqueeze(-1) >> bits) & 1).flatten(1)[:, :vocab].bool()
 
 
 def apply_controls(logits: torch.Tensor, st: SamplingTensors) -> torch.Tensor:
