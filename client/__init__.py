@@ -3,13 +3,14 @@ over ZMQ, and the OpenAI-compatible HTTP front-end (client/openai_server/, its o
 
 from protocol.errors import EngineDeadError, MessageTooLargeError, OverloadedError, RequestError
 from protocol.outputs import Completion, CompletionOutput, RequestOutput
-from protocol.sampling_params import SamplingParams
+from protocol.sampling_params import SamplingParams, StructuredOutputsParams
 
 __all__ = [
     "LLM",
     "Client",
     "AsyncClient",
     "SamplingParams",
+    "StructuredOutputsParams",
     "Completion",
     "RequestOutput",
     "CompletionOutput",

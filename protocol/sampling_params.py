@@ -40,10 +40,31 @@ def _check_logit_bias(bias) -> None:
 STRUCTURED_KINDS = ("json", "regex", "choice", "grammar", "json_object")  # vLLM's StructuredOutputsParams fields
 
 
+class StructuredOutputsParams:
+    """vLLM's spelling of a constraint, for ``SamplingParams(structured_outputs=StructuredOutputsParams(json=...))``:
+    give exactly one field (a plain dict of one of them is taken too). Not a record: SamplingParams turns it into
+    its canonical text at construction, so it never travels."""
+
+    __slots__ = STRUCTURED_KINDS
+
+    def __init__(
+        self,
+        json: dict | str | None = None,
+        regex: str | None = None,
+        choice: list[str] | None = None,
+        grammar: str | None = None,
+        json_object: bool | None = None,
+    ) -> None:
+        self.json, self.regex, self.choice, self.grammar, self.json_object = json, regex, choice, grammar, json_object
+
+
 def structured_spec(spec) -> str:
     """vLLM's ``structured_outputs`` (one of STRUCTURED_KINDS: a JSON schema as a dict or text, a regex, a list of
-    choices, an EBNF grammar, or ``json_object: True`` for any JSON object) as the canonical JSON text the record
-    carries; ValueError naming the field unless it is exactly one well-typed kind."""
+    choices, an EBNF grammar, or ``json_object: True`` for any JSON object; a dict or a StructuredOutputsParams) as
+    the canonical JSON text the record carries; ValueError naming the field unless it is exactly one well-typed
+    kind."""
+    if isinstance(spec, StructuredOutputsParams):
+        spec = {k: getattr(spec, k) for k in STRUCTURED_KINDS}
     if isinstance(spec, str):
         try:
             spec = json.loads(spec)
