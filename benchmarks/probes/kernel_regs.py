@@ -99,9 +99,9 @@ def subword_loads(ptx: str) -> int:
     return sum(1 for op in loads if ".v" not in op and op.endswith(("8", "16")))
 
 
-def check_vector_loads(ptx: str) -> None:
-    """Raise if ``ptx`` has more than MAX_SUBWORD_LOADS scalar 8/16-bit loads (the build scripts' check)."""
-    if (n := subword_loads(ptx)) > MAX_SUBWORD_LOADS:
+def check_vector_loads(ptx: str, limit: int = MAX_SUBWORD_LOADS) -> None:
+    """Raise if ``ptx`` has more than ``limit`` scalar 8/16-bit loads (the build scripts' check)."""
+    if (n := subword_loads(ptx)) > limit:
         raise RuntimeError(
             f"{n} scalar 8/16-bit loads in the PTX (an unspecialized size hiding alignment, or a byte-wise transpose?)"
         )
