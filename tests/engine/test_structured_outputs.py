@@ -100,10 +100,8 @@ def test_sampled_outputs_are_valid_and_a_bad_spec_is_refused(tiny_tied):
             value = json.loads(c.text)
             assert set(value) == {"color", "ok"} and value["color"] in ("red", "green", "blue")
             assert isinstance(value["ok"], bool)
-        if obj.outputs[0].finish_reason == "stop":  # a random model may fill its 200 tokens with one long string
-            assert isinstance(json.loads(obj.outputs[0].text), dict)
-        else:
-            assert obj.outputs[0].text.startswith("{")
+        # seeded, so the same in any batch: this one closes its object after 134 tokens
+        assert obj.outputs[0].finish_reason == "stop" and isinstance(json.loads(obj.outputs[0].text), dict)
         for bad, field in (({"regex": "(unclosed"}, "regex"), ({"json": {"type": "nonsense"}}, "json")):
             with pytest.raises(RequestError, match=f"structured_outputs.{field}"):
                 llm.generate("x", SamplingParams(structured_outputs=bad), use_tqdm=False)
