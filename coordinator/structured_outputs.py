@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from collections import OrderedDict
 
 import numpy as np
@@ -27,6 +28,7 @@ class Grammars:
 
     def __init__(self, tokenizer, vocab_size: int, eos_token_ids: list[int]) -> None:
         self.tokenizer, self.vocab_size, self.eos_token_ids = tokenizer, vocab_size, eos_token_ids
+        self._xgrammar = None  # the module, once the first constrained request imported it
         self._compiler = None
         self._compiled: OrderedDict[str, object] = OrderedDict()
 
@@ -39,7 +41,7 @@ class Grammars:
             info = xgrammar.TokenizerInfo.from_huggingface(
                 self.tokenizer, vocab_size=self.vocab_size, stop_token_ids=self.eos_token_ids
             )
-            self._compiler = xgrammar.GrammarCompiler(info)
+            self._xgrammar, self._compiler = xgrammar, xgrammar.GrammarCompiler(info)
         return self._compiler
 
     def matcher(self, spec: str):
@@ -58,9 +60,7 @@ class Grammars:
                 self._compiled.popitem(last=False)
         else:
             self._compiled.move_to_end(spec)
-        import xgrammar
-
-        return xgrammar.GrammarMatcher(compiled)
+        return self._xgrammar.GrammarMatcher(compiled)
 
     def add_token_masks(self, batch) -> None:
         """Put a scheduled batch's token bitmasks into its step command: one per sampled row under a grammar
@@ -68,9 +68,7 @@ class Grammars:
         rows = [i for i, seq in enumerate(batch.sampled) if seq.grammar is not None]
         if not rows:
             return
-        import xgrammar
-
-        masks = xgrammar.allocate_token_bitmask(len(rows), self.vocab_size)
+        masks = self._xgrammar.allocate_token_bitmask(len(rows), self.vocab_size)
         for i, row in enumerate(rows):
             batch.sampled[row].grammar.fill_next_token_bitmask(masks, i)
         batch.step.mask_rows, batch.step.token_masks = np.array(rows, np.int32), masks.numpy().reshape(-1)
@@ -85,14 +83,8 @@ def _compile(compiler, kind: str, value):
     if kind == "regex":
         return compiler.compile_regex(value)
     if kind == "choice":
-        return compiler.compile_regex("|".join(_escape(c) for c in value))
+        return compiler.compile_regex("|".join(re.escape(c) for c in value))
     return compiler.compile_grammar(value)
-
-
-def _escape(text: str) -> str:
-    """``text`` as a regex that matches it literally."""
-    special = set("\\^$.|?*+()[]{}/")
-    return "".join("\\" + c if c in special else c for c in text)
 
 
 def grammar_stop(matcher, token: int) -> tuple[str, None] | None:

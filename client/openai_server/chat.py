@@ -13,7 +13,6 @@ from client.openai_server.errors import APIError, from_engine
 from client.openai_server.logprobs import chat_logprobs, prompt_logprobs_json
 from client.openai_server.metrics import TokenTimer
 from client.openai_server.params import (
-    GUIDED_FIELDS,
     chat_max_tokens,
     check_model,
     check_tools,
@@ -27,7 +26,7 @@ from client.openai_server.state import ServerState
 from client.openai_server.streaming import DONE, ChoiceStreams, EventStreamResponse, generate_all, sse, usage_events
 from protocol.sampling_params import truncate_prompt
 
-FIELDS = frozenset(ChatCompletionRequest.model_fields) | frozenset(GUIDED_FIELDS)  # the engine names structured_outputs
+FIELDS = frozenset(ChatCompletionRequest.model_fields) | {"structured_outputs"}  # a compile error names it
 
 
 _TAIL_TOKENS = 16  # a prompt's last tokens, enough to hold "<think>\n" however a tokenizer splits it
