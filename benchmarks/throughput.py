@@ -4,7 +4,7 @@
         [--tp N] [--enforce-eager] [--num-prompts N] [--hf-num-prompts N] [--repeat N]
         [--device cuda|cpu] [--dtype bfloat16] [--max-num-seqs N] [--max-num-batched-tokens N] [--block-size N]
         [--gpu-memory-utilization F] [--num-kv-blocks N] [--scale S] [--hbm-tbs X] [--tflops X]
-        [--quantization fp8] [--kv-cache-dtype fp8] [--compare hf|bf16]
+        [--quantization fp8] [--kv-cache-dtype fp8] [--compare hf|bf16] [--structured-outputs JSON]
     python -m benchmarks.throughput --check-floors     # W1/W2/W3 floors at the nominal H200 ceilings (CPU only)
 
 Workloads (benchmarks/WORKLOADS.md):
@@ -38,6 +38,9 @@ engine has been closed (so both get the whole GPU), on one GPU whatever --tp is,
 requests (default 64 for W1 and W3; W2 is one request), with per-request max_new_tokens = the workload's max_tokens.
 nanoserve is also timed on that subset (same engine, after its main run, every id shifted by one so the main run's
 prefix cache cannot help; same lengths): `tok_s_hf_subset`, the like-for-like number next to `hf_tok_s`.
+
+--structured-outputs JSON (W1, W2) constrains every request, e.g. '{"regex": "[t0-9]+"}' (every stand-in token
+matches), to time the bitmasks and the scheduler's hold-back of constrained requests under async scheduling.
 
 --compare bf16 (with --quantization and/or --kv-cache-dtype) runs the same workload again in a second engine
 without them, after the first is closed: `bf16_tok_s`, `bf16_floor_fraction` (W2: `bf16_ms_per_token` too).
@@ -97,10 +100,13 @@ def timed_generate(llm, prompts, params) -> float:
     return time.perf_counter() - t0
 
 
-def _sampling(reqs: list[Request], temperature: float = 0.6):
+def _sampling(reqs: list[Request], structured: str | None = None, temperature: float = 0.6):
     from protocol.sampling_params import SamplingParams
 
-    return [SamplingParams(temperature=temperature, ignore_eos=True, max_tokens=r.max_tokens) for r in reqs]
+    return [
+        SamplingParams(temperature=temperature, ignore_eos=True, max_tokens=r.max_tokens, structured_outputs=structured)
+        for r in reqs
+    ]
 
 
 def _warmup(llm) -> None:
@@ -114,7 +120,7 @@ def run_w1(ctx: dict) -> dict:
 
     args = ctx["args"]
     reqs = w1_requests(ctx["scale"], args.num_prompts)
-    prompts, params = [r.prompt for r in reqs], _sampling(reqs)
+    prompts, params = [r.prompt for r in reqs], _sampling(reqs, args.structured_outputs)
     out_tokens = sum(r.max_tokens for r in reqs)
     res: dict = {"num_prompts": len(reqs), "prompt_tokens": sum(len(p) for p in prompts)}
     with LLM(ctx["model_dir"], tensor_parallel_size=args.tp, **ctx["engine_args"]) as llm:
@@ -150,7 +156,9 @@ def run_w2(ctx: dict) -> dict:
     prompts, m = w2_prompts(ctx["scale"])
     if m < 2:
         raise SystemExit("W2 needs at least 2 output tokens: lower --scale")
-    greedy = lambda n: SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=n)
+    greedy = lambda n: SamplingParams(
+        temperature=0.0, ignore_eos=True, max_tokens=n, structured_outputs=args.structured_outputs
+    )
     res: dict = {"num_prompts": 1, "prompt_tokens": len(prompts[0])}
     with LLM(ctx["model_dir"], tensor_parallel_size=args.tp, **ctx["engine_args"]) as llm:
         _warmup(llm)
@@ -242,6 +250,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--attention-backend", choices=ATTENTION_BACKENDS, help="engine argument (default: auto)")
     p.add_argument("--quantization", choices=["fp8"], help="FP8 linear layers (a 16-bit model quantized at load)")
     p.add_argument("--kv-cache-dtype", choices=["auto", "fp8"], help="fp8: an e4m3 KV cache")
+    p.add_argument("--structured-outputs", help="W1/W2: every request under this constraint (JSON, e.g. a regex)")
     p.add_argument("--scale", type=int, help="divide all workload lengths by S (default 8 for --shape tiny, else 1)")
     p.add_argument("--hbm-tbs", type=float, help="use this bandwidth (TB/s) instead of measuring")
     p.add_argument("--tflops", type=float, help="use this matmul rate (TFLOP/s) instead of measuring")
@@ -258,6 +267,8 @@ def parse_args(argv=None) -> argparse.Namespace:
             p.error(f"--repeat {args.repeat}: a count >= 1, and more than 1 only for W1")
         if args.compare == "bf16" and not (args.quantization or args.kv_cache_dtype == "fp8"):
             p.error("--compare bf16 compares an FP8 run (--quantization fp8 / --kv-cache-dtype fp8) with a 16-bit one")
+        if args.structured_outputs and args.workload == "W3":
+            p.error("--structured-outputs applies to W1 and W2")
     return args
 
 

@@ -15,6 +15,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from client import LLM, SamplingParams, StructuredOutputsParams
 from protocol.errors import RequestError
+from tests.support.builders import GPU_ENGINE
 from tests.support.oracle import hf_greedy, prompts_with_shared_prefixes
 
 xgr = pytest.importorskip("xgrammar")  # a core dependency; absent from bare GPU images
@@ -79,6 +80,22 @@ def test_greedy_under_a_grammar_equals_hf_over_the_same_mask(tiny_untied, async_
         assert o.outputs[0].token_ids == hf_constrained_greedy(tiny_untied, p, spec, 40), spec
         assert o.outputs[0].finish_reason == "stop", spec  # each grammar ends well before 40 tokens
     assert outs[-1].outputs[0].token_ids == hf_greedy(tiny_untied, prompts[-1:], 12)[0]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("enforce_eager", [True, False], ids=["eager", "graphs"])
+def test_grammars_on_cuda_equal_hf_and_sampled_rows_stay_valid(tiny_untied, enforce_eager):
+    """The CUDA sampler: masks before the fused sampling kernel, under CUDA graphs too."""
+    prompts = prompts_with_shared_prefixes()[:5]
+    kw = {**ENGINE, **GPU_ENGINE, "enforce_eager": enforce_eager}
+    with LLM(str(tiny_untied), **kw) as llm:
+        params = [SamplingParams(temperature=0, max_tokens=40, structured_outputs=s) for s in SPECS]
+        sampled = SamplingParams(temperature=1.0, max_tokens=40, n=4, seed=5, structured_outputs=SPECS[1])
+        outs = llm.generate(prompts, [*params, sampled], use_tqdm=False)
+    for p, spec, o in zip(prompts, SPECS, outs):
+        # float32 with tf32 dots on CUDA: equal to HF's float32 tokens on this checkpoint
+        assert o.outputs[0].token_ids == hf_constrained_greedy(tiny_untied, p, spec, 40), spec
+    assert all(re.fullmatch("[ab]{2,4}-[0-9]", c.text) for c in outs[-1].outputs), [c.text for c in outs[-1].outputs]
 
 
 def test_sampled_outputs_are_valid_and_a_bad_spec_is_refused(tiny_tied):
