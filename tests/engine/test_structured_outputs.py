@@ -16,7 +16,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from client import LLM, SamplingParams, StructuredOutputsParams
 from protocol.errors import RequestError
 from tests.support.builders import GPU_ENGINE
-from tests.support.oracle import hf_greedy, prompts_with_shared_prefixes
+from tests.support.oracle import assert_greedy_equal_up_to_ties, hf_greedy, prompts_with_shared_prefixes
 
 xgr = pytest.importorskip("xgrammar")  # a core dependency; absent from bare GPU images
 
@@ -76,9 +76,10 @@ def test_greedy_under_a_grammar_equals_hf_over_the_same_mask(tiny_untied, async_
         params = [SamplingParams(temperature=0, max_tokens=40, structured_outputs=s) for s in SPECS]
         plain = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
         outs = llm.generate(prompts, [*params, plain], use_tqdm=False)
-    for p, spec, o in zip(prompts, SPECS, outs):
-        assert o.outputs[0].token_ids == hf_constrained_greedy(tiny_untied, p, spec, 40), spec
-        assert o.outputs[0].finish_reason == "stop", spec  # each grammar ends well before 40 tokens
+    expected = [hf_constrained_greedy(tiny_untied, p, spec, 40) for p, spec in zip(prompts, SPECS)]
+    # a near-tie of two allowed tokens may break the other way under another summation order
+    assert_greedy_equal_up_to_ties(tiny_untied, prompts[:4], [o.outputs[0].token_ids for o in outs[:4]], expected)
+    assert all(o.outputs[0].finish_reason == "stop" for o in outs[:4])  # each grammar ends well before 40 tokens
     assert outs[-1].outputs[0].token_ids == hf_greedy(tiny_untied, prompts[-1:], 12)[0]
 
 
@@ -92,9 +93,9 @@ def test_grammars_on_cuda_equal_hf_and_sampled_rows_stay_valid(tiny_untied, enfo
         params = [SamplingParams(temperature=0, max_tokens=40, structured_outputs=s) for s in SPECS]
         sampled = SamplingParams(temperature=1.0, max_tokens=40, n=4, seed=5, structured_outputs=SPECS[1])
         outs = llm.generate(prompts, [*params, sampled], use_tqdm=False)
-    for p, spec, o in zip(prompts, SPECS, outs):
-        # float32 with tf32 dots on CUDA: equal to HF's float32 tokens on this checkpoint
-        assert o.outputs[0].token_ids == hf_constrained_greedy(tiny_untied, p, spec, 40), spec
+    expected = [hf_constrained_greedy(tiny_untied, p, spec, 40) for p, spec in zip(prompts, SPECS)]
+    # float32 with tf32 dots on CUDA: HF's tokens up to a near-tie
+    assert_greedy_equal_up_to_ties(tiny_untied, prompts[:4], [o.outputs[0].token_ids for o in outs[:4]], expected)
     assert all(re.fullmatch("[ab]{2,4}-[0-9]", c.text) for c in outs[-1].outputs), [c.text for c in outs[-1].outputs]
 
 
