@@ -27,7 +27,7 @@ from coordinator.worker_group import WorkerGroup
 from model.config import ModelConfig
 from protocol.client_messages import ChatPrompt, Detokenize, DetokenizeReply, Tokenize, TokenizeReply
 from protocol.errors import EngineDeadError, RequestError
-from protocol.messages import StepResult
+from protocol.messages import StepMasks, StepResult
 from protocol.outputs import StepOutput
 from protocol.sampling_params import SamplingParams
 
@@ -162,8 +162,12 @@ class Engine:
         results, checks stop conditions and detokenizes. A sequence that stops at step N may already be in the
         steps after it: those extra tokens are dropped."""
         batch = self.scheduler.schedule()
-        if batch is not None and self.num_constrained:
-            self.grammars.add_token_masks(batch)
+        if batch is not None and self.num_constrained and self.grammars.mark_rows(batch):
+            # bitmasks need every earlier token: built now when no step is in flight, else sent when they are known
+            if self._in_flight:
+                batch.masks_due = True
+            else:
+                batch.step.token_masks = self.grammars.token_masks(batch)
         if not self.config.async_scheduling:
             if batch is None:
                 return []
@@ -174,7 +178,12 @@ class Engine:
         # read the oldest result once more than async_depth steps are out, or when nothing new could be sent
         if self._in_flight and (len(self._in_flight) > self.config.async_depth or batch is None):
             done = self._in_flight.popleft()
-            return self._apply(done, self.workers.recv_result(done.step.step_id))
+            outputs = self._apply(done, self.workers.recv_result(done.step.step_id))
+            if self._in_flight and self._in_flight[0].masks_due:  # its rows' grammars now have every earlier token
+                due = self._in_flight[0]
+                due.masks_due = False
+                self.workers.send_masks(StepMasks(due.step.step_id, self.grammars.token_masks(due)))
+            return outputs
         return []
 
     def _apply(self, batch: ScheduledBatch, result: StepResult) -> list[StepOutput]:

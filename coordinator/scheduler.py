@@ -29,6 +29,7 @@ class ScheduledBatch:
     num_tokens: list[int]
     sampled: list[Sequence]  # sequences whose next token this step produces
     step: StepCommand
+    masks_due: bool = False  # its token bitmasks follow (StepMasks) once the steps before it are applied
 
 
 @dataclass(slots=True)
@@ -94,8 +95,7 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
-            if seq.num_pending and (seq.grammar is not None or self._done_when_resolved(seq)):
-                # its in-flight token is its last, or its grammar must see that token before the next is masked
+            if seq.num_pending and self._done_when_resolved(seq):  # its in-flight token is its last
                 i += 1
                 continue
             n = min(seq.num_tokens - seq.num_computed_tokens, budget)

@@ -16,6 +16,7 @@ from collections import OrderedDict
 
 import numpy as np
 
+from coordinator.sequence import SeqStatus
 from protocol.errors import RequestError
 
 log = logging.getLogger("nanoserve.structured_outputs")
@@ -62,16 +63,24 @@ class Grammars:
             self._compiled.move_to_end(spec)
         return self._xgrammar.GrammarMatcher(compiled)
 
-    def add_token_masks(self, batch) -> None:
-        """Put a scheduled batch's token bitmasks into its step command: one per sampled row under a grammar
-        (each has every token known: the scheduler holds such a row back while its last token is in flight)."""
+    def mark_rows(self, batch) -> bool:
+        """Name a scheduled batch's constrained sampled rows in its step command; False when it has none."""
         rows = [i for i, seq in enumerate(batch.sampled) if seq.grammar is not None]
-        if not rows:
-            return
+        if rows:
+            batch.step.mask_rows = np.array(rows, np.int32)
+        return bool(rows)
+
+    def token_masks(self, batch) -> np.ndarray:
+        """The bitmasks of a batch's marked rows, flattened, from its requests' matchers. Every token of the
+        steps before this one must have been fed to them. A request that finished meanwhile (its row's token is
+        dropped) gets a mask that allows every token."""
+        rows = batch.step.mask_rows
         masks = self._xgrammar.allocate_token_bitmask(len(rows), self.vocab_size)
-        for i, row in enumerate(rows):
-            batch.sampled[row].grammar.fill_next_token_bitmask(masks, i)
-        batch.step.mask_rows, batch.step.token_masks = np.array(rows, np.int32), masks.numpy().reshape(-1)
+        for i, row in enumerate(rows.tolist()):
+            matcher = batch.sampled[row].grammar
+            if batch.sampled[row].status is not SeqStatus.FINISHED and not matcher.is_terminated():
+                matcher.fill_next_token_bitmask(masks, i)
+        return masks.numpy().reshape(-1)
 
 
 def _compile(compiler, kind: str, value):

@@ -23,6 +23,7 @@ from protocol.messages import (
     AllocateKV,
     Shutdown,
     StepCommand,
+    StepMasks,
     StepResult,
     WorkerAck,
     WorkerConfig,
@@ -193,8 +194,8 @@ class WorkerGroup:
 
     # ---- steps -------------------------------------------------------------------------------------------
 
-    def _broadcast(self, data: bytes) -> None:
-        for identity in self.identities:
+    def _broadcast(self, data: bytes, ranks: int | None = None) -> None:
+        for identity in self.identities[:ranks]:
             try:
                 self.sock.send_multipart([identity, data])
             except zmq.ZMQError as e:
@@ -205,6 +206,12 @@ class WorkerGroup:
         if self.dead:
             raise EngineDeadError("the worker group is dead")
         self._broadcast(encode(step))
+
+    def send_masks(self, masks: StepMasks) -> None:
+        """A step's late token bitmasks, to rank 0 (the only rank that samples a masked step)."""
+        if self.dead:
+            raise EngineDeadError("the worker group is dead")
+        self._broadcast(encode(masks), ranks=1)
 
     def recv_result(self, step_id: int) -> StepResult:
         """Rank 0's result (sampled token ids, logprobs) for ``step_id``, once every rank has finished that step."""

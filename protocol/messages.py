@@ -8,8 +8,8 @@ from protocol.codec import F32, I32, record
 from protocol.sampling_params import SamplingParams
 
 # 4: SamplingParams.logit_bias / prompt_logprobs, StepResult's prompt logprobs; 5: SamplingParams.truncate_prompt_tokens
-# 6: SamplingParams.structured_outputs, StepCommand's token masks
-PROTOCOL_VERSION = 6
+# 6: SamplingParams.structured_outputs, StepCommand's token masks; 7: StepMasks
+PROTOCOL_VERSION = 7
 
 
 # ---- coordinator <-> worker --------------------------------------------------------------------------
@@ -122,9 +122,20 @@ class StepCommand:
     new_past_token_ids: I32
     freed_slots: I32  # sequences that finished or were preempted since the last step
     # structured outputs: the sampled rows (indices among the step's sampled rows) whose tokens are masked, and
-    # their bitmasks, [len(mask_rows), ceil(vocab / 32)] flattened (token i allowed: bit i % 32 of word i // 32)
+    # their bitmasks, [len(mask_rows), ceil(vocab / 32)] flattened (token i allowed: bit i % 32 of word i // 32).
+    # token_masks None with mask_rows set: the bitmasks follow in a StepMasks, once the coordinator has the tokens
+    # of the steps before this one (async scheduling); rank 0 runs the forward meanwhile and samples after.
     mask_rows: I32 | None = None
     token_masks: I32 | None = None
+
+
+@record(11)
+@dataclass(slots=True)
+class StepMasks:
+    """Coordinator -> rank 0: the token bitmasks of a step sent with ``mask_rows`` but no ``token_masks``."""
+
+    step_id: int
+    token_masks: I32  # as StepCommand.token_masks
 
 
 @record(8)

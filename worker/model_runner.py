@@ -21,7 +21,7 @@ from model.parallel import all_gather_stack, broadcast_from_rank0, tp_rank, tp_s
 from protocol.messages import StepCommand, WorkerConfig
 from worker.cuda_graphs import DecodeGraphs, PrefillGraphs
 from worker.logprobs import PromptLogprobs, PromptRows, gather_logprobs, raw_logprobs
-from worker.results import PendingTokens, ResultRing, no_tokens
+from worker.results import AwaitingMasks, PendingTokens, ResultRing, no_tokens
 from worker.sampler import pick_across_shards, sample, samples_on_shards, shard_candidates
 from worker.sampling_state import SamplingState
 from worker.transfer import HostStager
@@ -206,8 +206,9 @@ class ModelRunner:
             return self.model(input_ids, self.to_dev(positions))
 
     @torch.inference_mode()
-    def launch(self, step: StepCommand) -> PendingTokens:
-        """Enqueue one step on the device without waiting for it; the sampled ids arrive in a host buffer."""
+    def launch(self, step: StepCommand) -> PendingTokens | AwaitingMasks:
+        """Enqueue one step on the device without waiting for it; the sampled ids arrive in a host buffer. On rank
+        0, a step whose token bitmasks follow stops after its logits, until ``AwaitingMasks.finish``."""
         self.stager.begin_step()
         self.apply_slot_updates(step)
         hb = self.prepare_host(step) if len(step.slots) else None
@@ -225,7 +226,16 @@ class ModelRunner:
         # sample_idx picks increasing token rows: as many as there are tokens means every row, in order (a
         # decode-only step), and the gather (a copy to the device and an index kernel) is skipped
         rows = hidden if len(hb.sample_idx) == hidden.shape[0] else hidden[self.to_dev(hb.sample_idx)]
-        tokens, lp = self._sample(rows, hb, slots_dev, step)
+        sampled = self._sample(rows, hb, slots_dev, step)
+        if callable(sampled):  # the bitmasks are still to come
+            return AwaitingMasks(
+                step.step_id, lambda masks: self._results(hb, slots_dev, hidden, prompt_rows, step, sampled(masks))
+            )
+        return self._results(hb, slots_dev, hidden, prompt_rows, step, sampled)
+
+    @torch.inference_mode()
+    def _results(self, hb: HostBatch, slots_dev, hidden, prompt_rows, step: StepCommand, sampled) -> PendingTokens:
+        tokens, lp = sampled
         self.last_tokens[slots_dev] = tokens
         prompt = self._prompt_logprobs(hidden, prompt_rows)
         if tp_rank() != 0:
@@ -242,11 +252,9 @@ class ModelRunner:
             return None
         return self.prompt_logprobs.compute(self.model.compute_logits, hidden, prompt_rows, self.to_dev)
 
-    def _sample(
-        self, rows: torch.Tensor, hb: HostBatch, slots_dev: torch.Tensor, step: StepCommand
-    ) -> tuple[torch.Tensor, tuple[np.ndarray, torch.Tensor] | None]:
+    def _sample(self, rows: torch.Tensor, hb: HostBatch, slots_dev: torch.Tensor, step: StepCommand):
         """Every rank's copy of the sampled ids (int64 [rows]) and, on rank 0, the raw logprobs of the rows that
-        ask for them."""
+        ask for them. On rank 0, when the step's bitmasks follow: a function that takes them and returns those."""
         state = self.sampling
         masked = step.mask_rows is not None and len(step.mask_rows) > 0  # structured outputs: rank 0 samples
         noise_seed = int(self.noise_seeds.integers(1 << 31))  # drawn on every rank: shard sampling shares it
@@ -258,19 +266,21 @@ class ModelRunner:
             candidates = shard_candidates(local, st, noise_seed, start, self.model_config.vocab_size)
             return pick_across_shards(all_gather_stack(candidates)), None
         logits = self.model.compute_logits(rows)
-        lp = None
-        if tp_rank() == 0:
-            if masked:
-                words = step.token_masks.reshape(len(step.mask_rows), -1)
+        if tp_rank() != 0:
+            tokens = torch.empty(len(hb.sample_idx), dtype=torch.int64, device=self.device)
+            return broadcast_from_rank0(tokens), None  # every rank feeds the same tokens into the next step
+
+        def pick(masks: np.ndarray | None) -> tuple[torch.Tensor, tuple[np.ndarray, torch.Tensor] | None]:
+            if masked and masks is not None:  # None: a step whose tokens are dropped (shutdown)
+                words = masks.reshape(len(step.mask_rows), -1)
                 st.allowed = (self.to_dev(step.mask_rows), self.to_dev(words, torch.int32))
-            if state.any_controls:
-                lp = raw_logprobs(logits, state.num_logprobs[hb.sample_slots], self.to_dev)
+            lp = raw_logprobs(logits, state.num_logprobs[hb.sample_slots], self.to_dev) if state.any_controls else None
             tokens = sample(logits, st, self.generator, noise_seed)
             if state.any_controls:
                 state.after_sample(st, hb.sample_slots, slots_dev, tokens)
-        else:
-            tokens = torch.empty(len(hb.sample_idx), dtype=torch.int64, device=self.device)
-        return broadcast_from_rank0(tokens), lp  # every rank feeds the same tokens into the next step
+            return broadcast_from_rank0(tokens), lp
+
+        return pick if masked and step.token_masks is None else pick(step.token_masks)
 
     def execute(self, step: StepCommand) -> np.ndarray:
         """Run one step and wait; returns sampled token ids on rank 0 (empty elsewhere)."""

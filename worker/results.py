@@ -3,6 +3,7 @@ device."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -43,6 +44,15 @@ class PendingTokens:
         if self.event is not None:
             self.event.synchronize()
         return self.host
+
+
+@dataclass(slots=True)
+class AwaitingMasks:
+    """Rank 0's launched step whose token bitmasks (StepMasks) have not arrived: its forward and logits are
+    enqueued; ``finish(token_masks)`` enqueues the sampling and returns the step's PendingTokens."""
+
+    step_id: int
+    finish: Callable[[np.ndarray | None], PendingTokens]
 
 
 def no_tokens(step_id: int) -> PendingTokens:

@@ -22,6 +22,7 @@ from protocol.messages import (
     AllocateKV,
     Shutdown,
     StepCommand,
+    StepMasks,
     StepResult,
     WorkerAck,
     WorkerConfig,
@@ -158,28 +159,55 @@ class Worker:
         done (the device never waits on this loop). Finished steps are reported before the next command is
         launched: the coordinator schedules step N + 2 from step N's tokens, and launching a step with prefill
         tokens holds this loop for ~20 ms, so a report held back behind it can leave the workers without a
-        queued step."""
+        queued step. A step whose token bitmasks follow (StepMasks, rank 0 only) waits after its forward: the
+        coordinator builds them from the tokens of the steps before it, which this loop keeps reporting, and the
+        commands behind it wait, since their inputs are its tokens."""
+        from worker.results import AwaitingMasks
+
+        self.awaiting_type = AwaitingMasks  # torch's module: imported once the worker has a device
         in_flight: deque = deque()
+        awaiting: AwaitingMasks | None = None
+        queued: deque[StepCommand] = deque()  # arrived while a step awaits its bitmasks
         while True:
             while in_flight and in_flight[0].ready():
                 done = in_flight.popleft()
                 tokens = done.wait()  # before prompt_result: the prompt logprobs arrive with the tokens
                 lp = (done.logprob_token_ids, done.logprobs)
                 self.send(StepResult(done.step_id, self.rank, tokens, *lp, *done.prompt_result()))
+            while queued and awaiting is None:
+                awaiting = self._launch(queued.popleft(), in_flight)
             if in_flight and not self.sock.poll(0):
                 continue  # spin: a CUDA step takes milliseconds and we want to report it at once
             msg = self.recv()
             if isinstance(msg, StepCommand):
-                start = self.trace.begin(time.perf_counter()) if self.trace else None
-                in_flight.append(self.runner.launch(msg))
-                if self.trace:
-                    self.trace.end(start, len(msg.slots), len(msg.token_ids))
+                if awaiting is None:
+                    awaiting = self._launch(msg, in_flight)
+                else:
+                    queued.append(msg)
+            elif isinstance(msg, StepMasks):
+                if awaiting is None or msg.step_id != awaiting.step_id:
+                    raise ProtocolError(f"bitmasks of step {msg.step_id}, which does not await them")
+                in_flight.append(awaiting.finish(msg.token_masks))
+                awaiting = None
             elif isinstance(msg, Shutdown):
+                if awaiting is not None:  # its tokens are dropped; sampling completes the step's collectives
+                    awaiting.finish(None)
                 if self.trace:
                     self.trace.dump()
                 return 0
             else:
                 raise ProtocolError(f"unexpected message {type(msg).__name__}")
+
+    def _launch(self, step: StepCommand, in_flight: deque):
+        """Launch a step; returns it when it awaits its bitmasks, else queues it in ``in_flight``."""
+        start = self.trace.begin(time.perf_counter()) if self.trace else None
+        launched = self.runner.launch(step)
+        if self.trace:
+            self.trace.end(start, len(step.slots), len(step.token_ids))
+        if isinstance(launched, self.awaiting_type):
+            return launched
+        in_flight.append(launched)
+        return None
 
     def _init_device_and_group(self, cfg: WorkerConfig):
         import torch

@@ -83,6 +83,19 @@ def test_greedy_under_a_grammar_equals_hf_over_the_same_mask(tiny_untied, async_
     assert outs[-1].outputs[0].token_ids == hf_greedy(tiny_untied, prompts[-1:], 12)[0]
 
 
+def test_tensor_parallel_ranks_sample_under_late_masks_and_exit_cleanly(tiny_untied):
+    """TP=2 (gloo): rank 0 samples masked steps, whose bitmasks arrive after their forward; the other rank waits
+    in the broadcast. Steps still in flight at shutdown complete, so both ranks exit cleanly."""
+    prompts = prompts_with_shared_prefixes()[:4]
+    with LLM(str(tiny_untied), tensor_parallel_size=2, device="cpu", **ENGINE) as llm:
+        params = [SamplingParams(temperature=0, max_tokens=40, structured_outputs=s) for s in SPECS]
+        outs = llm.generate(prompts, params, use_tqdm=False)
+        procs = llm.engine.workers.procs
+    expected = [hf_constrained_greedy(tiny_untied, p, spec, 40) for p, spec in zip(prompts, SPECS)]
+    assert_greedy_equal_up_to_ties(tiny_untied, prompts, [o.outputs[0].token_ids for o in outs], expected)
+    assert [p.wait(timeout=30) for p in procs] == [0, 0]
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("enforce_eager", [True, False], ids=["eager", "graphs"])
 def test_grammars_on_cuda_equal_hf_and_sampled_rows_stay_valid(tiny_untied, enforce_eager):
