@@ -31,6 +31,7 @@ class Grammars:
         self.tokenizer, self.vocab_size, self.eos_token_ids = tokenizer, vocab_size, eos_token_ids
         self._xgrammar = None  # the module, once the first constrained request imported it
         self._compiler = None
+        self._batch = None  # xgrammar's BatchGrammarMatcher: fills many rows' bitmasks on its threads
         self._compiled: OrderedDict[str, object] = OrderedDict()
 
     def _xgrammar_compiler(self):
@@ -43,6 +44,7 @@ class Grammars:
                 self.tokenizer, vocab_size=self.vocab_size, stop_token_ids=self.eos_token_ids
             )
             self._xgrammar, self._compiler = xgrammar, xgrammar.GrammarCompiler(info)
+            self._batch = xgrammar.BatchGrammarMatcher()
         return self._compiler
 
     def matcher(self, spec: str):
@@ -75,11 +77,13 @@ class Grammars:
         steps before this one must have been fed to them. A request that finished meanwhile (its row's token is
         dropped) gets a mask that allows every token."""
         rows = batch.step.mask_rows
-        masks = self._xgrammar.allocate_token_bitmask(len(rows), self.vocab_size)
-        for i, row in enumerate(rows.tolist()):
-            matcher = batch.sampled[row].grammar
-            if batch.sampled[row].status is not SeqStatus.FINISHED and not matcher.is_terminated():
-                matcher.fill_next_token_bitmask(masks, i)
+        masks = self._xgrammar.allocate_token_bitmask(len(rows), self.vocab_size)  # every token allowed
+        live = [(i, batch.sampled[r]) for i, r in enumerate(rows.tolist())]
+        live = [(i, s.grammar) for i, s in live if s.status is not SeqStatus.FINISHED and not s.grammar.is_terminated()]
+        if len(live) == 1:
+            live[0][1].fill_next_token_bitmask(masks, live[0][0])
+        elif live:  # xgrammar's threads fill the rows in parallel, outside the GIL
+            self._batch.batch_fill_next_token_bitmask([m for _, m in live], masks, [i for i, _ in live])
         return masks.numpy().reshape(-1)
 
 
