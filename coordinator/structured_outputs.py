@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 from collections import OrderedDict
 
@@ -44,7 +45,8 @@ class Grammars:
                 self.tokenizer, vocab_size=self.vocab_size, stop_token_ids=self.eos_token_ids
             )
             self._xgrammar, self._compiler = xgrammar, xgrammar.GrammarCompiler(info)
-            self._batch = xgrammar.BatchGrammarMatcher()
+            # a few threads: xgrammar's "auto" counts the host's cores, not this container's, and oversubscribes
+            self._batch = xgrammar.BatchGrammarMatcher(max(1, min(4, len(os.sched_getaffinity(0)) // 4)))
         return self._compiler
 
     def matcher(self, spec: str):
@@ -77,14 +79,14 @@ class Grammars:
         steps before this one must have been fed to them. A request that finished meanwhile (its row's token is
         dropped) gets a mask that allows every token."""
         rows = batch.step.mask_rows
-        masks = self._xgrammar.allocate_token_bitmask(len(rows), self.vocab_size)  # every token allowed
+        masks = np.full((len(rows), -(-self.vocab_size // 32)), -1, np.int32)  # every token allowed
         live = [(i, batch.sampled[r]) for i, r in enumerate(rows.tolist())]
         live = [(i, s.grammar) for i, s in live if s.status is not SeqStatus.FINISHED and not s.grammar.is_terminated()]
         if len(live) == 1:
             live[0][1].fill_next_token_bitmask(masks, live[0][0])
         elif live:  # xgrammar's threads fill the rows in parallel, outside the GIL
             self._batch.batch_fill_next_token_bitmask([m for _, m in live], masks, [i for i, _ in live])
-        return masks.numpy().reshape(-1)
+        return masks.reshape(-1)
 
 
 def _compile(compiler, kind: str, value):
