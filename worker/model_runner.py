@@ -234,7 +234,16 @@ class ModelRunner:
         return self._results(hb, slots_dev, hidden, prompt_rows, step, sampled)
 
     @torch.inference_mode()
-    def _results(self, hb: HostBatch, slots_dev, hidden, prompt_rows, step: StepCommand, sampled) -> PendingTokens:
+    def _results(
+        self,
+        hb: HostBatch,
+        slots_dev: torch.Tensor,
+        hidden: torch.Tensor,
+        prompt_rows: PromptRows | None,
+        step: StepCommand,
+        sampled: tuple[torch.Tensor, tuple | None],
+    ) -> PendingTokens:
+        """After sampling: the tokens become the slots' next inputs, and go to the host with the logprobs."""
         tokens, lp = sampled
         self.last_tokens[slots_dev] = tokens
         prompt = self._prompt_logprobs(hidden, prompt_rows)
