@@ -40,7 +40,8 @@ nanoserve is also timed on that subset (same engine, after its main run, every i
 prefix cache cannot help; same lengths): `tok_s_hf_subset`, the like-for-like number next to `hf_tok_s`.
 
 --structured-outputs JSON (W1, W2) constrains every request, e.g. '{"regex": "[t0-9]+"}' (every stand-in token
-matches), to time the bitmasks and the scheduler's hold-back of constrained requests under async scheduling.
+matches), to time the bitmasks: their filling, their transfer and, under async scheduling, the wait of each
+step's sampling for them.
 
 --compare bf16 (with --quantization and/or --kv-cache-dtype) runs the same workload again in a second engine
 without them, after the first is closed: `bf16_tok_s`, `bf16_floor_fraction` (W2: `bf16_ms_per_token` too).

@@ -164,7 +164,7 @@ class Worker:
         commands behind it wait, since their inputs are its tokens."""
         from worker.results import AwaitingMasks
 
-        self.awaiting_type = AwaitingMasks  # torch's module: imported once the worker has a device
+        self.awaiting_type = AwaitingMasks  # worker.results imports torch, loaded only once the worker has a device
         in_flight: deque = deque()
         awaiting: AwaitingMasks | None = None
         queued: deque[StepCommand] = deque()  # arrived while a step awaits its bitmasks
@@ -190,8 +190,14 @@ class Worker:
                 in_flight.append(awaiting.finish(msg.token_masks))
                 awaiting = None
             elif isinstance(msg, Shutdown):
-                if awaiting is not None:  # its tokens are dropped; sampling completes the step's collectives
-                    awaiting.finish(None)
+                # steps sent but not run here are run on unmasked logits (their tokens are dropped), so every rank
+                # completes the same collectives before it leaves
+                while awaiting is not None or queued:
+                    if awaiting is not None:
+                        awaiting.finish(None)
+                        awaiting = None
+                    else:
+                        awaiting = self._launch(queued.popleft(), in_flight)
                 if self.trace:
                     self.trace.dump()
                 return 0
