@@ -27,7 +27,7 @@ from coordinator.worker_group import WorkerGroup
 from model.config import ModelConfig
 from protocol.client_messages import ChatPrompt, Detokenize, DetokenizeReply, Tokenize, TokenizeReply
 from protocol.errors import EngineDeadError, RequestError
-from protocol.messages import StepMasks, StepResult
+from protocol.messages import StepResult
 from protocol.outputs import StepOutput
 from protocol.sampling_params import SamplingParams
 
@@ -129,12 +129,14 @@ class Engine:
         if request_id in self.requests:
             raise RequestError(f"request_id {request_id!r} is already in flight")
         seq = Sequence(request_id, ids, len(ids), params, time.monotonic())
-        if params.structured_outputs is not None:
-            seq.grammar = self.grammars.matcher(params.structured_outputs)  # RequestError if it does not compile
-            self.num_constrained += 1
+        constrained = params.structured_outputs is not None
+        # RequestError if its spec does not parse; a grammar still compiling is scheduled once it has compiled
+        ready = self.grammars.attach(seq) if constrained else True
         seq.every_token = self.output_processor.add(seq, stream)
         self.requests[request_id] = seq
-        self.scheduler.add(seq)
+        self.num_constrained += constrained
+        if ready:
+            self.scheduler.add(seq)
         return request_id
 
     def abort(self, request_id: str) -> StepOutput | None:
@@ -143,14 +145,17 @@ class Engine:
         seq = self.requests.pop(request_id, None)
         if seq is None:
             return None
-        self.num_constrained -= seq.grammar is not None
-        self.scheduler.finish(seq, "abort")
+        self.num_constrained -= seq.params.structured_outputs is not None
+        if self.grammars.pending.pop(request_id, None) is None:
+            self.scheduler.finish(seq, "abort")
+        else:  # never scheduled
+            seq.status, seq.finish_reason = SeqStatus.FINISHED, "abort"
         return self.output_processor.finish(seq, "abort")
 
     @property
     def has_unfinished(self) -> bool:
         """Requests to run or steps in flight: ``step`` has work."""
-        return self.scheduler.has_work or bool(self._in_flight)
+        return self.scheduler.has_work or bool(self._in_flight) or bool(self.grammars.pending)
 
     # ---- the step ----------------------------------------------------------------------------------------
 
@@ -161,30 +166,33 @@ class Engine:
         are read back, so the workers go straight from one step to the next while this process applies
         results, checks stop conditions and detokenizes. A sequence that stops at step N may already be in the
         steps after it: those extra tokens are dropped."""
+        compile_failures = self._admit_compiled() if self.grammars.pending else []
         batch = self.scheduler.schedule()
-        if batch is not None and self.num_constrained and self.grammars.mark_rows(batch):
-            # bitmasks need every earlier token: built now when no step is in flight, else sent when they are known
-            if self._in_flight:
-                batch.masks_due = True
-            else:
-                batch.step.token_masks = self.grammars.token_masks(batch)
+        if batch is not None and self.num_constrained:  # bitmasks need every earlier token
+            self.grammars.add_masks(batch, later=bool(self._in_flight))
         if not self.config.async_scheduling:
             if batch is None:
-                return []
-            return self._apply(batch, self.workers.run_step(batch.step))
+                return compile_failures
+            return compile_failures + self._apply(batch, self.workers.run_step(batch.step))
         if batch is not None:
             self.workers.send_step(batch.step)
             self._in_flight.append(batch)
         # read the oldest result once more than async_depth steps are out, or when nothing new could be sent
         if self._in_flight and (len(self._in_flight) > self.config.async_depth or batch is None):
             done = self._in_flight.popleft()
-            outputs = self._apply(done, self.workers.recv_result(done.step.step_id))
-            if self._in_flight and self._in_flight[0].masks_due:  # its rows' grammars now have every earlier token
-                due = self._in_flight[0]
-                due.masks_due = False
-                self.workers.send_masks(StepMasks(due.step.step_id, self.grammars.token_masks(due)))
+            outputs = compile_failures + self._apply(done, self.workers.recv_result(done.step.step_id))
+            due = self.grammars.due_masks(self._in_flight)
+            if due is not None:
+                self.workers.send_masks(due)
             return outputs
-        return []
+        return compile_failures
+
+    def _admit_compiled(self) -> list[StepOutput]:
+        """Requests whose grammar has compiled join the scheduler; one whose compile failed ends ("abort")."""
+        ready, failed = self.grammars.compiled(idle=not (self.scheduler.has_work or self._in_flight))
+        for seq in ready:
+            self.scheduler.add(seq)
+        return [out for seq in failed if (out := self.abort(seq.request_id)) is not None]
 
     def _apply(self, batch: ScheduledBatch, result: StepResult) -> list[StepOutput]:
         tokens = result.token_ids.tolist()
@@ -222,7 +230,7 @@ class Engine:
             if out.finish_reason is not None:  # a token-level stop, or a stop string the processor found
                 self.scheduler.finish(seq, out.finish_reason)
                 self.requests.pop(seq.request_id, None)
-                self.num_constrained -= seq.grammar is not None
+                self.num_constrained -= seq.params.structured_outputs is not None
             outputs.append(out)
         return outputs
 
@@ -291,5 +299,6 @@ class Engine:
     def shutdown(self) -> None:
         if not self.closed:
             self.closed = True
+            self.grammars.close()
             self.workers.shutdown()
             gc.unfreeze()  # let the interpreter's last collection reach the start-up objects again

@@ -14,11 +14,13 @@ import logging
 import os
 import re
 from collections import OrderedDict
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 
 import numpy as np
 
 from coordinator.sequence import SeqStatus
 from protocol.errors import RequestError
+from protocol.messages import StepMasks
 
 log = logging.getLogger("nanoserve.structured_outputs")
 
@@ -34,6 +36,9 @@ class Grammars:
         self._compiler = None
         self._batch = None  # xgrammar's BatchGrammarMatcher: fills many rows' bitmasks on its threads
         self._compiled: OrderedDict[str, object] = OrderedDict()
+        self._compiling: dict[str, Future] = {}  # specs on the compile threads
+        self.pending: dict[str, tuple[object, Future]] = {}  # request id -> (request, its grammar's compile)
+        self._pool: ThreadPoolExecutor | None = None
 
     def _xgrammar_compiler(self):
         if self._compiler is None:
@@ -49,30 +54,95 @@ class Grammars:
             self._batch = xgrammar.BatchGrammarMatcher(max(1, min(4, len(os.sched_getaffinity(0)) // 4)))
         return self._compiler
 
-    def matcher(self, spec: str):
-        """A new matcher for ``spec`` (SamplingParams.structured_outputs); RequestError naming the field when it
-        does not compile (a schema xgrammar cannot take, a bad regex or grammar)."""
+    def start(self, spec: str) -> Future:
+        """The compiled grammar of ``spec`` (SamplingParams.structured_outputs), done at once when cached; else
+        compiled on a thread, so the step loop keeps serving meanwhile (a schema takes tens of ms to seconds at a
+        150k vocabulary). RequestError naming the field when the spec does not parse (a schema xgrammar cannot
+        take, a bad regex or grammar)."""
         compiler = self._xgrammar_compiler()
         compiled = self._compiled.get(spec)
-        if compiled is None:
-            ((kind, value),) = json.loads(spec).items()
-            try:
-                compiled = _compile(compiler, kind, value)
-            except Exception as e:  # xgrammar raises RuntimeError / ValueError with its parser's message
-                raise RequestError(f"structured_outputs.{kind} does not compile: {e}") from None
-            self._compiled[spec] = compiled
-            if len(self._compiled) > _CACHE_SIZE:
-                self._compiled.popitem(last=False)
-        else:
+        if compiled is not None:
             self._compiled.move_to_end(spec)
-        return self._xgrammar.GrammarMatcher(compiled)
+            done: Future = Future()
+            done.set_result(compiled)
+            return done
+        if spec in self._compiling:  # the same spec, asked again before its compile ended
+            return self._compiling[spec]
+        ((kind, value),) = json.loads(spec).items()
+        try:
+            grammar = _grammar(self._xgrammar.Grammar, kind, value)
+        except Exception as e:  # xgrammar raises RuntimeError / ValueError with its parser's message
+            raise RequestError(f"structured_outputs.{kind} does not compile: {e}") from None
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="grammar-compile")
+        future = self._compiling[spec] = self._pool.submit(compiler.compile_grammar, grammar)
+        return future
 
-    def mark_rows(self, batch) -> bool:
-        """Name a scheduled batch's constrained sampled rows in its step command; False when it has none."""
+    def matcher(self, spec: str, compiled: Future):
+        """A new matcher for ``spec`` from ``start``'s finished future (then cached); RequestError if the compile
+        failed."""
+        self._compiling.pop(spec, None)
+        try:
+            grammar = compiled.result()
+        except Exception as e:
+            raise RequestError(f"structured_outputs does not compile: {e}") from None
+        self._compiled[spec] = grammar
+        self._compiled.move_to_end(spec)
+        if len(self._compiled) > _CACHE_SIZE:
+            self._compiled.popitem(last=False)
+        return self._xgrammar.GrammarMatcher(grammar)
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+
+    def attach(self, seq) -> bool:
+        """Give a constrained request its matcher; False when its grammar is still compiling: it then waits in
+        ``pending`` until ``compiled`` hands it back. RequestError when its spec does not parse."""
+        spec = seq.params.structured_outputs
+        compiling = self.start(spec)
+        if not compiling.done():
+            self.pending[seq.request_id] = (seq, compiling)
+            return False
+        seq.grammar = self.matcher(spec, compiling)
+        return True
+
+    def compiled(self, idle: bool) -> tuple[list, list]:
+        """The pending requests whose compile ended: those that now have their matcher, and those whose compile
+        failed (logged, and left pending: the engine aborts them). ``idle``: nothing else to run, so wait up to 5 ms
+        for one."""
+        if idle:
+            wait([f for _, f in self.pending.values()], timeout=0.005, return_when=FIRST_COMPLETED)
+        ready, failed = [], []
+        for request_id, (seq, compiling) in list(self.pending.items()):
+            if compiling.done():
+                try:
+                    seq.grammar = self.matcher(seq.params.structured_outputs, compiling)
+                except RequestError as e:
+                    log.error("request %s ends: %s", request_id, e)
+                    failed.append(seq)
+                    continue
+                del self.pending[request_id]
+                ready.append(seq)
+        return ready, failed
+
+    def add_masks(self, batch, later: bool) -> None:
+        """Mark a scheduled batch's constrained sampled rows in its step command, with their bitmasks, or (``later``:
+        steps before it are in flight, whose tokens the grammars must see first) for ``due_masks`` to send."""
         rows = [i for i, seq in enumerate(batch.sampled) if seq.grammar is not None]
         if rows:
             batch.step.mask_rows = np.array(rows, np.int32)
-        return bool(rows)
+            if later:
+                batch.masks_due = True
+            else:
+                batch.step.token_masks = self.token_masks(batch)
+
+    def due_masks(self, in_flight) -> StepMasks | None:
+        """The bitmasks of the oldest step in flight, once every step before it is applied, if it awaits them."""
+        if not in_flight or not in_flight[0].masks_due:
+            return None
+        in_flight[0].masks_due = False
+        return StepMasks(in_flight[0].step.step_id, self.token_masks(in_flight[0]))
 
     def token_masks(self, batch) -> np.ndarray:
         """The bitmasks of a batch's marked rows, flattened, from its requests' matchers. Every token of the
@@ -89,17 +159,18 @@ class Grammars:
         return masks.reshape(-1)
 
 
-def _compile(compiler, kind: str, value):
+def _grammar(grammar_cls, kind: str, value):
+    """The spec as an xgrammar ``Grammar`` (parsed, not yet compiled against the vocabulary)."""
     # JSON without free whitespace between tokens: small models otherwise fill a reply with blank lines
     if kind == "json":
-        return compiler.compile_json_schema(json.dumps(value), any_whitespace=False)
+        return grammar_cls.from_json_schema(json.dumps(value), any_whitespace=False)
     if kind == "json_object":
-        return compiler.compile_json_schema('{"type": "object"}', any_whitespace=False)
+        return grammar_cls.from_json_schema('{"type": "object"}', any_whitespace=False)
     if kind == "regex":
-        return compiler.compile_regex(value)
+        return grammar_cls.from_regex(value)
     if kind == "choice":
-        return compiler.compile_regex("|".join(re.escape(c) for c in value))
-    return compiler.compile_grammar(value)
+        return grammar_cls.from_regex("|".join(re.escape(c) for c in value))
+    return grammar_cls.from_ebnf(value)
 
 
 def grammar_stop(matcher, token: int) -> tuple[str, None] | None:

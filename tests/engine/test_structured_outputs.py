@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 
 import pytest
 import torch
@@ -142,3 +143,48 @@ def test_sampled_outputs_are_valid_and_a_bad_spec_is_refused(tiny_tied):
         again = llm.generate("pick", vllm_style, use_tqdm=False)  # the engine kept serving
         assert again[0].outputs[0].text in ("yes", "no")
         assert vllm_style.structured_outputs == '{"choice": ["yes", "no"]}'
+
+
+class _GatedCompiler:
+    """xgrammar's compiler behind a gate the test opens: a compile as slow as the test wants, on the real pool."""
+
+    def __init__(self, compiler, fail: bool = False) -> None:
+        self.compiler, self.fail, self.gate = compiler, fail, threading.Event()
+
+    def compile_grammar(self, grammar):
+        assert self.gate.wait(60)
+        if self.fail:
+            raise RuntimeError("compiler failed")
+        return self.compiler.compile_grammar(grammar)
+
+
+def _finish(engine, until) -> dict:
+    done = {}
+    while not until(done):
+        done.update((o.request_id, o) for o in engine.step() if o.finished)
+    return done
+
+
+@pytest.mark.parametrize("async_scheduling", [True, False], ids=["async", "sync"])
+def test_the_engine_serves_others_while_a_grammar_compiles(tiny_tied, async_scheduling):
+    with LLM(str(tiny_tied), async_scheduling=async_scheduling, **ENGINE) as llm:
+        engine, grammars = llm.engine, llm.engine.grammars
+        gated = grammars._compiler = _GatedCompiler(grammars._xgrammar_compiler())
+        choice = SamplingParams(temperature=0, max_tokens=8, structured_outputs={"choice": ["yes", "no"]})
+        engine.add_request("pick", choice, request_id="constrained")
+        engine.add_request("again", choice, request_id="same spec")  # shares the compile
+        engine.add_request("x", SamplingParams(temperature=0, max_tokens=6, ignore_eos=True), request_id="plain")
+        engine.add_request("y", SamplingParams(structured_outputs={"regex": "a+"}), request_id="aborted")
+        assert engine.abort("aborted").finish_reason == "abort"  # aborted while compiling
+        done = _finish(engine, lambda d: "plain" in d)
+        assert len(done["plain"].token_ids) == 6 and not {"constrained", "same spec"} & set(done)
+        gated.gate.set()
+        done = _finish(engine, lambda d: not engine.has_unfinished)
+        assert {done["constrained"].text, done["same spec"].text} <= {"yes", "no"}, done
+        assert done["constrained"].finish_reason == "stop" and "aborted" not in done
+        # a compile that fails ends its request ("abort"); the engine keeps serving
+        failing = grammars._compiler = _GatedCompiler(grammars._xgrammar_compiler(), fail=True)
+        failing.gate.set()
+        engine.add_request("z", SamplingParams(structured_outputs={"regex": "b+"}), request_id="failed")
+        assert _finish(engine, lambda d: "failed" in d)["failed"].finish_reason == "abort"
+        assert llm.generate("pick", choice, use_tqdm=False)[0].outputs[0].text in ("yes", "no")  # cached spec
