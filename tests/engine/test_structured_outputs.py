@@ -169,7 +169,8 @@ def _finish(engine, until) -> dict:
 def test_the_engine_serves_others_while_a_grammar_compiles(tiny_tied, async_scheduling):
     with LLM(str(tiny_tied), async_scheduling=async_scheduling, **ENGINE) as llm:
         engine, grammars = llm.engine, llm.engine.grammars
-        gated = grammars._compiler = _GatedCompiler(grammars._xgrammar_compiler())
+        llm.generate("x", SamplingParams(max_tokens=2, structured_outputs={"regex": "c+"}), use_tqdm=False)
+        gated = grammars._compiler = _GatedCompiler(grammars._compiler)  # the real one, built by that request
         choice = SamplingParams(temperature=0, max_tokens=8, structured_outputs={"choice": ["yes", "no"]})
         engine.add_request("pick", choice, request_id="constrained")
         engine.add_request("again", choice, request_id="same spec")  # shares the compile
@@ -183,7 +184,7 @@ def test_the_engine_serves_others_while_a_grammar_compiles(tiny_tied, async_sche
         assert {done["constrained"].text, done["same spec"].text} <= {"yes", "no"}, done
         assert done["constrained"].finish_reason == "stop" and "aborted" not in done
         # a compile that fails ends its request ("abort"); the engine keeps serving
-        failing = grammars._compiler = _GatedCompiler(grammars._xgrammar_compiler(), fail=True)
+        failing = grammars._compiler = _GatedCompiler(gated.compiler, fail=True)
         failing.gate.set()
         engine.add_request("z", SamplingParams(structured_outputs={"regex": "b+"}), request_id="failed")
         assert _finish(engine, lambda d: "failed" in d)["failed"].finish_reason == "abort"
