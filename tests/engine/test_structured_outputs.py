@@ -84,6 +84,18 @@ def test_greedy_under_a_grammar_equals_hf_over_the_same_mask(tiny_untied, async_
     assert outs[-1].outputs[0].token_ids == hf_greedy(tiny_untied, prompts[-1:], 12)[0]
 
 
+def test_a_preempted_constrained_request_resumes_its_grammar(tiny_untied):
+    """9 blocks for 8 requests: one is preempted (its in-flight tokens still reach its grammar, in order) and
+    recomputed; every output still equals HF's under its grammar."""
+    prompts, specs = prompts_with_shared_prefixes()[:8], SPECS * 2
+    with LLM(str(tiny_untied), max_model_len=256, num_kv_blocks=9, block_size=16) as llm:
+        params = [SamplingParams(temperature=0, max_tokens=40, structured_outputs=s) for s in specs]
+        outs = llm.generate(prompts, params, use_tqdm=False)
+        assert llm.stats()["preemptions"] > 0
+    expected = [hf_constrained_greedy(tiny_untied, p, spec, 40) for p, spec in zip(prompts, specs)]
+    assert_greedy_equal_up_to_ties(tiny_untied, prompts, [o.outputs[0].token_ids for o in outs], expected)
+
+
 def test_tensor_parallel_ranks_sample_under_late_masks_and_exit_cleanly(tiny_untied):
     """TP=2 (gloo): rank 0 samples masked steps, whose bitmasks arrive after their forward; the other rank waits
     in the broadcast. Steps still in flight at shutdown complete, so both ranks exit cleanly."""
