@@ -1,12 +1,12 @@
 """msgpack encoding of typed records (never pickle).
 
-A record is a slots dataclass registered with a tag. It travels as ``[tag, field values...]``; fields
-annotated ``I32``/``I64``/``F32`` are numpy arrays that travel as packed little-endian bytes, so encode and
-decode of a whole batch is one ``tobytes``/``frombuffer`` per array. Decoding checks every field's type, so a
-malformed frame raises ``ProtocolError`` instead of reaching the engine; a record whose own validation rejects a
-value raises its subclass ``InvalidValue``. Records nest: a field annotated with a record's class name (or a list
-of them) travels as that record's list, and a record inside a field annotated ``object`` travels as msgpack ext
-type 1 holding its own packed list. A ``dict[int, float]`` field (SamplingParams.logit_bias) travels as a flat
+A record is a slots dataclass registered with a tag. It travels as ``[tag, field values...]``; fields annotated
+``I32``/``I64``/``F32`` are numpy arrays that travel as packed little-endian bytes, so encode and decode of a whole
+batch is one ``tobytes`` (a view, for large ones) and one ``frombuffer`` per array. Decoding checks every field's
+type, so a malformed frame raises ``ProtocolError`` instead of reaching the engine; a record whose own validation
+rejects a value raises its subclass ``InvalidValue``. Records nest: a field annotated with a record's class name (or
+a list of them) travels as that record's list, and a record inside a field annotated ``object`` travels as msgpack
+ext type 1 holding its own packed list. A ``dict[int, float]`` field (SamplingParams.logit_bias) travels as a flat
 list ``[key, value, key, value, ...]``: msgpack maps are decoded with string keys only.
 """
 
@@ -26,6 +26,7 @@ _ARRAY_DTYPES = {"I32": np.dtype("<i4"), "I64": np.dtype("<i8"), "F32": np.dtype
 _SCALARS = {"int": (int,), "float": (float, int), "str": (str,), "bool": (bool,), "bytes": (bytes,)}
 
 
+_VIEW_FROM_BYTES = 1 << 16  # arrays this large are packed from a memoryview (per array, dearer on small ones)
 _NESTED_EXT = 1  # msgpack ext type of a record inside an untyped (``object``) field
 
 
@@ -163,7 +164,9 @@ def _to_wire(obj):
         if v is None:
             out.append(None)
         elif spec.kind == "array":
-            out.append(np.ascontiguousarray(v, dtype=spec.dtype).tobytes())
+            arr = np.ascontiguousarray(v, dtype=spec.dtype)
+            # a large array (a step's token bitmasks: MBs) is packed from a view: its bytes copy took 10x longer
+            out.append(arr.tobytes() if arr.nbytes < _VIEW_FROM_BYTES else memoryview(arr).cast("B"))
         elif spec.kind == "record":
             out.append([_to_wire(x) for x in v] if spec.is_list else _to_wire(v))
         elif spec.pairs:

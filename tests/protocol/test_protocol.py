@@ -16,7 +16,7 @@ import protocol
 import protocol.messages
 from protocol import codec
 from protocol.codec import ProtocolError, decode, encode
-from protocol.messages import PROTOCOL_VERSION, Shutdown, StepCommand, StepResult, WorkerHello
+from protocol.messages import PROTOCOL_VERSION, Shutdown, StepCommand, StepMasks, StepResult, WorkerHello
 from protocol.sampling_params import SamplingParams
 from tests.support.builders import make_step
 
@@ -183,6 +183,15 @@ def test_array_byte_order_and_dtype_conversion():
     assert params[0] == codec._TAG_OF[SamplingParams] and params[1] == 0.5
     assert params[1 + _PARAM_NAMES.index("seed")] == 2**40 + 1
     assert decode(encode(step)).new_params == step.new_params
+
+
+def test_large_arrays_travel_as_the_same_bytes():
+    """A step's token bitmasks (MBs, packed from a view) and a big-endian, strided input: the same wire bytes."""
+    masks = np.arange(-(2**20), 2**20, 3, dtype=">i8")[::2]  # strided, big-endian, 1.4 MB as int32
+    raw = msgpack.unpackb(encode(StepMasks(5, masks)), raw=False)
+    assert raw[2] == masks.astype("<i4").tobytes()
+    back = decode(encode(StepMasks(5, masks)))
+    assert back.token_masks.dtype == np.dtype("<i4") and (back.token_masks == masks).all()
 
 
 # ---- malformed frames ----------------------------------------------------------------------------------
