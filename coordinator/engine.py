@@ -146,7 +146,7 @@ class Engine:
         if seq is None:
             return None
         self.num_constrained -= seq.params.structured_outputs is not None
-        if self.grammars.pending.pop(request_id, None) is None:
+        if not self.grammars.drop(request_id):
             self.scheduler.finish(seq, "abort")
         else:  # never scheduled
             seq.status, seq.finish_reason = SeqStatus.FINISHED, "abort"

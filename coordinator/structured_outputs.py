@@ -117,6 +117,17 @@ class Grammars:
         seq.grammar = self.matcher(spec, compiling)
         return True
 
+    def drop(self, request_id: str) -> bool:
+        """Forget a pending request (aborted while its grammar compiles); False when it was not pending."""
+        entry = self.pending.pop(request_id, None)
+        if entry is None:
+            return False
+        spec = entry[0].params.structured_outputs
+        if not any(seq.params.structured_outputs == spec for seq, _ in self.pending.values()):
+            self._compiling.pop(spec, None)  # no request waits for it any more
+            entry[1].cancel()
+        return True
+
     def compiled(self, idle: bool) -> tuple[list, list]:
         """The pending requests whose compile ended: those that now have their matcher, and those whose compile
         failed (logged, and left pending: the engine aborts them). ``idle``: nothing else to run, so wait up to 5 ms
