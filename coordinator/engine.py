@@ -166,26 +166,22 @@ class Engine:
         are read back, so the workers go straight from one step to the next while this process applies
         results, checks stop conditions and detokenizes. A sequence that stops at step N may already be in the
         steps after it: those extra tokens are dropped."""
-        compile_failures = self._admit_compiled() if self.grammars.pending else []
+        outputs = self._admit_compiled() if self.grammars.pending else []  # a failed compile ends its request
         batch = self.scheduler.schedule()
         if batch is not None and self.num_constrained:  # bitmasks need every earlier token
             self.grammars.add_masks(batch, later=bool(self._in_flight))
         if not self.config.async_scheduling:
-            if batch is None:
-                return compile_failures
-            return compile_failures + self._apply(batch, self.workers.run_step(batch.step))
+            return outputs + (self._apply(batch, self.workers.run_step(batch.step)) if batch is not None else [])
         if batch is not None:
             self.workers.send_step(batch.step)
             self._in_flight.append(batch)
         # read the oldest result once more than async_depth steps are out, or when nothing new could be sent
         if self._in_flight and (len(self._in_flight) > self.config.async_depth or batch is None):
             done = self._in_flight.popleft()
-            outputs = compile_failures + self._apply(done, self.workers.recv_result(done.step.step_id))
-            due = self.grammars.due_masks(self._in_flight)
-            if due is not None:
+            outputs += self._apply(done, self.workers.recv_result(done.step.step_id))
+            if (due := self.grammars.due_masks(self._in_flight)) is not None:
                 self.workers.send_masks(due)
-            return outputs
-        return compile_failures
+        return outputs
 
     def _admit_compiled(self) -> list[StepOutput]:
         """Requests whose grammar has compiled join the scheduler; one whose compile failed ends ("abort")."""
