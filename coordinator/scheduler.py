@@ -99,7 +99,9 @@ class Scheduler:
                 i += 1
                 continue
             n = min(seq.num_tokens - seq.num_computed_tokens, budget)
-            while not bm.allocate(seq.block_table, [], seq.num_computed_tokens + n):
+            # most decodes fit the blocks they hold: no allocation to try
+            fits = seq.num_computed_tokens + n <= len(seq.block_table) * bm.block_size
+            while not (fits or bm.allocate(seq.block_table, [], seq.num_computed_tokens + n)):
                 victim = self.running.pop()  # newest
                 self.preempt(victim)
                 preempted = True
@@ -229,6 +231,8 @@ class Scheduler:
         """Register the blocks that are full once ``num_computed`` tokens are in cache, counting only known
         tokens (a placeholder of an in-flight step gets keyed in a later step)."""
         known = min(num_computed, seq.num_known_tokens)
+        if known // self.block_manager.block_size <= seq.num_keyed_blocks:
+            return  # no block filled since the last step (most decodes)
         seq.num_keyed_blocks, seq.last_block_key = self.block_manager.register_full_blocks(
             seq.block_table, seq.token_ids, known, seq.num_keyed_blocks, seq.last_block_key
         )
