@@ -73,9 +73,12 @@ def _fp8_gemv_kernel(
     w_rows = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn
     # the first weight step: written by no kernel of the step, so in flight during the wait
     w_first = tl.load(w_rows + offs_k[None, :], mask=mask_n[:, None] & (offs_k < K)[None, :], other=0.0)
-    pdl_enter(USE_PDL)
+    # the channel scales and bias too: loaded after the wait, their latency showed after the sums (~1 us a product)
     if GROUP_N == 0:
         sw = tl.load(ws_ptr + offs_n * stride_ws_n, mask=mask_n, other=0.0)
+    if HAS_BIAS:
+        bias = tl.load(bias_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)
+    pdl_enter(USE_PDL)
     for r in tl.static_range(ROWS):
         # row masks as tensors: the interpreter mis-types a scalar bool broadcast into a mask
         x_row = x_ptr + r * stride_xm
@@ -91,6 +94,7 @@ def _fp8_gemv_kernel(
             sx = tl.math.div_rn(tl.maximum(tl.max(amax, axis=0), MIN_AMAX), FP8_MAX)
             inv = tl.math.div_rn(1.0, sx)
         acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+        runs_acc = tl.zeros([BLOCK_N, BLOCK_K // 8], dtype=tl.float32)  # F16_SUMS: each thread's runs, all steps
         for s in tl.static_range(STEPS):
             ks = s * BLOCK_K + offs_k
             if s == 0:
@@ -108,8 +112,7 @@ def _fp8_gemv_kernel(
                     # e4m3 widens to float16 in one instruction per pair; x / 64 keeps 8 products (<= 448 * 7
                     # each) under float16's 65,504, and the products of e4m3 values are exact in float16
                     prod = w.to(tl.float16) * (xq.to(tl.float16) * 0.015625)[None, :]
-                    runs = tl.sum(tl.reshape(prod, (BLOCK_N, BLOCK_K // 8, 8)), axis=2)
-                    acc += tl.sum(runs.to(tl.float32), axis=1) * 64.0
+                    runs_acc += tl.sum(tl.reshape(prod, (BLOCK_N, BLOCK_K // 8, 8)), axis=2).to(tl.float32)
                 else:
                     acc += tl.sum(w.to(tl.float32) * xq.to(tl.float32)[None, :], axis=1)
             else:
@@ -126,10 +129,12 @@ def _fp8_gemv_kernel(
                 g_ok = (g * GROUP_K < K)[None, :] & mask_n[:, None]
                 swg = tl.load(ws_ptr + (offs_n // GROUP_N)[:, None] * stride_ws_n + g[None, :], mask=g_ok, other=0.0)
                 acc += tl.sum(part * sxg[None, :] * swg, axis=1)
+        if GROUP_N == 0 and F16_SUMS:  # summed across threads once, not once a K step (down_proj: -1 us)
+            acc = tl.sum(runs_acc, axis=1) * 64.0
         if GROUP_N == 0:
             acc = acc * sx * sw
         if HAS_BIAS:
-            acc += tl.load(bias_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)
+            acc += bias
         tl.store(
             out_ptr + r * stride_om + offs_n, acc.to(out_ptr.dtype.element_ty), mask=mask_n & ((offs_n * 0 + r) < M)
         )
