@@ -21,16 +21,9 @@ from kernels.attention_store import (
     kernel_scales,
     load_keys_contiguous,
     page_strides,
-    prefetch_kv_tiles,
     softmax_tile,
 )
 from kernels.pdl import pdl_enter, use_pdl
-from protocol.settings import settings
-
-_PREFETCH = settings().decode_prefetch
-# Up to about one wave of split programs (few sequences: a step waits on their K/V's latency); past that the
-# programs of later waves start after the products, and the whole grid's K/V streams anyway.
-_PREFETCH_MAX_PROGRAMS = 512
 
 
 # Integers that change from step to step (block-table width, split count, their strides) are not specialized:
@@ -71,7 +64,6 @@ def _decode_split_kernel(
     HEADS_FIRST: tl.constexpr,  # grid (kv heads, splits, batch): a sequence's heads run side by side
     DOT_F16: tl.constexpr,  # dot_dtype_f16
     V_KEYS: tl.constexpr,  # V stored keys-contiguous (kernels/attention.py value_cache): read as [D, keys] tiles
-    PREFETCH_ROW_BYTES: tl.constexpr,  # > 0: the split's K/V rows (of this many bytes) pulled into the L2 first
     USE_PDL: tl.constexpr,
 ):
     b, kv_head, split, split_start, split_end = decode_split(seq_lens_ptr, num_splits, BLOCK_N, HEADS_FIRST)
@@ -82,17 +74,12 @@ def _decode_split_kernel(
     heads = kv_head * GROUP + offs_h
 
     b64 = b.to(tl.int64)
-    bt_row = block_tables_ptr + b64 * stride_bt
-    k_head = k_cache_ptr + kv_head * stride_kc_h
-    if PREFETCH_ROW_BYTES:
-        prefetch_kv_tiles(
-            bt_row, split_start, split_end, k_head, v_cache_ptr + kv_head * stride_vc_h, stride_kc_b, stride_kc_s,
-            stride_vc_b, stride_vc_s, BLOCK_N, PAGE, PREFETCH_ROW_BYTES, not V_KEYS,
-        )  # fmt: skip
     pdl_enter(USE_PDL)  # q and the newest token's K/V come from the kernel in front
     q_ptrs = q_ptr + b64 * stride_qb + heads[:, None] * stride_qh + offs_d[None, :]
     q = dot_operand(tl.load(q_ptrs, mask=mask_h[:, None] & mask_d[None, :], other=0.0), DOT_F16)
 
+    bt_row = block_tables_ptr + b64 * stride_bt
+    k_head = k_cache_ptr + kv_head * stride_kc_h
     if V_KEYS:
         v_base = v_cache_ptr + kv_head * stride_vc_h + offs_d[:, None] * PAGE
     else:
@@ -193,7 +180,6 @@ def split_decode(
     batch, num_heads, head_dim = q.shape
     num_kv_heads, page = k_cache.shape[2], k_cache.shape[1]
     v_keys = check_cache(k_cache, v_cache)
-    prefetch = _PREFETCH and q.is_cuda and batch * num_kv_heads * num_splits <= _PREFETCH_MAX_PROGRAMS
     block_d = max(16, triton.next_power_of_2(head_dim))
     block_n, num_warps, num_stages, *cap = tiles
     caps = {"maxnreg": cap[0]} if cap and cap[0] and q.is_cuda else {}
@@ -238,7 +224,6 @@ def split_decode(
         HEADS_FIRST=heads_first,
         DOT_F16=dot_dtype_f16(q, k_cache),
         V_KEYS=v_keys,
-        **({} if keys_m else {"PREFETCH_ROW_BYTES": head_dim * k_cache.element_size() if prefetch else 0}),
         USE_PDL=pdl,
         num_warps=num_warps,
         num_stages=num_stages,

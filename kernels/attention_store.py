@@ -223,37 +223,6 @@ def decode_k_tile(
 
 
 @triton.jit
-def prefetch_l2(ptrs):
-    """Ask the L2 for the lines at ``ptrs`` (one address a line); nothing comes back, so no register waits."""
-    tl.inline_asm_elementwise(
-        "prefetch.global.L2 [$1];\nmov.u32 $0, 0;", "=r,l", [ptrs], tl.int32, is_pure=False, pack=1
-    )
-
-
-@triton.jit
-def prefetch_kv_tiles(
-    bt_row, split_start, split_end, k_head, v_head, stride_kc_b, stride_kc_s, stride_vc_b, stride_vc_s,
-    BLOCK_N: tl.constexpr, PAGE: tl.constexpr, ROW_BYTES: tl.constexpr, V_ROWS: tl.constexpr,
-):  # fmt: skip
-    """Pull a split's K rows (and V's, ``V_ROWS``: V stored a row a key) into the L2 before the PDL wait. The loads
-    after the wait then hit the L2 instead of queueing at the HBM behind the products' weight streams. Only the block
-    table (a step input) is read; a row the kernel in front writes this step is simply refreshed in the L2."""
-    LINES: tl.constexpr = (ROW_BYTES + 127) // 128
-    line = (tl.arange(0, LINES) * (1024 // k_head.dtype.element_ty.primitive_bitwidth))[None, :]  # elements a line
-    for start_n in range(split_start, split_end, BLOCK_N):
-        pos_n = start_n + tl.arange(0, BLOCK_N)
-        mask_n = pos_n < split_end
-        page = tl.load(bt_row + pos_n // PAGE, mask=mask_n, other=0).to(tl.int64)
-        in_page = (pos_n % PAGE).to(tl.int64)
-        prefetch_l2(
-            tl.where(mask_n[:, None], k_head + (page * stride_kc_b + in_page * stride_kc_s)[:, None] + line, k_head)
-        )
-        if V_ROWS:
-            v_off = (page * stride_vc_b + in_page * stride_vc_s)[:, None] + line
-            prefetch_l2(tl.where(mask_n[:, None], v_head + v_off, v_head))
-
-
-@triton.jit
 def softmax_tile(q, qk, v, m_i, l_i, acc):
     """One K/V tile of the online softmax: scores ``qk`` (log2 units, masked keys at -inf) update the running max
     ``m_i`` and sum ``l_i`` and add the tile's values to ``acc``, rescaled; the dots in ``q``'s dtype."""

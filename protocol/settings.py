@@ -65,7 +65,6 @@ class Settings:
     fp8_f16_sums: bool  # NANOSERVE_FP8_F16_SUMS=0: the one-row FP8 GEMV sums its products in float32 only
     fp8_v_keys: bool  # NANOSERVE_FP8_V_KEYS=0: an e4m3 V cache in the [keys, head_dim] page layout of 16-bit ones
     decode_keys_m: bool  # NANOSERVE_DECODE_KEYS_M=0: one-warp decode programs pad the query group to 16 rows as M
-    decode_prefetch: bool  # NANOSERVE_DECODE_PREFETCH=0: split decode programs do not pull K/V into the L2 early
     decode_tiles: tuple[int, ...] | None  # NANOSERVE_DECODE_TILES=keys,warps,stages[,regs]: CUDA decode tiles (sweeps)
     triton_interpret: bool  # TRITON_INTERPRET=1: Triton kernels run on CPU tensors (tests)
 
@@ -92,7 +91,6 @@ def settings() -> Settings:
         fp8_f16_sums=_switch("FP8_F16_SUMS"),
         fp8_v_keys=_switch("FP8_V_KEYS"),
         decode_keys_m=_switch("DECODE_KEYS_M"),
-        decode_prefetch=_switch("DECODE_PREFETCH"),
         decode_tiles=_decode_tiles(),
         triton_interpret=os.environ.get("TRITON_INTERPRET", "0") == "1",
     )

@@ -67,26 +67,20 @@ def _variant_kernel(
     x_ptr, w_ptr, ws_ptr, out_ptr, xs_ptr, N, stride_wn,
     K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, MODE: tl.constexpr,
 ):  # fmt: skip
-    # MODE 0 same, 1 x16, 2 intcvt, 3 mixed, 4 bytes, 5 defer, 6 x16 + defer, 7 chanwarp, 8 chanwarp16 (one K step);
-    # x: e4m3 (0, 4, 5, 7), float16 x/64 (1, 3, 6, 8), float16 4x (2)
+    # MODE 0 same, 1 x16, 2 intcvt, 3 mixed, 4 bytes, 5 defer, 6 x16 + defer; x: e4m3 (0, 4, 5), float16 x/64 (1, 3,
+    # 6), float16 4x (2)
     STEPS: tl.constexpr = (K + BLOCK_K - 1) // BLOCK_K
     HALF: tl.constexpr = BLOCK_N // 2
     pid = tl.program_id(0)
     offs_k = tl.arange(0, BLOCK_K)
-    KC: tl.constexpr = 4
-    COLS: tl.constexpr = BLOCK_K // KC
-    if MODE >= 7:  # one K step of [K chunk, channel, column] tiles: a warp's lanes share a channel, not all four
-        kc = tl.arange(0, KC)[:, None, None] * COLS + tl.arange(0, COLS)[None, None, :]
-        ch3 = (pid * BLOCK_N + tl.arange(0, BLOCK_N))[None, :, None]
-        w3 = tl.load(w_ptr + ch3.to(tl.int64) * stride_wn + kc, mask=ch3 < N, other=0.0)
-    elif MODE == 3:  # even channels by F2FP, odd ones by integer ops
+    if MODE == 3:  # even channels by F2FP, odd ones by integer ops
         ch_a = pid * BLOCK_N + tl.arange(0, HALF) * 2
         ch_b = ch_a + 1
         rows_a = w_ptr + ch_a[:, None].to(tl.int64) * stride_wn
         rows_b = w_ptr + ch_b[:, None].to(tl.int64) * stride_wn
         wa_first = tl.load(rows_a + offs_k[None, :], mask=(ch_a < N)[:, None], other=0.0)
         wb_first = tl.load(rows_b + offs_k[None, :], mask=(ch_b < N)[:, None], other=0.0)
-    if MODE < 7 and MODE != 3:
+    else:
         ch = pid * BLOCK_N + tl.arange(0, BLOCK_N)
         rows = w_ptr + ch[:, None].to(tl.int64) * stride_wn
         w_first = tl.load(rows + offs_k[None, :], mask=(ch < N)[:, None], other=0.0)
@@ -99,7 +93,7 @@ def _variant_kernel(
     acc_a = tl.zeros([HALF], dtype=tl.float32)
     acc_b = tl.zeros([HALF], dtype=tl.float32)
     part = tl.zeros([BLOCK_N, BLOCK_K // 8], dtype=tl.float32)
-    for s in tl.static_range(STEPS if MODE < 7 else 0):
+    for s in tl.static_range(STEPS):
         ks = s * BLOCK_K + offs_k
         if MODE == 3:
             if s == 0:
@@ -125,33 +119,16 @@ def _variant_kernel(
                 part += _runs(w.to(tl.float16), tl.load(x_ptr + ks), BLOCK_N, BLOCK_K)
             else:
                 iacc += tl.sum(w, axis=1)
-    if MODE >= 7:
-        if MODE == 7:
-            x3 = tl.load(x_ptr + kc).to(tl.float16) * 0.015625
-        else:
-            x3 = tl.load(x_ptr + kc)
-        runs3 = tl.sum(tl.reshape(w3.to(tl.float16) * x3, (KC, BLOCK_N, COLS // 8, 8)), axis=3).to(tl.float32)
-        acc = tl.sum(tl.sum(runs3, axis=0), axis=1)  # the chunks in each thread first, then across its lanes
     if MODE == 3:
         acc = tl.reshape(tl.join(acc_a, acc_b), (BLOCK_N,))
     if MODE == 4:
         acc = iacc.to(tl.float32)
-    if MODE == 5 or MODE == 6:  # the K steps' runs summed across threads once, not once a step
+    if MODE >= 5:  # the K steps' runs summed across threads once, not once a step
         acc = tl.sum(part, axis=1)
     tl.store(out_ptr + offs_n, (acc * 64.0 * sx * sw).to(out_ptr.dtype.element_ty), mask=offs_n < N)
 
 
-MODES = {
-    "same": 0,
-    "x16": 1,
-    "intcvt": 2,
-    "mixed": 3,
-    "bytes": 4,
-    "defer": 5,
-    "x16defer": 6,
-    "chanwarp": 7,
-    "chanwarp16": 8,
-}
+MODES = {"same": 0, "x16": 1, "intcvt": 2, "mixed": 3, "bytes": 4, "defer": 5, "x16defer": 6}
 
 
 def variant(mode: str, x_q: torch.Tensor, x_s: torch.Tensor, w_q: torch.Tensor, w_s: torch.Tensor, out: torch.Tensor):
@@ -171,7 +148,7 @@ def variant(mode: str, x_q: torch.Tensor, x_s: torch.Tensor, w_q: torch.Tensor, 
 
 def row_for(mode: str, x_q: torch.Tensor) -> torch.Tensor:
     """The row as ``mode`` reads it: e4m3, or its exact values as float16 scaled to keep 8 products in range."""
-    if mode in ("x16", "mixed", "x16defer", "chanwarp16"):
+    if mode in ("x16", "mixed", "x16defer"):
         return x_q.to(torch.float16) / 64
     if mode == "intcvt":
         return x_q.to(torch.float16) * 4
@@ -194,9 +171,6 @@ def main() -> None:
         ref = fp8_gemv.fp8_gemv(x_q, ws[0][0], ws[0][1], None, None, out.clone(), x_scales=x_s).float()
         row = {"product": name}
         for mode in ["engine", *MODES]:
-            if mode.startswith("chanwarp") and k > 4096:
-                row[mode] = float("nan")
-                continue
             if mode != "engine" and mode != "bytes":  # the arithmetic variants give the engine's bits
                 got = variant(mode, row_for(mode, x_q), x_s, *ws[0], out.clone()).float()
                 row[f"{mode}_max_diff"] = (got - ref).abs().max().item()

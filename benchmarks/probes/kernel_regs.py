@@ -149,13 +149,10 @@ def main() -> None:
     )
     parser.add_argument("--kv-fp8", action="store_true", help="an e4m3 cache (V keys-contiguous), as the engine's")
     parser.add_argument("--keys-m", action="store_true", help="the stage-1 kernel with the keys as the dots' M")
-    parser.add_argument("--prefetch", action="store_true", help="the split kernel pulling its K/V into the L2 first")
     args = parser.parse_args()
     tilings = [tuple(int(x) for x in t.split(",")) for t in args.tiles]
     common = dict(GROUP=4, PAGE=16, HEAD_DIM=128, BLOCK_D=128, BLOCK_H=8 if args.keys_m else 16, USE_PDL=True)
-    common |= dict(
-        DOT_F16=args.kv_fp8, V_KEYS=args.kv_fp8, PREFETCH_ROW_BYTES=(128 if args.kv_fp8 else 256) * args.prefetch
-    )
+    common |= dict(DOT_F16=args.kv_fp8, V_KEYS=args.kv_fp8)
     if args.kv_fp8:  # keys-contiguous V: its key stride is 1, which the JIT specializes as a constant
         common |= dict(stride_vc_s=1)
     split = _decode_split_keys_m_kernel if args.keys_m else attention_decode._decode_split_kernel

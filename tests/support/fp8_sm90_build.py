@@ -169,7 +169,6 @@ def cases():
                 "DOT_F16": True,
                 "V_KEYS": True,  # value_cache's layout, with its unit slot stride (specialized at run time)
                 "stride_vc_s": 1,
-                "PREFETCH_ROW_BYTES": 128 if direct else 0,  # K rows pulled into the L2 (few sequences)
                 "USE_PDL": True,
             },
             {"num_stages": 2},
