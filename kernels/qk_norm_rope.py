@@ -20,7 +20,6 @@ from kernels.pdl import pdl_enter, use_pdl
 # 3 programs onto an SM (W1 FP8 +0.75% with 8-head programs, log 37c); decode rows keep one program a token (one
 # row of W2 FP8 ran 1.8% slower in 8-head programs)
 _SMALL_BLOCKS_FROM = 512
-_EARLY_TOKENS = 4  # decode steps of a few rows wait on this one program's chain of loads and stores
 _BLOCK_H = 8
 
 
@@ -62,7 +61,6 @@ def _qk_norm_rope_kernel(
     BLOCK_H: tl.constexpr,  # q/k heads a program takes
     BLOCK_V: tl.constexpr,  # v heads a program takes
     V_INLINE: tl.constexpr,  # one q/k program a token (BLOCK_H covers all heads), which also stores the V rows
-    EARLY: tl.constexpr,  # V_INLINE for a few tokens: the slot before the wait and the V rows with the q/k rows
     HAS_NORM: tl.constexpr,
     STORE_KV: tl.constexpr,
     KV_FP8: tl.constexpr,
@@ -97,13 +95,9 @@ def _qk_norm_rope_kernel(
     if SCALED:  # the qkv channels in order: q and k heads, then the v heads
         ws1 = tl.load(ws_ptr + h[:, None] * (2 * HALF) + d[None, :], mask=hmask, other=0.0)
         ws2 = tl.load(ws_ptr + h[:, None] * (2 * HALF) + HALF + d[None, :], mask=hmask, other=0.0)
-    if STORE_KV and EARLY:  # a step input, as the positions; a few rows' step waits on each load after its stores
-        slot = tl.load(slot_ptr + t).to(tl.int64)
     pdl_enter(USE_PDL)
     if STORE_KV and not V_INLINE:  # issued with the rows' loads, not behind the stores
         slot = tl.load(slot_ptr + t).to(tl.int64)
-    if STORE_KV and EARLY:
-        v_rows = _v_rows(t, 0, slot, v_ptr, stride_vt, stride_vh, NUM_KV, HALF, BLOCK_V)
     if block < QK_BLOCKS:
         base = x_ptr + t * stride_xt + h[:, None] * stride_xh + d[None, :]
         x1 = tl.load(base, mask=hmask, other=0.0).to(tl.float32)
@@ -129,9 +123,8 @@ def _qk_norm_rope_kernel(
         tl.store(base, o1, mask=hmask)
         tl.store(base + HALF, o2, mask=hmask)
         if STORE_KV:
-            if V_INLINE and not EARLY:  # read last: fewer registers held, more programs an SM
+            if V_INLINE:  # the one program of a token reads the rest last: fewer registers held, more programs an SM
                 slot = tl.load(slot_ptr + t).to(tl.int64)
-                v_rows = _v_rows(t, 0, slot, v_ptr, stride_vt, stride_vh, NUM_KV, HALF, BLOCK_V)
             page, in_page = slot // PAGE, slot % PAGE
             # compared as a tensor: the interpreter mis-types a scalar bool broadcast into a mask
             kmask = hmask & (h[:, None] >= NUM_Q_HEADS) & ((slot + 0 * h) >= 0)[:, None]
@@ -143,47 +136,30 @@ def _qk_norm_rope_kernel(
             tl.store(kc, k1.to(k_cache_ptr.dtype.element_ty), mask=kmask)
             tl.store(kc + HALF, k2.to(k_cache_ptr.dtype.element_ty), mask=kmask)
             if V_INLINE:
-                _store_v(t, 0, slot, v_rows, xs_ptr, ws_ptr, v_cache_ptr, stride_vc_b, stride_vc_s, stride_vc_h,
-                         stride_vc_d, inv_v_scale, PAGE, NUM_HEADS, NUM_KV, HALF, BLOCK_V, SCALED, KV_FP8)  # fmt: skip
+                _store_v(t, 0, slot, v_ptr, xs_ptr, ws_ptr, v_cache_ptr, stride_vt, stride_vh, stride_vc_b,
+                         stride_vc_s, stride_vc_h, stride_vc_d, inv_v_scale, PAGE, NUM_HEADS, NUM_KV, HALF, BLOCK_V,
+                         SCALED, KV_FP8)  # fmt: skip
     elif STORE_KV and not V_INLINE:  # the V rows of a block of heads
-        first = (block - QK_BLOCKS) * BLOCK_V
-        v_rows = _v_rows(t, first, slot, v_ptr, stride_vt, stride_vh, NUM_KV, HALF, BLOCK_V)
-        _store_v(t, first, slot, v_rows, xs_ptr, ws_ptr, v_cache_ptr, stride_vc_b, stride_vc_s, stride_vc_h,
-                 stride_vc_d, inv_v_scale, PAGE, NUM_HEADS, NUM_KV, HALF, BLOCK_V, SCALED, KV_FP8)  # fmt: skip
-
-
-@triton.jit
-def _v_mask(first, slot, NUM_KV: tl.constexpr, HALF: tl.constexpr, BLOCK_V: tl.constexpr):
-    kv = first + tl.arange(0, BLOCK_V)
-    dd = tl.arange(0, 2 * HALF)
-    # compared as a tensor: the interpreter mis-types a scalar bool broadcast into a mask
-    return (kv[:, None] < NUM_KV) & ((slot + 0 * kv) >= 0)[:, None] & (dd[None, :] < 2 * HALF)
-
-
-@triton.jit
-def _v_rows(
-    t, first, slot, v_ptr, stride_vt, stride_vh, NUM_KV: tl.constexpr, HALF: tl.constexpr, BLOCK_V: tl.constexpr
-):
-    """Token ``t``'s V rows of heads ``first`` to ``first + BLOCK_V`` (those of slot -1 not read)."""
-    kv = first + tl.arange(0, BLOCK_V)
-    dd = tl.arange(0, 2 * HALF)
-    vmask = _v_mask(first, slot, NUM_KV, HALF, BLOCK_V)
-    return tl.load(v_ptr + t * stride_vt + kv[:, None] * stride_vh + dd[None, :], mask=vmask)
+        _store_v(t, (block - QK_BLOCKS) * BLOCK_V, slot, v_ptr, xs_ptr, ws_ptr, v_cache_ptr, stride_vt, stride_vh,
+                 stride_vc_b, stride_vc_s, stride_vc_h, stride_vc_d, inv_v_scale, PAGE, NUM_HEADS, NUM_KV, HALF,
+                 BLOCK_V, SCALED, KV_FP8)  # fmt: skip
 
 
 @triton.jit
 def _store_v(
-    t, first, slot, v, xs_ptr, ws_ptr, v_cache_ptr, stride_vc_b, stride_vc_s, stride_vc_h, stride_vc_d,
-    inv_v_scale, PAGE: tl.constexpr, NUM_HEADS: tl.constexpr, NUM_KV: tl.constexpr, HALF: tl.constexpr,
-    BLOCK_V: tl.constexpr, SCALED: tl.constexpr, KV_FP8: tl.constexpr,
+    t, first, slot, v_ptr, xs_ptr, ws_ptr, v_cache_ptr, stride_vt, stride_vh, stride_vc_b, stride_vc_s, stride_vc_h,
+    stride_vc_d, inv_v_scale, PAGE: tl.constexpr, NUM_HEADS: tl.constexpr, NUM_KV: tl.constexpr,
+    HALF: tl.constexpr, BLOCK_V: tl.constexpr, SCALED: tl.constexpr, KV_FP8: tl.constexpr,
 ):  # fmt: skip
-    """``_v_rows``'s ``v`` into the cache at ``slot`` (-1: none)."""
+    """Token ``t``'s V rows of heads ``first`` to ``first + BLOCK_V`` into the cache at ``slot`` (-1: none)."""
     kv = first + tl.arange(0, BLOCK_V)
     dd = tl.arange(0, 2 * HALF)
-    vmask = _v_mask(first, slot, NUM_KV, HALF, BLOCK_V)
+    # compared as a tensor: the interpreter mis-types a scalar bool broadcast into a mask
+    vmask = (kv[:, None] < NUM_KV) & ((slot + 0 * kv) >= 0)[:, None] & (dd[None, :] < 2 * HALF)
+    v = tl.load(v_ptr + t * stride_vt + kv[:, None] * stride_vh + dd[None, :], mask=vmask)
     if SCALED:
         wsv = tl.load(ws_ptr + (NUM_HEADS + kv[:, None]) * (2 * HALF) + dd[None, :], mask=vmask, other=0.0)
-        v = (v.to(tl.float32) * (tl.load(xs_ptr + t) * wsv)).to(v.dtype)
+        v = (v.to(tl.float32) * (tl.load(xs_ptr + t) * wsv)).to(v_ptr.dtype.element_ty)
     if KV_FP8:
         v = fp8_cache_value(v, inv_v_scale)
     page, in_page = slot // PAGE, slot % PAGE
@@ -273,7 +249,6 @@ def qk_norm_rope_(
         BLOCK_H=block_h,
         BLOCK_V=block_v,
         V_INLINE=not small_blocks,
-        EARLY=tokens <= _EARLY_TOKENS and kv_store is not None,
         HAS_NORM=has_norm,
         STORE_KV=kv_store is not None,
         KV_FP8=kv_fp8,

@@ -184,17 +184,14 @@ def cases():
             {"num_warps": 1, "num_stages": 2},
         )
     # q_out: the queries into the prefill graphs' static buffer (worker/cuda_graphs.py); blocks: programs of 8 heads
-    # early: a decode step of a few rows (the slot before the wait, the V rows with the q/k rows)
-    for scaled, q_out, blocks, early in (
-        (False, False, False, False),
-        (True, False, False, False),
-        (False, False, False, True),
-        (True, False, False, True),
-        (False, True, True, False),
-        (True, False, True, False),
+    for scaled, q_out, blocks in (
+        (False, False, False),
+        (True, False, False),
+        (False, True, True),
+        (True, False, True),
     ):
         yield (
-            f"qk norm + RoPE + KV store into e4m3, scaled={scaled} q_out={q_out} head_blocks={blocks} early={early}",
+            f"qk norm + RoPE + KV store into e4m3, scaled={scaled} q_out={q_out} head_blocks={blocks}",
             qk_norm_rope._qk_norm_rope_kernel,
             {"x_ptr": BF16, "wq_ptr": BF16, "wk_ptr": BF16, "cos_sin_ptr": F32, "pos_ptr": "*i64", "v_ptr": BF16}
             | {"k_cache_ptr": FP8, "v_cache_ptr": FP8, "slot_ptr": "*i64", "xs_ptr": F32, "ws_ptr": F32}
@@ -207,7 +204,6 @@ def cases():
                 "BLOCK_H": 8 if blocks else 64,
                 "BLOCK_V": 8,
                 "V_INLINE": not blocks,
-                "EARLY": early,
                 "HAS_NORM": True,
                 "STORE_KV": True,
                 "KV_FP8": True,
