@@ -2,7 +2,7 @@
 
 The engine's GEMV over a row quantized in front (kernels/fp8_gemv.py, 16 KB programs) loads its first weight step
 before the PDL wait; after the wait every resident program converts and multiplies at once. Built for sm_90a, a
-thread does ~260 instructions for its 64 weights, 40 of them e4m3 -> float16 conversions (F2FP, a slow pipe on
+thread does ~285 instructions for its 64 weights, 40 of them e4m3 -> float16 conversions (F2FP, a slow pipe on
 Hopper). This probe times, per Qwen3-8B product and behind the RMSNorm as in a decode step (CUDA graph over 36
 weights), variants of that kernel that differ only in their arithmetic:
 
@@ -15,17 +15,19 @@ weights), variants of that kernel that differ only in their arithmetic:
 - ``defer``: each thread keeps its runs' float32 sums over the K steps and the threads sum them once, not once a step
   (down_proj's three steps: a third of the shuffles); ``x16defer``: both.
 
-    python -m benchmarks.probes.gemv_compute
+    python -m benchmarks.probes.gemv_compute [--products qkv o gate_up down] [--layers 36]
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 
 import torch
 import triton
 import triton.language as tl
 
+from benchmarks.gpu import require_cuda
 from kernels import fp8_gemv, fused
 from kernels.graph_timing import graph_replay_us
 from kernels.pdl import pdl_enter
@@ -155,10 +157,20 @@ def row_for(mode: str, x_q: torch.Tensor) -> torch.Tensor:
     return x_q
 
 
+PRODUCTS = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (24576, 4096), "down": (4096, 12288)}
+
+
 def main() -> None:
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False
+    )
+    p.add_argument("--products", nargs="+", default=list(PRODUCTS), choices=list(PRODUCTS), help="Qwen3-8B products")
+    p.add_argument("--layers", type=int, default=36, help="weights a graph cycles through (more than the L2 holds)")
+    a = p.parse_args()
+    require_cuda()
     device = torch.device("cuda")
-    shapes = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (24576, 4096), "down": (4096, 12288)}
-    layers = 36
+    shapes = {name: PRODUCTS[name] for name in a.products}
+    layers = a.layers
     rows = []
     for name, (n, k) in shapes.items():
         ws = [

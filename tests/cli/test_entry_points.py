@@ -30,6 +30,7 @@ NEEDS_GPU = {
     "benchmarks.probes.lt_fp8_algos": [],
     "benchmarks.probes.fp8_scalings": [],
     "benchmarks.probes.fp8_gemv_prequant": [],
+    "benchmarks.probes.gemv_compute": [],
     "benchmarks.probes.pc_sampling": [],
     "benchmarks.probes.pdl_chain": [],
     "benchmarks.throughput": ["--workload", "W2", "--shape", "tiny", "--device", "cuda"],
