@@ -6,7 +6,8 @@ thread does ~285 instructions for its 64 weights, 40 of them e4m3 -> float16 con
 Hopper). This probe times, per Qwen3-8B product and behind the RMSNorm as in a decode step (CUDA graph over 36
 weights), variants of that kernel that differ only in their arithmetic:
 
-- ``engine``: fp8_gemv as the engine calls it; ``same``: this file's copy of it (must time alike);
+- ``engine``: fp8_gemv as the engine calls it; ``same``: this file's copy of it (the copy loaded the channel scales
+  before the wait first, and timed faster: the engine took that, log 42b);
 - ``x16``: the row handed over as float16 (exact e4m3 values), no conversions for it;
 - ``intcvt``: ``x16`` with the weights widened by integer ops (a byte permute, mask, shift, merge: 8 ALU ops per 4
   weights, exact, a factor 2^-8 folded into the row), not F2FP;
