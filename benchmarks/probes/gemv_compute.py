@@ -184,7 +184,7 @@ def main() -> None:
         ref = fp8_gemv.fp8_gemv(x_q, ws[0][0], ws[0][1], None, None, out.clone(), x_scales=x_s).float()
         row = {"product": name}
         for mode in ["engine", *MODES]:
-            if mode != "engine" and mode != "bytes":  # the arithmetic variants give the engine's bits
+            if mode != "engine" and mode != "bytes":  # how far from the engine's output (0: its bits)
                 got = variant(mode, row_for(mode, x_q), x_s, *ws[0], out.clone()).float()
                 row[f"{mode}_max_diff"] = (got - ref).abs().max().item()
             xm = row_for(mode, x_q)
