@@ -96,7 +96,8 @@ def _fp8_gemv_kernel(
             sx = tl.math.div_rn(tl.maximum(tl.max(amax, axis=0), MIN_AMAX), FP8_MAX)
             inv = tl.math.div_rn(1.0, sx)
         acc = tl.zeros([BLOCK_N], dtype=tl.float32)
-        runs_acc = tl.zeros([BLOCK_N, BLOCK_K // 8], dtype=tl.float32)  # F16_SUMS: each thread's runs, all steps
+        if F16_SUMS:
+            runs_acc = tl.zeros([BLOCK_N, BLOCK_K // 8], dtype=tl.float32)  # each thread's runs, over all K steps
         for s in tl.static_range(STEPS):
             ks = s * BLOCK_K + offs_k
             if s == 0:
@@ -131,7 +132,7 @@ def _fp8_gemv_kernel(
                 g_ok = (g * GROUP_K < K)[None, :] & mask_n[:, None]
                 swg = tl.load(ws_ptr + (offs_n // GROUP_N)[:, None] * stride_ws_n + g[None, :], mask=g_ok, other=0.0)
                 acc += tl.sum(part * sxg[None, :] * swg, axis=1)
-        if GROUP_N == 0 and F16_SUMS:  # summed across threads once, not once a K step (down_proj: -1 us)
+        if F16_SUMS:  # summed across threads once, not once a K step (down_proj: -1 us)
             acc = tl.sum(runs_acc, axis=1) * 64.0
         if GROUP_N == 0:
             acc = acc * sx * sw
