@@ -63,6 +63,9 @@ def paths(block):
         "gemv_k1024": lambda x, w_q, w_s: gemv(x, w_q, w_s, 16384, False, 1024),
         "gemv_k2048": lambda x, w_q, w_s: gemv(x, w_q, w_s, 16384, False, 2048),
         "gemv_f16_k1024": lambda x, w_q, w_s: gemv(x, w_q, w_s, 16384, True, 1024),
+        "gemv_f16_k2048": lambda x, w_q, w_s: gemv(x, w_q, w_s, 16384, True, 2048),
+        "gemv_f16_32k_k1024": lambda x, w_q, w_s: gemv(x, w_q, w_s, 32768, True, 1024),
+        "gemv_f16_8k_k1024": lambda x, w_q, w_s: gemv(x, w_q, w_s, 8192, True, 1024),
         "triton": triton,
         "cublaslt": cublaslt,
         "auto": lambda x, w_q, w_s: fp8_gemm.fp8_linear(x, w_q, w_s, block),
@@ -79,16 +82,19 @@ def _like(x: torch.Tensor) -> dict:
 
 def quantized_paths() -> dict:
     """The GEMV on e4m3 rows quantized by the RMSNorm in front, as the engine runs one-row products behind a norm
-    (per-channel scales): the engine's tiling ("qgemv": 16 KB programs, 4,096-wide steps) and 8 KB programs."""
+    (per-channel scales): the engine's tiling ("qgemv"), 8 KB programs, and K steps 1,024-2,048 wide ("_k1024":
+    16 KB steps of 16 channels, so a program streams 4 steps and sums across its threads once)."""
 
-    def run(slice_bytes: int):
+    def run(slice_bytes: int, max_block_k: int = 4096):
         def gemv(x_q, x_s, w_q, w_s):
             out = torch.empty(x_q.shape[0], w_q.shape[0], dtype=torch.bfloat16, device=x_q.device)
-            return fp8_gemv.fp8_gemv(x_q, w_q, w_s, None, None, out, slice_bytes, None, 4096, x_scales=x_s)
+            return fp8_gemv.fp8_gemv(x_q, w_q, w_s, None, None, out, slice_bytes, None, max_block_k, x_scales=x_s)
 
         return gemv
 
-    return {"qgemv": run(16384), "qgemv_8k": run(8192)}
+    tilings = {"": (16384, 4096), "_8k": (8192, 4096), "_k2048": (16384, 2048), "_k1024": (16384, 1024)}
+    tilings |= {"_8k_k1024": (8192, 1024), "_8k_k512": (8192, 512), "_32k_k2048": (32768, 2048)}
+    return {f"qgemv{suffix}": run(*tiling) for suffix, tiling in tilings.items()}
 
 
 def quantized_step_us(fn, weights, x) -> float:

@@ -1,8 +1,8 @@
 """FP8 linear layers for decode batches of a few rows: a GEMV over e4m3 weights, the activations quantized inside.
 
 At one to four rows an FP8 linear layer is a read of its e4m3 weight, and no tensor-core tiling helps: each program
-loads a 32 KB weight slice (16 KB for float32 rows and for rows quantized in front; its first K step and its channel
-scales before the PDL wait), multiplies it by each row and sums along K. Each row's activation scales are computed in
+loads a weight slice of 16-32 KB in one to four K steps (``default_tiling``; its first step and its channel scales
+before the PDL wait), multiplies it by each row and sums along K. Each row's activation scales are computed in
 the program from the row itself (a read of a few KB that every program of the row repeats from L2), so the numbers
 are model/fp8.py's: the row quantized to e4m3 with its per-token (or per-group) scale, products of e4m3 values exact,
 the scales applied to the sums. Where the kernel in front (an RMSNorm, a SiLU-and-mul) has quantized the row
@@ -25,19 +25,25 @@ from protocol.settings import settings
 _F16_SUMS = settings().fp8_f16_sums
 MAX_ROWS = 4  # rows the kernel unrolls; fp8_linear sends it fewer (kernels/fp8_gemm.py GEMV_ROWS)
 _MAX_BLOCK_K = 4096
-_QUANTIZED_TILING = (16384, 4096)
 
 
-def default_tiling(x_dtype: torch.dtype) -> tuple[int, int]:
-    """(slice_bytes, max_block_k): 32 KB programs, 4,096-wide steps, so each row's quantization is shared among 8
-    channels (H200, W2 FP8 Qwen3-8B: 2.996 against 3.273 ms/token at 16 KB, and 3.051 with 16 KB x 1,024 for the
-    products under 8,192 channels). Float32 rows take 16 KB x 1,024: with 4,096-wide steps the Triton 3.6 sm_90a
-    build returned NaN at K=4352 in float32 (per-channel, and 32 KB programs over (16, 256) blocks; every 16-bit
-    case was clean, the cause is not found). E4m3 rows (quantized by the kernel in front) have no quantization to
-    share: 16 KB programs, twice as many (W2 FP8 2.756 -> 2.692 ms/token)."""
+def default_tiling(x_dtype: torch.dtype, k: int, block: tuple[int, int] | None) -> tuple[int, int]:
+    """(slice_bytes, max_block_k) for ``gemv_tiles``, from `python -m benchmarks.fp8_gemm --rows 1` on an H200 (us a
+    Qwen3-8B product, each behind its norm; log 43):
+    - e4m3 rows (quantized by the kernel in front: nothing to share): 16 KB steps 2,048 wide where K <= 4,096, so a
+      program streams 2 steps of 8 channels and sums across its threads once (qkv 9.61 -> 8.56, gate/up 26.51 ->
+      25.82); at K = 12,288 (down) 4,096-wide steps of 4 channels (14.79; 2,048-wide: 17.25);
+    - 16-bit rows under per-channel scales (o_proj, behind the attention): 16 KB steps 1,024 wide where K <= 4,096,
+      16 channels sharing the row's amax pass and quantization over 4 steps (8.22 -> 6.88); else 32 KB programs,
+      4,096-wide steps, 8 channels sharing it (log 21b);
+    - float32 rows: 16 KB x 1,024, because with 4,096-wide steps the Triton 3.6 sm_90a build returned NaN at
+      K=4352 in float32 (per-channel, and 32 KB programs over (16, 256) blocks; every 16-bit case was clean, the
+      cause is not found)."""
     if x_dtype == torch.float8_e4m3fn:
-        return _QUANTIZED_TILING
-    return (16384, 1024) if x_dtype == torch.float32 else (32768, _MAX_BLOCK_K)
+        return (16384, 2048 if k <= 4096 else _MAX_BLOCK_K)
+    if x_dtype == torch.float32:
+        return (16384, 1024)
+    return (16384, 1024) if block is None and k <= 4096 else (32768, _MAX_BLOCK_K)
 
 
 @triton.jit(do_not_specialize=["M"])
@@ -182,7 +188,7 @@ def fp8_gemv(
     n = w_q.shape[0]
     assert supports(m, k, block) and x.stride(1) == 1 and w_q.stride(1) == 1, (x.shape, block)
     assert x_scales is None or (block is None and x.dtype == w_q.dtype and x_scales.numel() == m), x_scales
-    default_slice, default_width = default_tiling(x.dtype)
+    default_slice, default_width = default_tiling(x.dtype, k, block)
     block_n, block_k = gemv_tiles(k, block, slice_bytes or default_slice, max_block_k or default_width)
     if f16_sums is None:
         f16_sums = _F16_SUMS and (x_scales is not None or x.dtype != torch.float32)

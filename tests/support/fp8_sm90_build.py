@@ -76,7 +76,7 @@ def cases():
                                                   (0, 12288, 1, False, True)):  # fmt: skip
         block = None if group_n == 0 else (128, 128)
         x_dtype = torch.float8_e4m3fn if quantized else torch.bfloat16
-        block_n, block_k = fp8_gemv.gemv_tiles(k, block, *fp8_gemv.default_tiling(x_dtype))
+        block_n, block_k = fp8_gemv.gemv_tiles(k, block, *fp8_gemv.default_tiling(x_dtype, k, block))
         yield (
             f"fp8 gemv group_n={group_n} K={k} rows={rows} f16_sums={f16_sums} x_quantized={quantized}",
             fp8_gemv._fp8_gemv_kernel,
