@@ -85,6 +85,7 @@ def test_triton_fp8_gemm_equals_emulation(m, n, k, block, bias):
 GEMV_CASES = [
     # m, n, k, block: one K step, several steps with a partial last one, block scales with partial blocks
     (1, 24, 512, None),
+    (1, 24, 3000, None),  # 16-bit rows: three 1,024-wide steps (default_tiling)
     (3, 20, 4100, None),
     (4, 40, 300, None),
     (2, 40, 1024, (32, 128)),
