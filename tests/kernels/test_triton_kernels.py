@@ -90,6 +90,7 @@ def check_prefill(
     TRI.prefill(q, cache.k, cache.v, meta, scale, out=out)
     ref = REF.prefill(q, cache.k, cache.v, meta, scale)
     assert torch.isfinite(out).all(), "unwritten or NaN-contaminated outputs"
+    assert guarded[batch].isnan().all(), "a program wrote past the last sequence's heads"
     err = rel_err(out, ref)
     assert err < TOL[dtype], f"rel err {err:.2e}"
     # The default path (backend allocates the output) agrees too.
@@ -166,12 +167,14 @@ def check_decode(
         max_decode_seq_len=max(seq_lens),
     )
     scale = head_dim**-0.5
-    out = torch.full_like(q, float("nan"))
+    guarded = torch.full((batch + 1, num_heads, head_dim), float("nan"), dtype=dtype, device=DEVICE)
+    out = guarded[:batch]  # the row past it must stay unwritten
     k, v = cache.k, cache.v
     if head_major:  # the same values, each head's slice of a block contiguous in memory (a strided view)
         k, v = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in (k, v))
     backend.decode(q, k, v, meta, scale, out=out, num_splits=num_splits)
     assert torch.isfinite(out).all(), "unwritten or NaN-contaminated outputs"
+    assert guarded[batch].isnan().all(), "a program wrote past the last sequence's heads"
     live = lens > 0
     assert (out[~live] == 0).all(), "padding rows (seq_len 0) must be zeros"
     ref_meta = dataclasses.replace(meta, decode_block_tables=cache.ref_table)
@@ -195,6 +198,11 @@ def test_decode_small(dtype, heads, block_size, num_splits, keys_m):
 def test_decode_small_many_splits_head32():
     # More splits than tiles: most splits are empty and must drop out of the merge.
     check_decode([3, 50, 0, 33], 8, 2, 32, 16, torch.float32, num_splits=8)
+
+
+def test_decode_small_merge_past_the_last_head():
+    # 12 query heads over 3 splits: the merge's programs take 8 heads each, the second 4 of them past the end.
+    check_decode([3, 50, 0, 33], 12, 4, 32, 16, torch.float32, num_splits=3)
 
 
 def test_decode_small_odd_head_dim():
