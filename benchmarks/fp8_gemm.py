@@ -82,18 +82,26 @@ def _like(x: torch.Tensor) -> dict:
 
 def quantized_paths() -> dict:
     """The GEMV on e4m3 rows quantized by the RMSNorm in front, as the engine runs one-row products behind a norm
-    (per-channel scales): the engine's tiling ("qgemv"), 8 KB programs, and K steps 1,024-2,048 wide ("_k1024":
-    16 KB steps of 16 channels, so a program streams 4 steps and sums across its threads once)."""
+    (per-channel scales): the engine's tiling ("qgemv", fp8_gemv.default_tiling) and others, named by slice bytes a
+    step and step width ("_k1024": 16 KB steps of 16 channels, so a program streams 4 steps of a 4,096-wide row)."""
 
-    def run(slice_bytes: int, max_block_k: int = 4096):
+    def run(slice_bytes: int | None, max_block_k: int | None):
         def gemv(x_q, x_s, w_q, w_s):
             out = torch.empty(x_q.shape[0], w_q.shape[0], dtype=torch.bfloat16, device=x_q.device)
             return fp8_gemv.fp8_gemv(x_q, w_q, w_s, None, None, out, slice_bytes, None, max_block_k, x_scales=x_s)
 
         return gemv
 
-    tilings = {"": (16384, 4096), "_8k": (8192, 4096), "_k2048": (16384, 2048), "_k1024": (16384, 1024)}
-    tilings |= {"_8k_k1024": (8192, 1024), "_8k_k512": (8192, 512), "_32k_k2048": (32768, 2048)}
+    tilings = {
+        "": (None, None),
+        "_k4096": (16384, 4096),
+        "_8k": (8192, 4096),
+        "_k2048": (16384, 2048),
+        "_k1024": (16384, 1024),
+        "_8k_k1024": (8192, 1024),
+        "_8k_k512": (8192, 512),
+        "_32k_k2048": (32768, 2048),
+    }
     return {f"qgemv{suffix}": run(*tiling) for suffix, tiling in tilings.items()}
 
 
