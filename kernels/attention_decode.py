@@ -143,7 +143,8 @@ def _decode_merge_kernel(
     heads = tl.program_id(1) * HEADS + tl.arange(0, HEADS)
     offs_s = tl.arange(0, BLOCK_S)
     offs_d = tl.arange(0, BLOCK_D)
-    mask_hs = (heads < num_heads)[:, None] & (offs_s < num_splits)[None, :]
+    mask_h = heads < num_heads
+    mask_hs = mask_h[:, None] & (offs_s < num_splits)[None, :]
     mask_d = offs_d < HEAD_DIM
 
     lse_ptrs = lse_ptr + b * stride_lb + heads[:, None] * stride_lh + offs_s[None, :]
@@ -157,7 +158,7 @@ def _decode_merge_kernel(
     parts = tl.load(part_ptrs + offs_d[None, None, :], mask=mask_hs[:, :, None] & mask_d[None, None, :], other=0.0)
     o = tl.sum(parts * w[:, :, None], 1) / tl.where(denom > 0.0, denom, 1.0)[:, None]
     o_ptrs = out_ptr + b * stride_ob + heads[:, None] * stride_oh + offs_d[None, :]
-    tl.store(o_ptrs, o.to(out_ptr.dtype.element_ty), mask=(heads < num_heads)[:, None] & mask_d[None, :])
+    tl.store(o_ptrs, o.to(out_ptr.dtype.element_ty), mask=mask_h[:, None] & mask_d[None, :])
 
 
 def merge_heads(num_heads: int, block_s: int) -> int:

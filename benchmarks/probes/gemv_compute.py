@@ -28,6 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
+from benchmarks.decode_gemm import SHAPES
 from benchmarks.gpu import require_cuda
 from kernels import fp8_gemv, fused
 from kernels.graph_timing import graph_replay_us
@@ -158,7 +159,7 @@ def row_for(mode: str, x_q: torch.Tensor) -> torch.Tensor:
     return x_q
 
 
-PRODUCTS = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (24576, 4096), "down": (4096, 12288)}
+PRODUCTS = dict(zip(("qkv", "o", "gate_up", "down"), SHAPES["qwen3-8b"][0]))
 
 
 def main() -> None:
@@ -166,14 +167,19 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False
     )
     p.add_argument("--products", nargs="+", default=list(PRODUCTS), choices=list(PRODUCTS), help="Qwen3-8B products")
-    p.add_argument("--layers", type=int, default=36, help="weights a graph cycles through (more than the L2 holds)")
+    p.add_argument(
+        "--layers",
+        type=int,
+        default=SHAPES["qwen3-8b"][1],
+        help="weights a graph cycles through (more than the L2 holds)",
+    )
     a = p.parse_args()
     require_cuda()
     device = torch.device("cuda")
-    shapes = {name: PRODUCTS[name] for name in a.products}
     layers = a.layers
     rows = []
-    for name, (n, k) in shapes.items():
+    for name in a.products:
+        n, k = PRODUCTS[name]
         ws = [
             quantize_per_channel(torch.randn(n, k, device=device, dtype=torch.bfloat16) * 0.02) for _ in range(layers)
         ]
