@@ -12,6 +12,8 @@ bits.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
@@ -23,31 +25,38 @@ from kernels.pdl import pdl_enter, use_pdl
 from kernels.scaled_mm import unscaled_mm, uses_scaled_mm
 from protocol.settings import settings
 
-_BLOCK = 16384  # activation columns a program holds at once (Qwen3-8B's 12,288: the whole row, one pass)
-# from this many rows (prefill), two passes over 2,048-column slices in 8 warps: 321 -> 258 us at 8,192 rows of
-# Qwen3-8B, where the whole row in 16 warps leaves too few programs per SM to hide the loads (log 34); up to 256
-# rows the whole row stays fastest
-_MANY_ROWS, _MANY_ROWS_BLOCK = 1024, 2048
+# a one-row program's columns at once (32 warps); more rows take a Qwen3-8B row (12,288) in one pass as 8,192 + 4,096
+# columns in 16 warps (52 registers, 2 programs an SM; a 16,384-column block took 98, one program an SM): 256 rows
+# 15.0 -> 11.7 us, 8,192 rows (prefill) 256 -> 212 us against two passes over 2,048-column slices
+_BLOCK = 16384
 _ENABLED = settings().fp8_fused_mlp  # NANOSERVE_FP8_FUSED_MLP=0: the unfused kernels
 
 
 @triton.jit
-def _scaled_silu_mul(y_row, xs, ws_ptr, bias_ptr, offs, mask, N, HAS_BIAS: tl.constexpr, SCALED: tl.constexpr):
-    """silu(gate) * up for columns ``offs`` of one row of the unscaled product ``y_row`` [2N] (``SCALED`` False: a
-    finished gate/up output, no scales), rounded as the unfused kernels store it."""
-    dtype = y_row.dtype.element_ty
-    gate = tl.load(y_row + offs, mask=mask, other=0.0).to(tl.float32)
-    up = tl.load(y_row + N + offs, mask=mask, other=0.0).to(tl.float32)
-    if SCALED:
-        gate *= xs * tl.load(ws_ptr + offs, mask=mask)
-        up *= xs * tl.load(ws_ptr + N + offs, mask=mask)
+def _scaled_silu_mul(y_rows, xs, ws_ptr, bias_ptr, cols, row_mask, N, HAS_BIAS: tl.constexpr, SCALED: tl.constexpr):
+    """silu(gate) * up at columns ``cols`` [1, C] of the rows ``y_rows`` [R, 1] of the unscaled product (rows of 2N;
+    ``xs`` [R, 1]; ``SCALED`` False: a finished gate/up output, no scales), rounded as the unfused kernels store it."""
+    dtype = y_rows.dtype.element_ty
+    col_mask = cols < N
+    mask = row_mask & col_mask
+    gate = tl.load(y_rows + cols, mask=mask, other=0.0).to(tl.float32)
+    up = tl.load(y_rows + N + cols, mask=mask, other=0.0).to(tl.float32)
+    if SCALED:  # loaded once for the program's rows
+        gate *= xs * tl.load(ws_ptr + cols, mask=col_mask)
+        up *= xs * tl.load(ws_ptr + N + cols, mask=col_mask)
     if HAS_BIAS:
-        gate += tl.load(bias_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-        up += tl.load(bias_ptr + N + offs, mask=mask, other=0.0).to(tl.float32)
+        gate += tl.load(bias_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
+        up += tl.load(bias_ptr + N + cols, mask=col_mask, other=0.0).to(tl.float32)
     gate = gate.to(dtype).to(tl.float32)
     up = up.to(dtype).to(tl.float32)
     act = (gate / (1.0 + tl.exp(-gate))).to(dtype).to(tl.float32)
     return (act * up).to(dtype).to(tl.float32)
+
+
+@triton.jit
+def _store_quantized(q_rows, act, inv, cols, row_mask, N):
+    q = tl.clamp(act * inv, -FP8_MAX, FP8_MAX)
+    tl.store(q_rows + cols, q.to(q_rows.dtype.element_ty), mask=row_mask & (cols < N))
 
 
 @triton.jit  # N specialized: its divisibility by 16 vectorizes the loads and stores (scalar ones when it was not)
@@ -58,55 +67,109 @@ def _silu_mul_quant_kernel(
     bias_ptr,
     q_ptr,
     s_ptr,
+    M,
     N,
     stride_y,
     stride_q,
     HAS_BIAS: tl.constexpr,
     SCALED: tl.constexpr,
+    ROWS: tl.constexpr,  # rows a program: each channel scale loaded once for all of them
     BLOCK: tl.constexpr,
-    ONE_STEP: tl.constexpr,  # BLOCK covers N: the row stays in registers between its amax and its quantization
+    TAIL: tl.constexpr,  # 0, or the power of two past BLOCK that holds the rest of the row (N - BLOCK)
+    ONE_STEP: tl.constexpr,  # BLOCK + TAIL covers N: the rows stay in registers between their amax and quantization
     USE_PDL: tl.constexpr,
 ):
-    # One program a row: its amax, then the row quantized by it (computed again, from cache, past one step).
+    # ROWS rows a program: their amax, then each row quantized by its own (computed again, from cache, when the
+    # row takes several BLOCK steps).
     pdl_enter(USE_PDL)
-    row = tl.program_id(0).to(tl.int64)
-    y_row = y_ptr + row * stride_y
-    q_row = q_ptr + row * stride_q
-    xs = 1.0
+    rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
+    row_mask = (rows < M)[:, None]
+    y_rows = y_ptr + rows[:, None] * stride_y
+    q_rows = q_ptr + rows[:, None] * stride_q
+    xs = tl.full((ROWS, 1), 1.0, tl.float32)
     if SCALED:
-        xs = tl.load(xs_ptr + row)
-    offs = tl.arange(0, BLOCK)
+        xs = tl.load(xs_ptr + rows, mask=rows < M, other=1.0)[:, None]
+    cols = tl.arange(0, BLOCK)[None, :]
     if ONE_STEP:
-        act = _scaled_silu_mul(y_row, xs, ws_ptr, bias_ptr, offs, offs < N, N, HAS_BIAS, SCALED)
-        amax = tl.max(tl.abs(act), axis=0)
+        act = _scaled_silu_mul(y_rows, xs, ws_ptr, bias_ptr, cols, row_mask, N, HAS_BIAS, SCALED)
+        amax = tl.max(tl.abs(act), axis=1)
+        if TAIL > 0:  # a row that is not a power of two wide, in two power-of-two pieces: no masked quarter
+            tail_cols = BLOCK + tl.arange(0, TAIL)[None, :]
+            tail = _scaled_silu_mul(y_rows, xs, ws_ptr, bias_ptr, tail_cols, row_mask, N, HAS_BIAS, SCALED)
+            amax = tl.maximum(amax, tl.max(tl.abs(tail), axis=1))
     else:
-        amax = 0.0
+        amax = tl.zeros((ROWS,), tl.float32)
         for c0 in range(0, N, BLOCK):
-            act = _scaled_silu_mul(y_row, xs, ws_ptr, bias_ptr, c0 + offs, c0 + offs < N, N, HAS_BIAS, SCALED)
-            amax = tl.maximum(amax, tl.max(tl.abs(act), axis=0))
+            act = _scaled_silu_mul(y_rows, xs, ws_ptr, bias_ptr, c0 + cols, row_mask, N, HAS_BIAS, SCALED)
+            amax = tl.maximum(amax, tl.max(tl.abs(act), axis=1))
     scale = tl.math.div_rn(tl.maximum(amax, MIN_AMAX), FP8_MAX)
-    tl.store(s_ptr + row, scale)
-    inv = tl.math.div_rn(1.0, scale)
+    tl.store(s_ptr + rows, scale, mask=rows < M)
+    inv = tl.math.div_rn(1.0, scale)[:, None]
     if ONE_STEP:
-        tl.store(q_row + offs, tl.clamp(act * inv, -FP8_MAX, FP8_MAX).to(q_ptr.dtype.element_ty), mask=offs < N)
+        _store_quantized(q_rows, act, inv, cols, row_mask, N)
+        if TAIL > 0:
+            _store_quantized(q_rows, tail, inv, tail_cols, row_mask, N)
     else:
         for c0 in range(0, N, BLOCK):
-            act = _scaled_silu_mul(y_row, xs, ws_ptr, bias_ptr, c0 + offs, c0 + offs < N, N, HAS_BIAS, SCALED)
-            q = tl.clamp(act * inv, -FP8_MAX, FP8_MAX)
-            tl.store(q_row + c0 + offs, q.to(q_ptr.dtype.element_ty), mask=c0 + offs < N)
+            act = _scaled_silu_mul(y_rows, xs, ws_ptr, bias_ptr, c0 + cols, row_mask, N, HAS_BIAS, SCALED)
+            _store_quantized(q_rows, act, inv, c0 + cols, row_mask, N)
 
 
-def _tiling(y: torch.Tensor, n: int) -> tuple[int, int]:
-    """(columns a program takes at once, warps) for ``y``'s rows of ``n`` output columns; the tests' interpreter
-    takes the multi-step path past 2,048 columns."""
-    if not y.is_cuda:
-        return min(2048, triton.next_power_of_2(n)), 1
-    if y.shape[0] >= _MANY_ROWS:
-        return min(_MANY_ROWS_BLOCK, triton.next_power_of_2(n)), 8
-    block = min(_BLOCK, triton.next_power_of_2(n))
-    if y.shape[0] == 1 and block == _BLOCK:  # one row: the step waits on this one program (W2 FP8 -0.6%)
-        return block, 32
-    return block, max(4, min(16, block // 1024))
+@dataclass(frozen=True, slots=True)
+class Tiling:
+    """How ``_silu_mul_quant_kernel`` takes an [M, N] middle: ``rows`` a program, ``block`` (+ ``tail``) columns at
+    once, ``warps``."""
+
+    block: int
+    tail: int = 0
+    rows: int = 1
+    warps: int = 4
+
+
+def whole_row(n: int, rows: int, warps: int, cap: int = _BLOCK) -> Tiling:
+    """The row in registers as the largest power of two <= ``n`` (at most ``cap``) and a power-of-two rest, where
+    that covers it; else ``cap``-column steps."""
+    block = min(cap, 1 << (n.bit_length() - 1))
+    rest = n - block
+    if rest > block:
+        return Tiling(block, 0, rows, warps)
+    return Tiling(block, triton.next_power_of_2(rest) if rest else 0, rows, warps)
+
+
+def default_tiling(m: int, n: int, on_gpu: bool) -> Tiling:
+    """The engine's tiling for ``m`` rows of ``n`` columns; the tests' interpreter takes 2,048 columns at once."""
+    if not on_gpu:
+        return whole_row(n, 1, 1, cap=2048)
+    if m == 1 and triton.next_power_of_2(n) >= _BLOCK:  # one row: the step waits on this one program (W2 FP8 -0.6%)
+        return Tiling(_BLOCK, 0, 1, 32)
+    return whole_row(n, 1, max(4, min(16, triton.next_power_of_2(n) // 1024)), cap=_BLOCK // 2)
+
+
+def launch(y: torch.Tensor, x_s, w_s, bias, q: torch.Tensor, scales: torch.Tensor, tiling: Tiling) -> None:
+    """The kernel on ``y`` [M, 2N] into ``q`` [M, N] and ``scales`` [M, 1] (see ``silu_mul_quant``)."""
+    m, n = q.shape
+    pdl = use_pdl(y)
+    _silu_mul_quant_kernel[(triton.cdiv(m, tiling.rows),)](
+        y,
+        scales if x_s is None else x_s,
+        scales if w_s is None else w_s,
+        y if bias is None else bias,
+        q,
+        scales,
+        m,
+        n,
+        y.stride(0),
+        q.stride(0),
+        HAS_BIAS=bias is not None,
+        SCALED=x_s is not None,
+        ROWS=tiling.rows,
+        BLOCK=tiling.block,
+        TAIL=tiling.tail,
+        ONE_STEP=tiling.block + tiling.tail >= n,
+        USE_PDL=pdl,
+        num_warps=tiling.warps,
+        launch_pdl=pdl,
+    )
 
 
 def silu_mul_quant(
@@ -125,26 +188,7 @@ def silu_mul_quant(
     scales = torch.empty((m, 1), dtype=torch.float32, device=y.device)
     if m == 0:
         return q, scales
-    pdl = use_pdl(y)
-    block, warps = _tiling(y, n)
-    _silu_mul_quant_kernel[(m,)](
-        y,
-        x_s if scaled else scales,
-        w_s if scaled else scales,
-        y if bias is None else bias,
-        q,
-        scales,
-        n,
-        y.stride(0),
-        q.stride(0),
-        HAS_BIAS=bias is not None,
-        SCALED=scaled,
-        BLOCK=block,
-        ONE_STEP=block >= n,
-        USE_PDL=pdl,
-        num_warps=warps,
-        launch_pdl=pdl,
-    )
+    launch(y, x_s, w_s, bias, q, scales, default_tiling(m, n, y.is_cuda))
     return q, scales
 
 

@@ -1,9 +1,10 @@
 """How should the FP8 MLP's middle kernel (kernels/fp8_mlp.py: scales, SiLU-and-mul, per-token quantization) be
-tiled at prefill's row counts? A W1 FP8 prefill step (8,192 rows, Qwen3-8B) spends 12.9 ms in it, 358 us a layer
-for ~503 MB: 1.4 TB/s (log 34). One 16-warp program holds a whole row; two-pass programs of fewer columns may hide
-latency better. Times every (block, warps) at each row count, checks the bits against the engine's choice.
+tiled? Times the engine's tiling and candidates at each row count (1: W2's finished one-row product, unscaled;
+more: the scaled middle of the fused FP8 MLP), and checks every candidate's bits against the engine's.
+Candidates: "whole" holds the row as a power of two plus a power-of-two rest (Qwen3-8B: 8,192 + 4,096 columns),
+one pass; "steps" takes two passes over slices, the second from cache; r2/r4 take 2 or 4 rows a program.
 
-    python -m benchmarks.probes.silu_mul_quant_tiles [--rows 256 8192] [--n 12288]
+    python -m benchmarks.probes.silu_mul_quant_tiles [--rows 1 256 8192] [--n 12288]
 """
 
 from __future__ import annotations
@@ -15,43 +16,48 @@ import triton
 
 from benchmarks.gpu import require_cuda
 from kernels import fp8_mlp
+from kernels.fp8_mlp import Tiling, whole_row
 
 
-def run(y, xs, ws, block: int, warps: int):
-    m, n = y.shape[0], y.shape[1] // 2
-    q = torch.empty((m, n), dtype=torch.float8_e4m3fn, device=y.device)
-    s = torch.empty((m, 1), dtype=torch.float32, device=y.device)
-    fp8_mlp._silu_mul_quant_kernel[(m,)](
-        y, xs, ws, y, q, s, n, y.stride(0), q.stride(0),
-        HAS_BIAS=False, SCALED=True, BLOCK=block, ONE_STEP=block >= n, USE_PDL=False, num_warps=warps,
-    )  # fmt: skip
-    return q, s
+def candidates(n: int, m: int) -> dict[str, Tiling]:
+    out = {"engine": fp8_mlp.default_tiling(m, n, True)}
+    for warps in (8, 16, 32):
+        for rows in (1, 2):
+            if rows == 1 or m >= 64:
+                out[f"whole r{rows} w{warps}"] = whole_row(n, rows, warps)
+    if m >= 64:
+        out["whole r4 w32"] = whole_row(n, 4, 32)
+        for block, warps in ((2048, 8), (4096, 8), (4096, 16)):
+            out[f"steps {block} w{warps}"] = Tiling(block, 0, 1, warps)
+    return out
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
-    p.add_argument("--rows", type=int, nargs="+", default=[256, 8192], help="row counts to time")
+    p.add_argument("--rows", type=int, nargs="+", default=[1, 256, 8192], help="row counts to time")
     p.add_argument("--n", type=int, default=12288, help="the down input's columns (gate/up is twice)")
     a = p.parse_args()
     require_cuda(1)
-    print(f"{'rows':>6s} {'block':>6s} {'warps':>5s} {'us':>8s} {'TB/s':>6s} same bits")
+    print(f"{'rows':>6s} {'tiling':>16s} {'us':>8s} {'TB/s':>6s} same bits")
     for m in a.rows:
         y = torch.randn(m, 2 * a.n, device="cuda", dtype=torch.bfloat16).mul_(200)
-        xs = torch.rand(m, device="cuda") * 0.01 + 0.001
-        ws = torch.rand(2 * a.n, device="cuda") * 0.01 + 0.001
+        scaled = m > 1
+        xs = torch.rand(m, device="cuda") * 0.01 + 0.001 if scaled else None
+        ws = torch.rand(2 * a.n, device="cuda") * 0.01 + 0.001 if scaled else None
         ref_q, ref_s = fp8_mlp.silu_mul_quant(y, xs, ws)
         moved = y.numel() * 2 + m * a.n  # bf16 in, e4m3 out
-        for block in (1024, 2048, 4096, 8192, 16384):
-            for warps in (4, 8, 16):
-                if block // (32 * warps) < 1:
-                    continue
-                q, s = run(y, xs, ws, block, warps)
-                same = torch.equal(q.view(torch.uint8), ref_q.view(torch.uint8)) and torch.equal(s, ref_s)
-                us = (
-                    triton.testing.do_bench(lambda b=block, w=warps, t=(y, xs, ws): run(*t, b, w), warmup=20, rep=100)
-                    * 1e3
-                )
-                print(f"{m:6d} {block:6d} {warps:5d} {us:8.1f} {moved / us / 1e6:6.2f} {same}", flush=True)
+        for name, tiling in candidates(a.n, m).items():
+            q = torch.empty_like(ref_q)
+            s = torch.empty_like(ref_s)
+            try:
+                fp8_mlp.launch(y, xs, ws, None, q, s, tiling)
+            except Exception as e:  # a tiling the compiler refuses (resources): reported, not fatal
+                print(f"{m:6d} {name:>16s} failed: {type(e).__name__}", flush=True)
+                continue
+            same = torch.equal(q.view(torch.uint8), ref_q.view(torch.uint8)) and torch.equal(s, ref_s)
+            args = (y, xs, ws, None, q, s, tiling)
+            us = triton.testing.do_bench(lambda c=args: fp8_mlp.launch(*c), warmup=20, rep=100)
+            print(f"{m:6d} {name:>16s} {us * 1e3:8.1f} {moved / us / 1e9:6.2f} {same}", flush=True)
 
 
 if __name__ == "__main__":

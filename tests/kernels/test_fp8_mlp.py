@@ -33,15 +33,21 @@ _PREFILL_ROWS = pytest.param(  # prefill's tiling (two passes over slices), at Q
 )
 
 
-@pytest.mark.parametrize("bias", [False, True])
-@pytest.mark.parametrize("m,n", [(2, 96), (3, 300), (2, 2100), _PREFILL_ROWS])  # 2,100 columns: two steps (CPU)
-def test_silu_mul_quant_equals_the_unfused_kernels(m, n, bias):
+def middle(m, n, bias):
     gen = torch.Generator().manual_seed(m * n)
     y = (torch.randn(m, 2 * n, generator=gen) * 300).to(torch.bfloat16).to(DEVICE)
     y[-1] = 0  # an all-zero row: the smallest scale, zeros out
     x_s = (torch.rand(m, 1, generator=gen) * 0.01 + 1e-3).to(DEVICE)
     w_s = (torch.rand(2 * n, generator=gen) * 0.01 + 1e-3).to(DEVICE)
     b = (torch.randn(2 * n, generator=gen) * 0.1).to(torch.bfloat16).to(DEVICE) if bias else None
+    return y, x_s, w_s, b
+
+
+@pytest.mark.parametrize("bias", [False, True])
+# CPU: 96 and 300 columns as a power of two and a rest, 2,100 as 2,048 + 64, 5,000 in two passes of 2,048 steps
+@pytest.mark.parametrize("m,n", [(2, 96), (3, 300), (2, 2100), (2, 5000), _PREFILL_ROWS])
+def test_silu_mul_quant_equals_the_unfused_kernels(m, n, bias):
+    y, x_s, w_s, b = middle(m, n, bias)
     q, s = fp8_mlp.silu_mul_quant(y, x_s, w_s, b)
     q_ref, s_ref = unfused(y, x_s, w_s, b)
     assert q.shape == (m, n) and s.shape == (m, 1)
@@ -49,6 +55,23 @@ def test_silu_mul_quant_equals_the_unfused_kernels(m, n, bias):
     assert torch.equal(q.view(torch.uint8), q_ref.view(torch.uint8))
     if b is None:  # the all-zero row quantizes to zeros
         assert not q[-1].float().any()
+
+
+@pytest.mark.parametrize(
+    "tiling",
+    [fp8_mlp.whole_row(300, 2, 2), fp8_mlp.whole_row(300, 4, 4), fp8_mlp.Tiling(128, 0, 2, 2)],
+    ids=["whole-2-rows", "whole-4-rows", "steps-2-rows"],
+)
+def test_several_rows_a_program_give_each_row_its_own_scale(tiling):
+    """5 rows over programs of 2 or 4 (the last one short): every row's bits as the engine's one-row programs."""
+    y, x_s, w_s, b = middle(5, 300, True)
+    y[1] *= 40  # one row's scale far above the others'
+    q_ref, s_ref = fp8_mlp.silu_mul_quant(y, x_s, w_s, b)
+    q = torch.full_like(q_ref, 1.0)
+    s = torch.zeros_like(s_ref)
+    fp8_mlp.launch(y, x_s, w_s, b, q, s, tiling)
+    assert s[1] > 10 * s[0] and torch.equal(s, s_ref)
+    assert torch.equal(q.view(torch.uint8), q_ref.view(torch.uint8))
 
 
 @pytest.mark.gpu

@@ -112,13 +112,15 @@ def cases():
         {"BLOCK_N": 1024, "ROWS": 4, "HAS_BIAS": True, "USE_PDL": True},
         {},
     )
-    # a whole Qwen3-8B row; a wider one's steps; a finished one-row product (no scales) for the GEMV
-    for block, one_step, warps, scaled in ((16384, True, 16, True), (2048, False, 4, True), (16384, True, 32, False)):
+    # a whole Qwen3-8B row (8,192 + 4,096 columns), 2 rows a program; a wider one's steps; a finished one-row product
+    middles = ((8192, 4096, 2, 16, True), (2048, 0, 1, 4, True), (16384, 0, 1, 32, False))
+    for block, tail, rows, warps, scaled in middles:
         yield (
-            f"scales + SiLU-and-mul + quantization of an MLP one_step={one_step} scaled={scaled}",
+            f"scales + SiLU-and-mul + quantization of an MLP block={block}+{tail} rows={rows} scaled={scaled}",
             fp8_mlp._silu_mul_quant_kernel,
             {"y_ptr": BF16, "xs_ptr": F32, "ws_ptr": F32, "bias_ptr": BF16, "q_ptr": FP8, "s_ptr": F32},
-            {"HAS_BIAS": scaled, "SCALED": scaled, "BLOCK": block, "ONE_STEP": one_step, "USE_PDL": True},
+            {"HAS_BIAS": scaled, "SCALED": scaled, "ROWS": rows, "BLOCK": block, "TAIL": tail}
+            | {"ONE_STEP": block + tail >= 12288, "USE_PDL": True},
             {"num_warps": warps},
         )
     yield (
