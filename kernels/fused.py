@@ -131,7 +131,9 @@ def _rmsnorm(x, weight, eps, residual, out, res_out, scales, unscaled: Unscaled 
         SCALED=unscaled is not None,
         BLOCK=block,
         USE_PDL=pdl,
-        num_warps=4 if block <= 2048 else 8,
+        # 16 warps from 4,096 columns: 8 values a thread shorten the chain through the row's two reductions (W1
+        # Qwen3-8B FP8 +0.2-0.5%, W2 unchanged)
+        num_warps=4 if block <= 2048 else 16,
         launch_pdl=pdl,
     )
 

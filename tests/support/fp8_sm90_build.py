@@ -103,7 +103,7 @@ def cases():
             {"x_ptr": BF16, "res_ptr": BF16, "w_ptr": BF16, "out_ptr": FP8, "res_out_ptr": BF16, "scale_ptr": F32}
             | {"xs_ptr": F32, "ws_ptr": F32, "eps": "fp32"},
             {"HAS_RESIDUAL": True, "QUANTIZE": True, "SCALED": scaled, "BLOCK": 4096, "USE_PDL": True},
-            {"num_warps": 8},
+            {"num_warps": 16},
         )
     yield (
         "rescale after a scalar-scaled product",
