@@ -145,7 +145,15 @@ def default_tiling(m: int, n: int, on_gpu: bool) -> Tiling:
     return whole_row(n, 1, max(4, min(16, triton.next_power_of_2(n) // 1024)), cap=_BLOCK // 2)
 
 
-def launch(y: torch.Tensor, x_s, w_s, bias, q: torch.Tensor, scales: torch.Tensor, tiling: Tiling) -> None:
+def launch(
+    y: torch.Tensor,
+    x_s: torch.Tensor | None,
+    w_s: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    q: torch.Tensor,
+    scales: torch.Tensor,
+    tiling: Tiling,
+) -> None:
     """The kernel on ``y`` [M, 2N] into ``q`` [M, N] and ``scales`` [M, 1] (see ``silu_mul_quant``)."""
     m, n = q.shape
     pdl = use_pdl(y)

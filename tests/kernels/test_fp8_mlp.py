@@ -28,7 +28,7 @@ def unfused(y, x_s, w_s, bias):
     return quantize_rows(fused.silu_and_mul(scaled), None)
 
 
-_PREFILL_ROWS = pytest.param(  # prefill's tiling (two passes over slices), at Qwen3-8B's width
+_PREFILL_ROWS = pytest.param(  # prefill's row count, at Qwen3-8B's width
     1100, 12288, marks=[pytest.mark.gpu, pytest.mark.skipif(not ON_GPU, reason="needs CUDA")]
 )
 
