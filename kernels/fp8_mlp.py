@@ -86,7 +86,7 @@ def _silu_mul_quant_kernel(
     row_mask = (rows < M)[:, None]
     y_rows = y_ptr + rows[:, None] * stride_y
     q_rows = q_ptr + rows[:, None] * stride_q
-    xs = tl.full((ROWS, 1), 1.0, tl.float32)
+    xs = 1.0  # unread unless SCALED
     if SCALED:
         xs = tl.load(xs_ptr + rows, mask=rows < M, other=1.0)[:, None]
     cols = tl.arange(0, BLOCK)[None, :]
