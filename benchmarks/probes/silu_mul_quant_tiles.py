@@ -56,8 +56,8 @@ def main() -> None:
                 continue
             same = torch.equal(q.view(torch.uint8), ref_q.view(torch.uint8)) and torch.equal(s, ref_s)
             args = (y, xs, ws, None, q, s, tiling)
-            us = triton.testing.do_bench(lambda c=args: fp8_mlp.launch(*c), warmup=20, rep=100)
-            print(f"{m:6d} {name:>16s} {us * 1e3:8.1f} {moved / us / 1e9:6.2f} {same}", flush=True)
+            ms = triton.testing.do_bench(lambda c=args: fp8_mlp.launch(*c), warmup=20, rep=100)
+            print(f"{m:6d} {name:>16s} {ms * 1e3:8.1f} {moved / ms / 1e9:6.2f} {same}", flush=True)
 
 
 if __name__ == "__main__":
