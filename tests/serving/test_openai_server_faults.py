@@ -25,7 +25,7 @@ from client.openai_server import STOP_SIGNAL
 from client.openai_server.body_limit import BODIES_PER_MESSAGE
 from protocol.codec import ProtocolError
 from tests.support.openai_http import HttpServer
-from tests.support.processes import ROOT, children_of, pid_alive
+from tests.support.processes import ROOT, children_of, pid_alive, sigint_default
 
 KEY = "s3cret-key"
 HEADERS = {"Authorization": f"Bearer {KEY}"}
@@ -184,8 +184,9 @@ def test_signals_to_the_front_end(server, tmp_path, child):
     log = tmp_path / "front_end.log"
     with open(log, "w") as err:
         proc = subprocess.Popen(
-            cmd, cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=err, text=True
-        )
+            cmd, cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=err, text=True,
+            preexec_fn=sigint_default,  # Ctrl-C as at a terminal, though we may run under nohup with SIGINT ignored
+        )  # fmt: skip
     try:
         line = proc.stdout.readline()
         assert line.startswith("nanoserve OpenAI API on "), line

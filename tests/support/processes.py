@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import socket
 import sys
 import time
@@ -26,6 +27,13 @@ def torchrun_cmd(tp: int, module: str, *args: str) -> list[str]:
     base = [exe] if exe else [sys.executable, "-m", "torch.distributed.run"]
     rendezvous = ["--master-addr", "127.0.0.1", "--master-port", str(free_port())]
     return [*base, "--nproc-per-node", str(tp), *rendezvous, "-m", module, *args]
+
+
+def sigint_default() -> None:
+    """A ``preexec_fn``: the child starts with SIGINT's default action, as a terminal's foreground job does. Under
+    ``nohup ... &``, a non-interactive shell's background job or many CI runners SIGINT is ignored from the start,
+    and a program rightly keeps an ignored SIGINT ignored; a test of Ctrl-C must not inherit that."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def children_of(pid: int) -> list[int]:
