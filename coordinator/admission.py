@@ -1,4 +1,5 @@
-"""Request admission: what ``Engine.add_request`` checks before it queues anything. A request's prompt becomes
+"""Request admission: what ``Engine.admit`` checks before a request is queued (thread-safe: the server runs it on
+its tokenizer threads). A request's prompt becomes
 token ids (a chat conversation through the tokenizer's template, a string through the tokenizer, token ids checked
 against the vocabulary) and its SamplingParams, n, length (prompt + max_tokens against max_model_len and the KV
 pool) and token ids (stop ids, logit_bias) are validated; a refusal raises ``RequestError`` naming the problem."""
@@ -13,6 +14,8 @@ from protocol.client_messages import ChatPrompt
 from protocol.errors import RequestError
 from protocol.sampling_params import SamplingParams, truncate_prompt
 
+TOKENIZE_CHARS_FACTOR = 4  # /tokenize's text limit, in multiples of the longest prompt text
+
 
 class Admission:
     def __init__(self, tokenizer, max_model_len: int, vocab_size: int, block_manager: BlockManager) -> None:
@@ -23,6 +26,8 @@ class Admission:
         longest_token = max((len(t) for t in tokenizer.get_vocab()), default=16)
         # a string longer than this cannot fit in max_model_len tokens: refused before it is tokenized
         self.max_prompt_chars = max_model_len * max(16, 2 * longest_token)
+        # /tokenize may count texts longer than a prompt can be, but not without bound
+        self.max_tokenize_chars = TOKENIZE_CHARS_FACTOR * self.max_prompt_chars
 
     def admit(
         self, prompt: str | list[int] | ChatPrompt, params: SamplingParams | None
@@ -76,7 +81,7 @@ class Admission:
 
     def prompt_ids(self, prompt: str | list[int] | ChatPrompt) -> list[int]:
         if isinstance(prompt, ChatPrompt):  # the template's text carries its own special tokens
-            prompt = render_chat(self.tokenizer, prompt)
+            prompt = render_chat(self.tokenizer, prompt, max_chars=self.max_prompt_chars)
         if isinstance(prompt, str):
             if len(prompt) > self.max_prompt_chars:
                 raise RequestError(

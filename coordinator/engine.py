@@ -2,9 +2,9 @@
 workers (a request's checks before it is queued: coordinator/admission.py).
 
 Its interface is narrow; ``LLM`` (client/llm.py) and the server (coordinator/server.py) use nothing else:
-``add_request`` / ``abort`` / ``step`` (returns ``StepOutput``s) / ``has_unfinished`` / ``stats`` / ``info`` /
-``health`` / ``tokenize`` / ``detokenize`` / ``shutdown``.
-"""
+``add_request`` (or ``admit`` on any thread, then ``add_admitted``) / ``abort`` / ``step`` (returns
+``StepOutput``s) / ``has_unfinished`` / ``stats`` / ``info`` / ``health`` / ``tokenize`` / ``detokenize`` (both
+thread-safe) / ``shutdown``."""
 
 from __future__ import annotations
 
@@ -79,6 +79,7 @@ class Engine:
             external=cfg.external_workers,
             address=cfg.worker_address,
             start_timeout_s=cfg.worker_timeout_s,
+            secret=cfg.worker_secret,
         )
         w = self.workers
         log.info(
@@ -121,10 +122,17 @@ class Engine:
         request_id: str | None = None,
         stream: bool = False,
     ) -> str:
-        """Validate (coordinator/admission.py) and queue a request; returns its id. Raises RequestError naming the
-        problem; nothing is queued then. A streamed request gets a StepOutput every step it gains tokens in, any
-        other one only at its end."""
-        ids, params = self.admission.admit(prompt, params)
+        """Validate (coordinator/admission.py) and queue a request; returns its id (RequestError naming the problem:
+        nothing queued). A streamed request gets a StepOutput every step it gains tokens in, others one at the end."""
+        return self.add_admitted(*self.admit(prompt, params), request_id, stream)
+
+    def admit(self, prompt: str | list[int] | ChatPrompt, params: SamplingParams | None) -> tuple[list, SamplingParams]:
+        """``add_request``'s first half, the slow one (template, tokenizer): thread-safe, changes nothing here."""
+        return self.admission.admit(prompt, params)
+
+    def add_admitted(self, ids: list[int], params: SamplingParams, request_id: str | None, stream: bool) -> str:
+        """``add_request``'s second half: queue what ``admit`` returned (RequestError for a duplicate id or a
+        structured-outputs spec that does not parse)."""
         request_id = request_id if request_id is not None else str(next(self._ids))
         if request_id in self.requests:
             raise RequestError(f"request_id {request_id!r} is already in flight")
@@ -278,8 +286,8 @@ class Engine:
         }
 
     def tokenize(self, msg: Tokenize) -> TokenizeReply:
-        """Answer a Tokenize request (RequestError names the problem)."""
-        return tokenize_reply(self.tokenizer, self.max_model_len, msg)
+        """Answer a Tokenize request (RequestError names the problem); thread-safe, as ``detokenize``."""
+        return tokenize_reply(self.tokenizer, self.max_model_len, msg, self.admission.max_tokenize_chars)
 
     def detokenize(self, msg: Detokenize) -> DetokenizeReply:
         """Answer a Detokenize request (RequestError for ids outside the vocabulary)."""

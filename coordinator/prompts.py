@@ -50,24 +50,30 @@ def generation_defaults(model_dir: str | Path) -> dict:
     return out
 
 
-def _check_messages(messages) -> list[dict]:
-    """The messages as the template takes them: text parts joined (protocol/chat_content.py), in copies."""
+def _check_messages(messages, max_chars: int | None) -> list[dict]:
+    """The messages as the template takes them: text parts joined (protocol/chat_content.py), in copies. Their
+    contents' total length is bounded by ``max_chars`` before any template runs."""
     if not isinstance(messages, list) or not messages:
         raise RequestError("messages must be a non-empty list of {role, content} objects")
     out = []
+    total = 0
     for i, m in enumerate(messages):
         if not isinstance(m, dict) or not isinstance(m.get("role"), str):
             raise RequestError(f"messages[{i}] must be an object with a string 'role'")
         content = m.get("content")
         if content is not None and not isinstance(content, str):
             m = {**m, "content": content_text(content, f"messages[{i}].content")}
+        total += len(m["content"]) if isinstance(m.get("content"), str) else 0
         out.append(m)
+    if max_chars is not None and total > max_chars:
+        raise RequestError(f"messages ({total} characters of content) cannot fit in {max_chars} characters")
     return out
 
 
-def render_chat(tokenizer, chat: ChatPrompt, chat_template: str | None = None) -> str:
-    """The prompt text of a conversation, through ``chat_template`` (the offline caller's own) or the tokenizer's."""
-    messages = _check_messages(chat.messages)
+def render_chat(tokenizer, chat: ChatPrompt, chat_template: str | None = None, max_chars: int | None = None) -> str:
+    """The prompt text of a conversation, through ``chat_template`` (the offline caller's own) or the tokenizer's;
+    RequestError when its contents are over ``max_chars`` characters (checked before the template runs)."""
+    messages = _check_messages(chat.messages, max_chars)
     kwargs = chat.chat_template_kwargs or {}
     if not isinstance(kwargs, dict) or not all(isinstance(k, str) for k in kwargs):
         raise RequestError("chat_template_kwargs must be an object with string keys")
@@ -94,13 +100,16 @@ def render_chat(tokenizer, chat: ChatPrompt, chat_template: str | None = None) -
     return text
 
 
-def tokenize_reply(tokenizer, max_model_len: int, msg: Tokenize) -> TokenizeReply:
-    """Answer a Tokenize request (RequestError names the problem)."""
+def tokenize_reply(tokenizer, max_model_len: int, msg: Tokenize, max_chars: int) -> TokenizeReply:
+    """Answer a Tokenize request (RequestError names the problem, a text over ``max_chars`` characters too, before
+    it is tokenized)."""
     prompt = msg.prompt
     if isinstance(prompt, ChatPrompt):
-        prompt = render_chat(tokenizer, prompt)
+        prompt = render_chat(tokenizer, prompt, max_chars=max_chars)
     if not isinstance(prompt, str):
         raise RequestError("prompt must be a string or a chat conversation")
+    if len(prompt) > max_chars:
+        raise RequestError(f"prompt ({len(prompt)} characters) is over /tokenize's limit of {max_chars} characters")
     ids = list(tokenizer.encode(prompt, add_special_tokens=msg.add_special_tokens))
     strs = tokenizer.convert_ids_to_tokens(ids) if msg.return_token_strs else None
     return TokenizeReply(msg.request_id, ids, max_model_len, strs)
