@@ -5,17 +5,14 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
-import signal
 import subprocess
 import sys
-import tempfile
-import threading
 import time
 from pathlib import Path
 
 import zmq
 
+from coordinator import private_dirs
 from protocol.codec import ProtocolError, decode, encode
 from protocol.errors import EngineDeadError
 from protocol.messages import (
@@ -36,28 +33,6 @@ from protocol.transport import WatchedSocket
 log = logging.getLogger("nanoserve.workers")
 ROOT = Path(__file__).resolve().parent.parent
 POLL_MS = 200
-FATAL_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
-_live_dirs: set[str] = set()  # private dirs of this process's worker groups not yet shut down
-
-
-def _remove_dirs_then_die(signum, frame) -> None:
-    for d in list(_live_dirs):
-        shutil.rmtree(d, ignore_errors=True)
-    signal.signal(signum, signal.SIG_DFL)
-    os.kill(os.getpid(), signum)  # die of the signal as before (the kernel then ends spawned workers)
-
-
-def _watch_fatal_signals(on: bool) -> None:
-    """A process killed by SIGTERM/SIGHUP runs no atexit hook, so it would leave our dirs behind: where nobody
-    else handles those signals, remove the dirs first (``on``), and stop once no group is left."""
-    if threading.current_thread() is not threading.main_thread():
-        return  # signal handlers can only be set from the main thread
-    for sig in FATAL_SIGNALS:
-        current = signal.getsignal(sig)
-        if on and current is signal.SIG_DFL:
-            signal.signal(sig, _remove_dirs_then_die)
-        elif not on and current is _remove_dirs_then_die:
-            signal.signal(sig, signal.SIG_DFL)
 
 
 class WorkerGroup:
@@ -73,9 +48,7 @@ class WorkerGroup:
         self.world_size = world_size
         self.step_timeout_s = step_timeout_s
         self.procs: list[subprocess.Popen] = []
-        self.tmpdir = tempfile.mkdtemp(prefix="nanoserve-")
-        _live_dirs.add(self.tmpdir)
-        _watch_fatal_signals(True)
+        self.tmpdir = private_dirs.create()  # the next start removes it if this process is killed
         self.ctx = zmq.Context()
         # a dropped worker connection (process killed, host gone) is an engine death, not a silent wait
         self.channel = WatchedSocket(self.ctx, zmq.ROUTER, linger_ms=0)
@@ -246,7 +219,4 @@ class WorkerGroup:
                 proc.wait()
         self.channel.close(linger_ms=500)  # let the Shutdown frames reach workers we have no process handle for
         self.ctx.term()
-        shutil.rmtree(self.tmpdir, ignore_errors=True)
-        _live_dirs.discard(self.tmpdir)
-        if not _live_dirs:
-            _watch_fatal_signals(False)
+        private_dirs.remove(self.tmpdir)
