@@ -77,7 +77,20 @@ class EngineConfig:
     )
     external_workers: bool = _arg(False, "do not spawn workers: they join with `torchrun ... -m worker --coordinator`")
     worker_address: str = _arg(
-        "", "ZMQ address the workers connect to (required with external workers), e.g. tcp://0.0.0.0:29600"
+        "",
+        "ZMQ address the workers connect to (required with external workers), e.g. tcp://127.0.0.1:29600; "
+        "a non-loopback one (tcp://0.0.0.0:29600) needs a worker secret",
+    )
+    # not in repr: an EngineConfig printed or logged does not leak it
+    worker_secret: str = field(
+        default="",
+        repr=False,
+        metadata={
+            "help": "what every worker must prove it holds (HMAC challenge) before it gets any work; '' = "
+            "$NANOSERVE_WORKER_SECRET, else the API key ($NANOSERVE_API_KEY); needed for a non-loopback "
+            "worker_address. Prefer the environment: a flag's value shows in the process list",
+            "choices": (),
+        },
     )
     worker_timeout_s: float = _arg(120.0, "start-up: seconds to wait for every rank")
     quantization: str = _arg(
@@ -131,7 +144,17 @@ class EngineConfig:
             self.chat_template = _chat_template_text(self.chat_template)
         if self.external_workers and not self.worker_address:
             raise EngineArgError(
-                "worker_address", "worker_address is required with external_workers, e.g. tcp://0.0.0.0:29600"
+                "worker_address", "worker_address is required with external_workers, e.g. tcp://127.0.0.1:29600"
+            )
+        from protocol.settings import settings
+
+        self.worker_secret = self.worker_secret or settings().worker_secret or ""
+        if self.worker_address and not self.worker_secret and not _loopback_endpoint(self.worker_address):
+            raise EngineArgError(
+                "worker_address",
+                f"worker_address {self.worker_address!r} is not a loopback address: workers from other hosts must "
+                "prove they hold a secret; set NANOSERVE_WORKER_SECRET or --api-key (NANOSERVE_API_KEY), or bind "
+                "tcp://127.0.0.1:PORT",
             )
 
     @classmethod
@@ -207,6 +230,16 @@ class EngineConfig:
             quantization=self.quantization,
             kv_cache_dtype=self.kv_cache_dtype,
         )
+
+
+def _loopback_endpoint(address: str) -> bool:
+    """A ZMQ endpoint only this host can reach: ipc/inproc, or tcp on a loopback address (not '*' or an interface)."""
+    from coordinator.client_socket import is_loopback
+
+    scheme, _, rest = address.partition("://")
+    if scheme in ("ipc", "inproc"):
+        return True
+    return scheme == "tcp" and is_loopback(rest.rsplit(":", 1)[0])
 
 
 def _tp_sharded_sizes(mc: ModelConfig) -> list[tuple[str, int, str]]:

@@ -1,5 +1,7 @@
-"""The coordinator's side of the worker processes: spawn (or accept) them, handshake, broadcast each step
-over ZMQ and collect the sampled tokens, and notice when any of them dies or hangs."""
+"""The coordinator's side of the worker processes: spawn (or accept) them, handshake (authenticating each with
+the worker secret, where there is one), broadcast each step over ZMQ and collect the sampled tokens, and notice
+when any of them dies or hangs. Only an accepted worker's messages are ever read: any other peer is logged once
+and ignored, for the whole run."""
 
 from __future__ import annotations
 
@@ -18,6 +20,8 @@ from protocol.errors import EngineDeadError
 from protocol.messages import (
     PROTOCOL_VERSION,
     AllocateKV,
+    AuthChallenge,
+    AuthResponse,
     Shutdown,
     StepCommand,
     StepMasks,
@@ -29,10 +33,19 @@ from protocol.messages import (
     WorkerReady,
 )
 from protocol.transport import WatchedSocket
+from protocol.worker_auth import coordinator_proof, matches, new_nonce, worker_proof
 
 log = logging.getLogger("nanoserve.workers")
 ROOT = Path(__file__).resolve().parent.parent
 POLL_MS = 200
+
+
+def _peer(frame: zmq.Frame) -> str:
+    """The sending peer's address: its IP over TCP (ZMQ's "Peer-Address"), else the endpoint kind."""
+    try:
+        return frame.get("Peer-Address")
+    except (zmq.ZMQError, TypeError, ValueError):
+        return "a local (ipc) endpoint"
 
 
 class WorkerGroup:
@@ -44,17 +57,25 @@ class WorkerGroup:
         address: str = "",
         start_timeout_s: float = 120.0,
         step_timeout_s: float = 600.0,
+        secret: str = "",
     ) -> None:
         self.world_size = world_size
+        self.secret = secret
         self.step_timeout_s = step_timeout_s
         self.procs: list[subprocess.Popen] = []
         self.tmpdir = private_dirs.create()  # the next start removes it if this process is killed
         self.ctx = zmq.Context()
-        # a dropped worker connection (process killed, host gone) is an engine death, not a silent wait
+        # a dropped worker connection (process killed, host gone) is an engine death, not a silent wait; another
+        # peer's (a refused impostor) is not: a drop is checked against each accepted worker (``_probe``)
         self.channel = WatchedSocket(self.ctx, zmq.ROUTER, linger_ms=0)
+        self._drops_seen = 0
         self.sock = self.channel.sock
         self.sock.setsockopt(zmq.ROUTER_MANDATORY, 1)  # a send to a vanished worker raises, not vanishes
-        self.identities = [f"rank{r}".encode() for r in range(world_size)]
+        # each rank's identity once accepted; workers pick random ones, so nobody can take a rank's name first
+        self.identities: list[bytes] = []
+        self._rank_of: dict[bytes, int] = {}  # accepted identity -> rank
+        self._ignored: set[bytes] = set()  # identities refused or unknown: their messages are ignored
+        self._noted: set[bytes] = set()  # ... and logged, once per identity
         self.dead = False
         self._results: dict[int, dict[int, StepResult]] = {}  # step id -> rank -> result
         try:
@@ -82,6 +103,11 @@ class WorkerGroup:
     def _spawn(self) -> None:
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH", "")]))
+        # the secret travels in the environment, never in argv (which any local user can read)
+        env.pop("NANOSERVE_WORKER_SECRET", None)
+        env.pop("NANOSERVE_API_KEY", None)
+        if self.secret:
+            env["NANOSERVE_WORKER_SECRET"] = self.secret
         for rank in range(self.world_size):
             cmd = [sys.executable, "-m", "worker", "--coordinator", self.address, "--rank", str(rank)]
             cmd += ["--world-size", str(self.world_size), "--local-rank", str(rank), "--parent-pid", str(os.getpid())]
@@ -96,35 +122,62 @@ class WorkerGroup:
                 self.dead = True
                 raise EngineDeadError(f"worker rank {rank} (pid {proc.pid}) exited with code {code}")
 
-    def _recv(self, deadline: float, what: str, pending: set[int]):
-        """One message from any worker; raises with the ranks still missing when ``deadline`` passes."""
+    def _recv(self, deadline: float, what: str, pending: set[int], strangers: bool = False):
+        """(identity, message, peer address) of the next message from an accepted worker (with ``strangers``, from
+        any peer not yet refused); raises with the ranks still missing when ``deadline`` passes."""
         while True:
-            has_message, dropped = self.channel.poll(POLL_MS)
-            if dropped:
-                self.dead = True
-                raise EngineDeadError("a worker's connection dropped (process exited or host unreachable)")
+            has_message, _ = self.channel.poll(POLL_MS)
+            if self.channel.drops != self._drops_seen or not has_message:
+                self._probe()
             if has_message:
-                identity, data = self.sock.recv_multipart()
+                frames = self.sock.recv_multipart(copy=False)
+                identity, data = frames[0].bytes, frames[-1].bytes
+                rank = self._rank_of.get(identity)
+                if identity in self._ignored or (rank is None and not strangers) or len(frames) != 2:
+                    self._ignore(identity, _peer(frames[-1]), "not an accepted worker")
+                    continue
                 try:
                     msg = decode(data)
                 except ProtocolError as e:
-                    log.warning("dropping undecodable frame from %r: %s", identity, e)
+                    self._ignore(identity, _peer(frames[-1]), f"undecodable frame: {e}")
                     continue
-                if isinstance(msg, WorkerError):
+                if rank is not None and isinstance(msg, WorkerError):
                     self.dead = True
-                    raise EngineDeadError(f"worker rank {msg.rank} failed: {msg.message}")
-                return identity, msg
+                    raise EngineDeadError(f"worker rank {rank} failed: {msg.message}")
+                return identity, msg, _peer(frames[-1])
             self.check_alive()
             if time.monotonic() > deadline:
                 self.dead = True
                 raise TimeoutError(f"timed out waiting for {what} from worker rank(s) {sorted(pending)}")
 
+    def _probe(self) -> None:
+        """Raise if an accepted worker's connection is gone. The socket's monitor says a connection dropped, not
+        whose: an empty frame (workers skip it) to each accepted worker fails once ZMQ has dropped its pipe, which
+        follows the drop within moments, so this runs after each drop and each idle poll."""
+        self._drops_seen = self.channel.drops
+        for identity, rank in self._rank_of.items():
+            try:
+                self.sock.send_multipart([identity, b""], zmq.NOBLOCK)
+            except zmq.Again:
+                pass  # its queue is full: it is there, busy
+            except zmq.ZMQError:
+                self.dead = True
+                raise EngineDeadError(
+                    f"worker rank {rank}'s connection dropped (process exited or host unreachable)"
+                ) from None
+
+    def _ignore(self, identity: bytes, peer: str, why: str) -> None:
+        self._ignored.add(identity)
+        if identity not in self._noted:
+            log.warning("ignoring a peer of the worker socket at %s (identity %r): %s", peer, identity[:32], why)
+            self._noted.add(identity)
+
     def _gather(self, kind: type, timeout_s: float, what: str) -> dict[int, object]:
         pending, got = set(range(self.world_size)), {}
         deadline = time.monotonic() + timeout_s
         while pending:
-            _, msg = self._recv(deadline, what, pending)
-            if not isinstance(msg, kind):
+            identity, msg, _ = self._recv(deadline, what, pending)
+            if not isinstance(msg, kind) or msg.rank != self._rank_of[identity]:
                 raise EngineDeadError(f"protocol error: expected {kind.__name__}, got {type(msg).__name__}")
             got[msg.rank] = msg
             pending.discard(msg.rank)
@@ -132,26 +185,70 @@ class WorkerGroup:
 
     # ---- start-up ----------------------------------------------------------------------------------------
 
+    def _refuse(self, identity: bytes, peer: str, hello: WorkerHello | None, reason: str) -> str:
+        who = f"a worker at {peer}"
+        if hello is not None:
+            who += f" (says rank {hello.rank}, host {hello.hostname!r}, pid {hello.pid})"
+        log.warning("refused %s: %s", who, reason)
+        self._ignored.add(identity)
+        try:
+            self.sock.send_multipart([identity, encode(Shutdown(f"refused by the coordinator: {reason}"))], zmq.NOBLOCK)
+        except zmq.ZMQError:
+            pass
+        return f"{who}: {reason}"
+
+    def _admit(self, identity: bytes, peer: str, hello: WorkerHello, joined: dict[int, bytes]) -> str:
+        """Accept ``hello``'s worker as its rank; a reason to refuse it otherwise."""
+        if hello.rank in joined:
+            return self._refuse(identity, peer, hello, f"rank {hello.rank} has already joined")
+        joined[hello.rank] = identity
+        self._rank_of[identity] = hello.rank
+        return ""
+
     def _handshake(self, worker_config: WorkerConfig, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
         pending = set(range(self.world_size))
+        joined: dict[int, bytes] = {}
+        challenged: dict[bytes, tuple[WorkerHello, bytes, str]] = {}  # identity -> (its hello, nonce sent, address)
+        refused: list[str] = []
         while pending:
-            identity, msg = self._recv(deadline, "hello", pending)
-            if not isinstance(msg, WorkerHello):
-                continue
-            if msg.protocol_version != PROTOCOL_VERSION:
-                self.sock.send_multipart([identity, encode(Shutdown("protocol version mismatch"))])
-                raise RuntimeError(
-                    f"protocol version mismatch: worker rank {msg.rank} speaks {msg.protocol_version}, "
-                    f"coordinator speaks {PROTOCOL_VERSION}"
-                )
-            if msg.world_size != self.world_size or not 0 <= msg.rank < self.world_size:
-                self.sock.send_multipart([identity, encode(Shutdown("world size mismatch"))])
-                raise RuntimeError(
-                    f"worker rank {msg.rank} joined a world of size {msg.world_size}; this coordinator expects "
-                    f"tensor_parallel_size={self.world_size}"
-                )
-            pending.discard(msg.rank)
+            try:
+                identity, msg, peer = self._recv(deadline, "hello", pending, strangers=True)
+            except TimeoutError as e:
+                silent = [
+                    f"a worker at {p} (says rank {h.rank}, host {h.hostname!r})" for h, _, p in challenged.values()
+                ]
+                notes = [f"refused: {'; '.join(refused)}"] * bool(refused)
+                notes += [f"challenged, never answered: {'; '.join(silent)}"] * bool(silent)
+                raise TimeoutError("; ".join([str(e), *notes])) from None
+            if identity in self._rank_of:
+                continue  # an accepted worker has nothing more to say before its config
+            if isinstance(msg, WorkerHello):
+                bad = self._check_hello(identity, msg)
+                if bad:
+                    refused.append(self._refuse(identity, peer, msg, bad))
+                elif self.secret:
+                    nonce = new_nonce()
+                    challenged[identity] = (msg, nonce, peer)
+                    proof = coordinator_proof(self.secret, msg.nonce, nonce, msg.rank, self.world_size)
+                    self.sock.send_multipart([identity, encode(AuthChallenge(nonce, proof))])
+                elif not (bad := self._admit(identity, peer, msg, joined)):
+                    pending.discard(msg.rank)
+                else:
+                    refused.append(bad)
+            elif isinstance(msg, AuthResponse) and identity in challenged:
+                hello, nonce, _ = challenged.pop(identity)
+                expected = worker_proof(self.secret, hello.nonce, nonce, hello.rank, self.world_size)
+                if not matches(expected, msg.proof):
+                    reason = "it holds no worker secret" if not msg.proof else "wrong worker secret"
+                    refused.append(self._refuse(identity, peer, hello, reason))
+                elif not (bad := self._admit(identity, peer, hello, joined)):
+                    pending.discard(hello.rank)
+                else:
+                    refused.append(bad)
+            else:
+                refused.append(self._refuse(identity, peer, None, f"sent {type(msg).__name__} before any hello"))
+        self.identities = [joined[r] for r in range(self.world_size)]
         self._broadcast(encode(worker_config))
         ready = self._gather(WorkerReady, timeout_s, "weights loaded (WorkerReady)")
         self.num_kv_blocks = min(r.num_kv_blocks for r in ready.values())
@@ -164,6 +261,26 @@ class WorkerGroup:
         log.info(
             "%d worker(s) ready: %d KV blocks of %d bytes", self.world_size, self.num_kv_blocks, self.kv_block_bytes
         )
+
+    def _check_hello(self, identity: bytes, msg: WorkerHello) -> str:
+        """Why ``msg`` cannot join (a mismatch), or ''. Without a secret the start-up fails at once, naming it; with
+        one, an unauthenticated peer must not be able to end the start-up, so the worker is refused instead."""
+        if msg.protocol_version != PROTOCOL_VERSION:
+            why = (
+                f"protocol version mismatch: worker rank {msg.rank} speaks {msg.protocol_version}, "
+                f"coordinator speaks {PROTOCOL_VERSION}"
+            )
+        elif msg.world_size != self.world_size or not 0 <= msg.rank < self.world_size:
+            why = (
+                f"worker rank {msg.rank} joined a world of size {msg.world_size}; this coordinator expects "
+                f"tensor_parallel_size={self.world_size}"
+            )
+        else:
+            return ""
+        if not self.secret:
+            self.sock.send_multipart([identity, encode(Shutdown(why))])
+            raise RuntimeError(why)
+        return why
 
     # ---- steps -------------------------------------------------------------------------------------------
 
@@ -192,10 +309,10 @@ class WorkerGroup:
         deadline = time.monotonic() + self.step_timeout_s
         got = self._results.setdefault(step_id, {})
         while len(got) < self.world_size:
-            _, msg = self._recv(deadline, f"step {step_id}", set(range(self.world_size)) - set(got))
+            identity, msg, _ = self._recv(deadline, f"step {step_id}", set(range(self.world_size)) - set(got))
             if not isinstance(msg, StepResult):
                 raise EngineDeadError(f"protocol error: expected StepResult, got {type(msg).__name__}")
-            self._results.setdefault(msg.step_id, {})[msg.rank] = msg
+            self._results.setdefault(msg.step_id, {})[self._rank_of[identity]] = msg
         return self._results.pop(step_id)[0]
 
     def run_step(self, step: StepCommand) -> StepResult:
@@ -205,7 +322,7 @@ class WorkerGroup:
 
     def shutdown(self) -> None:
         if not self.sock.closed:
-            for identity in self.identities:
+            for identity in self._rank_of:  # every accepted worker, the start-up done or not
                 try:
                     self.sock.send_multipart([identity, encode(Shutdown("coordinator shutting down"))], zmq.NOBLOCK)
                 except zmq.ZMQError:

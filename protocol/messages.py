@@ -8,8 +8,9 @@ from protocol.codec import F32, I32, record
 from protocol.sampling_params import SamplingParams
 
 # 4: SamplingParams.logit_bias / prompt_logprobs, StepResult's prompt logprobs; 5: SamplingParams.truncate_prompt_tokens
-# 6: SamplingParams.structured_outputs, StepCommand's token masks; 7: StepMasks
-PROTOCOL_VERSION = 7
+# 6: SamplingParams.structured_outputs, StepCommand's token masks; 7: StepMasks; 8: worker authentication
+# (WorkerHello.nonce, AuthChallenge, AuthResponse)
+PROTOCOL_VERSION = 8
 
 
 # ---- coordinator <-> worker --------------------------------------------------------------------------
@@ -26,6 +27,26 @@ class WorkerHello:
     device: str
     pid: int
     hostname: str
+    nonce: bytes = b""  # random; the coordinator's proof that it holds the worker secret covers it
+
+
+@record(12)
+@dataclass(slots=True)
+class AuthChallenge:
+    """Coordinator -> worker, in answer to its hello when the coordinator has a worker secret: a fresh nonce, and
+    the coordinator's proof (protocol/worker_auth.py) that it holds the secret too."""
+
+    nonce: bytes
+    proof: bytes
+
+
+@record(13)
+@dataclass(slots=True)
+class AuthResponse:
+    """Worker -> coordinator: its proof over both nonces (empty: this worker has no secret)."""
+
+    rank: int
+    proof: bytes
 
 
 @record(2)

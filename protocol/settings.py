@@ -48,6 +48,8 @@ def _decode_tiles() -> tuple[int, ...] | None:
 class Settings:
     cache_dir: Path  # NANOSERVE_CACHE: where the embedded default model and benchmark checkpoints are written
     api_key: str | None  # NANOSERVE_API_KEY: the server's shared secret (clients send it, servers require it)
+    # NANOSERVE_WORKER_SECRET: what every worker proves it holds before it gets any work; unset: the API key
+    worker_secret: str | None
     address: str | None  # NANOSERVE_ADDRESS: the ZMQ address `python -m client` talks to
     step_trace: str | None  # NANOSERVE_STEP_TRACE: rank 0 writes each step's device and idle time to this file
     symm_mem: bool  # NANOSERVE_SYMM_MEM=0: every all-reduce through NCCL, no symmetric memory
@@ -74,6 +76,7 @@ def settings() -> Settings:
     return Settings(
         cache_dir=Path(_text("CACHE") or Path.home() / ".cache" / "nanoserve"),
         api_key=_text("API_KEY"),
+        worker_secret=_text("WORKER_SECRET") or _text("API_KEY"),
         address=_text("ADDRESS"),
         step_trace=_text("STEP_TRACE"),
         symm_mem=_switch("SYMM_MEM"),

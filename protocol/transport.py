@@ -14,7 +14,8 @@ LAST_WORDS_MS = 200  # how long a newly dropped connection's last message may tr
 
 class WatchedSocket:
     """A socket with heartbeats and a monitor that reports dropped connections, polled together; with
-    ``watch_handshakes``, ``connected`` turns true once a peer completes the ZMTP handshake."""
+    ``watch_handshakes``, ``connected`` turns true once a peer completes the ZMTP handshake. ``drops`` counts the
+    dropped connections (a ROUTER serving several peers checks which of them it was)."""
 
     def __init__(self, ctx: zmq.Context, kind: int, linger_ms: int, watch_handshakes: bool = False) -> None:
         self.sock = ctx.socket(kind)
@@ -25,6 +26,7 @@ class WatchedSocket:
         self.monitor = self.sock.get_monitor_socket(events)
         self.connected = False
         self.dropped = False
+        self.drops = 0
         self.poller = zmq.Poller()
         self.poller.register(self.sock, zmq.POLLIN)
         self.poller.register(self.monitor, zmq.POLLIN)
@@ -40,6 +42,7 @@ class WatchedSocket:
                 event = recv_monitor_message(self.monitor)["event"]
                 self.connected |= event == zmq.EVENT_HANDSHAKE_SUCCEEDED
                 self.dropped |= event == zmq.EVENT_DISCONNECTED
+                self.drops += event == zmq.EVENT_DISCONNECTED
         has_message = self.sock in ready
         if self.dropped and not was_dropped and not has_message:
             has_message = bool(self.sock.poll(LAST_WORDS_MS))

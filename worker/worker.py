@@ -7,6 +7,7 @@ import argparse
 import ctypes
 import gc
 import os
+import secrets
 import signal
 import socket
 import sys
@@ -20,6 +21,8 @@ from protocol.codec import ProtocolError, decode, encode
 from protocol.messages import (
     PROTOCOL_VERSION,
     AllocateKV,
+    AuthChallenge,
+    AuthResponse,
     Shutdown,
     StepCommand,
     StepMasks,
@@ -32,6 +35,7 @@ from protocol.messages import (
 )
 from protocol.settings import distributed_env, settings
 from protocol.transport import WatchedSocket
+from protocol.worker_auth import coordinator_proof, matches, new_nonce, worker_proof
 
 POLL_MS = 1000
 
@@ -53,6 +57,10 @@ class CoordinatorUnreachable(Exception):
     pass
 
 
+class Refused(Exception):
+    """The start-up failed authentication (either side) or the coordinator refused this worker."""
+
+
 class Worker:
     def __init__(
         self,
@@ -62,14 +70,16 @@ class Worker:
         local_rank: int,
         parent_pid: int,
         connect_timeout_s: float = 60.0,
+        secret: str | None = None,
     ) -> None:
         self.rank, self.world_size, self.local_rank, self.parent_pid = rank, world_size, local_rank, parent_pid
-        self.address, self.connect_timeout_s = address, connect_timeout_s
+        self.address, self.connect_timeout_s, self.secret = address, connect_timeout_s, secret
         self.ctx = zmq.Context()
         # losing the coordinator's connection (it died, or its host did) ends this worker: no orphan holds a GPU
         self.channel = WatchedSocket(self.ctx, zmq.DEALER, linger_ms=1000, watch_handshakes=True)
         self.sock = self.channel.sock
-        self.sock.setsockopt(zmq.IDENTITY, f"rank{rank}".encode())
+        # a random identity: a peer that connected first under a guessable name could lock this worker out
+        self.sock.setsockopt(zmq.IDENTITY, f"rank{rank}-{secrets.token_hex(8)}".encode())
         self.sock.connect(address)
         self.runner = None
         self.trace = None  # per-step device timing, NANOSERVE_STEP_TRACE=path
@@ -77,16 +87,24 @@ class Worker:
     def send(self, msg) -> None:
         self.sock.send(encode(msg))
 
-    def recv(self):
-        """Next message; while waiting, notice a dead parent (spawned workers) or coordinator."""
+    def recv(self, wait: bool = True):
+        """Next message; while waiting, notice a dead parent (spawned workers) or coordinator. Without ``wait``,
+        None when no message is there (a coordinator's liveness probe, an empty frame, is skipped)."""
         while True:
-            has_message, dropped = self.channel.poll(POLL_MS)
+            has_message, dropped = self.channel.poll(POLL_MS if wait else 0)
             if has_message:  # before the disconnect: a coordinator's last words are its Shutdown
-                return decode(self.sock.recv())
+                data = self.sock.recv()
+                if data:
+                    return decode(data)
+                if not wait:
+                    return None
+                continue
             if dropped:
                 raise CoordinatorGone("lost the connection to the coordinator")
             if self.parent_pid and os.getppid() != self.parent_pid:
                 raise CoordinatorGone("parent process exited")
+            if not wait:
+                return None
 
     def wait_for_coordinator(self) -> None:
         """Until a coordinator completes the handshake; says where it waits, gives up after connect_timeout_s."""
@@ -110,10 +128,14 @@ class Worker:
     def run(self) -> int:
         import torch
 
-        self.send(WorkerHello(PROTOCOL_VERSION, self.rank, self.world_size, "", os.getpid(), socket.gethostname()))
+        nonce = new_nonce()
+        host = socket.gethostname()
+        self.send(WorkerHello(PROTOCOL_VERSION, self.rank, self.world_size, "", os.getpid(), host, nonce))
         self.wait_for_coordinator()
-        cfg = self.recv()
+        cfg = self._authenticate(self.recv(), nonce)
         if isinstance(cfg, Shutdown):
+            if cfg.reason.startswith("refused"):
+                raise Refused(cfg.reason)
             return 1
         if not isinstance(cfg, WorkerConfig):
             raise ProtocolError(f"expected WorkerConfig, got {type(cfg).__name__}")
@@ -154,6 +176,28 @@ class Worker:
         self.send(WorkerAck(self.rank, "kv_allocated"))
         return self.step_loop()
 
+    def _authenticate(self, msg, nonce: bytes):
+        """The coordinator's first answer, once both sides have proved they hold the secret (where this worker has
+        one); the message after that. Nothing from a coordinator that cannot prove it is ever acted on."""
+        if isinstance(msg, AuthChallenge):
+            if not self.secret:
+                self.send(AuthResponse(self.rank, b""))  # so the coordinator's log says why it refuses us
+                raise Refused(
+                    f"the coordinator at {self.address} requires a worker secret: set NANOSERVE_WORKER_SECRET (or "
+                    "NANOSERVE_API_KEY) in this worker's environment"
+                )
+            expected = coordinator_proof(self.secret, nonce, msg.nonce, self.rank, self.world_size)
+            if not matches(expected, msg.proof):
+                raise Refused(f"the coordinator at {self.address} does not hold this worker's secret")
+            self.send(AuthResponse(self.rank, worker_proof(self.secret, nonce, msg.nonce, self.rank, self.world_size)))
+            return self.recv()
+        if self.secret and not isinstance(msg, Shutdown):
+            raise Refused(
+                f"the coordinator at {self.address} did not prove it holds the worker secret (it has none, or an "
+                "older version): refusing its work"
+            )
+        return msg
+
     def step_loop(self) -> int:
         """Launch each step as soon as it arrives and report each step's tokens as soon as its device work is
         done (the device never waits on this loop). Finished steps are reported before the next command is
@@ -178,7 +222,9 @@ class Worker:
                 awaiting = self._launch(queued.popleft(), in_flight)
             if in_flight and not self.sock.poll(0):
                 continue  # spin: a CUDA step takes milliseconds and we want to report it at once
-            msg = self.recv()
+            msg = self.recv(wait=not in_flight)
+            if msg is None:
+                continue
             if isinstance(msg, StepCommand):
                 if awaiting is None:
                     awaiting = self._launch(msg, in_flight)
@@ -274,13 +320,14 @@ def main(argv: list[str] | None = None) -> int:
         _die_with_parent()
         if os.getppid() != args.parent_pid:
             return 1
-    worker = Worker(args.coordinator, rank, world, local, args.parent_pid, args.connect_timeout)
+    secret = settings().worker_secret  # from the environment only: argv is readable by any local user
+    worker = Worker(args.coordinator, rank, world, local, args.parent_pid, args.connect_timeout, secret)
     code = 1
     try:
         code = worker.run()
     except CoordinatorGone:
         code = 1
-    except CoordinatorUnreachable as e:
+    except (CoordinatorUnreachable, Refused) as e:
         print(f"worker rank {rank}: error: {e}", file=sys.stderr)
         code = 1
     except KeyboardInterrupt:
