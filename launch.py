@@ -79,6 +79,20 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-pending-requests", type=int, default=4096, help="past this, requests are refused (default 4096)"
     )
     s.add_argument(
+        "--max-pending-per-client",
+        type=int,
+        default=None,
+        help="past this many pending requests of one client (a ZMQ connection, or an HTTP user), its further "
+        "requests are refused (default 1024, at most --max-pending-requests)",
+    )
+    s.add_argument(
+        "--client-heartbeat-timeout",
+        type=float,
+        default=10.0,
+        help="seconds a ZMQ client with requests pending may send nothing (clients send a keep-alive every "
+        "second) before its requests are aborted (default 10; 0 = never)",
+    )
+    s.add_argument(
         "--max-message-bytes", type=int, default=8 << 20, help="larger client frames are refused (default 8 MiB)"
     )
     add_log_level_flag(s)
@@ -217,7 +231,15 @@ def main(argv: list[str] | None = None) -> int:
             )
             return 1
         try:
-            server = Server(args.host, args.port, args.token, args.max_pending_requests, args.max_message_bytes)
+            server = Server(
+                args.host,
+                args.port,
+                args.token,
+                args.max_pending_requests,
+                args.max_message_bytes,
+                max_pending_per_client=args.max_pending_per_client,
+                client_heartbeat_timeout_s=args.client_heartbeat_timeout,
+            )
             if args.http_port is not None:
                 http_sock = _bind_http(args.host, args.http_port)
         except (OSError, ValueError) as e:

@@ -1,14 +1,16 @@
 """asyncio client for a running nanoserve server: one receiver task dispatches replies to per-request queues, so
-any number of requests (from any number of tasks) can be in flight. See client/client.py for the protocol."""
+any number of requests (from any number of tasks) can be in flight, and a keep-alive task tells the server the
+client is alive while they are. See client/client.py for the protocol."""
 
 from __future__ import annotations
 
 import asyncio
+import time
 
 import zmq.asyncio
 
 from client.base import DEFAULT_ADDRESS, _as_dict, _Base, chat_prompt
-from client.liveness import DEFAULT_CONNECT_TIMEOUT_S
+from client.liveness import DEFAULT_CONNECT_TIMEOUT_S, KEEPALIVE_S
 from client.replies import Accumulator, StreamState, decode_reply, raise_error
 from protocol.client_messages import Abort, Delta, Error, Health, Info, Stats
 from protocol.outputs import Completion
@@ -34,12 +36,15 @@ class AsyncClient(_Base):
         self._queues: dict[str, asyncio.Queue] = {}
         self._receiver: asyncio.Task | None = None
         self._watcher: asyncio.Task | None = None
+        self._keepalive: asyncio.Task | None = None
 
     # ---- plumbing --------------------------------------------------------------------------------------------
 
     def _ensure_receiver(self) -> None:
         if self._receiver is None or self._receiver.done():
             self._receiver = asyncio.get_running_loop().create_task(self._receive_loop())
+        if self._keepalive is None or self._keepalive.done():
+            self._keepalive = asyncio.get_running_loop().create_task(self._keepalive_loop())
         if self._watch.monitor is not None and (self._watcher is None or self._watcher.done()):
             self._watcher = asyncio.get_running_loop().create_task(self._watch_loop())
 
@@ -55,6 +60,16 @@ class AsyncClient(_Base):
                 for q in self._queues.values():
                     if q.empty():
                         q.put_nowait(err)
+
+    async def _keepalive_loop(self) -> None:
+        """A KeepAlive every second while requests are in flight, read or not (the server aborts the requests of a
+        client silent for its heartbeat timeout)."""
+        while True:
+            await asyncio.sleep(KEEPALIVE_S)
+            if self._queues and not self._sock.closed:
+                data = self._keepalive_frame()
+                if data is not None:
+                    self._send_now(data)
 
     async def _receive_loop(self) -> None:
         try:
@@ -77,6 +92,7 @@ class AsyncClient(_Base):
         """Send without awaiting (ordered with other sends; usable from sync code running in the loop)."""
         fut = self._sock.send(data)
         fut.add_done_callback(lambda f: f.cancelled() or f.exception())
+        self._last_sent = time.monotonic()
 
     def _open(self, msg) -> tuple[str, asyncio.Queue]:
         data = self._encode(msg)  # a refused message leaves no queue behind
@@ -119,8 +135,9 @@ class AsyncClient(_Base):
 
     # ---- API -------------------------------------------------------------------------------------------------
 
-    async def generate(self, prompt, params: SamplingParams | None = None) -> Completion:
-        rid, q = self._open(self._generate_request(prompt, params, False))
+    async def generate(self, prompt, params: SamplingParams | None = None, client: str = "") -> Completion:
+        """As ``Client.generate`` (``client``: whom the request is for, for the per-client pending limit)."""
+        rid, q = self._open(self._generate_request(prompt, params, False, client))
         try:
             reply = await self._next(rid, q)
         except BaseException:  # CancelledError included: the request must not run on without a reader
@@ -131,9 +148,9 @@ class AsyncClient(_Base):
             raise_error(reply)
         return Accumulator(rid).add(reply)
 
-    async def generate_many(self, prompts: list, params=None) -> list[Completion]:
+    async def generate_many(self, prompts: list, params=None, client: str = "") -> list[Completion]:
         """Completions in input order; every request is sent at once."""
-        msgs, opened, out = self._generate_requests(prompts, params), [], []
+        msgs, opened, out = self._generate_requests(prompts, params, client), [], []
         try:
             for m in msgs:  # one refused (e.g. too large) aborts those already sent
                 opened.append(self._open(m))
@@ -149,10 +166,10 @@ class AsyncClient(_Base):
             raise
         return out
 
-    def stream(self, prompt, params: SamplingParams | None = None) -> AsyncStream:
+    def stream(self, prompt, params: SamplingParams | None = None, client: str = "") -> AsyncStream:
         """Send the request now (call from a running event loop); ``async for`` over the result. ``prompt`` may
         be a ``chat_prompt(messages)``."""
-        rid, q = self._open(self._generate_request(prompt, params, True))
+        rid, q = self._open(self._generate_request(prompt, params, True, client))
         return AsyncStream(self, rid, q)
 
     async def chat(self, messages: list[dict], params: SamplingParams | None = None, chat_template_kwargs=None):
@@ -177,6 +194,7 @@ class AsyncClient(_Base):
         """As ``Client.abort``."""
         self._ensure_receiver()
         await self._sock.send(self._encode(self._control(Abort, request_id)))
+        self._last_sent = time.monotonic()
 
     async def health(self) -> dict:
         return await self._call(Health)
@@ -189,7 +207,7 @@ class AsyncClient(_Base):
         return await self._call(Stats)
 
     def close(self) -> None:
-        for task in (self._receiver, self._watcher):
+        for task in (self._receiver, self._watcher, self._keepalive):
             if task is not None and not task.done():
                 task.cancel()
         if not self._sock.closed:
@@ -198,7 +216,7 @@ class AsyncClient(_Base):
             self._ctx.term()
 
     async def aclose(self) -> None:
-        for task in (self._receiver, self._watcher):
+        for task in (self._receiver, self._watcher, self._keepalive):
             if task is not None and not task.done():
                 task.cancel()
                 try:

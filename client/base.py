@@ -6,18 +6,20 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import time
 import uuid
 from collections.abc import Sequence as _Seq
 
 import zmq
 
-from client.liveness import ConnectionWatch, enable_heartbeats
+from client.liveness import KEEPALIVE_S, ConnectionWatch, enable_heartbeats
 from protocol.client_messages import (
     CLIENT_PROTOCOL_VERSION,
     DEFAULT_MAX_MESSAGE_BYTES,
     ChatPrompt,
     Detokenize,
     Generate,
+    KeepAlive,
     Tokenize,
 )
 from protocol.codec import encode
@@ -38,11 +40,15 @@ def _prompt(prompt) -> str | list[int] | ChatPrompt:
     raise RequestError(f"prompt must be a string or a list of token ids, got {type(prompt).__name__}")
 
 
-def _generate_msg(request_id: str, token: str | None, prompt, params: SamplingParams | None, stream: bool):
+def _generate_msg(
+    request_id: str, token: str | None, prompt, params: SamplingParams | None, stream: bool, client: str = ""
+):
     p = params or SamplingParams()
     if not isinstance(p, SamplingParams):
         raise RequestError(f"params must be a SamplingParams, got {type(p).__name__}")
-    return Generate(CLIENT_PROTOCOL_VERSION, request_id, token, _prompt(prompt), stream, p)
+    if not isinstance(client, str):
+        raise RequestError(f"client must be a string, got {type(client).__name__}")
+    return Generate(CLIENT_PROTOCOL_VERSION, request_id, token, _prompt(prompt), stream, p, client)
 
 
 def chat_prompt(
@@ -118,6 +124,7 @@ class _Base:
         self.address, self.timeout = address, timeout
         self._ctx = ctx
         self._sock, self._watch = self._socket(ctx, address, connect_timeout)
+        self._last_sent = 0.0  # time.monotonic() of the last frame sent: any frame keeps the requests alive
 
     def _encode(self, msg) -> bytes:
         """The message's frame; MessageTooLargeError (a RequestError) when the server would refuse its size."""
@@ -138,13 +145,19 @@ class _Base:
     def _control(self, cls, rid: str):
         return cls(CLIENT_PROTOCOL_VERSION, rid, self.token)
 
-    def _generate_request(self, prompt, params: SamplingParams | None, stream: bool) -> Generate:
-        return _generate_msg(self._new_id(), self.token, prompt, params, stream)
+    def _keepalive_frame(self) -> bytes | None:
+        """A KeepAlive to send now (a second since the last frame sent), or None."""
+        if time.monotonic() - self._last_sent < KEEPALIVE_S:
+            return None
+        return encode(KeepAlive(CLIENT_PROTOCOL_VERSION, "keepalive", self.token))
 
-    def _generate_requests(self, prompts, params) -> list[Generate]:
+    def _generate_request(self, prompt, params: SamplingParams | None, stream: bool, client: str = "") -> Generate:
+        return _generate_msg(self._new_id(), self.token, prompt, params, stream, client)
+
+    def _generate_requests(self, prompts, params, client: str = "") -> list[Generate]:
         """Not streamed, in LLM.generate's shapes: one prompt or a list; one SamplingParams (or None) or one each."""
         prompts = _prompts_list(prompts)
-        return [self._generate_request(p, sp, False) for p, sp in zip(prompts, _params_list(prompts, params))]
+        return [self._generate_request(p, sp, False, client) for p, sp in zip(prompts, _params_list(prompts, params))]
 
     def _tokenize_request(self, prompt, add_special_tokens: bool, return_token_strs: bool = False) -> Tokenize:
         if not isinstance(prompt, str):  # a conversation (list of messages)

@@ -12,17 +12,24 @@ a request aborts the request on the server, which frees its KV blocks. Errors co
 ``RequestError`` (the message names the field; ``MessageTooLargeError`` for a request over the server's
 ``--max-message-bytes``, refused before it is sent), ``EngineDeadError``, ``OverloadedError``, ``ProtocolError``,
 and the built-in ``TimeoutError`` for a client-side timeout. Neither client is thread-safe: use one per thread.
+
+While requests are in flight, a client sends the server a KeepAlive every second (``Client`` from a thread of its
+own, so a caller that does not read for a while keeps its requests): the server aborts the requests of a client
+silent for its ``--client-heartbeat-timeout``. ``client=`` labels requests for the server's per-client pending limit
+(``--max-pending-per-client``), which counts per connection and label: a front-end serving many users over one
+connection names each user.
 """
 
 from __future__ import annotations
 
 import collections
+import threading
 import time
 
 import zmq
 
 from client.base import DEFAULT_ADDRESS, _as_dict, _Base, chat_prompt
-from client.liveness import DEFAULT_CONNECT_TIMEOUT_S
+from client.liveness import DEFAULT_CONNECT_TIMEOUT_S, start_keepalive_thread
 from client.replies import Accumulator, StreamState, decode_reply, raise_error
 from protocol.client_messages import Abort, Delta, Error, Health, Info, Stats
 from protocol.outputs import Completion
@@ -54,13 +61,38 @@ class Client(_Base):
     ):
         super().__init__(zmq.Context(), address, token, timeout, connect_timeout, max_message_bytes)
         self._inbox: dict[str, collections.deque] = {}  # replies of the requests in flight
+        # the socket is used from the caller's thread and the keep-alive thread, one at a time; reentrant, since a
+        # stream dropped (garbage collected) while the caller's thread holds it sends its abort then
+        self._lock = threading.RLock()
+        self._keepalive_stop = threading.Event()
+        self._keepalive: threading.Thread | None = None
 
     # ---- plumbing --------------------------------------------------------------------------------------------
 
-    def _send(self, msg) -> None:
-        self._sock.send(self._encode(msg))
+    def _send(self, msg, flags: int = 0) -> None:
+        data = self._encode(msg)
+        with self._lock:
+            self._sock.send(data, flags)
+            self._last_sent = time.monotonic()
+
+    def _beat(self) -> None:
+        """The keep-alive thread's turn: a KeepAlive while requests are in flight. Skipped while the caller's thread
+        holds the socket (it is then waiting for a reply in ``_next``, which sends them itself)."""
+        if not self._inbox or not self._lock.acquire(blocking=False):
+            return
+        try:
+            data = None if self._sock.closed else self._keepalive_frame()
+            if data is not None:
+                self._sock.send(data, zmq.NOBLOCK)
+                self._last_sent = time.monotonic()
+        except zmq.ZMQError:
+            pass
+        finally:
+            self._lock.release()
 
     def _open(self, msg) -> str:
+        if self._keepalive is None:
+            self._keepalive = start_keepalive_thread(self, Client._beat, self._keepalive_stop)
         self._inbox[msg.request_id] = collections.deque()
         try:
             self._send(msg)
@@ -76,8 +108,14 @@ class Client(_Base):
             deadline = time.monotonic() + self.timeout
         while not q:
             wait = _POLL_MS if deadline is None else min(_POLL_MS, max(0, int((deadline - time.monotonic()) * 1000)))
-            if self._sock.poll(wait):
-                self._dispatch(self._sock.recv())
+            with self._lock:
+                data = self._sock.recv() if self._sock.poll(wait) else None
+                keepalive = self._keepalive_frame()
+                if keepalive is not None:
+                    self._sock.send(keepalive)
+                    self._last_sent = time.monotonic()
+            if data is not None:
+                self._dispatch(data)
                 continue
             if deadline is not None and time.monotonic() >= deadline:
                 raise TimeoutError(f"no reply from {self.address} within {self.timeout} s (request {rid})")
@@ -95,7 +133,7 @@ class Client(_Base):
     def _abort_quietly(self, rid: str) -> None:
         if self._inbox.pop(rid, None) is not None and not self._sock.closed:
             try:
-                self._sock.send(self._encode(self._control(Abort, rid)), zmq.NOBLOCK)
+                self._send(self._control(Abort, rid), zmq.NOBLOCK)
             except zmq.ZMQError:
                 pass
 
@@ -114,9 +152,10 @@ class Client(_Base):
 
     # ---- API -------------------------------------------------------------------------------------------------
 
-    def generate(self, prompt, params: SamplingParams | None = None) -> Completion:
-        """One completion (the server sends it whole when it is finished)."""
-        rid = self._open(self._generate_request(prompt, params, False))
+    def generate(self, prompt, params: SamplingParams | None = None, client: str = "") -> Completion:
+        """One completion (the server sends it whole when it is finished). ``client``: whom the request is for,
+        within this connection (the per-client pending limit counts per connection and label)."""
+        rid = self._open(self._generate_request(prompt, params, False, client))
         try:
             reply = self._next(rid)
         except BaseException:
@@ -127,9 +166,9 @@ class Client(_Base):
             raise_error(reply)
         return Accumulator(rid).add(reply)
 
-    def generate_many(self, prompts: list, params=None) -> list[Completion]:
+    def generate_many(self, prompts: list, params=None, client: str = "") -> list[Completion]:
         """Completions in input order; every request is sent before the first reply is awaited."""
-        msgs, rids, out = self._generate_requests(prompts, params), [], []
+        msgs, rids, out = self._generate_requests(prompts, params, client), [], []
         try:
             for m in msgs:  # one refused (e.g. too large) aborts those already sent
                 rids.append(self._open(m))
@@ -145,9 +184,9 @@ class Client(_Base):
             raise
         return out
 
-    def stream(self, prompt, params: SamplingParams | None = None) -> Stream:
+    def stream(self, prompt, params: SamplingParams | None = None, client: str = "") -> Stream:
         """Send the request now; iterate the result for its deltas (the last has ``finish_reason`` set)."""
-        rid = self._open(self._generate_request(prompt, params, True))
+        rid = self._open(self._generate_request(prompt, params, True, client))
         return Stream(self, rid)
 
     def chat(self, messages: list[dict], params: SamplingParams | None = None, chat_template_kwargs=None):
@@ -187,10 +226,12 @@ class Client(_Base):
         return self._call(Stats)
 
     def close(self) -> None:
-        if not self._sock.closed:
-            self._watch.close()
-            self._sock.close()
-            self._ctx.term()
+        self._keepalive_stop.set()
+        with self._lock:
+            if not self._sock.closed:
+                self._watch.close()
+                self._sock.close()
+                self._ctx.term()
 
     def __enter__(self) -> Client:
         return self

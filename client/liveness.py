@@ -1,11 +1,17 @@
-"""Whether a client socket has a live connection to its server, so that a call fails (ConnectionError naming the
-address) when there is no server or it died, instead of waiting forever, while a long generation on a live
-connection is never cut. ZMTP heartbeats (answered by ZMQ's I/O threads on both sides) drop a silent peer; the
-socket's monitor reports handshakes and drops."""
+"""Liveness both ways. The client's side: whether its socket has a live connection to its server, so that a call
+fails (ConnectionError naming the address) when there is no server or it died, instead of waiting forever, while a
+long generation on a live connection is never cut. ZMTP heartbeats (answered by ZMQ's I/O threads on both sides)
+drop a silent peer; the socket's monitor reports handshakes and drops. The server's side: while a client has
+requests in flight it sends a KeepAlive every ``KEEPALIVE_S`` (the blocking client from a thread of its own, so
+that a caller busy elsewhere, not reading, still counts as alive); the server aborts the requests of a connection
+silent for its heartbeat timeout, since ZMQ does not tell it which connection dropped."""
 
 from __future__ import annotations
 
+import threading
 import time
+import weakref
+from collections.abc import Callable
 
 import zmq
 from zmq.utils.monitor import parse_monitor_message
@@ -13,6 +19,7 @@ from zmq.utils.monitor import parse_monitor_message
 HEARTBEAT_IVL_MS = 1000
 HEARTBEAT_TIMEOUT_MS = 3000
 DEFAULT_CONNECT_TIMEOUT_S = 10.0
+KEEPALIVE_S = 1.0  # the server's heartbeat timeout (default 10 s, at least 3) spans several of these
 _EVENTS = zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED
 
 
@@ -57,3 +64,21 @@ class ConnectionWatch:
             if not self.sock.closed:
                 self.sock.disable_monitor()
             self.monitor.close(linger=0)
+
+
+def start_keepalive_thread(owner: object, beat: Callable[[object], None], stop: threading.Event) -> threading.Thread:
+    """A daemon thread that calls ``beat(owner)`` every KEEPALIVE_S until ``stop`` is set or ``owner`` is garbage
+    (it holds only a weak reference, so a client dropped without ``close()`` is still collected)."""
+    ref = weakref.ref(owner)
+
+    def run() -> None:
+        while not stop.wait(KEEPALIVE_S):
+            obj = ref()
+            if obj is None:
+                return
+            beat(obj)
+            del obj
+
+    thread = threading.Thread(target=run, name="nanoserve-keepalive", daemon=True)
+    thread.start()
+    return thread

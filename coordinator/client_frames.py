@@ -20,12 +20,14 @@ from protocol.client_messages import (
     PROTOCOL,
     REQUEST_ERROR,
     Error,
+    Generate,
 )
 from protocol.codec import InvalidValue, ProtocolError, decode
 
 log = logging.getLogger("nanoserve.server")
 
 MAX_REQUEST_ID_LEN = 256
+MAX_CLIENT_LABEL_LEN = 256  # Generate.client: a key of the server's per-client counts
 
 
 @dataclass(slots=True)
@@ -72,6 +74,10 @@ def read_frame(frames: list[bytes], secret: bytes | None) -> Frame:
     if not rid or len(rid) > MAX_REQUEST_ID_LEN:
         return Frame(
             identity, error=Error(rid[:MAX_REQUEST_ID_LEN], REQUEST_ERROR, "request_id must be 1-256 characters")
+        )
+    if isinstance(msg, Generate) and len(msg.client) > MAX_CLIENT_LABEL_LEN:
+        return Frame(
+            identity, error=Error(rid, REQUEST_ERROR, f"client must be at most {MAX_CLIENT_LABEL_LEN} characters")
         )
     return Frame(identity, request=msg)
 

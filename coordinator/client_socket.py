@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+import time
 
 import zmq
 
@@ -48,6 +49,9 @@ class ClientSocket:
             raise OSError(f"cannot listen on {endpoint}: {e}") from None
         self.address = self.sock.getsockopt_string(zmq.LAST_ENDPOINT)
         self.port = int(self.address.rsplit(":", 1)[1])
+        # when a receive last found nothing waiting: every frame sent before then has been read, so a client
+        # silent since long before it is silent indeed, however long the loop itself was busy
+        self.emptied_at = time.monotonic()
 
     def poll(self, timeout_ms: int) -> None:
         """Wait up to ``timeout_ms`` for a frame; returns early on a signal too."""
@@ -61,6 +65,7 @@ class ClientSocket:
         try:
             return self.sock.recv_multipart(zmq.NOBLOCK)
         except zmq.Again:
+            self.emptied_at = time.monotonic()
             return None
         except zmq.ZMQError as e:  # e.g. interrupted by a signal
             if e.errno != zmq.EINTR:

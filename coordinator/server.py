@@ -49,6 +49,7 @@ from protocol.client_messages import (
     HealthReply,
     Info,
     InfoReply,
+    KeepAlive,
     PromptTokenLogprobs,
     Stats,
     Tokenize,
@@ -65,6 +66,9 @@ log = logging.getLogger("nanoserve.server")
 
 IDLE_POLL_MS = 50
 HEALTH_CHECK_S = 1.0
+CLIENT_CHECK_S = 1.0  # how often the connections' silence is checked (not every step: it walks them all)
+DEFAULT_MAX_PENDING_PER_CLIENT = 1024  # W1's 256 at once, 4x over; a quarter of the default 4,096 pending
+DEFAULT_CLIENT_HEARTBEAT_TIMEOUT_S = 10.0  # clients send a KeepAlive a second: ten missed on a loaded host
 
 
 class Server:
@@ -80,6 +84,8 @@ class Server:
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
         send_hwm: int = 100_000,
         max_drain: int = 4096,
+        max_pending_per_client: int | None = None,
+        client_heartbeat_timeout_s: float = DEFAULT_CLIENT_HEARTBEAT_TIMEOUT_S,
     ) -> None:
         if not is_loopback(host) and not token:
             raise ValueError(f"binding the non-loopback host {host!r} needs a shared-secret token (--token)")
@@ -87,6 +93,15 @@ class Server:
             raise ValueError("max_pending_requests must be >= 1")
         self.token = token.encode() if token else None
         self.max_pending_requests = max_pending_requests
+        if max_pending_per_client is None:
+            max_pending_per_client = min(DEFAULT_MAX_PENDING_PER_CLIENT, max_pending_requests)
+        if max_pending_per_client < 1:
+            raise ValueError("max_pending_per_client must be >= 1")
+        if client_heartbeat_timeout_s and client_heartbeat_timeout_s < 3:  # clients send one a second
+            raise ValueError("client_heartbeat_timeout_s must be 0 (never) or >= 3 seconds")
+        self.max_pending_per_client = max_pending_per_client
+        self.client_heartbeat_timeout_s = client_heartbeat_timeout_s
+        self._clients_checked = time.monotonic()
         self.max_drain = max_drain
         self.max_message_bytes = max_message_bytes  # told to clients (Info), which refuse larger requests
         self.socket = ClientSocket(host, port, max_message_bytes, send_hwm)
@@ -120,6 +135,7 @@ class Server:
             if not (self.healthy and engine.has_unfinished):
                 self.socket.poll(IDLE_POLL_MS)
             self._drain()
+            self._check_clients()
             if self._stopping:
                 break
             if self.healthy and engine.has_unfinished:
@@ -212,6 +228,26 @@ class Server:
         except Exception:
             log.exception("error stopping the workers")
 
+    def _check_clients(self) -> None:
+        """Abort the requests of connections silent for the heartbeat timeout (a client that died or whose host is
+        gone: ZMQ does not say which connection dropped). Silence counts up to the last time the socket was found
+        empty, so a loop that was busy for a while mistakes no live client for a silent one."""
+        now = time.monotonic()
+        if not self.client_heartbeat_timeout_s or now - self._clients_checked < CLIENT_CHECK_S:
+            return
+        self._clients_checked = now
+        emptied = self.socket.emptied_at
+        for identity, last_seen, reqs in self.requests.silent_since(emptied - self.client_heartbeat_timeout_s):
+            log.warning(
+                "client %s sent nothing for %.0f s: aborting its %d request(s)",
+                identity.hex()[:16],
+                emptied - last_seen,
+                len(reqs),
+            )
+            self.stats.requests_aborted_client_silent += len(reqs)
+            for req in reqs:
+                self._end(req)
+
     def _check_health(self) -> None:
         try:
             self.engine.health()
@@ -223,6 +259,8 @@ class Server:
     def _handle(self, frames: list[bytes]) -> None:
         frame = read_frame(frames, self.token)
         identity, msg = frame.identity, frame.request
+        if msg is not None:  # any request is a sign of life
+            self.requests.seen(identity, time.monotonic())
         if frame.drop is not None:
             self.stats.frames_dropped += 1
             self._warn("dropping a frame from client %s: %s", identity.hex()[:16], frame.drop)
@@ -236,6 +274,8 @@ class Server:
             req = self.requests.find(identity, msg.request_id)
             if req is not None:  # else finished already, or never existed: nothing to free
                 self._end(req)
+        elif isinstance(msg, KeepAlive):
+            pass  # never answered: it only keeps the connection's requests alive
         elif isinstance(msg, Health):
             if self.healthy:
                 self._check_health()
@@ -243,10 +283,19 @@ class Server:
             self._send(identity, reply)
         elif isinstance(msg, Info):
             info = self.engine.info()
-            reply = InfoReply(msg.request_id, CLIENT_PROTOCOL_VERSION, **info, max_message_bytes=self.max_message_bytes)
+            reply = InfoReply(
+                msg.request_id,
+                CLIENT_PROTOCOL_VERSION,
+                **info,
+                max_message_bytes=self.max_message_bytes,
+                max_pending_per_client=self.max_pending_per_client,
+                client_heartbeat_timeout_s=self.client_heartbeat_timeout_s,
+            )
             self._send(identity, reply)
         elif isinstance(msg, Stats):
-            reply = self.stats.reply(msg.request_id, self.engine.stats(), self.healthy, len(self.requests))
+            reply = self.stats.reply(
+                msg.request_id, self.engine.stats(), self.healthy, len(self.requests), self.requests.clients
+            )
             self._send(identity, reply)
         else:  # Tokenize / Detokenize: answered by the engine's tokenizer on the spot
             try:
@@ -270,6 +319,18 @@ class Server:
         if len(self.requests) >= self.max_pending_requests:
             self._error(identity, rid, OVERLOADED, f"overloaded: {len(self.requests)} requests pending; retry later")
             return
+        if self.requests.pending_of(identity, msg.client) >= self.max_pending_per_client:
+            self.stats.requests_rejected_per_client += 1
+            limit = self.max_pending_per_client
+            who = f"client {msg.client!r}" if msg.client else "this client"
+            self._error(
+                identity,
+                rid,
+                OVERLOADED,
+                f"overloaded: {who} has {limit} requests pending, the per-client limit "
+                f"(--max-pending-per-client {limit}); retry later",
+            )
+            return
         engine_id = self.requests.new_engine_id()
         try:
             self.engine.add_request(msg.prompt, msg.params, engine_id, stream=msg.stream)  # validated when decoded
@@ -280,4 +341,4 @@ class Server:
             log.warning("request %r rejected: %s: %s", rid, type(e).__name__, e)
             self._error(identity, rid, REQUEST_ERROR, f"invalid request: {type(e).__name__}: {e}")
             return
-        self.requests.add(identity, rid, engine_id)
+        self.requests.add(identity, rid, engine_id, msg.client)

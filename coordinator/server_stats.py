@@ -1,6 +1,6 @@
-"""The client endpoint's own counters (requests finished, aborted and rejected; frames and replies dropped), the
-output tokens per second over its last few seconds of steps, and the ``StatsReply`` that joins them to the
-engine's stats."""
+"""The client endpoint's own counters (requests finished, aborted and rejected, per-client refusals and aborts of
+silent clients; frames and replies dropped), the output tokens per second over its last few seconds of steps, and
+the ``StatsReply`` that joins them to the engine's stats."""
 
 from __future__ import annotations
 
@@ -17,6 +17,8 @@ class ServerStats:
         self.requests_finished = 0
         self.requests_aborted = 0
         self.requests_rejected = 0
+        self.requests_rejected_per_client = 0  # of requests_rejected: the client was at its own limit
+        self.requests_aborted_client_silent = 0  # of requests_aborted: their connection fell silent
         self.frames_dropped = 0
         self.replies_dropped = 0
         self._rate: collections.deque[tuple[float, int]] = collections.deque()  # (time, tokens) per step
@@ -36,7 +38,7 @@ class ServerStats:
         while self._rate and self._rate[0][0] < now - RATE_WINDOW_S:
             self._rate.popleft()
 
-    def reply(self, rid: str, s: dict, healthy: bool, pending: int) -> StatsReply:
+    def reply(self, rid: str, s: dict, healthy: bool, pending: int, clients: int = 0) -> StatsReply:
         """The Stats answer from the engine's ``stats()`` dict ``s`` and this endpoint's state."""
         now = time.monotonic()
         window = min(RATE_WINDOW_S, max(now - self._started, 1e-3))
@@ -64,4 +66,7 @@ class ServerStats:
             requests_rejected=self.requests_rejected,
             frames_dropped=self.frames_dropped,
             replies_dropped=self.replies_dropped,
+            clients_pending=clients,
+            requests_rejected_per_client=self.requests_rejected_per_client,
+            requests_aborted_client_silent=self.requests_aborted_client_silent,
         )

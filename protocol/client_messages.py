@@ -16,16 +16,19 @@ from protocol.sampling_params import SamplingParams
 
 # 4: Tokenize/Detokenize, ChatPrompt prompts, InfoReply.generation_defaults; 5: logit_bias, prompt_logprobs;
 # 6: InfoReply.max_message_bytes; 7: Tokenize.return_token_strs; 8: Delta.num_prompt_tokens;
-# 9: SamplingParams.truncate_prompt_tokens; 10: SamplingParams.structured_outputs
-CLIENT_PROTOCOL_VERSION = 10
+# 9: SamplingParams.truncate_prompt_tokens; 10: SamplingParams.structured_outputs; 11: Generate.client, KeepAlive,
+# InfoReply's per-client limits, StatsReply's per-client counters
+CLIENT_PROTOCOL_VERSION = 11
 DEFAULT_MAX_MESSAGE_BYTES = 8 << 20  # the server's default --max-message-bytes: clients assume it until Info says
 
 # Error.kind values
 REQUEST_ERROR = "RequestError"  # a bad request; the message names the field
-ENGINE_DEAD = "EngineDeadError"  # the workers are gone; the server stays up but unhealthy
+ENGINE_DEAD = "EngineDeadError"  # the workers (or the server) failed; the server exits
 OVERLOADED = "Overloaded"  # too many requests pending; retry later
 PROTOCOL = "Protocol"  # malformed frame, protocol version mismatch, bad token
-ERROR_KINDS = (REQUEST_ERROR, ENGINE_DEAD, OVERLOADED, PROTOCOL)
+# the server is shutting down: a request still running past the drain (--shutdown-timeout), or a new one
+ABORTED = "Aborted"
+ERROR_KINDS = (REQUEST_ERROR, ENGINE_DEAD, OVERLOADED, PROTOCOL, ABORTED)
 
 
 # ---- client -> server ----------------------------------------------------------------------------------
@@ -40,6 +43,9 @@ class Generate:
     prompt: object  # str | list[int]
     stream: bool  # True: a Delta per step; False: one Delta when finished
     params: SamplingParams  # decoding validates it: a bad value is an InvalidValue naming the field
+    # who the request is for, within this connection (e.g. the HTTP front-end's user): the server's per-client
+    # pending limit counts requests per (connection, client)
+    client: str = ""
 
 
 @record(21)
@@ -71,6 +77,18 @@ class Info:
 @record(24)
 @dataclass(slots=True)
 class Stats:
+    protocol_version: int
+    request_id: str
+    token: str | None
+
+
+@record(25)
+@dataclass(slots=True)
+class KeepAlive:
+    """A sign of life: sent about every second while a client has requests in flight, and never answered. The
+    server aborts the requests of a connection that sends nothing for its --client-heartbeat-timeout (the client
+    died or its host is gone), so they do not hold the queue and KV blocks. Any other request counts as well."""
+
     protocol_version: int
     request_id: str
     token: str | None
@@ -115,8 +133,8 @@ class ChatPrompt:
     add_generation_prompt: bool = True
 
 
-CLIENT_REQUESTS = (Generate, Abort, Health, Info, Stats, Tokenize, Detokenize)
-CLIENT_REQUEST_TAGS = frozenset((*range(20, 25), 26, 27))  # the tags above
+CLIENT_REQUESTS = (Generate, Abort, Health, Info, Stats, KeepAlive, Tokenize, Detokenize)
+CLIENT_REQUEST_TAGS = frozenset(range(20, 28))  # the tags above
 
 
 # ---- server -> client ----------------------------------------------------------------------------------
@@ -222,6 +240,9 @@ class InfoReply:
     # request leaves unset (the HTTP front-end applies them, as vLLM does)
     generation_defaults: object | None = None  # dict
     max_message_bytes: int | None = None  # the largest request frame the server takes (--max-message-bytes)
+    max_pending_per_client: int | None = None  # requests one client may have pending (--max-pending-per-client)
+    # seconds a connection with requests pending may send nothing before they are aborted (0: never)
+    client_heartbeat_timeout_s: float | None = None
 
 
 @record(34)
@@ -247,6 +268,9 @@ class StatsReply:
     requests_rejected: int
     frames_dropped: int  # client frames logged and dropped
     replies_dropped: int  # replies dropped: client gone or past its high-water mark
+    clients_pending: int = 0  # clients (connection, Generate.client) with requests pending
+    requests_rejected_per_client: int = 0  # Overloaded: the client was at --max-pending-per-client
+    requests_aborted_client_silent: int = 0  # aborted: their connection sent nothing for the heartbeat timeout
 
 
 @record(37)
