@@ -358,3 +358,25 @@ def test_decode_step_at_256_sequences_is_under_4_kib():
     assert size <= 3188, f"{size} bytes: more than before the per-start settings became records (3,188)"
     # a decode step lists no per-row token counts and no sample rows: every row computes and samples one token
     assert len(step.prefill_num_tokens) == 0 and len(step.skip_sample_rows) == 0
+
+
+def test_generate_carries_a_client_label_and_an_older_client_gets_a_version_error():
+    """Protocol 11: Generate.client (the per-client limit's label) and KeepAlive, a request like the others. A
+    protocol-10 Generate (no client field) is answered with an error naming both versions, never dropped."""
+    from coordinator.client_frames import read_frame
+    from protocol.client_messages import CLIENT_PROTOCOL_VERSION, PROTOCOL, REQUEST_ERROR, Generate, KeepAlive
+
+    msg = Generate(CLIENT_PROTOCOL_VERSION, "r1", None, "hi", True, SamplingParams(max_tokens=3), "user-7")
+    assert read_frame([b"peer", encode(msg)], None).request.client == "user-7"
+    raw = msgpack.unpackb(encode(msg), raw=False)
+    old = msgpack.packb([raw[0], 10, *raw[2:-1]], use_bin_type=True)  # protocol 10's shape: one field fewer
+    err = read_frame([b"peer", old], None).error
+    assert err.kind == PROTOCOL and err.request_id == "r1"
+    assert "protocol_version 10" in err.message and f"speaks {CLIENT_PROTOCOL_VERSION}" in err.message
+    msg.client = "x" * 257  # a key of the server's per-client counts: bounded
+    err = read_frame([b"peer", encode(msg)], None).error
+    assert err.kind == REQUEST_ERROR and "client must be at most 256 characters" in err.message
+    keepalive = read_frame([b"peer", encode(KeepAlive(CLIENT_PROTOCOL_VERSION, "keepalive", None))], None)
+    assert isinstance(keepalive.request, KeepAlive) and keepalive.error is None
+    wrong_token = read_frame([b"peer", encode(KeepAlive(CLIENT_PROTOCOL_VERSION, "keepalive", "bad"))], b"secret")
+    assert wrong_token.request is None and wrong_token.unauthorized  # an outsider keeps nothing alive

@@ -146,3 +146,24 @@ def test_a_live_async_client_that_does_not_read_keeps_its_requests(server):
         assert s["requests_aborted_client_silent"] == before["requests_aborted_client_silent"], s
         assert s["pending"] > 0
         _idle(watcher)
+
+
+def test_request_table_counts_per_client_and_forgets_clients_with_nothing_pending():
+    """What the limits read, kept per request in O(1): pending per (connection, label), silence per connection;
+    a client with nothing pending leaves no entry behind (the coordinator must not grow with clients gone)."""
+    from coordinator.request_table import RequestTable
+
+    t = RequestTable()
+    for i in range(3):
+        t.add(b"a", f"r{i}", f"e{i}", "u1" if i else "")
+    t.add(b"b", "r0", "e9")
+    assert (t.pending_of(b"a"), t.pending_of(b"a", "u1"), t.pending_of(b"b"), t.clients) == (1, 2, 1, 3)
+    t.seen(b"a", 100.0)
+    t.seen(b"b", 50.0)
+    t.seen(b"nobody", 1.0)  # a connection with nothing pending is not tracked
+    ((identity, last_seen, reqs),) = t.silent_since(60.0)
+    assert identity == b"b" and last_seen == 50.0 and [r.engine_id for r in reqs] == ["e9"]
+    for engine_id in ("e0", "e1", "e2", "e9"):
+        t.pop(engine_id)
+    assert t.clients == 0 and not t._connections and not t._pending and len(t) == 0
+    assert t.silent_since(1e9) == []
