@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
@@ -27,6 +29,7 @@ class WatchedSocket:
         self.connected = False
         self.dropped = False
         self.drops = 0
+        self._lock = threading.Lock()  # the monitor is read by ``poll``, or by ``dropped_now`` on another thread
         self.poller = zmq.Poller()
         self.poller.register(self.sock, zmq.POLLIN)
         self.poller.register(self.monitor, zmq.POLLIN)
@@ -35,20 +38,39 @@ class WatchedSocket:
         """(a message is waiting, a connection dropped); a drop stays reported. When a drop is first seen, the
         socket gets a moment more for the peer's last message (a coordinator's Shutdown), which reaches it apart
         from the monitor's event and may come second."""
-        ready = dict(self.poller.poll(timeout_ms))
-        was_dropped = self.dropped
-        if self.monitor in ready:
-            while self.monitor.poll(0):
-                event = recv_monitor_message(self.monitor)["event"]
-                self.connected |= event == zmq.EVENT_HANDSHAKE_SUCCEEDED
-                self.dropped |= event == zmq.EVENT_DISCONNECTED
-                self.drops += event == zmq.EVENT_DISCONNECTED
+        with self._lock:
+            ready = dict(self.poller.poll(timeout_ms))
+            was_dropped = self.dropped
+            if self.monitor in ready:
+                self._read_monitor()
         has_message = self.sock in ready
         if self.dropped and not was_dropped and not has_message:
             has_message = bool(self.sock.poll(LAST_WORDS_MS))
         return has_message, self.dropped
 
+    def _read_monitor(self) -> None:
+        while self.monitor.poll(0):
+            event = recv_monitor_message(self.monitor)["event"]
+            self.connected |= event == zmq.EVENT_HANDSHAKE_SUCCEEDED
+            self.dropped |= event == zmq.EVENT_DISCONNECTED
+            self.drops += event == zmq.EVENT_DISCONNECTED
+
+    def dropped_now(self) -> bool:
+        """For a watchdog thread: whether a connection dropped, read from the monitor only while the owning thread
+        is not polling (it is busy elsewhere, e.g. blocked in a collective); the lock hands the monitor over."""
+        if self._lock.acquire(blocking=False):
+            try:
+                if not self.monitor.closed:
+                    self._read_monitor()
+            finally:
+                self._lock.release()
+        return self.dropped
+
     def close(self, linger_ms: int) -> None:
+        with self._lock:
+            self._close(linger_ms)
+
+    def _close(self, linger_ms: int) -> None:
         if not self.sock.closed:
             self.sock.disable_monitor()
         self.monitor.close(linger=0)

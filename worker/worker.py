@@ -11,6 +11,7 @@ import secrets
 import signal
 import socket
 import sys
+import threading
 import time
 import traceback
 from collections import deque
@@ -38,6 +39,9 @@ from protocol.transport import WatchedSocket
 from protocol.worker_auth import coordinator_proof, matches, new_nonce, worker_proof
 
 POLL_MS = 1000
+# a worker whose coordinator connection dropped while it is stuck (a collective whose peer rank or network is gone)
+# exits after this long: nothing else would end a wait that gloo or NCCL may hold for many minutes
+ORPHAN_GRACE_S = 5.0
 
 
 def _die_with_parent() -> None:
@@ -82,6 +86,7 @@ class Worker:
         self.sock.setsockopt(zmq.IDENTITY, f"rank{rank}-{secrets.token_hex(8)}".encode())
         self.sock.connect(address)
         self.runner = None
+        self.leaving = False  # set once the main thread is on its way out
         self.trace = None  # per-step device timing, NANOSERVE_STEP_TRACE=path
 
     def send(self, msg) -> None:
@@ -173,8 +178,20 @@ class Worker:
         # walks every tracked object and stalls the step loop meanwhile (the coordinator's took ~100 ms).
         gc.collect()
         gc.freeze()
+        threading.Thread(target=self._exit_when_orphaned, name="orphan-watchdog", daemon=True).start()
         self.send(WorkerAck(self.rank, "kv_allocated"))
         return self.step_loop()
+
+    def _exit_when_orphaned(self) -> None:
+        """The step loop notices a lost coordinator within a second, unless a step holds it: then end the process
+        from here, so that no worker outlives its service (a killed peer rank, a host cut off)."""
+        while not self.channel.dropped_now():
+            time.sleep(1.0)
+        time.sleep(ORPHAN_GRACE_S)  # the step loop's own exit (CoordinatorGone, or a Shutdown's drain) goes first
+        if self.leaving:
+            return
+        print(f"worker rank {self.rank}: lost the coordinator while blocked in a step: exiting", file=sys.stderr)
+        os._exit(1)
 
     def _authenticate(self, msg, nonce: bytes):
         """The coordinator's first answer, once both sides have proved they hold the secret (where this worker has
@@ -283,6 +300,7 @@ class Worker:
     def close(self) -> None:
         import torch.distributed as dist
 
+        self.leaving = True
         if dist.is_initialized():
             dist.destroy_process_group()
         self.channel.close(linger_ms=500)
