@@ -38,6 +38,8 @@ from protocol.worker_auth import coordinator_proof, matches, new_nonce, worker_p
 log = logging.getLogger("nanoserve.workers")
 ROOT = Path(__file__).resolve().parent.parent
 POLL_MS = 200
+# a worker told to stop finishes its steps in flight, then tears down torch: seconds on a busy host; kill only a hang
+EXIT_GRACE_S = 30.0
 
 
 def _peer(frame: zmq.Frame) -> str:
@@ -327,7 +329,7 @@ class WorkerGroup:
                     self.sock.send_multipart([identity, encode(Shutdown("coordinator shutting down"))], zmq.NOBLOCK)
                 except zmq.ZMQError:
                     pass
-        deadline = time.monotonic() + 5
+        deadline = time.monotonic() + EXIT_GRACE_S
         for proc in self.procs:
             try:
                 proc.wait(timeout=max(0.1, deadline - time.monotonic()))
