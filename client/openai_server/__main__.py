@@ -74,16 +74,37 @@ def _die_with_parent(parent_pid: int) -> None:
     except (OSError, AttributeError):
         pass
     if os.getppid() != parent_pid:
-        sys.exit(0)
+        log.error("parent process %d is gone before the front-end started", parent_pid)
+        sys.exit(1)
 
 
-async def _watch_parent(parent_pid: int, server, engine: EngineClient) -> None:
-    while os.getppid() == parent_pid:
-        await asyncio.sleep(0.5)
-    log.warning("parent process %d is gone: shutting down", parent_pid)
-    # its coordinator is gone with it: end the requests in flight now, not after the graceful shutdown's wait
-    engine.client.fail_all(EngineDeadError(f"the coordinator (process {parent_pid}) is gone"))
-    server.should_exit = True
+class _Parent:
+    """The parent (launch.py, our coordinator) watched: its STOP_SIGNAL stops us cleanly, but its death (seen by
+    the pid check, or as PR_SET_PDEATHSIG's STOP_SIGNAL) fails the requests in flight and makes us exit 1."""
+
+    def __init__(self, pid: int, server, engine: EngineClient) -> None:
+        self.pid, self.server, self.engine = pid, server, engine
+        self.gone = False
+
+    def on_stop_signal(self) -> None:
+        if os.getppid() != self.pid:  # the kernel reparents us before it sends the parent-death signal
+            self._gone()
+        else:
+            self.server.handle_exit(STOP_SIGNAL, None)
+
+    async def watch(self) -> None:
+        while os.getppid() == self.pid:
+            await asyncio.sleep(0.5)
+        self._gone()
+
+    def _gone(self) -> None:
+        if self.gone:
+            return
+        self.gone = True
+        log.error("parent process %d is gone: failing the requests in flight and exiting with code 1", self.pid)
+        # its coordinator is gone with it: end the requests in flight now, not after the graceful shutdown's wait
+        self.engine.client.fail_all(EngineDeadError(f"the coordinator (process {self.pid}) is gone"))
+        self.server.should_exit = True
 
 
 async def _log_stats(engine: EngineClient, interval: float) -> None:
@@ -144,14 +165,15 @@ async def serve(args) -> int:
         build_app(state, max_body), log_config=None, access_log=False, lifespan="off", timeout_graceful_shutdown=5
     )
     server = Server(config)
-    if args.parent_pid is not None:  # how the parent stops us (SIGINT and SIGTERM are its own to act on)
-        asyncio.get_running_loop().add_signal_handler(STOP_SIGNAL, server.handle_exit, STOP_SIGNAL, None)
+    parent = None if args.parent_pid is None else _Parent(args.parent_pid, server, engine)
+    if parent is not None:  # how the parent stops us (SIGINT and SIGTERM are its own to act on)
+        asyncio.get_running_loop().add_signal_handler(STOP_SIGNAL, parent.on_stop_signal)
     serving = asyncio.ensure_future(server.serve(sockets=[sock]))
     while not server.started and not serving.done():
         await asyncio.sleep(0.02)
     tasks = [asyncio.ensure_future(_log_stats(engine, args.log_stats_interval))]
-    if args.parent_pid is not None:
-        tasks.append(asyncio.ensure_future(_watch_parent(args.parent_pid, server, engine)))
+    if parent is not None:
+        tasks.append(asyncio.ensure_future(parent.watch()))
     if server.started:
         host, port = sock.getsockname()[:2]
         shown = f"[{host}]" if ":" in host else host
@@ -162,7 +184,7 @@ async def serve(args) -> int:
         for t in tasks:
             t.cancel()
         await engine.close()
-    return 0 if server.started else 1
+    return 0 if server.started and not (parent and parent.gone) else 1
 
 
 def main(argv: list[str] | None = None) -> int:
