@@ -1,10 +1,14 @@
-"""``python launch.py``: offline --prompt mode, flags generated from EngineConfig, argument errors."""
+"""``python launch.py``: offline --prompt mode, flags generated from EngineConfig, argument errors, a start-up failure."""
 
 from __future__ import annotations
 
 import dataclasses
+import os
+import shutil
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -79,3 +83,22 @@ def test_non_loopback_host_needs_a_token():
     out = run("--host", "0.0.0.0", "--port", "0", timeout=60)
     assert out.returncode == 1
     assert "--token" in out.stderr
+
+
+def test_a_start_up_failure_exits_1_and_leaves_no_dir(tiny_tied, tmp_path):
+    # the workers start, then fail to load (no weights): a supervisor sees a failure, and the engine's private dir
+    # is gone with them
+    model = tmp_path / "no_weights"
+    shutil.copytree(tiny_tied, model, ignore=shutil.ignore_patterns("*.safetensors"))
+    tmp = Path(tempfile.mkdtemp(prefix="launch-", dir="/tmp"))  # short: the worker socket's path must fit
+    try:
+        env = dict(os.environ, TMPDIR=str(tmp))
+        out = subprocess.run(
+            [*LAUNCH, "--port", "0", "--model", str(model), "--device", "cpu"],
+            cwd=ROOT, env=env, capture_output=True, text=True, timeout=180,
+        )  # fmt: skip
+        assert out.returncode == 1, out.stderr
+        assert "no *.safetensors files" in out.stderr and "listening" not in out.stdout
+        assert list(tmp.iterdir()) == []
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
