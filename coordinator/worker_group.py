@@ -15,13 +15,11 @@ from pathlib import Path
 import zmq
 
 from coordinator import private_dirs
+from coordinator.worker_admission import WorkerAdmission, peer_address
 from protocol.codec import ProtocolError, decode, encode
 from protocol.errors import EngineDeadError
 from protocol.messages import (
-    PROTOCOL_VERSION,
     AllocateKV,
-    AuthChallenge,
-    AuthResponse,
     Shutdown,
     StepCommand,
     StepMasks,
@@ -29,11 +27,9 @@ from protocol.messages import (
     WorkerAck,
     WorkerConfig,
     WorkerError,
-    WorkerHello,
     WorkerReady,
 )
 from protocol.transport import WatchedSocket
-from protocol.worker_auth import coordinator_proof, matches, new_nonce, worker_proof
 
 log = logging.getLogger("nanoserve.workers")
 ROOT = Path(__file__).resolve().parent.parent
@@ -42,15 +38,7 @@ POLL_MS = 200
 EXIT_GRACE_S = 30.0
 
 
-def _peer(frame: zmq.Frame) -> str:
-    """The sending peer's address: its IP over TCP (ZMQ's "Peer-Address"), else the endpoint kind."""
-    try:
-        return frame.get("Peer-Address")
-    except (zmq.ZMQError, TypeError, ValueError):
-        return "a local (ipc) endpoint"
-
-
-class WorkerGroup:
+class WorkerGroup(WorkerAdmission):
     def __init__(
         self,
         worker_config: WorkerConfig,
@@ -136,17 +124,17 @@ class WorkerGroup:
                 identity, data = frames[0].bytes, frames[-1].bytes
                 rank = self._rank_of.get(identity)
                 if identity in self._ignored or (rank is None and not strangers) or len(frames) != 2:
-                    self._ignore(identity, _peer(frames[-1]), "not an accepted worker")
+                    self._ignore(identity, peer_address(frames[-1]), "not an accepted worker")
                     continue
                 try:
                     msg = decode(data)
                 except ProtocolError as e:
-                    self._ignore(identity, _peer(frames[-1]), f"undecodable frame: {e}")
+                    self._ignore(identity, peer_address(frames[-1]), f"undecodable frame: {e}")
                     continue
                 if rank is not None and isinstance(msg, WorkerError):
                     self.dead = True
                     raise EngineDeadError(f"worker rank {rank} failed: {msg.message}")
-                return identity, msg, _peer(frames[-1])
+                return identity, msg, peer_address(frames[-1])
             self.check_alive()
             if time.monotonic() > deadline:
                 self.dead = True
@@ -168,12 +156,6 @@ class WorkerGroup:
                     f"worker rank {rank}'s connection dropped (process exited or host unreachable)"
                 ) from None
 
-    def _ignore(self, identity: bytes, peer: str, why: str) -> None:
-        self._ignored.add(identity)
-        if identity not in self._noted:
-            log.warning("ignoring a peer of the worker socket at %s (identity %r): %s", peer, identity[:32], why)
-            self._noted.add(identity)
-
     def _gather(self, kind: type, timeout_s: float, what: str) -> dict[int, object]:
         pending, got = set(range(self.world_size)), {}
         deadline = time.monotonic() + timeout_s
@@ -187,70 +169,8 @@ class WorkerGroup:
 
     # ---- start-up ----------------------------------------------------------------------------------------
 
-    def _refuse(self, identity: bytes, peer: str, hello: WorkerHello | None, reason: str) -> str:
-        who = f"a worker at {peer}"
-        if hello is not None:
-            who += f" (says rank {hello.rank}, host {hello.hostname!r}, pid {hello.pid})"
-        log.warning("refused %s: %s", who, reason)
-        self._ignored.add(identity)
-        try:
-            self.sock.send_multipart([identity, encode(Shutdown(f"refused by the coordinator: {reason}"))], zmq.NOBLOCK)
-        except zmq.ZMQError:
-            pass
-        return f"{who}: {reason}"
-
-    def _admit(self, identity: bytes, peer: str, hello: WorkerHello, joined: dict[int, bytes]) -> str:
-        """Accept ``hello``'s worker as its rank; a reason to refuse it otherwise."""
-        if hello.rank in joined:
-            return self._refuse(identity, peer, hello, f"rank {hello.rank} has already joined")
-        joined[hello.rank] = identity
-        self._rank_of[identity] = hello.rank
-        return ""
-
     def _handshake(self, worker_config: WorkerConfig, timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
-        pending = set(range(self.world_size))
-        joined: dict[int, bytes] = {}
-        challenged: dict[bytes, tuple[WorkerHello, bytes, str]] = {}  # identity -> (its hello, nonce sent, address)
-        refused: list[str] = []
-        while pending:
-            try:
-                identity, msg, peer = self._recv(deadline, "hello", pending, strangers=True)
-            except TimeoutError as e:
-                silent = [
-                    f"a worker at {p} (says rank {h.rank}, host {h.hostname!r})" for h, _, p in challenged.values()
-                ]
-                notes = [f"refused: {'; '.join(refused)}"] * bool(refused)
-                notes += [f"challenged, never answered: {'; '.join(silent)}"] * bool(silent)
-                raise TimeoutError("; ".join([str(e), *notes])) from None
-            if identity in self._rank_of:
-                continue  # an accepted worker has nothing more to say before its config
-            if isinstance(msg, WorkerHello):
-                bad = self._check_hello(identity, msg)
-                if bad:
-                    refused.append(self._refuse(identity, peer, msg, bad))
-                elif self.secret:
-                    nonce = new_nonce()
-                    challenged[identity] = (msg, nonce, peer)
-                    proof = coordinator_proof(self.secret, msg.nonce, nonce, msg.rank, self.world_size)
-                    self.sock.send_multipart([identity, encode(AuthChallenge(nonce, proof))])
-                elif not (bad := self._admit(identity, peer, msg, joined)):
-                    pending.discard(msg.rank)
-                else:
-                    refused.append(bad)
-            elif isinstance(msg, AuthResponse) and identity in challenged:
-                hello, nonce, _ = challenged.pop(identity)
-                expected = worker_proof(self.secret, hello.nonce, nonce, hello.rank, self.world_size)
-                if not matches(expected, msg.proof):
-                    reason = "it holds no worker secret" if not msg.proof else "wrong worker secret"
-                    refused.append(self._refuse(identity, peer, hello, reason))
-                elif not (bad := self._admit(identity, peer, hello, joined)):
-                    pending.discard(hello.rank)
-                else:
-                    refused.append(bad)
-            else:
-                refused.append(self._refuse(identity, peer, None, f"sent {type(msg).__name__} before any hello"))
-        self.identities = [joined[r] for r in range(self.world_size)]
+        self._admit_workers(time.monotonic() + timeout_s)
         self._broadcast(encode(worker_config))
         ready = self._gather(WorkerReady, timeout_s, "weights loaded (WorkerReady)")
         self.num_kv_blocks = min(r.num_kv_blocks for r in ready.values())
@@ -263,26 +183,6 @@ class WorkerGroup:
         log.info(
             "%d worker(s) ready: %d KV blocks of %d bytes", self.world_size, self.num_kv_blocks, self.kv_block_bytes
         )
-
-    def _check_hello(self, identity: bytes, msg: WorkerHello) -> str:
-        """Why ``msg`` cannot join (a mismatch), or ''. Without a secret the start-up fails at once, naming it; with
-        one, an unauthenticated peer must not be able to end the start-up, so the worker is refused instead."""
-        if msg.protocol_version != PROTOCOL_VERSION:
-            why = (
-                f"protocol version mismatch: worker rank {msg.rank} speaks {msg.protocol_version}, "
-                f"coordinator speaks {PROTOCOL_VERSION}"
-            )
-        elif msg.world_size != self.world_size or not 0 <= msg.rank < self.world_size:
-            why = (
-                f"worker rank {msg.rank} joined a world of size {msg.world_size}; this coordinator expects "
-                f"tensor_parallel_size={self.world_size}"
-            )
-        else:
-            return ""
-        if not self.secret:
-            self.sock.send_multipart([identity, encode(Shutdown(why))])
-            raise RuntimeError(why)
-        return why
 
     # ---- steps -------------------------------------------------------------------------------------------
 

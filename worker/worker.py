@@ -22,8 +22,6 @@ from protocol.codec import ProtocolError, decode, encode
 from protocol.messages import (
     PROTOCOL_VERSION,
     AllocateKV,
-    AuthChallenge,
-    AuthResponse,
     Shutdown,
     StepCommand,
     StepMasks,
@@ -36,12 +34,10 @@ from protocol.messages import (
 )
 from protocol.settings import distributed_env, settings
 from protocol.transport import WatchedSocket
-from protocol.worker_auth import coordinator_proof, matches, new_nonce, worker_proof
+from protocol.worker_auth import new_nonce
+from worker.handshake import Refused, authenticate, exit_when_orphaned
 
 POLL_MS = 1000
-# a worker whose coordinator connection dropped while it is stuck (a collective whose peer rank or network is gone)
-# exits after this long: nothing else would end a wait that gloo or NCCL may hold for many minutes
-ORPHAN_GRACE_S = 5.0
 
 
 def _die_with_parent() -> None:
@@ -59,10 +55,6 @@ class CoordinatorGone(Exception):
 
 class CoordinatorUnreachable(Exception):
     pass
-
-
-class Refused(Exception):
-    """The start-up failed authentication (either side) or the coordinator refused this worker."""
 
 
 class Worker:
@@ -137,7 +129,7 @@ class Worker:
         host = socket.gethostname()
         self.send(WorkerHello(PROTOCOL_VERSION, self.rank, self.world_size, "", os.getpid(), host, nonce))
         self.wait_for_coordinator()
-        cfg = self._authenticate(self.recv(), nonce)
+        cfg = authenticate(self, self.recv(), nonce)
         if isinstance(cfg, Shutdown):
             if cfg.reason.startswith("refused"):
                 raise Refused(cfg.reason)
@@ -178,42 +170,9 @@ class Worker:
         # walks every tracked object and stalls the step loop meanwhile (the coordinator's took ~100 ms).
         gc.collect()
         gc.freeze()
-        threading.Thread(target=self._exit_when_orphaned, name="orphan-watchdog", daemon=True).start()
+        threading.Thread(target=exit_when_orphaned, args=(self,), name="orphan-watchdog", daemon=True).start()
         self.send(WorkerAck(self.rank, "kv_allocated"))
         return self.step_loop()
-
-    def _exit_when_orphaned(self) -> None:
-        """The step loop notices a lost coordinator within a second, unless a step holds it: then end the process
-        from here, so that no worker outlives its service (a killed peer rank, a host cut off)."""
-        while not self.channel.dropped_now():
-            time.sleep(1.0)
-        time.sleep(ORPHAN_GRACE_S)  # the step loop's own exit (CoordinatorGone, or a Shutdown's drain) goes first
-        if self.leaving:
-            return
-        print(f"worker rank {self.rank}: lost the coordinator while blocked in a step: exiting", file=sys.stderr)
-        os._exit(1)
-
-    def _authenticate(self, msg, nonce: bytes):
-        """The coordinator's first answer, once both sides have proved they hold the secret (where this worker has
-        one); the message after that. Nothing from a coordinator that cannot prove it is ever acted on."""
-        if isinstance(msg, AuthChallenge):
-            if not self.secret:
-                self.send(AuthResponse(self.rank, b""))  # so the coordinator's log says why it refuses us
-                raise Refused(
-                    f"the coordinator at {self.address} requires a worker secret: set NANOSERVE_WORKER_SECRET (or "
-                    "NANOSERVE_API_KEY) in this worker's environment"
-                )
-            expected = coordinator_proof(self.secret, nonce, msg.nonce, self.rank, self.world_size)
-            if not matches(expected, msg.proof):
-                raise Refused(f"the coordinator at {self.address} does not hold this worker's secret")
-            self.send(AuthResponse(self.rank, worker_proof(self.secret, nonce, msg.nonce, self.rank, self.world_size)))
-            return self.recv()
-        if self.secret and not isinstance(msg, Shutdown):
-            raise Refused(
-                f"the coordinator at {self.address} did not prove it holds the worker secret (it has none, or an "
-                "older version): refusing its work"
-            )
-        return msg
 
     def step_loop(self) -> int:
         """Launch each step as soon as it arrives and report each step's tokens as soon as its device work is
@@ -309,7 +268,13 @@ class Worker:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m worker", description="nanoserve worker process", allow_abbrev=False)
+    p = argparse.ArgumentParser(
+        prog="python -m worker",
+        description="nanoserve worker process",
+        epilog="The worker secret comes from the environment only: NANOSERVE_WORKER_SECRET, else NANOSERVE_API_KEY "
+        "(a coordinator with a secret admits only workers that prove they hold it, and they work only for it).",
+        allow_abbrev=False,
+    )
     p.add_argument("--coordinator", required=True, help="ZMQ address of the coordinator, e.g. tcp://host:port")
     p.add_argument("--rank", type=int, default=None, help="default: $RANK (torchrun)")
     p.add_argument("--world-size", type=int, default=None, help="default: $WORLD_SIZE (torchrun)")

@@ -1,0 +1,60 @@
+"""A worker's side of the start-up's authentication (protocol/worker_auth.py), and its watchdog for the one wait
+its step loop cannot leave by itself."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from typing import TYPE_CHECKING
+
+from protocol.messages import AuthChallenge, AuthResponse, Shutdown
+from protocol.worker_auth import coordinator_proof, matches, worker_proof
+
+if TYPE_CHECKING:
+    from worker.worker import Worker
+
+# a worker whose coordinator connection dropped while it is stuck (a collective whose peer rank or network is gone)
+# exits after this long: nothing else would end a wait that gloo or NCCL may hold for many minutes
+ORPHAN_GRACE_S = 5.0
+
+
+class Refused(Exception):
+    """The start-up failed authentication (either side) or the coordinator refused this worker."""
+
+
+def exit_when_orphaned(worker: Worker) -> None:
+    """The step loop notices a lost coordinator within a second, unless a step holds it: then end the process
+    from here, so that no worker outlives its service (a killed peer rank, a host cut off)."""
+    while not worker.channel.dropped_now():
+        time.sleep(1.0)
+    time.sleep(ORPHAN_GRACE_S)  # the step loop's own exit (CoordinatorGone, or a Shutdown's drain) goes first
+    if worker.leaving:
+        return
+    print(f"worker rank {worker.rank}: lost the coordinator while blocked in a step: exiting", file=sys.stderr)
+    os._exit(1)
+
+
+def authenticate(worker: Worker, msg: object, nonce: bytes) -> object:
+    """The coordinator's first answer, once both sides have proved they hold the secret (where this worker has
+    one); the message after that. Nothing from a coordinator that cannot prove it is ever acted on."""
+    if isinstance(msg, AuthChallenge):
+        if not worker.secret:
+            worker.send(AuthResponse(worker.rank, b""))  # so the coordinator's log says why it refuses us
+            raise Refused(
+                f"the coordinator at {worker.address} requires a worker secret: set NANOSERVE_WORKER_SECRET (or "
+                "NANOSERVE_API_KEY) in this worker's environment"
+            )
+        expected = coordinator_proof(worker.secret, nonce, msg.nonce, worker.rank, worker.world_size)
+        if not matches(expected, msg.proof):
+            raise Refused(f"the coordinator at {worker.address} does not hold this worker's secret")
+        worker.send(
+            AuthResponse(worker.rank, worker_proof(worker.secret, nonce, msg.nonce, worker.rank, worker.world_size))
+        )
+        return worker.recv()
+    if worker.secret and not isinstance(msg, Shutdown):
+        raise Refused(
+            f"the coordinator at {worker.address} did not prove it holds the worker secret (it has none, or an "
+            "older version): refusing its work"
+        )
+    return msg
