@@ -124,7 +124,7 @@ def test_fuzz_client_endpoint(server, offline):
                 expect_error[rid] = field
             elif kind == 6:  # unknown (extra) or missing fields, in the request or in its params record
                 raw = msgpack.unpackb(encode(generate_frame(rid)), raw=False)
-                where = raw if rng.random() < 0.5 else raw[-1]
+                where = raw if rng.random() < 0.5 else raw[6]  # params: Generate.client follows it
                 if rng.random() < 0.5:
                     where += [_random_value(rng) for _ in range(3)]
                 else:  # the request keeps its tag, version, request_id and token: the error can name it
@@ -133,7 +133,7 @@ def test_fuzz_client_endpoint(server, offline):
                 expect_error[rid] = "fields"
             elif kind == 7:  # a valid Generate with one field (or one of its params) replaced by random garbage
                 raw = msgpack.unpackb(encode(generate_frame(rid)), raw=False)
-                where = raw if rng.random() < 0.5 else raw[-1]
+                where = raw if rng.random() < 0.5 else raw[6]
                 j = rng.randint(4 if where is raw else 1, len(where) - 1)
                 where[j] = _random_value(rng)
                 frame = msgpack.packb(raw, use_bin_type=True)
