@@ -16,6 +16,7 @@ import socket
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
 
 from client.openai_server import STOP_SIGNAL
 from client.openai_server.parser_flags import add_parser_flags, check_parser_flags, parser_flags_args
@@ -165,9 +166,11 @@ def _bind_http(host: str, port: int) -> socket.socket:
 
 class _HttpFrontEnd:
     """The front-end process (python -m client.openai_server) on the socket bound here. If it ends by itself,
-    ``on_exit`` runs (the service stops too: a supervisor restarts the whole thing)."""
+    ``on_exit(reason)`` runs: the service fails too, non-zero, so that a supervisor restarts the whole thing."""
 
-    def __init__(self, args, sock: socket.socket, zmq_address: str, served_names: list[str], on_exit) -> None:
+    def __init__(
+        self, args, sock: socket.socket, zmq_address: str, served_names: list[str], on_exit: Callable[[str], None]
+    ) -> None:
         host, port = zmq_address.removeprefix("tcp://").rsplit(":", 1)
         local = {"0.0.0.0": "127.0.0.1", "[::]": "[::1]"}.get(host, host)  # a wildcard bind is reached on loopback
         cmd = [
@@ -188,8 +191,9 @@ class _HttpFrontEnd:
     def _watch(self) -> None:
         code = self.proc.wait()
         if not self.stopping.is_set():
-            log.error("the HTTP front-end exited (code %s): shutting down", code)
-            self._on_exit()
+            reason = f"the HTTP front-end exited with code {code}"
+            log.error("%s: failing the requests in flight and shutting down", reason)
+            self._on_exit(reason)
 
     def stop(self) -> None:
         self.stopping.set()
@@ -262,16 +266,19 @@ def main(argv: list[str] | None = None) -> int:
                 cfg.worker_address,
             )
         engine = Engine(cfg)
-        server.install_signal_handlers()  # from here on a signal ends the loop; in-flight requests get "abort"
+        server.install_signal_handlers()  # from here on a signal drains the requests in flight (a second: aborts)
         print(f"nanoserve listening on {server.address}", flush=True)
         log.info(
             "model %s, max_model_len %d, %d KV blocks", cfg.model, engine.max_model_len, engine.block_manager.num_blocks
         )
         if http_sock is not None:  # it prints its own line (http://HOST:PORT/v1) once it answers
             served_names = args.served_model_name or [kwargs.get("model") or cfg.model]
-            http_proc = _HttpFrontEnd(args, http_sock, server.address, served_names, server.stop)
+            http_proc = _HttpFrontEnd(args, http_sock, server.address, served_names, server.fail)
             http_sock.close()  # the front-end holds it now
         server.serve(engine)
+        if server.failure:  # a child died unasked, or the engine did: a supervisor must see a failure
+            log.error("exiting with code 1: %s", server.failure)
+            return 1
         log.info("shutting down")
     except EngineArgError as e:  # refused before any worker starts (with the model's config, where it needs it)
         print(f"error: argument --{e.name.replace('_', '-')}: {e}", file=sys.stderr)
