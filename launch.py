@@ -7,19 +7,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import errno
 import json
 import logging
-import os
 import signal
-import socket
-import subprocess
 import sys
-import threading
-from collections.abc import Callable
 
-from client.openai_server import STOP_SIGNAL
-from client.openai_server.parser_flags import add_parser_flags, check_parser_flags, parser_flags_args
+from client.openai_server.child import HttpFrontEnd, bind_http
+from client.openai_server.parser_flags import add_parser_flags, check_parser_flags
 from coordinator.config import EngineArgError, EngineConfig
 from protocol.cli_logging import add_log_level_flag, configure_logging
 from protocol.settings import settings
@@ -150,62 +144,6 @@ def _graceful_exit(signum, frame):
     raise SystemExit(0)  # during start-up: unwinds through the engine's cleanup (workers stopped, files removed)
 
 
-def _bind_http(host: str, port: int) -> socket.socket:
-    """The HTTP socket, bound before the model loads (a port in use fails at once); the front-end inherits it."""
-    bare = host.strip("[]")
-    family = socket.AF_INET6 if ":" in bare else socket.AF_INET
-    try:
-        sock = socket.create_server((bare, port), family=family, backlog=1024)
-    except OSError as e:
-        raise OSError(
-            f"HTTP port {port} on {host} is already in use" if e.errno == errno.EADDRINUSE else f"HTTP: {e}"
-        ) from None
-    sock.set_inheritable(True)
-    return sock
-
-
-class _HttpFrontEnd:
-    """The front-end process (python -m client.openai_server) on the socket bound here. If it ends by itself,
-    ``on_exit(reason)`` runs: the service fails too, non-zero, so that a supervisor restarts the whole thing."""
-
-    def __init__(
-        self, args, sock: socket.socket, zmq_address: str, served_names: list[str], on_exit: Callable[[str], None]
-    ) -> None:
-        host, port = zmq_address.removeprefix("tcp://").rsplit(":", 1)
-        local = {"0.0.0.0": "127.0.0.1", "[::]": "[::1]"}.get(host, host)  # a wildcard bind is reached on loopback
-        cmd = [
-            sys.executable, "-m", "client.openai_server", "--address", f"tcp://{local}:{port}",
-            "--fd", str(sock.fileno()), "--parent-pid", str(os.getpid()), "--served-model-name", *served_names,
-            "--log-stats-interval", str(args.log_stats_interval), "--log-level", args.log_level,
-        ]  # fmt: skip
-        cmd += parser_flags_args(args)
-        env = dict(os.environ)
-        env.pop("NANOSERVE_API_KEY", None)
-        if args.token:
-            env["NANOSERVE_API_KEY"] = args.token  # not on the command line, where any local user could read it
-        self.stopping = threading.Event()
-        self.proc = subprocess.Popen(cmd, pass_fds=[sock.fileno()], env=env, stdin=subprocess.DEVNULL)
-        self._on_exit = on_exit
-        threading.Thread(target=self._watch, name="http-watch", daemon=True).start()
-
-    def _watch(self) -> None:
-        code = self.proc.wait()
-        if not self.stopping.is_set():
-            reason = f"the HTTP front-end exited with code {code}"
-            log.error("%s: failing the requests in flight and shutting down", reason)
-            self._on_exit(reason)
-
-    def stop(self) -> None:
-        self.stopping.set()
-        if self.proc.poll() is None:
-            self.proc.send_signal(STOP_SIGNAL)  # it ignores SIGTERM, which may have been meant for the whole group
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-
-
 def _offline(args, kwargs) -> int:
     from client.llm import LLM
     from protocol.sampling_params import SamplingParams
@@ -245,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
                 client_heartbeat_timeout_s=args.client_heartbeat_timeout,
             )
             if args.http_port is not None:
-                http_sock = _bind_http(args.host, args.http_port)
+                http_sock = bind_http(args.host, args.http_port)
         except (OSError, ValueError) as e:
             print(f"error: {e}", file=sys.stderr)
             if server is not None:
@@ -273,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         if http_sock is not None:  # it prints its own line (http://HOST:PORT/v1) once it answers
             served_names = args.served_model_name or [kwargs.get("model") or cfg.model]
-            http_proc = _HttpFrontEnd(args, http_sock, server.address, served_names, server.fail)
+            http_proc = HttpFrontEnd(args, http_sock, server.address, served_names, server.fail)
             http_sock.close()  # the front-end holds it now
         server.serve(engine)
         if server.failure:  # a child died unasked, or the engine did: a supervisor must see a failure
