@@ -16,7 +16,7 @@ It prints requests, outcomes by kind (``UNEXPECTED ...`` for what a healthy serv
 of completed requests, and for the coordinator and the HTTP front-end their RSS (VmRSS) and open fds, plus the free
 KV blocks, at the start, every ``--sample-s`` seconds, and at the end (after waiting for the server to go idle).
 The LAST line is one JSON object. ``--tracemalloc DIR`` (only when it starts the server) runs the coordinator under
-benchmarks/soak_trace.py, which writes tracemalloc snapshots to DIR.
+benchmarks/soak_trace.py, which writes tracemalloc snapshots to DIR; ``--trim-every S`` there calls malloc_trim.
 """
 
 from __future__ import annotations
@@ -80,12 +80,12 @@ def front_end_pid(coordinator_pid: int) -> int | None:
 class Launched:
     """``launch.py --port 0 --http-port 0``: its ZMQ address and HTTP base URL from its two ready lines."""
 
-    def __init__(
-        self, extra: list[str], log_path: Path, trace_dir: str | None, trace_s: float = 30, timeout: float = 300
-    ) -> None:
+    def __init__(self, extra: list[str], log_path: Path, args, timeout: float = 300) -> None:
         runner = [str(ROOT / "launch.py")]
-        if trace_dir:
-            runner = ["-m", "benchmarks.soak_trace", "--every", str(trace_s), str(Path(trace_dir).resolve()), "--"]
+        if args.tracemalloc or args.trim_every:  # the same launch.py, under benchmarks/soak_trace.py
+            trace = ["--every", str(args.sample_s), str(Path(args.tracemalloc or log_path.parent).resolve())]
+            trace += ["--trim-every", str(args.trim_every)] if args.trim_every else []
+            runner = ["-m", "benchmarks.soak_trace", *trace, *([] if args.tracemalloc else ["--no-trace"]), "--"]
         cmd = [sys.executable, *runner, "--port", "0", "--http-port", "0", *extra]
         self.log = open(log_path, "w")
         env = dict(os.environ, PYTHONUNBUFFERED="1")
@@ -258,6 +258,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0, help="the traffic's random seed (default 0)")
     p.add_argument("--log", default="soak_server.log", help="the started server's stderr (default soak_server.log)")
     p.add_argument("--tracemalloc", metavar="DIR", help="snapshot the started coordinator's heap into DIR")
+    p.add_argument(
+        "--trim-every",
+        type=float,
+        default=0.0,
+        help="the started coordinator calls malloc_trim(0) "
+        "every S seconds (benchmarks/soak_trace.py): is its RSS growth memory the allocator kept?",
+    )
     p.add_argument("launch_flags", nargs="*", help="after --: launch.py flags (default: a small CPU engine)")
     args = p.parse_args(argv)
     if bool(args.base_url) != bool(args.address):
@@ -271,9 +278,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # unwind through the finally: the server is stopped
     if not args.base_url:
         flags = args.launch_flags + (["--api-key", args.api_key] if args.api_key else [])
-        server = Launched(
-            flags if args.launch_flags else ENGINE_FLAGS + flags, Path(args.log), args.tracemalloc, args.sample_s
-        )
+        server = Launched(flags if args.launch_flags else ENGINE_FLAGS + flags, Path(args.log), args)
         args.base_url, args.address = server.base_url, server.address
         print(f"started {args.address} and {args.base_url} (log: {args.log})", flush=True)
     try:

@@ -10,6 +10,7 @@ the second one leaves out the warm-up (first compiles, caches that fill once).""
 from __future__ import annotations
 
 import argparse
+import ctypes
 import sys
 import threading
 import time
@@ -26,6 +27,13 @@ def _snapshots(out: Path, every_s: float) -> None:
         snap.dump(str(out / f"snap_{i:04d}.tracemalloc"))
         cur, _ = tracemalloc.get_traced_memory()
         print(f"soak_trace: snapshot {i}: {cur / 2**20:.1f} MiB traced", file=sys.stderr, flush=True)
+
+
+def _trim(every_s: float) -> None:
+    libc = ctypes.CDLL(None)
+    while True:
+        time.sleep(every_s)
+        libc.malloc_trim(0)
 
 
 def compare(directory: Path, top: int, base_index: int = 1) -> None:
@@ -50,6 +58,14 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("dir", type=Path, help="where the snapshots go (or are read from, with --compare)")
     p.add_argument("launch_flags", nargs="*", help="after --: launch.py's flags")
     p.add_argument("--every", type=float, default=30.0, help="seconds between snapshots (default 30)")
+    p.add_argument(
+        "--trim-every",
+        type=float,
+        default=0.0,
+        help="call glibc's malloc_trim(0) every S seconds: "
+        "RSS growth that this gives back is freed memory the allocator kept, not live objects (default off)",
+    )
+    p.add_argument("--no-trace", action="store_true", help="no tracemalloc (its own memory hides small growths)")
     p.add_argument("--compare", action="store_true", help="print the largest growths between DIR's snapshots")
     p.add_argument("--top", type=int, default=15, help="with --compare: how many lines (default 15)")
     p.add_argument("--base", type=int, default=1, help="with --compare: the snapshot to compare from (default 1)")
@@ -67,8 +83,11 @@ def main(argv: list[str] | None = None) -> None:
     def traced_serve(self, engine) -> None:
         # tracing starts once the engine is up: start-up (imports, model load) is not what grows, and tracing it
         # under load takes minutes
-        tracemalloc.start(FRAMES)
-        threading.Thread(target=_snapshots, args=(a.dir, a.every), name="soak-trace", daemon=True).start()
+        if not a.no_trace:
+            tracemalloc.start(FRAMES)
+            threading.Thread(target=_snapshots, args=(a.dir, a.every), name="soak-trace", daemon=True).start()
+        if a.trim_every > 0:
+            threading.Thread(target=_trim, args=(a.trim_every,), name="soak-trim", daemon=True).start()
         serve(self, engine)
 
     Server.serve = traced_serve
