@@ -13,6 +13,7 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.support.processes import ROOT
+from tests.support.timeouts import HANG_S, START_S
 
 ENGINE_ARGS = [
     "--device", "cpu", "--dtype", "float32", "--max-model-len", "512", "--num-kv-blocks", "128",
@@ -24,7 +25,9 @@ class HttpServer:
     """``python launch.py --port 0 --http-port 0 ...``: both lines read from its stdout. Always ``stop()`` it
     (or leave a ``with`` block). ``new_session``: it leads its own process group, as a terminal's job does."""
 
-    def __init__(self, model_dir, log_path: Path, *extra: str, timeout: float = 120, new_session: bool = False) -> None:
+    def __init__(
+        self, model_dir, log_path: Path, *extra: str, timeout: float = START_S, new_session: bool = False
+    ) -> None:
         cmd = [sys.executable, str(ROOT / "launch.py"), "--port", "0", "--http-port", "0", "--model", str(model_dir)]
         self.log_path = log_path
         self.log = open(log_path, "w")
@@ -67,7 +70,7 @@ class HttpServer:
         if self.proc.poll() is None:
             self.proc.terminate()
             try:
-                self.proc.wait(15)
+                self.proc.wait(HANG_S)  # a graceful stop drains first; SIGKILL only a hang
             except subprocess.TimeoutExpired:
                 self.proc.kill()
         self.proc.wait()
@@ -77,7 +80,7 @@ class HttpServer:
 
 def metrics(server) -> dict:
     """Every sample of /metrics, parsed by prometheus_client: {(name, sorted labels): value}."""
-    text = httpx.get(server.root + "/metrics", timeout=30).text
+    text = httpx.get(server.root + "/metrics", timeout=HANG_S).text
     out = {}
     for family in text_string_to_metric_families(text):
         for s in family.samples:

@@ -15,6 +15,7 @@ import numpy as np
 from client import SamplingParams
 from protocol.client_messages import CLIENT_PROTOCOL_VERSION, Generate
 from tests.support.processes import ROOT, children_of
+from tests.support.timeouts import HANG_S, START_S
 
 ENGINE_ARGS = [
     "--device", "cpu", "--dtype", "float32", "--max-model-len", "1024", "--num-kv-blocks", "256",
@@ -29,8 +30,8 @@ MAX_PENDING = 300  # the ZMQ serving tests' server: --max-pending-requests
 MAX_MESSAGE_BYTES = 1 << 20  # and --max-message-bytes
 
 
-def wait_stats(client, cond, timeout: float = 10) -> dict:
-    """The server's stats once ``cond(stats)`` holds, or at ``timeout`` seconds."""
+def wait_stats(client, cond, timeout: float = HANG_S) -> dict:
+    """The server's stats once ``cond(stats)`` holds, or at ``timeout`` seconds (only a hang reaches it)."""
     deadline = time.monotonic() + timeout
     while True:
         s = client.stats()
@@ -52,7 +53,7 @@ class ServerProcess:
     """``python launch.py --port 0 ...``; ``address`` from its "listening" line. Always ``stop()`` it
     (or leave a ``with`` block)."""
 
-    def __init__(self, model_dir, log_path: Path, *extra: str, timeout: float = 90) -> None:
+    def __init__(self, model_dir, log_path: Path, *extra: str, timeout: float = START_S) -> None:
         cmd = [sys.executable, str(ROOT / "launch.py"), "--port", "0", "--model", str(model_dir), *ENGINE_ARGS]
         cmd += list(extra)
         self.log_path = log_path
@@ -91,12 +92,12 @@ class ServerProcess:
         self.stop()
 
     def stop(self) -> None:
-        """SIGTERM (a graceful exit removes the worker socket's files), SIGKILL if that takes over 10 s."""
+        """SIGTERM (a graceful exit removes the worker socket's files), SIGKILL only if that hangs."""
         pids = children_of(self.proc.pid) if self.proc.poll() is None else []
         if self.proc.poll() is None:
             self.proc.terminate()
             try:
-                self.proc.wait(10)
+                self.proc.wait(HANG_S)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
         self.proc.wait()
