@@ -240,3 +240,35 @@ def test_non_loopback_worker_address_needs_a_secret(tiny_tied, monkeypatch):
     monkeypatch.setenv("NANOSERVE_API_KEY", "the-api-key")  # the API key implies the worker secret
     assert EngineConfig(worker_address="tcp://0.0.0.0:29600", **kw).worker_secret == "the-api-key"
     assert "the-api-key" not in repr(EngineConfig(worker_address="tcp://0.0.0.0:29600", **kw))
+
+
+def test_spawned_workers_get_the_secret_through_their_environment(tiny_tied, monkeypatch):
+    """``--tp N`` workers: the secret in their environment, never in argv (any local user reads /proc/PID/cmdline);
+    they prove it over the ipc socket like any other worker, and serve."""
+    from client import LLM, SamplingParams
+
+    monkeypatch.delenv("NANOSERVE_API_KEY", raising=False)
+    monkeypatch.delenv("NANOSERVE_WORKER_SECRET", raising=False)
+    with LLM(str(tiny_tied), tensor_parallel_size=2, worker_secret=SECRET, max_model_len=128, num_kv_blocks=32) as llm:
+        assert llm.generate("hello", SamplingParams(max_tokens=3), use_tqdm=False)[0].token_ids
+        for proc in llm.engine.workers.procs:
+            argv = Path(f"/proc/{proc.pid}/cmdline").read_bytes()
+            environ = Path(f"/proc/{proc.pid}/environ").read_bytes().split(b"\0")
+            assert SECRET.encode() not in argv
+            assert f"NANOSERVE_WORKER_SECRET={SECRET}".encode() in environ
+
+
+def test_launch_refuses_a_public_worker_address_without_a_key(tiny_tied):
+    """The flag is named; with --api-key on the command line (implying the worker secret) the same address is
+    accepted, and the start-up only waits for workers (here: none come within a second)."""
+    env = _env()
+    env.pop("NANOSERVE_API_KEY", None)
+    env.pop("NANOSERVE_WORKER_SECRET", None)
+    base = [sys.executable, "launch.py", "--model", str(tiny_tied), "--port", "0", "--external-workers"]
+    base += ["--worker-address", f"tcp://0.0.0.0:{free_port()}", "--worker-timeout-s", "1", "--device", "cpu"]
+    out = subprocess.run(base, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 2, out.stderr
+    assert "argument --worker-address: worker_address 'tcp://0.0.0.0:" in out.stderr
+    assert "is not a loopback address" in out.stderr
+    out = subprocess.run([*base, "--api-key", "k"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 1 and "timed out waiting for hello from worker rank(s) [0]" in out.stderr, out.stderr
