@@ -12,6 +12,7 @@ import openai
 import pytest
 
 from tests.serving.test_openai_server import GREEDY, NAME, api, hf, model_dir, server  # noqa: F401 (fixtures)
+from tests.support.openai_http import http_post
 
 
 def _hf_dist(oracle, ids: list[int]):
@@ -188,14 +189,14 @@ def test_bad_logit_bias_and_prompt_logprobs_are_400s_naming_the_field(api, serve
     url, chat = server.base_url + "/completions", server.base_url + "/chat/completions"
     messages = [{"role": "user", "content": "x"}]
     body = {"messages": messages, "logit_bias": {"5": -100.5}}
-    assert "[-100, 100]" in _error(httpx.post(chat, json=body), "logit_bias")
-    assert "token ids" in _error(httpx.post(url, json={"prompt": "x", "logit_bias": {"five": 1}}), "logit_bias")
-    assert "token ids" in _error(httpx.post(url, json={"prompt": "x", "logit_bias": {"-3": 1}}), "logit_bias")
-    assert "vocabulary" in _error(httpx.post(url, json={"prompt": "x", "logit_bias": {"99999": 1}}), "logit_bias")
+    assert "[-100, 100]" in _error(http_post(chat, json=body), "logit_bias")
+    assert "token ids" in _error(http_post(url, json={"prompt": "x", "logit_bias": {"five": 1}}), "logit_bias")
+    assert "token ids" in _error(http_post(url, json={"prompt": "x", "logit_bias": {"-3": 1}}), "logit_bias")
+    assert "vocabulary" in _error(http_post(url, json={"prompt": "x", "logit_bias": {"99999": 1}}), "logit_bias")
     body = {"prompt": "x", "prompt_logprobs": 21}
-    assert "prompt_logprobs" in _error(httpx.post(url, json=body), "prompt_logprobs")
+    assert "prompt_logprobs" in _error(http_post(url, json=body), "prompt_logprobs")
     body = {"prompt": "x", "prompt_logprobs": 1, "stream": True}
-    assert "stream" in _error(httpx.post(url, json=body), "prompt_logprobs")
+    assert "stream" in _error(http_post(url, json=body), "prompt_logprobs")
     # and the server keeps serving
     r = api.completions.create(model=NAME, prompt="x", max_tokens=2, logit_bias={"5": 100}, **GREEDY)
     assert r.choices[0].text == hf.text([5, 5])

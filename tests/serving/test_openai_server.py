@@ -8,7 +8,6 @@ import asyncio
 import json
 from pathlib import Path
 
-import httpx
 import numpy as np
 import openai
 import pytest
@@ -18,7 +17,8 @@ from client import Client
 from model.tiny import CHAT_TEMPLATE, TinySpec, write_tiny_checkpoint
 from protocol.sampling_params import SamplingParams
 from tests.support.hf_oracle import Oracle
-from tests.support.openai_http import HttpServer, metric
+from tests.support.openai_http import HttpServer, http_post, metric
+from tests.support.timeouts import HANG_S
 
 NAME = "tiny-chat"
 ALIAS = "tiny-chat-alias"  # a second --served-model-name: requests may use it, responses say NAME
@@ -52,7 +52,7 @@ def server(model_dir, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def api(server) -> openai.OpenAI:
-    return openai.OpenAI(base_url=server.base_url, api_key="unused", max_retries=0, timeout=60)
+    return openai.OpenAI(base_url=server.base_url, api_key="unused", max_retries=0, timeout=HANG_S)
 
 
 @pytest.fixture(scope="module")
@@ -149,7 +149,7 @@ def test_reasoning_parser_reads_a_block_the_prompt_opened(api, server):
     )
     assert not any(c.choices[0].delta.content for c in chunks if c.choices)
     # the same tokens as a completion of the rendered prompt: the parser only relabels them
-    ids = httpx.post(f"{server.root}/tokenize", json={"model": NAME, "messages": msgs, **think}).json()["tokens"]
+    ids = http_post(f"{server.root}/tokenize", json={"model": NAME, "messages": msgs, **think}).json()["tokens"]
     completion = api.completions.create(model=NAME, prompt=ids, max_tokens=8, **GREEDY)
     assert completion.choices[0].text == message.reasoning_content
 
@@ -234,7 +234,7 @@ def test_min_tokens_shields_stop_strings_and_stop_tokens_leave_their_text_out(ap
     del kw["logprobs"]
     chunks = list(api.completions.create(stream=True, **kw, extra_body=dict(extra, stop_token_ids=[ids[k]])))
     assert "".join(ch.choices[0].text for ch in chunks) == cut and chunks[-1].choices[0].finish_reason == "stop"
-    with Client(server.zmq, timeout=60) as client:
+    with Client(server.zmq, timeout=HANG_S) as client:
         out = client.generate(prompt, SamplingParams(max_tokens=24, temperature=0, stop_token_ids=[ids[k]]))
     assert (out.text, out.token_ids) == (cut, ids[: k + 1])
     # EOS (forced by a bias): its text comes out only with include_stop_str_in_output
@@ -248,7 +248,7 @@ def test_skip_special_tokens(api, server, hf):
     """Seeded sampling over the whole vocabulary draws special tokens; the text keeps them only when asked. The
     same request over ZMQ gives the token ids (the same seed samples the same tokens)."""
     params = dict(temperature=3.0, top_k=0, max_tokens=40, seed=19, ignore_eos=True)
-    with Client(server.zmq, timeout=120) as c:
+    with Client(server.zmq, timeout=HANG_S) as c:
         ids = c.generate("Hello", SamplingParams(**params)).token_ids
     assert {0, 1, 2} & set(ids)  # <|endoftext|>, <|im_start|>, <|im_end|>: the test needs one
     for skip in (True, False):
@@ -294,7 +294,7 @@ def test_sixteen_concurrent_streams_equal_hf(server, hf):
     sequential = [hf.text(hf.greedy(p, 12)) for p in prompts]  # one at a time, batch of one
 
     async def stream_all() -> list[str]:
-        client = openai.AsyncOpenAI(base_url=server.base_url, api_key="unused", max_retries=0, timeout=60)
+        client = openai.AsyncOpenAI(base_url=server.base_url, api_key="unused", max_retries=0, timeout=HANG_S)
 
         async def one(p) -> str:
             parts = []

@@ -9,12 +9,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import httpx
 import openai
 import pytest
 
 from model.tiny import TinySpec, write_tiny_checkpoint
-from tests.support.openai_http import HttpServer
+from tests.support.openai_http import HttpServer, http_post
+from tests.support.timeouts import HANG_S
 
 NAME = "tiny-tools"
 GREEDY = dict(temperature=0, extra_body={"ignore_eos": True})
@@ -60,13 +60,13 @@ def server(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def api(server) -> openai.OpenAI:
-    return openai.OpenAI(base_url=server.base_url, api_key="unused", max_retries=0, timeout=60)
+    return openai.OpenAI(base_url=server.base_url, api_key="unused", max_retries=0, timeout=HANG_S)
 
 
 def test_tools_and_earlier_calls_reach_the_template(api, server):
     body = {"model": NAME, "messages": MESSAGES, "tools": TOOLS}
-    ids = httpx.post(f"{server.root}/tokenize", json=body).json()["tokens"]
-    text = httpx.post(f"{server.root}/detokenize", json={"model": NAME, "tokens": ids}).json()["prompt"]
+    ids = http_post(f"{server.root}/tokenize", json=body).json()["tokens"]
+    text = http_post(f"{server.root}/detokenize", json={"model": NAME, "tokens": ids}).json()["prompt"]
     assert "tool get_weather: the weather in a city" in text
     # the earlier call's arguments arrive as the object templates expect, not as OpenAI's JSON text
     assert '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>' in text
@@ -141,7 +141,7 @@ def test_a_call_to_an_unknown_function_is_refused_by_name(api):
 
 def test_tool_choice_none_renders_the_tools_but_parses_nothing(api, server):
     body = {"model": NAME, "messages": MESSAGES[:1], "tools": TOOLS}
-    ids = httpx.post(f"{server.root}/tokenize", json=body).json()["tokens"]
+    ids = http_post(f"{server.root}/tokenize", json=body).json()["tokens"]
     reply = api.chat.completions.create(
         model=NAME, messages=MESSAGES[:1], tools=TOOLS, tool_choice="none", max_tokens=4, **GREEDY
     )

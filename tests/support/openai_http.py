@@ -78,6 +78,16 @@ class HttpServer:
         self.log.close()
 
 
+def http_get(url: str, **kw) -> httpx.Response:
+    """``httpx.get`` with the tests' hang bound: httpx's own default (5 s) is short for a busy host."""
+    return httpx.get(url, **{"timeout": HANG_S, **kw})
+
+
+def http_post(url: str, **kw) -> httpx.Response:
+    """``httpx.post`` with the tests' hang bound."""
+    return httpx.post(url, **{"timeout": HANG_S, **kw})
+
+
 def metrics(server) -> dict:
     """Every sample of /metrics, parsed by prometheus_client: {(name, sorted labels): value}."""
     text = httpx.get(server.root + "/metrics", timeout=HANG_S).text
