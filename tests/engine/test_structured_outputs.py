@@ -18,6 +18,7 @@ from client import LLM, SamplingParams, StructuredOutputsParams
 from protocol.errors import RequestError
 from tests.support.builders import GPU_ENGINE
 from tests.support.oracle import assert_greedy_equal_up_to_ties, hf_greedy, prompts_with_shared_prefixes
+from tests.support.timeouts import HANG_S
 
 xgr = pytest.importorskip("xgrammar")  # a core dependency; absent from bare GPU images
 
@@ -110,7 +111,7 @@ def test_tensor_parallel_ranks_sample_under_late_masks_and_exit_cleanly(tiny_unt
         procs = llm.engine.workers.procs
     expected = [hf_constrained_greedy(tiny_untied, p, spec, 40) for p, spec in zip(prompts, SPECS)]
     assert_greedy_equal_up_to_ties(tiny_untied, prompts, [o.outputs[0].token_ids for o in outs], expected)
-    assert [p.wait(timeout=30) for p in procs] == [0, 0]
+    assert [p.wait(timeout=HANG_S) for p in procs] == [0, 0]
 
 
 @pytest.mark.gpu
@@ -168,7 +169,7 @@ class _GatedCompiler:
         self.compiler, self.fail, self.gate = compiler, fail, threading.Event()
 
     def compile_grammar(self, grammar):
-        assert self.gate.wait(60)
+        assert self.gate.wait(HANG_S)
         if self.fail:
             raise RuntimeError("compiler failed")
         return self.compiler.compile_grammar(grammar)

@@ -8,12 +8,14 @@ import asyncio
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
 from client import AsyncClient, EngineDeadError, MessageTooLargeError, RequestError, SamplingParams
 from tests.support.processes import ROOT
 from tests.support.server import MAX_MESSAGE_BYTES, some_prompts
+from tests.support.timeouts import HANG_S, START_S
 
 GREEDY = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
 
@@ -58,15 +60,13 @@ def test_async_client(server, offline):
             async for _ in stream:
                 break
             await stream.aclose()
-            for _ in range(200):
-                s = await c.stats()
-                if s["pending"] == 0:
-                    break
+            deadline = time.monotonic() + HANG_S
+            while (s := await c.stats())["pending"] and time.monotonic() < deadline:
                 await asyncio.sleep(0.05)
             assert s["pending"] == 0 and s["kv_blocks_free"] == s["kv_blocks_total"]
             assert s["requests_aborted"] == before["requests_aborted"] + 2
 
-    asyncio.run(asyncio.wait_for(main(), 60))
+    asyncio.run(asyncio.wait_for(main(), START_S))  # only stops a hang
 
 
 def test_async_client_refuses_requests_over_the_message_limit(server):
@@ -89,7 +89,7 @@ def test_async_client_refuses_requests_over_the_message_limit(server):
             s = await c.stats()
             assert s["pending"] == 0 and s["kv_blocks_free"] == s["kv_blocks_total"]
 
-    asyncio.run(asyncio.wait_for(main(), 60))
+    asyncio.run(asyncio.wait_for(main(), START_S))  # only stops a hang
 
 
 def test_cli_client_streams_to_terminal(server, offline):
@@ -100,7 +100,7 @@ def test_cli_client_streams_to_terminal(server, offline):
         cwd=ROOT,
         env=dict(os.environ, PYTHONIOENCODING="utf-8"),
         capture_output=True,
-        timeout=60,
+        timeout=START_S,
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.decode("utf-8") == text + "\n"

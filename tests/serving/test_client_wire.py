@@ -16,6 +16,7 @@ from client import Client, SamplingParams
 from protocol.client_messages import CLIENT_PROTOCOL_VERSION, Abort, Error, Health
 from protocol.codec import ProtocolError, decode, encode
 from tests.support.server import MAX_MESSAGE_BYTES, generate_frame, wait_stats
+from tests.support.timeouts import HANG_S
 
 # ---- fuzz -----------------------------------------------------------------------------------------------------
 
@@ -157,7 +158,7 @@ def test_fuzz_client_endpoint(server, offline):
 
         # every attributable bad request got an error that names the problem
         got: dict[str, Error] = {}
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + HANG_S
         while set(expect_error) - set(got) and time.monotonic() < deadline:
             if sock.poll(200):
                 msg = decode(sock.recv())
@@ -175,7 +176,7 @@ def test_fuzz_client_endpoint(server, offline):
 
     assert server.proc.poll() is None, server.stderr()
     ids, text = offline("hello", 8)
-    with Client(server.address, timeout=30) as c:
+    with Client(server.address, timeout=HANG_S) as c:
         assert c.health()["healthy"]
         comp = c.generate("hello", SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
         assert comp.token_ids == ids and comp.text == text

@@ -16,6 +16,7 @@ import sys
 import time
 
 from tests.support.processes import ROOT, free_port, torchrun_cmd
+from tests.support.timeouts import HANG_S, START_S
 
 
 def prompts() -> list[list[int]]:
@@ -30,6 +31,7 @@ def run(model: str, device: str, tp: int, dtype: str, max_tokens: int) -> dict:
 
     params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
     engine_args = dict(device=device, dtype=dtype, max_model_len=256, num_kv_blocks=128, enforce_eager=True)
+    engine_args["worker_timeout_s"] = START_S  # torchrun's ranks start slowly on a busy host
     with LLM(model, tensor_parallel_size=1, **engine_args) as llm:
         ref = [c.token_ids for c in llm.generate(prompts(), params, use_tqdm=False)]
 
@@ -43,7 +45,7 @@ def run(model: str, device: str, tp: int, dtype: str, max_tokens: int) -> dict:
             got = [c.token_ids for c in llm.generate(prompts(), params, use_tqdm=False)]
             hellos = llm.engine.workers.num_kv_blocks
         elapsed = time.monotonic() - t0
-        code = group.wait(timeout=60)
+        code = group.wait(timeout=HANG_S)
     finally:
         if group.poll() is None:
             group.kill()
