@@ -61,7 +61,9 @@ class WorkerAdmission:
                 hello, nonce, _ = challenged.pop(identity)
                 expected = worker_proof(self.secret, hello.nonce, nonce, hello.rank, self.world_size)
                 if not matches(expected, msg.proof):
-                    reason = "it holds no worker secret" if not msg.proof else "wrong worker secret"
+                    reason = "wrong worker secret" if msg.proof else "no proof (no worker secret)"
+                    if msg.refusal:  # the worker's own account, as a quoted string: a peer's text, not ours
+                        reason = f"the worker says {msg.refusal[:200]!r}"
                     refused.append(self._refuse(identity, peer, hello, reason))
                 elif not (bad := self._admit(identity, peer, hello, joined)):
                     pending.discard(hello.rank)

@@ -43,10 +43,13 @@ class AuthChallenge:
 @record(13)
 @dataclass(slots=True)
 class AuthResponse:
-    """Worker -> coordinator: its proof over both nonces (empty: this worker has no secret)."""
+    """Worker -> coordinator: its proof over both nonces; empty, with the reason, when it gives none (it has no
+    secret, or the coordinator's proof did not verify: a proof made for an unverified coordinator would let it test
+    guesses of the secret offline)."""
 
     rank: int
     proof: bytes
+    refusal: str = ""
 
 
 @record(2)

@@ -40,13 +40,14 @@ def authenticate(worker: Worker, msg: object, nonce: bytes) -> object:
     one); the message after that. Nothing from a coordinator that cannot prove it is ever acted on."""
     if isinstance(msg, AuthChallenge):
         if not worker.secret:
-            worker.send(AuthResponse(worker.rank, b""))  # so the coordinator's log says why it refuses us
+            worker.send(AuthResponse(worker.rank, b"", "it holds no worker secret"))  # for the coordinator's log
             raise Refused(
                 f"the coordinator at {worker.address} requires a worker secret: set NANOSERVE_WORKER_SECRET (or "
                 "NANOSERVE_API_KEY) in this worker's environment"
             )
         expected = coordinator_proof(worker.secret, nonce, msg.nonce, worker.rank, worker.world_size)
         if not matches(expected, msg.proof):
+            worker.send(AuthResponse(worker.rank, b"", "its worker secret differs (the coordinator's proof failed)"))
             raise Refused(f"the coordinator at {worker.address} does not hold this worker's secret")
         worker.send(
             AuthResponse(worker.rank, worker_proof(worker.secret, nonce, msg.nonce, worker.rank, worker.world_size))

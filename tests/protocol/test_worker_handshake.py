@@ -186,8 +186,9 @@ def test_impostors_are_refused_and_the_real_worker_serves(tiny_tied, tmp_path, c
     assert no_secret.got == ["AuthChallenge", "Shutdown"], no_secret.got
     assert wrong_proof.got == ["AuthChallenge", "Shutdown"], wrong_proof.got
     refusals = [r.getMessage() for r in caplog.records if r.getMessage().startswith("refused a worker at 127.0.0.1")]
-    assert any("'impostor'" in m and "holds no worker secret" in m for m in refusals), refusals
+    assert any("'impostor'" in m and "no proof (no worker secret)" in m for m in refusals), refusals
     assert any("'impostor'" in m and "wrong worker secret" in m for m in refusals), refusals
+    assert any(f"pid {wrong.pid}" in m and "worker secret differs" in m for m in refusals), refusals
     ignored = [r.getMessage() for r in caplog.records if r.getMessage().startswith("ignoring a peer")]
     assert ignored, "the impostors' messages after their refusal were not logged"
 
@@ -198,7 +199,9 @@ def test_a_worker_without_the_secret_is_told_why(tiny_tied, tmp_path):
     try:
         from coordinator.worker_group import WorkerGroup
 
-        with pytest.raises(TimeoutError, match=r"rank\(s\) \[0\]; refused: a worker at 127.0.0.1.*no worker secret"):
+        with pytest.raises(
+            TimeoutError, match=r"rank\(s\) \[0\]; refused: a worker at 127.0.0.1.*holds no worker secret"
+        ):
             WorkerGroup(worker_config(tiny_tied), 1, external=True, address=address, start_timeout_s=8, secret=SECRET)
         assert worker.wait(timeout=60) == 1
         assert "requires a worker secret: set NANOSERVE_WORKER_SECRET" in (tmp_path / "w.log").read_text()
