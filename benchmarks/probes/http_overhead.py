@@ -114,7 +114,8 @@ async def zmq_firsts(address: str, n: int) -> list[float]:
     return firsts
 
 
-def _wait_listening(port: int, proc: subprocess.Popen, timeout: float = 60.0) -> None:
+def _wait_listening(port: int, proc: subprocess.Popen, timeout: float = 300.0) -> None:
+    # only stops a hang: on a busy host the front-end's imports alone can take a minute
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and proc.poll() is None:
         try:

@@ -9,6 +9,7 @@ import sys
 
 from benchmarks.probes.pc_sampling import kernel_samples, summarize
 from tests.support.processes import ROOT
+from tests.support.timeouts import START_S
 
 
 def node(name: str, samples: int = 0, children: list | None = None, **stalls: int) -> dict:
@@ -56,5 +57,5 @@ def test_a_saved_profile_is_summarized_without_a_gpu(tmp_path):
     path = tmp_path / "pcs.hatchet"
     path.write_text(json.dumps(TREE))
     cmd = [sys.executable, "-m", "benchmarks.probes.pc_sampling", "--summarize", str(path)]
-    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=START_S)
     assert out.returncode == 0 and out.stdout == summarize(TREE) + "\n", out.stderr

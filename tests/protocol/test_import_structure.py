@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from tests.support.processes import ROOT
+from tests.support.timeouts import START_S
 
 PROGRAM = """
 import pkgutil, sys
@@ -37,7 +38,7 @@ print("after LLM:", "torch" in sys.modules)
 
 def test_remote_client_imports_without_torch():
     out = subprocess.run(
-        [sys.executable, "-c", PROGRAM], cwd=ROOT, env=dict(os.environ), capture_output=True, text=True, timeout=120
+        [sys.executable, "-c", PROGRAM], cwd=ROOT, env=dict(os.environ), capture_output=True, text=True, timeout=START_S
     )
     assert out.returncode == 0, out.stderr
     assert "heavy: []" in out.stdout, out.stdout
