@@ -15,6 +15,7 @@ from protocol.codec import record
 _NUMBER = (int, float)
 _F32_MAX = 3.4028234663852886e38  # a bias is added to float32 logits: it must stay finite there
 MAX_LOGPROBS = 20  # logprobs and prompt_logprobs: top alternatives per token, as vLLM's default max_logprobs
+I64_END = 2**63  # every int field travels as a signed 64-bit int at most (msgpack packs nothing >= 2**64 at all)
 
 
 def _is_num(v) -> bool:  # NaN fails every range check below
@@ -31,8 +32,8 @@ def _check_logit_bias(bias) -> None:
     if not isinstance(bias, dict):
         raise ValueError(f"logit_bias must be a dict of token id -> bias, got {type(bias).__name__}")
     for k, v in bias.items():
-        if not (_is_int(k) and k >= 0):
-            raise ValueError(f"logit_bias keys must be token ids (ints >= 0), got {k!r}")
+        if not (_is_int(k) and 0 <= k < I64_END):
+            raise ValueError(f"logit_bias keys must be token ids (ints >= 0, < 2^63), got {k!r}")
         if not (_is_num(v) and math.isfinite(v) and abs(v) <= _F32_MAX):
             raise ValueError(f"logit_bias values must be finite numbers, got {v!r} for token {k}")
 
@@ -152,18 +153,20 @@ class SamplingParams:
             self._bad("temperature", "must be in [0, 100]")
         if not (_is_num(self.top_p) and 0 < self.top_p <= 1):
             self._bad("top_p", "must be in (0, 1]")
-        if not (_is_int(self.top_k) and self.top_k >= -1):
-            self._bad("top_k", "must be an int >= -1 (0 or -1 disables)")
+        if not (_is_int(self.top_k) and -1 <= self.top_k < I64_END):
+            self._bad("top_k", "must be an int >= -1 (0 or -1 disables; < 2^63)")
         if not (_is_num(self.min_p) and 0 <= self.min_p <= 1):
             self._bad("min_p", "must be in [0, 1]")
-        if not (self.max_tokens is None or (_is_int(self.max_tokens) and self.max_tokens >= 1)):
-            self._bad("max_tokens", "must be None (up to max_model_len) or an int >= 1")
-        if not (_is_int(self.min_tokens) and 0 <= self.min_tokens <= (self.max_tokens or self.min_tokens)):
+        if not (self.max_tokens is None or (_is_int(self.max_tokens) and 1 <= self.max_tokens < I64_END)):
+            self._bad("max_tokens", "must be None (up to max_model_len) or an int >= 1 (and < 2^63)")
+        if not (_is_int(self.min_tokens) and 0 <= self.min_tokens <= (self.max_tokens or I64_END - 1)):
             self._bad("min_tokens", "must be in [0, max_tokens]")
         if type(self.stop) is not list or not all(isinstance(s, str) and s for s in self.stop):
             self._bad("stop", "must be a non-empty string or a list of them")
-        if type(self.stop_token_ids) is not list or not all(_is_int(t) and t >= 0 for t in self.stop_token_ids):
-            self._bad("stop_token_ids", "must be a list of token ids (ints >= 0)")
+        if type(self.stop_token_ids) is not list or not all(
+            _is_int(t) and 0 <= t < I64_END for t in self.stop_token_ids
+        ):
+            self._bad("stop_token_ids", "must be a list of token ids (ints >= 0, < 2^63)")
         if not isinstance(self.ignore_eos, bool):
             self._bad("ignore_eos", "must be a bool")
         if not (self.seed is None or (_is_int(self.seed) and -(2**63) <= self.seed < 2**63)):
@@ -188,8 +191,8 @@ class SamplingParams:
         if not (n is None or (_is_int(n) and 0 <= n <= MAX_LOGPROBS)):
             self._bad("prompt_logprobs", f"must be None or an int in [0, {MAX_LOGPROBS}]")
         k = self.truncate_prompt_tokens
-        if not (k is None or (_is_int(k) and (k >= 1 or k == -1))):
-            self._bad("truncate_prompt_tokens", "must be None, -1 (max_model_len) or an int >= 1")
+        if not (k is None or (_is_int(k) and (1 <= k < I64_END or k == -1))):
+            self._bad("truncate_prompt_tokens", "must be None, -1 (max_model_len) or an int >= 1 (and < 2^63)")
         if not (self.structured_outputs is None or isinstance(self.structured_outputs, str)):
             self._bad("structured_outputs", "must be None or a structured outputs spec")
 

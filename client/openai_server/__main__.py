@@ -16,7 +16,6 @@ import time
 
 from client.openai_server import STOP_SIGNAL
 from client.openai_server.app import build_app
-from client.openai_server.body_limit import BODIES_PER_MESSAGE
 from client.openai_server.engine_client import EngineClient
 from client.openai_server.metrics import Metrics
 from client.openai_server.parser_flags import add_parser_flags, check_parser_flags, parser_classes
@@ -53,8 +52,8 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     add_parser_flags(p)
     p.add_argument(
-        "--max-body-bytes", type=int, default=None, help="larger HTTP request bodies get a 413 (default: "
-        f"{BODIES_PER_MESSAGE} times the coordinator's --max-message-bytes)",
+        "--max-body-bytes", type=int, default=None, help="larger HTTP request bodies get a 413, unread (default: "
+        "the coordinator's --max-message-bytes)",
     )  # fmt: skip
     p.add_argument("--log-stats-interval", type=float, default=10.0, help="seconds between throughput log lines")
     p.add_argument("--connect-timeout", type=float, default=60.0, help="seconds to wait for the coordinator")
@@ -160,7 +159,7 @@ async def serve(args) -> int:
         return 1
     state = ServerState(engine, Metrics(engine.served_model_name), args.api_key, *parser_classes(args))
     sock = _listen_socket(args)
-    max_body = args.max_body_bytes or BODIES_PER_MESSAGE * engine.max_message_bytes
+    max_body = args.max_body_bytes or engine.max_message_bytes
     config = uvicorn.Config(
         build_app(state, max_body), log_config=None, access_log=False, lifespan="off", timeout_graceful_shutdown=5
     )

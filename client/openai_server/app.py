@@ -1,27 +1,28 @@
 """The routes: OpenAI's /v1/completions, /v1/chat/completions, /v1/models; vLLM's /tokenize, /detokenize,
-/health, /metrics, /version. /v1/* and the tokenizer routes need the API key when the server has one."""
+/health, /metrics, /version. /v1/* and the tokenizer routes need the API key when the server has one (auth.py)."""
 
 from __future__ import annotations
 
 import asyncio
-import hmac
 import logging
 import time
 from importlib import metadata
 
-from fastapi import Depends, FastAPI, Request
+from fastapi import FastAPI, Request
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.responses import Response
 
+from client.openai_server.auth import KeyCheck
 from client.openai_server.body_limit import BodyLimit
 from client.openai_server.chat import create_chat_completion
 from client.openai_server.completions import create_completion
-from client.openai_server.error_handlers import install_error_handlers
+from client.openai_server.engine_client import label_requests
+from client.openai_server.error_handlers import ServerErrors, install_error_handlers
 from client.openai_server.errors import APIError, from_engine
 from client.openai_server.params import GUIDED_FIELDS, check_model, conversation
 from client.openai_server.schemas import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
 from client.openai_server.state import ServerState
-from client.openai_server.text_check import check_text
+from client.openai_server.text_check import check_request_text
 
 log = logging.getLogger("nanoserve.http")
 _warned_fields: set[str] = set()
@@ -71,30 +72,27 @@ def build_app(state: ServerState, max_body_bytes: int) -> FastAPI:
     engine, key = state.engine, state.api_key
 
     install_error_handlers(app)
+    # the last added runs first: the key, then the body's size, are checked before a byte of the body is read
     app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
+    if key is not None:
+        app.add_middleware(KeyCheck, key=key)
+    app.add_middleware(ServerErrors)
 
-    async def authorized(request: Request) -> None:
-        if key is None:
-            return
-        given = request.headers.get("authorization", "")
-        if not hmac.compare_digest(given.encode(), f"Bearer {key}".encode()):
-            raise APIError(401, "missing or wrong API key (send 'Authorization: Bearer KEY')")
-
-    guarded = [Depends(authorized)]
-
-    @app.post("/v1/completions", dependencies=guarded)
+    @app.post("/v1/completions")
     async def completions(req: CompletionRequest, request: Request) -> Response:
-        check_text(req)
+        await check_request_text(request, req)
         _warn_unknown_fields(req)
+        label_requests(request)
         return await until_disconnect(request, create_completion(state, req))
 
-    @app.post("/v1/chat/completions", dependencies=guarded)
+    @app.post("/v1/chat/completions")
     async def chat_completions(req: ChatCompletionRequest, request: Request) -> Response:
-        check_text(req)
+        await check_request_text(request, req)
         _warn_unknown_fields(req)
+        label_requests(request)
         return await until_disconnect(request, create_chat_completion(state, req))
 
-    @app.get("/v1/models", dependencies=guarded)
+    @app.get("/v1/models")
     async def models() -> dict:
         card = {
             "object": "model",
@@ -106,9 +104,9 @@ def build_app(state: ServerState, max_body_bytes: int) -> FastAPI:
         }
         return {"object": "list", "data": [{"id": name, **card} for name in engine.served_model_names]}
 
-    @app.post("/tokenize", dependencies=guarded)
-    async def tokenize(req: TokenizeRequest) -> dict:
-        check_text(req)
+    @app.post("/tokenize")
+    async def tokenize(req: TokenizeRequest, request: Request) -> dict:
+        await check_request_text(request, req)
         check_model(req.model, engine.served_model_names)
         if (req.prompt is None) == (req.messages is None):
             raise APIError(400, "give exactly one of prompt and messages", "prompt")
@@ -131,9 +129,9 @@ def build_app(state: ServerState, max_body_bytes: int) -> FastAPI:
             out["token_strs"] = strs
         return out
 
-    @app.post("/detokenize", dependencies=guarded)
-    async def detokenize(req: DetokenizeRequest) -> dict:
-        check_text(req)
+    @app.post("/detokenize")
+    async def detokenize(req: DetokenizeRequest, request: Request) -> dict:
+        await check_request_text(request, req)
         check_model(req.model, engine.served_model_names)
         try:
             # vLLM decodes with the tokenizer's default: special tokens kept, so tokenize -> detokenize round-trips

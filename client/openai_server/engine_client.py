@@ -1,18 +1,44 @@
 """The front-end's view of the coordinator: one AsyncClient (one ZMQ socket for every HTTP request), the
-coordinator's Info, and the token texts that logprobs name (fetched once per id, then cached)."""
+coordinator's Info, and the token texts that logprobs name (fetched once per id, then cached).
+
+The coordinator limits pending requests per (ZMQ identity, ``Generate.client``). The front-end is one ZMQ identity
+for every HTTP user, so each request's Generate carries the HTTP peer's address as its ``client``: nanoserve has
+one shared --api-key, which tells no two users apart, while the address does (behind a reverse proxy every user
+shares the proxy's address, and so its limit)."""
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+from contextvars import ContextVar
+
+from starlette.requests import HTTPConnection
 
 from client.async_client import AsyncClient
+from protocol.client_messages import Generate
 
 CONTROL_TIMEOUT_S = 10.0  # health, stats, info, tokenize: the coordinator answers these between steps
+# the HTTP user a request's Generates are counted for; set per request, inherited by the tasks it starts
+CLIENT_LABEL: ContextVar[str] = ContextVar("nanoserve_http_client", default="")
+_LABELLED = "client" in {f.name for f in dataclasses.fields(Generate)}  # older protocol: no per-client limit
+
+
+def label_requests(conn: HTTPConnection) -> None:
+    """Count the Generates the current request sends against its peer's address."""
+    CLIENT_LABEL.set(conn.client.host if conn.client else "")
+
+
+class _LabelledClient(AsyncClient):
+    def _generate_request(self, prompt, params, stream: bool) -> Generate:
+        msg = super()._generate_request(prompt, params, stream)
+        if _LABELLED:
+            msg.client = CLIENT_LABEL.get()
+        return msg
 
 
 class EngineClient:
     def __init__(self, address: str, token: str | None, served_model_names: list[str] | None = None) -> None:
-        self.client = AsyncClient(address, token=token)  # no timeout: a long generation must not be cut
+        self.client = _LabelledClient(address, token=token)  # no timeout: a long generation must not be cut
         self.address = address
         self.info: dict = {}
         self.served_model_names = list(served_model_names or ())  # requests may name any; responses say the first

@@ -1,6 +1,7 @@
 """Every error the app answers, in OpenAI's shape (client/openai_server/errors.py): our own APIErrors, FastAPI's
 validation errors (a wrong type, a body that is not JSON) and Starlette's HTTP errors (a body that cannot be parsed,
-e.g. JSON nested too deeply for the parser; an unknown route or method; a body over the size cap)."""
+e.g. JSON nested too deeply for the parser; an unknown route or method; a body over the size cap). Every 5xx is
+logged with its traceback, an unexpected exception's included (ServerErrors)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,9 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException
 from starlette.responses import JSONResponse
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from client.openai_server.errors import APIError
+from client.openai_server.errors import APIError, log_server_error
 
 
 def _validation_error(e: RequestValidationError) -> APIError:
@@ -34,6 +36,7 @@ def _http_error(e: HTTPException) -> APIError:
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(APIError)
     async def _api_error(request: Request, e: APIError) -> JSONResponse:
+        log_server_error(e, e.__context__, f"{request.method} {request.url.path}")  # 5xx only, once
         return e.response()
 
     @app.exception_handler(RequestValidationError)
@@ -45,3 +48,30 @@ def install_error_handlers(app: FastAPI) -> None:
         response = _http_error(e).response()
         response.headers.update(e.headers or {})  # e.g. a 405's Allow
         return response
+
+
+class ServerErrors:
+    """ASGI middleware around the app: an exception no handler took is logged with its traceback and answered
+    500 in OpenAI's shape (Starlette's own answer is plain text, and logged again by uvicorn)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def tracked(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracked)
+        except Exception as e:
+            error = APIError(500, f"internal error: {type(e).__name__}: {e}")
+            log_server_error(error, e, f"{scope.get('method')} {scope.get('path')}")
+            if not started:  # else the client sees its response cut short
+                await error.response()(scope, receive, send)

@@ -3,8 +3,11 @@ SDKs map to exception classes (400, 401, 404, 413, 429, 503)."""
 
 from __future__ import annotations
 
+import logging
+
 from fastapi.responses import JSONResponse
 
+from protocol import errors as _errors
 from protocol.codec import ProtocolError
 from protocol.errors import EngineDeadError, OverloadedError, RequestError
 
@@ -18,6 +21,17 @@ _TYPES = {
     500: "InternalServerError",
     503: "ServiceUnavailableError",
 }
+log = logging.getLogger("nanoserve.http")
+
+
+class AbortedByServer(Exception):
+    """A request the server ended with finish_reason "abort" though its HTTP client was still there (the client
+    leaving cancels the handler before it could see one): a shutdown's abort, answered as an error, never as a
+    200."""
+
+
+# ours, and the coordinator's Aborted error (a shutdown ended the request, or refused it while draining)
+_ABORTS = (AbortedByServer, *filter(None, [getattr(_errors, "AbortedError", None)]))
 
 
 class APIError(Exception):
@@ -26,6 +40,7 @@ class APIError(Exception):
     def __init__(self, status: int, message: str, param: str | None = None) -> None:
         super().__init__(message)
         self.status, self.message, self.param = status, _utf8(message), param and _utf8(param)
+        self.logged = False  # a 5xx is logged once, with the traceback of what caused it
 
     def body(self) -> dict:
         err = {"message": self.message, "type": _TYPES.get(self.status, "Error"), "param": self.param}
@@ -51,8 +66,26 @@ def param_of(message: str, fields, prompt_param: str = "prompt") -> str | None:
     return word if word in fields else None
 
 
+def log_server_error(error: APIError, cause: BaseException | None, where: str = "") -> None:
+    """Log a 5xx once, with the traceback of ``cause`` (what went wrong) or of the error itself."""
+    if error.status >= 500 and not error.logged:
+        error.logged = True
+        log.error("%s%d: %s", f"{where} -> " if where else "", error.status, error.message, exc_info=cause or error)
+
+
 def from_engine(e: BaseException, fields=(), prompt_param: str = "prompt") -> APIError:
-    """The HTTP error for an exception the coordinator's client raised (a refusal too large to send included)."""
+    """The HTTP error for an exception the coordinator's client raised (a refusal too large to send included); a
+    5xx is logged here with ``e``'s traceback."""
+    error = _from_engine(e, fields, prompt_param)
+    log_server_error(error, e)
+    return error
+
+
+def _from_engine(e: BaseException, fields, prompt_param: str) -> APIError:
+    if isinstance(e, APIError):
+        return e
+    if isinstance(e, _ABORTS):
+        return APIError(503, f"the request was aborted by the server: {e}")
     if isinstance(e, RequestError):
         return APIError(400, str(e), param_of(str(e), fields, prompt_param))
     if isinstance(e, OverloadedError):

@@ -5,7 +5,37 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from protocol.sampling_params import I64_END
+
+
+def _token_ids(ids: list, what: str) -> list[int]:
+    """``ids`` if every one is an int in [0, 2^63) (the wire's range; the engine checks the vocabulary), else a
+    ValueError saying so. One pass of C-speed calls: a body may hold a million ids."""
+    if set(map(type, ids)) - {int}:
+        raise ValueError(f"{what} must be token ids (ints)")
+    if ids and not (0 <= min(ids) and max(ids) < I64_END):
+        raise ValueError(f"{what} must be token ids in [0, 2^63), got {min(ids) if min(ids) < 0 else max(ids)}")
+    return ids
+
+
+def _prompt(value: Any) -> Any:
+    """A completions prompt: a string, a list of strings, a list of token ids or a list of those. Checked here
+    rather than as pydantic's union, which validates a long id list against every member (seconds for a few
+    MB of ids, with the event loop blocked) before it finds the one that fits."""
+    if isinstance(value, str):
+        return value
+    if not isinstance(value, list):
+        raise ValueError("prompt must be a string, a list of strings, a list of token ids or a list of those")
+    kinds = set(map(type, value))
+    if kinds <= {str}:
+        return value
+    if kinds <= {int}:
+        return _token_ids(value, "prompt")
+    if kinds <= {list}:
+        return [_token_ids(ids, f"prompt[{i}]") for i, ids in enumerate(value)]
+    raise ValueError("prompt must be a string, a list of strings, a list of token ids or a list of those")
 
 
 class StreamOptions(BaseModel):
@@ -43,12 +73,17 @@ class _Request(BaseModel):
 
 
 class CompletionRequest(_Request):
-    prompt: str | list[str] | list[int] | list[list[int]]
+    prompt: Any  # str | list[str] | list[int] | list[list[int]], checked by _prompt
     max_tokens: int | None = 16
     logprobs: int | None = None
     echo: bool = False
     suffix: str | None = None
     best_of: int | None = None
+
+    @field_validator("prompt")
+    @classmethod
+    def _check_prompt(cls, value: Any) -> Any:
+        return _prompt(value)
 
 
 class ChatMessage(BaseModel):
@@ -90,3 +125,8 @@ class DetokenizeRequest(BaseModel):
 
     model: str | None = None
     tokens: list[int]
+
+    @field_validator("tokens")
+    @classmethod
+    def _check_tokens(cls, value: list[int]) -> list[int]:
+        return _token_ids(value, "tokens")

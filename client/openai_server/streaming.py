@@ -1,6 +1,7 @@
 """Running a request's choices on the coordinator: all at once (non-streaming) or as one merged stream of
 deltas, and sending that stream as server-sent events (one event per delta) that end, and abort the request,
-when the HTTP client goes away."""
+when the HTTP client goes away. A choice the server aborts while its client is still there (a shutdown) fails the
+request: an error status, or an error event before [DONE], never a success with finish_reason "abort"."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from starlette.responses import StreamingResponse
 
 from client.async_client import AsyncStream
 from client.openai_server.engine_client import EngineClient
+from client.openai_server.errors import AbortedByServer
 from protocol.client_messages import Delta
 from protocol.outputs import Completion
 
@@ -50,7 +52,23 @@ async def _all_or_none(coros) -> list:
 
 async def generate_all(engine: EngineClient, jobs: list[tuple]) -> list[Completion]:
     """Every (prompt, params) job at once, results in order."""
-    return await _all_or_none(engine.client.generate(p, sp) for p, sp in jobs)
+    return await _all_or_none(_unaborted(engine.client.generate(p, sp)) for p, sp in jobs)
+
+
+_ABORTED = "the server stopped it before it finished (shutting down)"
+
+
+async def _unaborted(generation) -> Completion:
+    c = await generation
+    if c.finish_reason == "abort":  # our client's aborts cancel the handler first: this one is the server's
+        raise AbortedByServer(_ABORTED)
+    return c
+
+
+def _checked(d: Delta) -> Delta:
+    if d.finish_reason == "abort":
+        raise AbortedByServer(_ABORTED)
+    return d
 
 
 class ChoiceStreams:
@@ -80,7 +98,7 @@ class ChoiceStreams:
             raise
         if self._first.done():
             try:
-                self.firsts = self._first.result()
+                self.firsts = [_checked(d) for d in self._first.result()]  # aborted already: an error status
             except BaseException:
                 self.close()
                 raise
@@ -90,12 +108,12 @@ class ChoiceStreams:
             if not self.firsts:
                 self.firsts = await self._first
             for i, d in enumerate(self.firsts):
-                yield i, d
+                yield i, _checked(d)
             live = [i for i, d in enumerate(self.firsts) if d.finish_reason is None]
             if len(live) == 1:
                 i = live[0]
                 async for d in self.streams[i]:
-                    yield i, d
+                    yield i, _checked(d)
             elif live:
                 async for item in self._merged(live):
                     yield item
@@ -126,7 +144,7 @@ class ChoiceStreams:
                 elif isinstance(item, Exception):
                     raise item
                 else:
-                    yield i, item
+                    yield i, _checked(item)
         finally:
             for t in tasks:
                 t.cancel()

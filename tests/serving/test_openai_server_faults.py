@@ -1,6 +1,6 @@
 """The HTTP server's refusals and faults: a non-loopback host without a key, an HTTP port in use, 401 without the
 key, 429 past --max-pending-requests, 400 for a request over the coordinator's --max-message-bytes (other streams go
-on) and 413 for a body over the front-end's cap, 400s in OpenAI's shape for bodies that are not valid JSON, not
+on) and 413 for a body over it, unread, 400s in OpenAI's shape for bodies that are not valid JSON, not
 Unicode or nested too deep, SIGINT and SIGTERM to the front-end (on its own: SIGINT ends it, exit 0; under a parent it
 leaves both to the parent, which stops it with SIGUSR1), 503 once the engine is dead, and the front-end ending its
 streams and exiting with its parent."""
@@ -22,7 +22,6 @@ import pytest
 
 from client import Client
 from client.openai_server import STOP_SIGNAL
-from client.openai_server.body_limit import BODIES_PER_MESSAGE
 from protocol.codec import ProtocolError
 from tests.support.openai_http import HttpServer
 from tests.support.processes import ROOT, children_of, pid_alive, sigint_default
@@ -109,9 +108,10 @@ def _error(resp: httpx.Response, status: int, param) -> str:
 
 
 def test_request_over_the_message_limit_is_400_and_other_streams_go_on(server):
-    """The front-end learns the coordinator's --max-message-bytes and refuses a larger request itself: sent, it
+    """The front-end learns the coordinator's --max-message-bytes: a larger body is a 413, unread; a body within it
+    whose request still comes out larger (its fields around the text) is refused by the front-end itself: sent, it
     would be dropped by ZMQ with the front-end's shared connection, hanging it and every stream on it."""
-    big = "a " * (MESSAGE_LIMIT // 2 + 64)
+    big = "a" * (MESSAGE_LIMIT - 100)  # the body fits, the message (its fields and the sampling params) not
     long = {"prompt": "long", "max_tokens": 300, "ignore_eos": True, "stream": True}
     with httpx.Client(timeout=30, headers=HEADERS) as client:
         with client.stream("POST", server.base_url + "/completions", json=long) as resp:
@@ -123,7 +123,7 @@ def test_request_over_the_message_limit_is_400_and_other_streams_go_on(server):
                 assert f"limit of {MESSAGE_LIMIT} bytes" in _error(r, 400, "messages")
             r = client.post(server.base_url + "/completions", json={"prompt": ["x", big], "max_tokens": 2})
             assert "--max-message-bytes" in _error(r, 400, "prompt")
-            cap = BODIES_PER_MESSAGE * MESSAGE_LIMIT
+            cap = MESSAGE_LIMIT
             body = b'{"prompt": "' + b"a" * cap + b'"}'
             assert str(cap) in _error(client.post(server.base_url + "/completions", content=body), 413, None)
             chunked = iter([body[: cap // 2], body[cap // 2 :]])  # no Content-Length: counted as it arrives
