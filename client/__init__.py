@@ -1,7 +1,7 @@
 """nanoserve's client side: the offline ``LLM`` API (vLLM-shaped ``RequestOutput``s), ``Client``/``AsyncClient``
 over ZMQ, and the OpenAI-compatible HTTP front-end (client/openai_server/, its own process)."""
 
-from protocol.errors import EngineDeadError, MessageTooLargeError, OverloadedError, RequestError
+from protocol.errors import AbortedError, EngineDeadError, MessageTooLargeError, OverloadedError, RequestError
 from protocol.outputs import Completion, CompletionOutput, RequestOutput
 from protocol.sampling_params import SamplingParams, StructuredOutputsParams
 
@@ -18,6 +18,7 @@ __all__ = [
     "MessageTooLargeError",
     "EngineDeadError",
     "OverloadedError",
+    "AbortedError",
 ]
 
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import logging
 
-from protocol.client_messages import ENGINE_DEAD, OVERLOADED, PROTOCOL, REQUEST_ERROR, Delta, Error
+from protocol.client_messages import ABORTED, ENGINE_DEAD, OVERLOADED, PROTOCOL, REQUEST_ERROR, Delta, Error
 from protocol.codec import ProtocolError, decode
-from protocol.errors import EngineDeadError, OverloadedError, RequestError
+from protocol.errors import AbortedError, EngineDeadError, OverloadedError, RequestError
 from protocol.outputs import Completion, PromptLogprobs
 
 log = logging.getLogger("nanoserve.client")
@@ -17,6 +17,7 @@ _EXCEPTIONS = {
     ENGINE_DEAD: EngineDeadError,
     OVERLOADED: OverloadedError,
     PROTOCOL: ProtocolError,
+    ABORTED: AbortedError,
 }
 
 

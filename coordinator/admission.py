@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from coordinator.block_manager import BlockManager
-from coordinator.prompts import render_chat
+from coordinator.prompts import encode_text, render_chat
 from protocol.client_messages import ChatPrompt
 from protocol.errors import RequestError
 from protocol.sampling_params import SamplingParams, truncate_prompt
@@ -87,7 +87,7 @@ class Admission:
                 raise RequestError(
                     f"prompt ({len(prompt)} characters) cannot fit in max_model_len ({self.max_model_len}) tokens"
                 )
-            return self.tokenizer.encode(prompt, add_special_tokens=False)
+            return encode_text(self.tokenizer, prompt, add_special_tokens=False)
         # type/min/max run at C speed: W1's 256 prompts (143k ids) were ~10 ms of per-id Python checks
         if isinstance(prompt, (list, tuple)) and set(map(type, prompt)) <= {int}:
             if len(prompt) > self.max_model_len:

@@ -1,31 +1,36 @@
 """The coordinator's client endpoint: a ZMQ ROUTER socket that serves Generate/Abort/Health/Info/Stats and
-Tokenize/Detokenize requests (protocol/client_messages.py) over the engine's interface (add_request, abort, step,
-has_unfinished, stats, info, health, tokenize, detokenize, shutdown). It is transport, authentication and the
+Tokenize/Detokenize requests (protocol/client_messages.py) over the engine's interface (admit, add_admitted, abort,
+step, has_unfinished, stats, info, health, tokenize, detokenize, shutdown). It is transport, authentication and the
 request table (its counters and Stats answer: coordinator/server_stats.py); the engine's output processor owns every
 token and character it sends.
 
 One thread runs one loop:
 
 1. receive: drain the client socket without blocking (at most ``max_drain`` frames per turn, so a flood cannot
-   starve the engine), read each frame (coordinator/client_frames.py), then ``engine.add_request`` /
-   ``engine.abort`` or answer Health/Info/Stats/Tokenize/Detokenize on the spot. A frame that cannot be attributed
-   to a request is logged and dropped; a malformed frame that names a request gets an ``Error`` reply.
-2. step: when the engine has work, run one ``engine.step()`` and send each of its outputs as a ``Delta``.
-3. when idle, block in ``poll`` for a short while (and check the engine's health now and then).
+   starve the engine), read each frame (coordinator/client_frames.py), then ``engine.abort`` or answer
+   Health/Info/Stats on the spot; a Generate's template and tokenizer (``engine.admit``) and Tokenize/Detokenize
+   go to the tokenizer threads (coordinator/tokenizer_pool.py), so a 7 MB text cannot stall the other streams. A
+   frame that cannot be attributed to a request is logged and dropped; a malformed frame that names a request gets
+   an ``Error`` reply.
+2. pick up what the tokenizer threads finished: ``engine.add_admitted``, or the reply.
+3. step: when the engine has work, run one ``engine.step()`` and send each of its outputs as a ``Delta``.
+4. when idle, block in ``poll`` for a short while (and check the engine's health now and then).
 
 Sends never block: ROUTER_MANDATORY is off and every send is non-blocking, so a reply to a vanished client is
 dropped and a slow client only loses replies past its high-water mark; neither stalls the loop.
 
-Faults: when the engine fails (a worker died or hung: ``EngineDeadError``), every in-flight request gets an
-``EngineDeadError`` reply at once, the surviving workers are stopped, and the server *stays up, unhealthy*:
-Health says so and every new Generate gets ``EngineDeadError``. It does not restart the workers (their state
-and the model's memory are gone with them; a supervisor that watches Health restarts the whole process, which
-is simpler and safer than restarting in place). ``stop()`` (the SIGINT/SIGTERM handlers call it) ends the loop;
-in-flight requests then end with finish_reason "abort".
+Faults and the end (coordinator/lifecycle.py): when the engine fails (a worker died or hung:
+``EngineDeadError``), or ``fail(reason)`` is called, every in-flight request gets an ``EngineDeadError`` reply at
+once, the surviving workers are stopped, and the loop ends with ``failure`` set: the launcher exits non-zero and a
+supervisor restarts the whole process (the workers' state and the model's memory are gone with them: simpler and
+safer than restarting in place). ``stop()`` (SIGINT/SIGTERM) drains: new Generates are refused, in-flight ones
+run for up to ``shutdown_timeout_s``, and those left then get an ``Aborted`` error; a second ``stop()`` aborts at
+once.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 import signal
 import time
@@ -33,9 +38,12 @@ from typing import TYPE_CHECKING
 
 from coordinator.client_frames import RateLimitedLog, read_frame
 from coordinator.client_socket import ClientSocket, is_loopback
+from coordinator.lifecycle import DEFAULT_SHUTDOWN_TIMEOUT_S, Lifecycle
 from coordinator.request_table import ClientRequest, RequestTable
 from coordinator.server_stats import ServerStats
+from coordinator.tokenizer_pool import TokenizerPool
 from protocol.client_messages import (
+    ABORTED,
     CLIENT_PROTOCOL_VERSION,
     DEFAULT_MAX_MESSAGE_BYTES,
     ENGINE_DEAD,
@@ -65,6 +73,7 @@ if TYPE_CHECKING:  # the engine pulls in torch; binding the socket must not wait
 log = logging.getLogger("nanoserve.server")
 
 IDLE_POLL_MS = 50
+TOKENIZING_POLL_MS = 2  # idle but for the tokenizer threads: look for their results this often
 HEALTH_CHECK_S = 1.0
 CLIENT_CHECK_S = 1.0  # how often the connections' silence is checked (not every step: it walks them all)
 DEFAULT_MAX_PENDING_PER_CLIENT = 1024  # W1's 256 at once, 4x over; a quarter of the default 4,096 pending
@@ -86,6 +95,7 @@ class Server:
         max_drain: int = 4096,
         max_pending_per_client: int | None = None,
         client_heartbeat_timeout_s: float = DEFAULT_CLIENT_HEARTBEAT_TIMEOUT_S,
+        shutdown_timeout_s: float = DEFAULT_SHUTDOWN_TIMEOUT_S,
     ) -> None:
         if not is_loopback(host) and not token:
             raise ValueError(f"binding the non-loopback host {host!r} needs a shared-secret token (--token)")
@@ -111,39 +121,53 @@ class Server:
         self.requests = RequestTable()
         self.healthy = True
         self.dead_reason = ""
-        self._stopping = False
+        self.lifecycle = Lifecycle(shutdown_timeout_s)
+        self.failure: str | None = None  # why the loop ended, when it was not asked to: the launcher exits 1
+        self.prompts = TokenizerPool()  # templates and tokenizers, off the loop
+        self._job_ids = itertools.count()
         self._warn = RateLimitedLog()
         self.stats = ServerStats()
 
     # ---- the loop ------------------------------------------------------------------------------------------
 
     def stop(self, *_args) -> None:
-        """Ask the loop to end (safe from a signal handler)."""
-        self._stopping = True
+        """Drain, then end the loop (safe from a signal handler); a second call aborts at once
+        (coordinator/lifecycle.py)."""
+        self.lifecycle.stop()
+
+    def fail(self, reason: str) -> None:
+        """End the loop at once (any thread): in-flight requests get EngineDeadError naming ``reason``, and
+        ``failure`` holds it."""
+        self.lifecycle.fail(reason)
 
     def install_signal_handlers(self) -> None:
         signal.signal(signal.SIGINT, self.stop)
         signal.signal(signal.SIGTERM, self.stop)
 
     def serve(self, engine: Engine) -> None:
-        """Run until ``stop()``; then end every in-flight request with finish_reason "abort". The caller shuts
-        the engine down and closes the server."""
+        """Run until ``stop()`` has drained (then requests still in flight get an Aborted error), ``fail()``, or the
+        engine fails (both: EngineDeadError, and ``failure`` set). The caller shuts the engine down and closes the
+        server."""
         self.engine = engine
         self.stats.start(engine.stats()["output_tokens"])
         last_check = time.monotonic()
-        while not self._stopping:
-            if not (self.healthy and engine.has_unfinished):
-                self.socket.poll(IDLE_POLL_MS)
+        while not self.lifecycle.done(len(self.requests) + len(self.prompts)):
+            if not engine.has_unfinished:
+                self.socket.poll(TOKENIZING_POLL_MS if len(self.prompts) else IDLE_POLL_MS)
             self._drain()
             self._check_clients()
-            if self._stopping:
+            self._pick_up()
+            if self.lifecycle.fail_reason is not None or not self.healthy:
                 break
-            if self.healthy and engine.has_unfinished:
+            if engine.has_unfinished:
                 self._step()
-            elif self.healthy and time.monotonic() - last_check > HEALTH_CHECK_S:
+            elif time.monotonic() - last_check > HEALTH_CHECK_S:
                 last_check = time.monotonic()
                 self._check_health()
-        self._abort_all("server shutting down")
+        if self.lifecycle.fail_reason is not None and self.healthy:
+            self._failed(self.lifecycle.fail_reason)
+        self._abort_all(self.lifecycle.abort_message())
+        self.prompts.close()
 
     def close(self, linger_ms: int = 1000) -> None:
         """Close the socket, giving queued replies (e.g. the final "abort" deltas) ``linger_ms`` to go out."""
@@ -207,26 +231,42 @@ class Server:
 
     def _end(self, req: ClientRequest) -> None:
         """Abort a request in the engine and send its last Delta (finish_reason "abort")."""
-        out = self.engine.abort(req.engine_id) if self.healthy else None
+        tokenizing = self.prompts.cancel(req.engine_id)
+        out = self.engine.abort(req.engine_id) if self.healthy and not tokenizing else None
         self._reply(req, out or StepOutput(req.engine_id, [], "", finish_reason="abort"))
 
     def _abort_all(self, why: str) -> None:
-        if len(self.requests):
-            log.info("%s: aborting %d in-flight request(s)", why, len(self.requests))
-        for req in self.requests:
-            self._end(req)
+        """The end of a drain: every request still in flight is aborted, with an Aborted error each."""
+        if len(self.requests) or len(self.prompts):
+            log.info("%s: %d request(s)", why, len(self.requests) + len(self.prompts))
+        for req in self.requests.clear():
+            if not self.prompts.cancel(req.engine_id):
+                self.engine.abort(req.engine_id)  # frees its blocks; its last output is not sent
+            self.stats.requests_aborted += 1
+            self._send(req.identity, Error(req.request_id, ABORTED, why))
+        for job in self.prompts.take_all():  # Tokenize / Detokenize
+            identity, msg = job.context
+            self._send(identity, Error(msg.request_id, ABORTED, why))
 
     def _engine_died(self, e: BaseException) -> None:
-        self.healthy = False
-        self.dead_reason = f"{type(e).__name__}: {e}"
-        log.error("engine failed, serving as unhealthy from now on: %s", self.dead_reason)
-        message = f"the engine is dead: {self.dead_reason}"
-        for req in self.requests.clear():
-            self._send(req.identity, Error(req.request_id, ENGINE_DEAD, message))
+        self._failed(f"{type(e).__name__}: {e}")
         try:  # stop the surviving workers (frees their devices); bounded by the worker group's own timeout
             self.engine.shutdown()
         except Exception:
             log.exception("error stopping the workers")
+
+    def _failed(self, reason: str) -> None:
+        """Every request in flight gets EngineDeadError naming ``reason``; the loop then ends with ``failure``."""
+        self.healthy = False
+        self.dead_reason = self.failure = reason
+        log.error("engine failed, failing %d request(s) and stopping: %s", len(self.requests), reason)
+        message = f"the engine is dead: {reason}"
+        for req in self.requests.clear():
+            self.prompts.cancel(req.engine_id)
+            self._send(req.identity, Error(req.request_id, ENGINE_DEAD, message))
+        for job in self.prompts.take_all():
+            identity, msg = job.context
+            self._send(identity, Error(msg.request_id, ENGINE_DEAD, message))
 
     def _check_clients(self) -> None:
         """Abort the requests of connections silent for the heartbeat timeout (a client that died or whose host is
@@ -279,7 +319,9 @@ class Server:
         elif isinstance(msg, Health):
             if self.healthy:
                 self._check_health()
-            reply = HealthReply(msg.request_id, self.healthy, "ok" if self.healthy else self.dead_reason)
+            healthy = self.healthy and not self.lifecycle.draining  # a balancer stops sending work here
+            reason = self.dead_reason or ("" if healthy else "shutting down")
+            reply = HealthReply(msg.request_id, healthy, "ok" if healthy else reason)
             self._send(identity, reply)
         elif isinstance(msg, Info):
             info = self.engine.info()
@@ -297,19 +339,39 @@ class Server:
                 msg.request_id, self.engine.stats(), self.healthy, len(self.requests), self.requests.clients
             )
             self._send(identity, reply)
-        else:  # Tokenize / Detokenize: answered by the engine's tokenizer on the spot
+        elif len(self.prompts) >= self.max_pending_requests:  # Tokenize / Detokenize from here on
+            self._error(identity, msg.request_id, OVERLOADED, f"overloaded: {len(self.prompts)} texts to tokenize")
+        else:  # on the tokenizer threads, the reply encoded there too (6M ids: 0.1 s of msgpack); sent by _pick_up
+            call = self.engine.tokenize if isinstance(msg, Tokenize) else self.engine.detokenize
+            self.prompts.submit(f"t{next(self._job_ids)}", (identity, msg), _encoded, call, msg)
+
+    def _pick_up(self) -> None:
+        """Answer what the tokenizer threads finished: a Generate joins the engine, a (De)tokenize gets its reply,
+        a refused one its error (as when it was tokenized inline)."""
+        for job in self.prompts.finished():
+            identity, msg = job.context
+            generate = isinstance(msg, Generate)
             try:
-                reply = self.engine.tokenize(msg) if isinstance(msg, Tokenize) else self.engine.detokenize(msg)
+                result = job.future.result()
+                if generate:
+                    self.engine.add_admitted(*result, job.key, msg.stream)
+                elif not self.socket.send(identity, result):
+                    self.stats.replies_dropped += 1
+                continue
             except RequestError as e:
-                self._error(identity, msg.request_id, REQUEST_ERROR, str(e))
-                return
+                message = str(e)
             except Exception as e:  # e.g. the tokenizer choking on something: still the request's fault
-                self._error(identity, msg.request_id, REQUEST_ERROR, f"invalid request: {type(e).__name__}: {e}")
-                return
-            self._send(identity, reply)
+                log.warning("request %r rejected: %s: %s", msg.request_id, type(e).__name__, e)
+                message = f"invalid request: {type(e).__name__}: {e}"
+            if generate:
+                self.requests.pop(job.key)
+            self._error(identity, msg.request_id, REQUEST_ERROR, message)
 
     def _generate(self, identity: bytes, msg: Generate) -> None:
         rid = msg.request_id
+        if self.lifecycle.draining:
+            self._error(identity, rid, ABORTED, "the server is shutting down: not taking new requests")
+            return
         if not self.healthy:
             self._error(identity, rid, ENGINE_DEAD, f"the engine is dead: {self.dead_reason}")
             return
@@ -332,13 +394,10 @@ class Server:
             )
             return
         engine_id = self.requests.new_engine_id()
-        try:
-            self.engine.add_request(msg.prompt, msg.params, engine_id, stream=msg.stream)  # validated when decoded
-        except RequestError as e:
-            self._error(identity, rid, REQUEST_ERROR, str(e))
-            return
-        except Exception as e:  # e.g. the tokenizer choking on something: still the request's fault
-            log.warning("request %r rejected: %s: %s", rid, type(e).__name__, e)
-            self._error(identity, rid, REQUEST_ERROR, f"invalid request: {type(e).__name__}: {e}")
-            return
-        self.requests.add(identity, rid, engine_id, msg.client)
+        self.requests.add(identity, rid, engine_id, msg.client)  # pending (and abortable) while it is tokenized
+        self.prompts.submit(engine_id, (identity, msg), self.engine.admit, msg.prompt, msg.params)
+
+
+def _encoded(call, msg) -> bytes:
+    """``call(msg)``'s reply, encoded for the wire (on a tokenizer thread)."""
+    return encode(call(msg))

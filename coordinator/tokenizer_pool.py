@@ -52,6 +52,14 @@ class TokenizerPool:
             del self._jobs[job.key]
         return done
 
+    def take_all(self) -> list[Job]:
+        """Every job not picked up yet, cancelled (their results will not be read)."""
+        jobs = list(self._jobs.values())
+        for job in jobs:
+            job.future.cancel()
+        self._jobs.clear()
+        return jobs
+
     def __len__(self) -> int:
         return len(self._jobs)
 

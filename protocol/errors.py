@@ -13,6 +13,10 @@ class OverloadedError(RuntimeError):
     """The server's queue is full; try again later."""
 
 
+class AbortedError(RuntimeError):
+    """The server is shutting down: it ended the request (still running past its drain), or took no new one."""
+
+
 class MessageTooLargeError(RequestError):
     """A request whose encoded message is over the server's ``--max-message-bytes``; the client refuses it before
     sending, since ZMQ would drop it and disconnect the client's socket (failing its other requests too)."""
