@@ -211,3 +211,43 @@ def test_an_event_is_one_line_to_any_line_splitter():
     line, end = event.decode().splitlines()
     assert end == "" and event.endswith(b"\n\n") and json.loads(line.removeprefix("data: ")) == payload
     assert "é 字" in line  # other text stays as it is, not escaped
+
+
+def test_an_unexpected_exception_is_a_logged_500_in_openai_shape(caplog):
+    """An exception no handler takes (a bug) is answered 500 in OpenAI's shape, not Starlette's plain text, and
+    logged once with its traceback; the app's own 5xx (an APIError) are logged with theirs too."""
+    import asyncio
+
+    import httpx
+    from fastapi import FastAPI
+
+    from client.openai_server.error_handlers import ServerErrors, install_error_handlers
+
+    app = FastAPI()
+    install_error_handlers(app)
+    app.add_middleware(ServerErrors)
+
+    @app.get("/bug")
+    async def bug() -> dict:
+        return {"x": 1 // 0}
+
+    @app.get("/dead")
+    async def dead() -> dict:
+        try:
+            raise ConnectionError("the socket broke")
+        except ConnectionError:
+            raise APIError(503, "the engine is unreachable") from None
+
+    async def ask() -> list[httpx.Response]:
+        transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+            return [await client.get("/bug"), await client.get("/dead")]
+
+    with caplog.at_level("ERROR", logger="nanoserve.http"):
+        bug_r, dead_r = asyncio.run(ask())
+    assert bug_r.status_code == 500 and bug_r.json()["error"]["type"] == "InternalServerError"
+    assert "ZeroDivisionError" in bug_r.json()["error"]["message"]
+    assert dead_r.status_code == 503 and dead_r.json()["error"]["code"] == 503
+    records = [r for r in caplog.records if r.name == "nanoserve.http"]
+    assert [r.exc_info[0] for r in records] == [ZeroDivisionError, ConnectionError], records
+    assert "GET /bug -> 500" in records[0].getMessage() and "GET /dead -> 503" in records[1].getMessage()
