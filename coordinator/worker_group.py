@@ -36,6 +36,7 @@ ROOT = Path(__file__).resolve().parent.parent
 POLL_MS = 200
 # a worker told to stop finishes its steps in flight, then tears down torch: seconds on a busy host; kill only a hang
 EXIT_GRACE_S = 30.0
+PROBE_AFTER_DROP_S = 5.0  # how long a dropped connection is checked against each accepted worker at every poll
 
 
 class WorkerGroup(WorkerAdmission):
@@ -58,7 +59,7 @@ class WorkerGroup(WorkerAdmission):
         # a dropped worker connection (process killed, host gone) is an engine death, not a silent wait; another
         # peer's (a refused impostor) is not: a drop is checked against each accepted worker (``_probe``)
         self.channel = WatchedSocket(self.ctx, zmq.ROUTER, linger_ms=0)
-        self._drops_seen = 0
+        self._drops_seen, self._next_probe, self._suspect_until = 0, 0.0, 0.0
         self.sock = self.channel.sock
         self.sock.setsockopt(zmq.ROUTER_MANDATORY, 1)  # a send to a vanished worker raises, not vanishes
         # each rank's identity once accepted; workers pick random ones, so nobody can take a rank's name first
@@ -117,7 +118,7 @@ class WorkerGroup(WorkerAdmission):
         any peer not yet refused); raises with the ranks still missing when ``deadline`` passes."""
         while True:
             has_message, _ = self.channel.poll(POLL_MS)
-            if self.channel.drops != self._drops_seen or not has_message:
+            if self.channel.drops != self._drops_seen or (not has_message and time.monotonic() > self._next_probe):
                 self._probe()
             if has_message:
                 frames = self.sock.recv_multipart(copy=False)
@@ -143,8 +144,13 @@ class WorkerGroup(WorkerAdmission):
     def _probe(self) -> None:
         """Raise if an accepted worker's connection is gone. The socket's monitor says a connection dropped, not
         whose: an empty frame (workers skip it) to each accepted worker fails once ZMQ has dropped its pipe, which
-        follows the drop within moments, so this runs after each drop and each idle poll."""
+        follows the drop within moments (later on a loaded host): so this runs at each drop, then at each idle poll
+        for a few seconds, then once a second while idle."""
+        now = time.monotonic()
+        if self.channel.drops != self._drops_seen:
+            self._suspect_until = now + PROBE_AFTER_DROP_S
         self._drops_seen = self.channel.drops
+        self._next_probe = now + (0.0 if now < self._suspect_until else 1.0)
         for identity, rank in self._rank_of.items():
             try:
                 self.sock.send_multipart([identity, b""], zmq.NOBLOCK)

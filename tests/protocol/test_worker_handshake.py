@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import subprocess
 import sys
 import tempfile
@@ -169,6 +170,8 @@ def test_impostors_are_refused_and_the_real_worker_serves(tiny_tied, tmp_path, c
             for fake in (no_secret, wrong_proof):
                 fake.meddle.set()
                 assert fake.done.wait(60)
+            port = int(address.rsplit(":", 1)[1])
+            socket.create_connection(("127.0.0.1", port), timeout=30).close()  # a port scan: no engine death either
             time.sleep(0.5)  # the departure reaches the coordinator's monitor
             assert llm.generate("hello", params, use_tqdm=False)[0].token_ids == first
         assert wrong.wait(timeout=60) == 1
