@@ -194,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
     check_parser_flags(parser, args)
     configure_logging(args.log_level)
     if args.parent_pid is not None:
-        # Ctrl-C and systemd's stop reach the whole process group: launch.py aborts the requests in flight first,
+        # Ctrl-C and systemd's stop reach the whole process group: launch.py drains the requests in flight first,
         # then stops us with STOP_SIGNAL
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)

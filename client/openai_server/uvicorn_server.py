@@ -14,7 +14,7 @@ from uvicorn.server import HANDLED_SIGNALS
 class Server(uvicorn.Server):
     """uvicorn's, with two changes to its signals. A signal ignored when the server starts stays ignored: under
     launch.py the front-end ignores SIGINT and SIGTERM, since a Ctrl-C or systemd's stop reaches the whole process
-    group and the parent owns the orderly shutdown (it ends the requests in flight with "abort", then stops us with
+    group and the parent owns the orderly shutdown (it drains the requests in flight, then stops us with
     STOP_SIGNAL). And a SIGINT is not raised again after the graceful shutdown, as uvicorn does (here a
     KeyboardInterrupt traceback and exit -2): ``serve`` returns and the process exits 0. A SIGTERM still is, so a
     standalone front-end ends by it as before."""
