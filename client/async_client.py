@@ -137,7 +137,7 @@ class AsyncClient(_Base):
 
     async def generate(self, prompt, params: SamplingParams | None = None, client: str = "") -> Completion:
         """As ``Client.generate`` (``client``: whom the request is for, for the per-client pending limit)."""
-        rid, q = self._open(self._generate_request(prompt, params, False, client))
+        rid, q = self._open(self._labelled_request(prompt, params, False, client))
         try:
             reply = await self._next(rid, q)
         except BaseException:  # CancelledError included: the request must not run on without a reader
@@ -169,7 +169,7 @@ class AsyncClient(_Base):
     def stream(self, prompt, params: SamplingParams | None = None, client: str = "") -> AsyncStream:
         """Send the request now (call from a running event loop); ``async for`` over the result. ``prompt`` may
         be a ``chat_prompt(messages)``."""
-        rid, q = self._open(self._generate_request(prompt, params, True, client))
+        rid, q = self._open(self._labelled_request(prompt, params, True, client))
         return AsyncStream(self, rid, q)
 
     async def chat(self, messages: list[dict], params: SamplingParams | None = None, chat_template_kwargs=None):

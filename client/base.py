@@ -40,15 +40,11 @@ def _prompt(prompt) -> str | list[int] | ChatPrompt:
     raise RequestError(f"prompt must be a string or a list of token ids, got {type(prompt).__name__}")
 
 
-def _generate_msg(
-    request_id: str, token: str | None, prompt, params: SamplingParams | None, stream: bool, client: str = ""
-):
+def _generate_msg(request_id: str, token: str | None, prompt, params: SamplingParams | None, stream: bool):
     p = params or SamplingParams()
     if not isinstance(p, SamplingParams):
         raise RequestError(f"params must be a SamplingParams, got {type(p).__name__}")
-    if not isinstance(client, str):
-        raise RequestError(f"client must be a string, got {type(client).__name__}")
-    return Generate(CLIENT_PROTOCOL_VERSION, request_id, token, _prompt(prompt), stream, p, client)
+    return Generate(CLIENT_PROTOCOL_VERSION, request_id, token, _prompt(prompt), stream, p)
 
 
 def chat_prompt(
@@ -151,13 +147,22 @@ class _Base:
             return None
         return encode(KeepAlive(CLIENT_PROTOCOL_VERSION, "keepalive", self.token))
 
-    def _generate_request(self, prompt, params: SamplingParams | None, stream: bool, client: str = "") -> Generate:
-        return _generate_msg(self._new_id(), self.token, prompt, params, stream, client)
+    def _generate_request(self, prompt, params: SamplingParams | None, stream: bool) -> Generate:
+        return _generate_msg(self._new_id(), self.token, prompt, params, stream)
+
+    def _labelled_request(self, prompt, params: SamplingParams | None, stream: bool, client: str) -> Generate:
+        """``_generate_request``'s message for ``client`` (a label within this connection; "" leaves it as built)."""
+        if not isinstance(client, str):
+            raise RequestError(f"client must be a string, got {type(client).__name__}")
+        msg = self._generate_request(prompt, params, stream)
+        if client:
+            msg.client = client
+        return msg
 
     def _generate_requests(self, prompts, params, client: str = "") -> list[Generate]:
         """Not streamed, in LLM.generate's shapes: one prompt or a list; one SamplingParams (or None) or one each."""
         prompts = _prompts_list(prompts)
-        return [self._generate_request(p, sp, False, client) for p, sp in zip(prompts, _params_list(prompts, params))]
+        return [self._labelled_request(p, sp, False, client) for p, sp in zip(prompts, _params_list(prompts, params))]
 
     def _tokenize_request(self, prompt, add_special_tokens: bool, return_token_strs: bool = False) -> Tokenize:
         if not isinstance(prompt, str):  # a conversation (list of messages)

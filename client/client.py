@@ -155,7 +155,7 @@ class Client(_Base):
     def generate(self, prompt, params: SamplingParams | None = None, client: str = "") -> Completion:
         """One completion (the server sends it whole when it is finished). ``client``: whom the request is for,
         within this connection (the per-client pending limit counts per connection and label)."""
-        rid = self._open(self._generate_request(prompt, params, False, client))
+        rid = self._open(self._labelled_request(prompt, params, False, client))
         try:
             reply = self._next(rid)
         except BaseException:
@@ -186,7 +186,7 @@ class Client(_Base):
 
     def stream(self, prompt, params: SamplingParams | None = None, client: str = "") -> Stream:
         """Send the request now; iterate the result for its deltas (the last has ``finish_reason`` set)."""
-        rid = self._open(self._generate_request(prompt, params, True, client))
+        rid = self._open(self._labelled_request(prompt, params, True, client))
         return Stream(self, rid)
 
     def chat(self, messages: list[dict], params: SamplingParams | None = None, chat_template_kwargs=None):
