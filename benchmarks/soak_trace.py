@@ -2,10 +2,11 @@
 finding what grows in the coordinator under a soak (benchmarks/soak.py --tracemalloc DIR):
 
     python -m benchmarks.soak_trace [--every S] DIR -- [launch.py flags]  # the server, snapshotting
-    python -m benchmarks.soak_trace --compare DIR [--top 15]           # the largest growths: 2nd -> last
+    python -m benchmarks.soak_trace --compare DIR [--top 15]           # the largest growths: 2nd -> final
 
 Tracing starts when the server's loop does; the first snapshot is taken ``--every`` seconds later; comparing from
-the second one leaves out the warm-up (first compiles, caches that fill once)."""
+the second one leaves out the warm-up (first compiles, caches that fill once). A last one is taken when the loop
+ends: after the soak, idle, so what it holds beyond the second is not requests in flight."""
 
 from __future__ import annotations
 
@@ -88,7 +89,11 @@ def main(argv: list[str] | None = None) -> None:
             threading.Thread(target=_snapshots, args=(a.dir, a.every), name="soak-trace", daemon=True).start()
         if a.trim_every > 0:
             threading.Thread(target=_trim, args=(a.trim_every,), name="soak-trim", daemon=True).start()
-        serve(self, engine)
+        try:
+            serve(self, engine)
+        finally:  # the soak waited for the server to go idle before stopping it: no request state is left
+            if tracemalloc.is_tracing():
+                tracemalloc.take_snapshot().dump(str(a.dir / "snap_9999_final.tracemalloc"))
 
     Server.serve = traced_serve
     sys.exit(launch.main(a.launch_flags))
