@@ -37,6 +37,7 @@ import time
 from typing import TYPE_CHECKING
 
 from coordinator.client_frames import RateLimitedLog, read_frame
+from coordinator.client_limits import DEFAULT_CLIENT_HEARTBEAT_TIMEOUT_S, ClientLimits
 from coordinator.client_socket import ClientSocket, is_loopback
 from coordinator.lifecycle import DEFAULT_SHUTDOWN_TIMEOUT_S, Lifecycle
 from coordinator.request_table import ClientRequest, RequestTable
@@ -75,9 +76,6 @@ log = logging.getLogger("nanoserve.server")
 IDLE_POLL_MS = 50
 TOKENIZING_POLL_MS = 2  # idle but for the tokenizer threads: look for their results this often
 HEALTH_CHECK_S = 1.0
-CLIENT_CHECK_S = 1.0  # how often the connections' silence is checked (not every step: it walks them all)
-DEFAULT_MAX_PENDING_PER_CLIENT = 1024  # W1's 256 at once, 4x over; a quarter of the default 4,096 pending
-DEFAULT_CLIENT_HEARTBEAT_TIMEOUT_S = 10.0  # clients send a KeepAlive a second: ten missed on a loaded host
 
 
 class Server:
@@ -103,15 +101,8 @@ class Server:
             raise ValueError("max_pending_requests must be >= 1")
         self.token = token.encode() if token else None
         self.max_pending_requests = max_pending_requests
-        if max_pending_per_client is None:
-            max_pending_per_client = min(DEFAULT_MAX_PENDING_PER_CLIENT, max_pending_requests)
-        if max_pending_per_client < 1:
-            raise ValueError("max_pending_per_client must be >= 1")
-        if client_heartbeat_timeout_s and client_heartbeat_timeout_s < 3:  # clients send one a second
-            raise ValueError("client_heartbeat_timeout_s must be 0 (never) or >= 3 seconds")
-        self.max_pending_per_client = max_pending_per_client
-        self.client_heartbeat_timeout_s = client_heartbeat_timeout_s
-        self._clients_checked = time.monotonic()
+        # per-client pending limit and heartbeat timeout (coordinator/client_limits.py)
+        self.limits = ClientLimits(max_pending_requests, max_pending_per_client, client_heartbeat_timeout_s)
         self.max_drain = max_drain
         self.max_message_bytes = max_message_bytes  # told to clients (Info), which refuse larger requests
         self.socket = ClientSocket(host, port, max_message_bytes, send_hwm)
@@ -269,19 +260,12 @@ class Server:
             self._send(identity, Error(msg.request_id, ENGINE_DEAD, message))
 
     def _check_clients(self) -> None:
-        """Abort the requests of connections silent for the heartbeat timeout (a client that died or whose host is
-        gone: ZMQ does not say which connection dropped). Silence counts up to the last time the socket was found
-        empty, so a loop that was busy for a while mistakes no live client for a silent one."""
-        now = time.monotonic()
-        if not self.client_heartbeat_timeout_s or now - self._clients_checked < CLIENT_CHECK_S:
-            return
-        self._clients_checked = now
-        emptied = self.socket.emptied_at
-        for identity, last_seen, reqs in self.requests.silent_since(emptied - self.client_heartbeat_timeout_s):
+        """Abort the requests of connections silent for the heartbeat timeout (their client died or lost its host)."""
+        for identity, silent_s, reqs in self.limits.silent(self.requests, self.socket.emptied_at):
             log.warning(
                 "client %s sent nothing for %.0f s: aborting its %d request(s)",
                 identity.hex()[:16],
-                emptied - last_seen,
+                silent_s,
                 len(reqs),
             )
             self.stats.requests_aborted_client_silent += len(reqs)
@@ -330,8 +314,8 @@ class Server:
                 CLIENT_PROTOCOL_VERSION,
                 **info,
                 max_message_bytes=self.max_message_bytes,
-                max_pending_per_client=self.max_pending_per_client,
-                client_heartbeat_timeout_s=self.client_heartbeat_timeout_s,
+                max_pending_per_client=self.limits.max_pending_per_client,
+                client_heartbeat_timeout_s=self.limits.heartbeat_timeout_s,
             )
             self._send(identity, reply)
         elif isinstance(msg, Stats):
@@ -381,17 +365,9 @@ class Server:
         if len(self.requests) >= self.max_pending_requests:
             self._error(identity, rid, OVERLOADED, f"overloaded: {len(self.requests)} requests pending; retry later")
             return
-        if self.requests.pending_of(identity, msg.client) >= self.max_pending_per_client:
+        if (refusal := self.limits.refusal(self.requests, identity, msg.client)) is not None:
             self.stats.requests_rejected_per_client += 1
-            limit = self.max_pending_per_client
-            who = f"client {msg.client!r}" if msg.client else "this client"
-            self._error(
-                identity,
-                rid,
-                OVERLOADED,
-                f"overloaded: {who} has {limit} requests pending, the per-client limit "
-                f"(--max-pending-per-client {limit}); retry later",
-            )
+            self._error(identity, rid, OVERLOADED, refusal)
             return
         engine_id = self.requests.new_engine_id()
         self.requests.add(identity, rid, engine_id, msg.client)  # pending (and abortable) while it is tokenized
