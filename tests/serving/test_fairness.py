@@ -1,7 +1,7 @@
 """Fairness between ZMQ clients: one client's burst over --max-pending-per-client is refused (Overloaded naming the
 limit) while another client is served in full; a client killed (or stopped) with its requests in flight has them
-aborted and their KV blocks freed once its heartbeat lapses (--client-heartbeat-timeout); a live client that does not read for
-a while keeps its requests."""
+aborted and their KV blocks freed once its heartbeat lapses (--client-heartbeat-timeout); a live client that does
+not read for a while keeps its requests."""
 
 from __future__ import annotations
 
