@@ -5,7 +5,7 @@ creating process keeps flock-ed for as long as it lives: the kernel drops the lo
 it ends (kill -9 included). Each ``create()`` first sweeps the temp dir: a ``nanoserve-*`` dir whose owner lock
 can be taken belonged to a process that is gone, and is removed. A lock, not a pid: a recycled pid, or a server
 in another pid namespace sharing /tmp, cannot make a live dir look dead. A dir with no owner file (an older
-version's, or one being created this very moment) is never touched.
+version's, or one being created this very moment) is removed only when it is empty and a minute old.
 
 ``remove()`` deletes one at shutdown; SIGTERM/SIGHUP, which run no atexit hook, remove the live dirs first where
 nobody else handles those signals.
@@ -20,6 +20,7 @@ import shutil
 import signal
 import tempfile
 import threading
+import time
 from pathlib import Path
 
 log = logging.getLogger("nanoserve.private_dirs")
@@ -27,6 +28,7 @@ log = logging.getLogger("nanoserve.private_dirs")
 PREFIX = "nanoserve-"
 OWNER = "owner"
 FATAL_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+OWNERLESS_GRACE_S = 60.0
 _live: dict[str, int] = {}  # this process's dirs -> the descriptor holding each one's lock
 _lock = threading.Lock()
 
@@ -94,6 +96,10 @@ def sweep(temp_root: str | None = None) -> list[str]:
                 continue  # another user's, or not a dir we make
         except OSError:
             continue
+        if not os.path.lexists(path / OWNER):
+            if _remove_if_old_and_empty(path):
+                removed.append(str(path))
+            continue
         owner = _owner_gone(path / OWNER)
         if owner is None or str(path) in _live:
             continue
@@ -101,6 +107,19 @@ def sweep(temp_root: str | None = None) -> list[str]:
         removed.append(str(path))
         log.info("removed %s, left behind by process %s (pid, start time), which is gone", path, owner)
     return removed
+
+
+def _remove_if_old_and_empty(path: Path) -> bool:
+    """An ownerless dir (an older version's) with nothing in it, untouched for a while: no process can be using it,
+    and one just made by ``create()`` gets its owner file within microseconds."""
+    try:
+        if time.time() - path.stat().st_mtime < OWNERLESS_GRACE_S:
+            return False
+        os.rmdir(path)  # fails unless empty
+    except OSError:
+        return False
+    log.info("removed %s, an empty private dir with no owner", path)
+    return True
 
 
 def _remove_all_then_die(signum, frame) -> None:

@@ -1,6 +1,6 @@
 """coordinator/private_dirs.py with real processes: a dir whose owner was SIGKILLed is swept by the next
-``create()``, a live process's dir never is (nor one whose owner is still being written, nor one without an owner
-file), and a pid that names a live process does not keep a dir whose lock nobody holds."""
+``create()``, a live process's dir never is (nor one whose owner is still being written, nor a young or non-empty
+one without an owner file), and a pid that names a live process does not keep a dir whose lock nobody holds."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from coordinator import private_dirs
@@ -89,3 +90,14 @@ def test_sigterm_removes_the_dirs_first(tmp_path):
         proc.kill()
         proc.wait()
         proc.stdout.close()
+
+
+def test_an_old_empty_dir_without_owner_is_removed(tmp_path):
+    # an older version's leftover with nothing in it: no process can be using it; a young one may be mid-creation
+    old, young = tmp_path / "nanoserve-old", tmp_path / "nanoserve-young"
+    old.mkdir()
+    young.mkdir()
+    an_hour_ago = time.time() - 3600
+    os.utime(old, (an_hour_ago, an_hour_ago))
+    assert private_dirs.sweep(str(tmp_path)) == [str(old)]
+    assert not old.exists() and young.exists()
