@@ -42,7 +42,8 @@ class Admission:
             raise RequestError(str(e)) from None
         if params.n != 1:
             raise RequestError(f"n must be 1 per engine request (LLM.generate and the HTTP API send n), got {params.n}")
-        ids = truncate_prompt(self.prompt_ids(prompt), params.truncate_prompt_tokens, self.max_model_len)
+        whole = params.truncate_prompt_tokens is None  # else a prompt too long is cut, not refused
+        ids = truncate_prompt(self.prompt_ids(prompt, whole), params.truncate_prompt_tokens, self.max_model_len)
         if not ids:
             raise RequestError("prompt is empty")
         if len(ids) >= self.max_model_len:  # named as the prompt's fault whatever max_tokens is
@@ -79,7 +80,8 @@ class Admission:
         except ValueError as e:  # min_tokens above the room left
             raise RequestError(f"{e} (max_tokens=None: {room} tokens left after the prompt)") from None
 
-    def prompt_ids(self, prompt: str | list[int] | ChatPrompt) -> list[int]:
+    def prompt_ids(self, prompt: str | list[int] | ChatPrompt, whole: bool = False) -> list[int]:
+        """The prompt's token ids; ``whole``: a text too long for max_model_len is refused as it is tokenized."""
         if isinstance(prompt, ChatPrompt):  # the template's text carries its own special tokens
             prompt = render_chat(self.tokenizer, prompt, max_chars=self.max_prompt_chars)
         if isinstance(prompt, str):
@@ -87,7 +89,7 @@ class Admission:
                 raise RequestError(
                     f"prompt ({len(prompt)} characters) cannot fit in max_model_len ({self.max_model_len}) tokens"
                 )
-            return encode_text(self.tokenizer, prompt, add_special_tokens=False)
+            return encode_text(self.tokenizer, prompt, False, self.max_model_len if whole else None)
         # type/min/max run at C speed: W1's 256 prompts (143k ids) were ~10 ms of per-id Python checks
         if isinstance(prompt, (list, tuple)) and set(map(type, prompt)) <= {int}:
             if len(prompt) > self.max_model_len:

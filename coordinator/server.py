@@ -34,6 +34,7 @@ import itertools
 import logging
 import signal
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from coordinator.client_frames import RateLimitedLog, read_frame
@@ -51,6 +52,7 @@ from protocol.client_messages import (
     OVERLOADED,
     REQUEST_ERROR,
     Abort,
+    ChatPrompt,
     Delta,
     Error,
     Generate,
@@ -75,6 +77,8 @@ log = logging.getLogger("nanoserve.server")
 
 IDLE_POLL_MS = 50
 TOKENIZING_POLL_MS = 2  # idle but for the tokenizer threads: look for their results this often
+# a text up to this long is tokenized on the loop (~1 ms): a thread's hand-off would delay its first step
+INLINE_CHARS = 8192
 HEALTH_CHECK_S = 1.0
 
 
@@ -330,26 +334,30 @@ class Server:
             self.prompts.submit(f"t{next(self._job_ids)}", (identity, msg), _encoded, call, msg)
 
     def _pick_up(self) -> None:
-        """Answer what the tokenizer threads finished: a Generate joins the engine, a (De)tokenize gets its reply,
-        a refused one its error (as when it was tokenized inline)."""
+        """Answer what the tokenizer threads finished."""
         for job in self.prompts.finished():
             identity, msg = job.context
-            generate = isinstance(msg, Generate)
-            try:
-                result = job.future.result()
-                if generate:
-                    self.engine.add_admitted(*result, job.key, msg.stream)
-                elif not self.socket.send(identity, result):
-                    self.stats.replies_dropped += 1
-                continue
-            except RequestError as e:
-                message = str(e)
-            except Exception as e:  # e.g. the tokenizer choking on something: still the request's fault
-                log.warning("request %r rejected: %s: %s", msg.request_id, type(e).__name__, e)
-                message = f"invalid request: {type(e).__name__}: {e}"
+            self._tokenized(job.key, identity, msg, job.future.result)
+
+    def _tokenized(self, key: str, identity: bytes, msg, result: Callable) -> None:
+        """A Generate's ``result()`` (its ids and params) joins the engine, a (De)tokenize's is its encoded reply;
+        a refused one gets its error."""
+        generate = isinstance(msg, Generate)
+        try:
+            value = result()
             if generate:
-                self.requests.pop(job.key)
-            self._error(identity, msg.request_id, REQUEST_ERROR, message)
+                self.engine.add_admitted(*value, key, msg.stream)
+            elif not self.socket.send(identity, value):
+                self.stats.replies_dropped += 1
+            return
+        except RequestError as e:
+            message = str(e)
+        except Exception as e:  # e.g. the tokenizer choking on something: still the request's fault
+            log.warning("request %r rejected: %s: %s", msg.request_id, type(e).__name__, e)
+            message = f"invalid request: {type(e).__name__}: {e}"
+        if generate:
+            self.requests.pop(key)
+        self._error(identity, msg.request_id, REQUEST_ERROR, message)
 
     def _generate(self, identity: bytes, msg: Generate) -> None:
         rid = msg.request_id
@@ -371,7 +379,20 @@ class Server:
             return
         engine_id = self.requests.new_engine_id()
         self.requests.add(identity, rid, engine_id, msg.client)  # pending (and abortable) while it is tokenized
-        self.prompts.submit(engine_id, (identity, msg), self.engine.admit, msg.prompt, msg.params)
+        if _text_size(msg.prompt) <= INLINE_CHARS:  # token ids, a short text: here, without a step's delay
+            self._tokenized(engine_id, identity, msg, lambda: self.engine.admit(msg.prompt, msg.params))
+        else:
+            self.prompts.submit(engine_id, (identity, msg), self.engine.admit, msg.prompt, msg.params)
+
+
+def _text_size(prompt) -> int:
+    """About how many characters a prompt's template and tokenizer take (0 for token ids)."""
+    if isinstance(prompt, str):
+        return len(prompt)
+    if isinstance(prompt, ChatPrompt) and isinstance(prompt.messages, list):
+        contents = (m.get("content") for m in prompt.messages if isinstance(m, dict))
+        return sum(len(c if isinstance(c, str) else str(c)) for c in contents if c is not None) + len(prompt.messages)
+    return 0
 
 
 def _encoded(call, msg) -> bytes:

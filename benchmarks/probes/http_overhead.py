@@ -39,8 +39,11 @@ class InstantEngine:
         self.live: list[tuple[str, list[int]]] = []
         self.output_tokens = 0
 
-    def add_request(self, prompt, params, engine_id: str, stream: bool = False) -> None:
-        self.new.append((engine_id, list(prompt)))
+    def admit(self, prompt, params) -> tuple[list[int], object]:
+        return list(prompt), params
+
+    def add_admitted(self, ids: list[int], params, engine_id: str, stream: bool = False) -> None:
+        self.new.append((engine_id, ids))
 
     @property
     def has_unfinished(self) -> bool:

@@ -14,6 +14,7 @@ from coordinator.block_manager import BlockManager
 from coordinator.prompts import tokenize_reply
 from protocol.client_messages import ChatPrompt, Tokenize
 from protocol.errors import RequestError
+from protocol.sampling_params import SamplingParams
 
 
 @pytest.fixture(scope="module")
@@ -47,3 +48,11 @@ def test_tokenize_is_bounded_by_a_multiple_of_the_prompt_limit(admission):
     # a text longer than any prompt may still be counted
     reply = tokenize_reply(tok, 1024, Tokenize(11, "t", None, "ab " * (limit // 3), True, False), limit)
     assert len(reply.token_ids) > 1024
+
+
+def test_a_prompt_that_fills_the_context_is_refused_unless_it_is_to_be_truncated(admission):
+    text = "ab " * 3000  # within the character limit, over max_model_len (1024) in tokens
+    with pytest.raises(RequestError, match=r"^prompt \(\d+ tokens\) leaves no room for output tokens"):
+        admission.admit(text, SamplingParams(max_tokens=10))
+    ids, _ = admission.admit(text, SamplingParams(max_tokens=10, truncate_prompt_tokens=100))
+    assert ids == admission.tokenizer.encode(text)[-100:]

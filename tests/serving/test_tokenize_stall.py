@@ -104,8 +104,9 @@ def test_a_big_tokenization_does_not_stall_other_streams(served):
     print(f"median gap {before * 1e3:.1f} ms, max during {max(during) * 1e3:.0f} ms over {len(during)} gaps; "
           f"health max {max(health_latency, default=0) * 1e3:.0f} ms; big requests still running: {busy}")  # fmt: skip
     assert len(during) >= 20, "the stream got no tokens while the big requests ran"
-    # a few steps, generous for a loaded 2-core box: inline, one gap was the whole encode (tens of seconds)
-    assert max(during) < max(25 * before, 2.0), (max(during), before)
-    assert health_latency and max(health_latency) < 2.0, health_latency
+    # generous for a loaded 2-core box (what is left: the GIL held while 6M ids become a list and are packed, 0.3 s on
+    # an idle host, seconds at a load of 16); tokenized on the loop, one gap was the whole encode (17-74 s)
+    assert max(during) < max(25 * before, 6.0), (max(during), before)
+    assert health_latency and max(health_latency) < 6.0, health_latency
     assert isinstance(outcome["tokenize"], int) and outcome["tokenize"] > BIG // 4, outcome
     assert outcome["chat"].startswith("RequestError") and "max_model_len" in outcome["chat"], outcome
