@@ -15,6 +15,7 @@ import sys
 from client.openai_server.child import HttpFrontEnd, bind_http
 from client.openai_server.parser_flags import add_parser_flags, check_parser_flags
 from coordinator.config import EngineArgError, EngineConfig
+from coordinator.lifecycle import DEFAULT_SHUTDOWN_TIMEOUT_S
 from protocol.cli_logging import add_log_level_flag, configure_logging
 from protocol.settings import settings
 
@@ -89,6 +90,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     s.add_argument(
         "--max-message-bytes", type=int, default=8 << 20, help="larger client frames are refused (default 8 MiB)"
+    )
+    s.add_argument(
+        "--shutdown-timeout",
+        type=float,
+        default=DEFAULT_SHUTDOWN_TIMEOUT_S,
+        metavar="SECONDS",
+        help="on SIGTERM/SIGINT, let in-flight requests finish for up to this long, then abort them (0 = at once; a "
+        f"second signal aborts at once; default {DEFAULT_SHUTDOWN_TIMEOUT_S:g})",
     )
     add_log_level_flag(s)
     h = p.add_argument_group("OpenAI-compatible HTTP API (client/openai_server)")
@@ -182,6 +191,7 @@ def main(argv: list[str] | None = None) -> int:
                 max_pending_per_client=args.max_pending_per_client,
                 client_heartbeat_timeout_s=args.client_heartbeat_timeout,
             )
+                shutdown_timeout_s=args.shutdown_timeout,
             if args.http_port is not None:
                 http_sock = bind_http(args.host, args.http_port)
         except (OSError, ValueError) as e:
