@@ -190,8 +190,8 @@ def main(argv: list[str] | None = None) -> int:
                 args.max_message_bytes,
                 max_pending_per_client=args.max_pending_per_client,
                 client_heartbeat_timeout_s=args.client_heartbeat_timeout,
-            )
                 shutdown_timeout_s=args.shutdown_timeout,
+            )
             if args.http_port is not None:
                 http_sock = bind_http(args.host, args.http_port)
         except (OSError, ValueError) as e:
