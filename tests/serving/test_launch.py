@@ -1,4 +1,4 @@
-"""``python launch.py``: offline --prompt mode, flags generated from EngineConfig, argument errors, a start-up failure."""
+"""``python launch.py``: offline --prompt mode, flags generated from EngineConfig, argument and start-up errors."""
 
 from __future__ import annotations
 
