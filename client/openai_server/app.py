@@ -19,7 +19,7 @@ from client.openai_server.completions import create_completion
 from client.openai_server.engine_client import label_requests
 from client.openai_server.error_handlers import ServerErrors, install_error_handlers
 from client.openai_server.errors import APIError, from_engine
-from client.openai_server.params import GUIDED_FIELDS, check_model, conversation
+from client.openai_server.params import GUIDED_FIELDS, check_model, conversation_off_loop
 from client.openai_server.schemas import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
 from client.openai_server.state import ServerState
 from client.openai_server.text_check import check_request_text
@@ -111,7 +111,7 @@ def build_app(state: ServerState, max_body_bytes: int) -> FastAPI:
         if (req.prompt is None) == (req.messages is None):
             raise APIError(400, "give exactly one of prompt and messages", "prompt")
         if req.messages is not None:
-            prompt = conversation(req)
+            prompt = await conversation_off_loop(req)
             add_special = False  # the template's text carries its special tokens
         else:
             prompt, add_special = req.prompt, req.add_special_tokens

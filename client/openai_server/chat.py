@@ -17,7 +17,7 @@ from client.openai_server.params import (
     check_model,
     check_tools,
     choice_params,
-    conversation,
+    conversation_off_loop,
     sampling_params,
 )
 from client.openai_server.responses import engine_errors, finished_response, usage
@@ -37,7 +37,7 @@ async def _prompt_and_max_tokens(state: ServerState, req: ChatCompletionRequest)
     means the rest of the context (capped by the model's max_new_tokens), so the conversation is tokenized first
     to know its length; a reasoning parser reads the prompt's end (templates of thinking models open the block)."""
     engine = state.engine
-    chat = conversation(req)
+    chat = await conversation_off_loop(req)
     max_tokens = chat_max_tokens(req)
     if max_tokens is not None and state.reasoning_parser is None:
         return chat, max_tokens, False

@@ -6,6 +6,7 @@ and of large allowed ones, and integers out of the wire's signed 64-bit range re
 
 from __future__ import annotations
 
+import json
 import socket
 import time
 from pathlib import Path
@@ -199,3 +200,18 @@ def test_integers_out_of_the_wires_range_are_400s_naming_the_field(server, value
         assert client.post(completions, json={"prompt": [1, 2**63 - 1], "max_tokens": 2}).status_code == 400
         assert client.post(completions, json={"prompt": "x", "max_tokens": 2, "seed": 2**63 - 1}).is_success
     assert "Traceback" not in server.stderr()
+
+
+def test_a_long_conversation_is_checked_and_refused_by_its_length(server):
+    """Thousands of messages are flattened in a worker thread (the event loop runs meanwhile): the request still
+    gets its answer, here a 400 naming messages, as the conversation is far over the model's context."""
+    messages = [{"role": "user" if i % 2 else "assistant", "content": f"turn {i}"} for i in range(3000)]
+    r = httpx.post(
+        server.base_url + "/chat/completions", json={"messages": messages}, headers=HEADERS, timeout=ANSWER_S
+    )
+    assert r.status_code == 400 and r.json()["error"]["param"] == "messages", r.text[:300]
+    messages[7]["content"] = "\ud800"  # a lone surrogate, as JSON escapes it: still found among thousands
+    body = json.dumps({"messages": messages}).encode()
+    headers = {**HEADERS, "content-type": "application/json"}
+    r = httpx.post(server.base_url + "/chat/completions", content=body, headers=headers, timeout=ANSWER_S)
+    assert r.status_code == 400 and "Unicode" in r.json()["error"]["message"], r.text[:300]
