@@ -232,7 +232,10 @@ def sampling_params(
             structured_outputs=structured,
         )
     except (ValueError, TypeError) as e:
-        raise APIError(400, str(e), param_of(str(e), _PARAM_FIELDS)) from None
+        param = param_of(str(e), _PARAM_FIELDS)
+        if param == "max_tokens" and getattr(req, "max_completion_tokens", None) is not None:
+            param = "max_completion_tokens"  # the field the request used for it
+        raise APIError(400, str(e), param) from None
 
 
 def _prompt_logprobs(req) -> int | None:

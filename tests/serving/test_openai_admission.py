@@ -186,7 +186,7 @@ def test_integers_out_of_the_wires_range_are_400s_naming_the_field(server, value
         (completions, {"prompt": "x", "max_tokens": 2, "truncate_prompt_tokens": value}, "truncate_prompt_tokens"),
         (completions, {"prompt": "x", "max_tokens": 2, "stream": True, "seed": value}, "seed"),
         (chat, {"messages": messages, "max_tokens": value}, "max_tokens"),
-        (chat, {"messages": messages, "max_completion_tokens": value}, "max_tokens"),
+        (chat, {"messages": messages, "max_completion_tokens": value}, "max_completion_tokens"),
         (chat, {"messages": messages, "max_tokens": 2, "stop_token_ids": [value]}, "stop_token_ids"),
         (chat, {"messages": messages, "max_tokens": 2, "logprobs": True, "top_logprobs": value}, "top_logprobs"),
         (server.root + "/detokenize", {"tokens": [1, value]}, "tokens"),
@@ -196,7 +196,8 @@ def test_integers_out_of_the_wires_range_are_400s_naming_the_field(server, value
             r = client.post(url, json=body)
             assert r.status_code == 400, (body, r.status_code, r.text)
             err = r.json()["error"]
-            assert err["param"] == param and param in err["message"], (body, err)
+            named = "max_tokens" if param == "max_completion_tokens" else param  # SamplingParams names it so
+            assert err["param"] == param and named in err["message"], (body, err)
         assert client.post(completions, json={"prompt": [1, 2**63 - 1], "max_tokens": 2}).status_code == 400
         assert client.post(completions, json={"prompt": "x", "max_tokens": 2, "seed": 2**63 - 1}).is_success
     assert "Traceback" not in server.stderr()
