@@ -251,3 +251,27 @@ def test_an_unexpected_exception_is_a_logged_500_in_openai_shape(caplog):
     records = [r for r in caplog.records if r.name == "nanoserve.http"]
     assert [r.exc_info[0] for r in records] == [ZeroDivisionError, ConnectionError], records
     assert "GET /bug -> 500" in records[0].getMessage() and "GET /dead -> 503" in records[1].getMessage()
+
+
+@pytest.mark.parametrize(
+    "field,value",
+    [
+        ("max_tokens", 2**64),
+        ("max_tokens", 2**63),
+        ("top_k", 2**63),
+        ("min_tokens", 2**64),
+        ("seed", -(2**63) - 1),
+        ("truncate_prompt_tokens", 2**70),
+        ("stop_token_ids", [1, 2**64]),
+        ("logit_bias", {2**64: 1.0}),
+    ],
+)
+def test_sampling_params_refuse_integers_the_wire_cannot_carry(field, value):
+    """Every client (offline LLM, ZMQ, HTTP) builds SamplingParams: an int outside the signed 64-bit range is a
+    ValueError naming the field there, before msgpack (which packs nothing from 2**64) or the engine sees it."""
+    with pytest.raises(ValueError, match=f"^{field}"):
+        SamplingParams(**{field: value})
+    edge = 2**63 - 1  # the largest that travels
+    sp = SamplingParams(max_tokens=edge, top_k=edge, seed=edge, stop_token_ids=[edge], logit_bias={edge: 1.0})
+    msg = Generate(CLIENT_PROTOCOL_VERSION, "r", None, "x", False, sp)
+    assert decode(encode(msg)).params == sp
