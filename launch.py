@@ -168,6 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     configure_logging(args.log_level)
     kwargs = _engine_kwargs(args)
+    kwargs.setdefault("worker_secret", settings().worker_secret or args.token or "")  # --api-key implies it
     signal.signal(signal.SIGTERM, _graceful_exit)
     signal.signal(signal.SIGINT, _graceful_exit)
     server = http_sock = http_proc = None
