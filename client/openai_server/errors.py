@@ -31,7 +31,7 @@ class AbortedByServer(Exception):
 
 
 # ours, and the coordinator's Aborted error (a shutdown ended the request, or refused it while draining)
-_ABORTS = (AbortedByServer, *filter(None, [getattr(_errors, "AbortedError", None)]))
+ABORTS = (AbortedByServer, *filter(None, [getattr(_errors, "AbortedError", None)]))
 
 
 class APIError(Exception):
@@ -84,7 +84,7 @@ def from_engine(e: BaseException, fields=(), prompt_param: str = "prompt") -> AP
 def _from_engine(e: BaseException, fields, prompt_param: str) -> APIError:
     if isinstance(e, APIError):
         return e
-    if isinstance(e, _ABORTS):
+    if isinstance(e, ABORTS):
         return APIError(503, f"the request was aborted by the server: {e}")
     if isinstance(e, RequestError):
         return APIError(400, str(e), param_of(str(e), fields, prompt_param))

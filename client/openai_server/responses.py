@@ -10,7 +10,7 @@ from contextlib import contextmanager
 
 from starlette.responses import JSONResponse
 
-from client.openai_server.errors import APIError, from_engine
+from client.openai_server.errors import ABORTS, APIError, from_engine
 from client.openai_server.state import ServerState
 
 
@@ -19,7 +19,8 @@ def engine_errors(
     state: ServerState, rid: str, arrival: float, num_choices: int, fields, prompt_param: str = "prompt"
 ) -> Iterator[None]:
     """Around a request's calls to the engine: its refusals become OpenAI errors (naming the field), and a client
-    that went away (until_disconnect cancels the handler; its choices were aborted) is counted as aborted."""
+    that went away (until_disconnect cancels the handler; its choices were aborted) or that the server aborted is
+    counted as aborted."""
     try:
         yield
     except APIError:
@@ -28,6 +29,8 @@ def engine_errors(
         state.metrics.finished(rid, arrival, 0, 0, ["abort"] * num_choices)
         raise
     except Exception as e:
+        if isinstance(e, ABORTS):  # the server aborted it (a shutdown): counted as aborted, answered 503
+            state.metrics.finished(rid, arrival, 0, 0, ["abort"] * num_choices)
         raise from_engine(e, fields, prompt_param) from None
 
 
