@@ -83,9 +83,10 @@ class Launched:
     def __init__(self, extra: list[str], log_path: Path, args, timeout: float = 300) -> None:
         runner = [str(ROOT / "launch.py")]
         if args.tracemalloc or args.trim_every:  # the same launch.py, under benchmarks/soak_trace.py
-            trace = ["--every", str(args.sample_s), str(Path(args.tracemalloc or log_path.parent).resolve())]
-            trace += ["--trim-every", str(args.trim_every)] if args.trim_every else []
-            runner = ["-m", "benchmarks.soak_trace", *trace, *([] if args.tracemalloc else ["--no-trace"]), "--"]
+            trace = ["--every", str(args.sample_s), "--trim-every", str(args.trim_every)]
+            trace += [] if args.tracemalloc else ["--no-trace"]
+            runner = ["-m", "benchmarks.soak_trace", *trace, str(Path(args.tracemalloc or log_path.parent).resolve())]
+            runner.append("--")  # options before DIR: argparse takes no option after the positionals have started
         cmd = [sys.executable, *runner, "--port", "0", "--http-port", "0", *extra]
         self.log = open(log_path, "w")
         env = dict(os.environ, PYTHONUNBUFFERED="1")
@@ -98,8 +99,9 @@ class Launched:
         while self.address is None or self.base_url is None:
             line = self.proc.stdout.readline() if sel.select(1.0) else None
             if line == "" or time.monotonic() > deadline:
+                why = "exited" if line == "" else f"did not start in {timeout:g} s"
                 self.stop()
-                raise RuntimeError(f"the server did not start in {timeout:g} s; its log: {log_path}")
+                raise RuntimeError(f"the server {why}; its log: {log_path}")
             if line is None:
                 continue
             if line.startswith("nanoserve listening on "):

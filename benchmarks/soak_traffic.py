@@ -225,13 +225,18 @@ class Traffic:
 
 
 KILLED_CLIENT = """
-import sys, time
-from client import Client, SamplingParams
-c = Client(sys.argv[1], token=sys.argv[2] or None, connect_timeout=30)
-ids = [c._open(c._generate_request("soak " * 20, SamplingParams(max_tokens=400, ignore_eos=True), True))
-       for _ in range(8)]
-print("sent", flush=True)
-time.sleep(600)
+import asyncio, sys
+from client import AsyncClient, SamplingParams
+
+async def main():
+    c = AsyncClient(sys.argv[1], token=sys.argv[2] or None, connect_timeout=30)
+    params = SamplingParams(max_tokens=400, ignore_eos=True)
+    streams = [c.stream("soak " * 20, params) for _ in range(8)]
+    await streams[0].__anext__()  # the server has them: they are running
+    print("sent", flush=True)
+    await asyncio.sleep(600)
+
+asyncio.run(main())
 """
 
 
