@@ -121,21 +121,27 @@ class WorkerGroup(WorkerAdmission):
             if self.channel.drops != self._drops_seen or (not has_message and time.monotonic() > self._next_probe):
                 self._probe()
             if has_message:
-                frames = self.sock.recv_multipart(copy=False)
-                identity, data = frames[0].bytes, frames[-1].bytes
+                identity = self.sock.recv()
                 rank = self._rank_of.get(identity)
-                if identity in self._ignored or (rank is None and not strangers) or len(frames) != 2:
-                    self._ignore(identity, peer_address(frames[-1]), "not an accepted worker")
+                # an accepted worker's frame is plain bytes; anyone else's keeps its sender's address for the log
+                frame = self.sock.recv(copy=rank is not None)
+                peer = "" if rank is not None else peer_address(frame)
+                extra = self.sock.getsockopt(zmq.RCVMORE) and self.sock.recv_multipart()
+                if identity in self._ignored or (rank is None and not strangers) or extra:
+                    self._ignore(identity, peer, "not an accepted worker")
                     continue
                 try:
-                    msg = decode(data)
+                    msg = decode(frame if rank is not None else frame.bytes)
                 except ProtocolError as e:
-                    self._ignore(identity, peer_address(frames[-1]), f"undecodable frame: {e}")
+                    if rank is None:
+                        self._ignore(identity, peer, f"undecodable frame: {e}")
+                    else:
+                        log.warning("dropping an undecodable frame from worker rank %d: %s", rank, e)
                     continue
                 if rank is not None and isinstance(msg, WorkerError):
                     self.dead = True
                     raise EngineDeadError(f"worker rank {rank} failed: {msg.message}")
-                return identity, msg, peer_address(frames[-1])
+                return identity, msg, peer
             self.check_alive()
             if time.monotonic() > deadline:
                 self.dead = True
