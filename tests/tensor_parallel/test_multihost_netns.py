@@ -136,11 +136,13 @@ def _ends_by_itself(cluster: Cluster, timeout: float) -> None:
     if cluster.server.poll() is None:
         cluster.server.send_signal(signal.SIGTERM)
     deadline = time.monotonic() + timeout
+    t0 = time.monotonic()
     for proc in cluster.processes():
         try:
             proc.wait(timeout=max(1.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             pytest.fail(f"pid {proc.pid} still runs {timeout:g} s after the fault\n{cluster.logs()}")
+    print(f"every process ended {time.monotonic() - t0:.1f} s after the server was asked to stop")
     assert not cluster.net.pids(), "a process is left in a namespace"
 
 
@@ -167,11 +169,14 @@ def test_tp2_across_two_hosts_under_loss_and_delay(tiny_untied, tp1_tokens, tmp_
             pytest.skip(why)
     with _cluster(tiny_untied, tmp_path) as cluster:
         assert not cluster.net.netem("loss 30% delay 200ms")
-        events, took = _stream_under_fault(cluster, lambda: None, bound_s=300)
+        # every step's all-reduces cross the impaired link (200 ms more each way): a short answer
+        t0 = time.monotonic()
+        events = _lines(cluster.client("stream", MAX_TOKENS, _prompts()[1]), timeout=300)
+        took = time.monotonic() - t0
         last = events[-1]
         if "error" in last:  # a heartbeat lapsed past 5 s: a clear error, in bounded time
             assert "worker" in last["error"] or "rank" in last["error"], last
-        else:
-            assert last.get("finish") == "length" and len(last["tokens"]) == LONG_STREAM, last
-        assert took < 300
-        _ends_by_itself(cluster, timeout=60)
+        else:  # or the whole answer, exactly TP=1's
+            assert last.get("finish") == "length" and last["tokens"] == tp1_tokens[1], last
+        print(f"loss 30% + delay 200 ms: {'error' if 'error' in last else 'answer'} in {took:.1f} s")
+        _ends_by_itself(cluster, timeout=120)
