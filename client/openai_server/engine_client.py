@@ -9,18 +9,16 @@ shares the proxy's address, and so its limit)."""
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 from contextvars import ContextVar
 
 from starlette.requests import HTTPConnection
 
-from client.async_client import AsyncClient
-from protocol.client_messages import Generate
+from client.async_client import AsyncClient, AsyncStream
+from protocol.outputs import Completion
 
 CONTROL_TIMEOUT_S = 10.0  # health, stats, info, tokenize: the coordinator answers these between steps
 # the HTTP user a request's Generates are counted for; set per request, inherited by the tasks it starts
 CLIENT_LABEL: ContextVar[str] = ContextVar("nanoserve_http_client", default="")
-_LABELLED = "client" in {f.name for f in dataclasses.fields(Generate)}  # older protocol: no per-client limit
 
 
 def label_requests(conn: HTTPConnection) -> None:
@@ -28,17 +26,9 @@ def label_requests(conn: HTTPConnection) -> None:
     CLIENT_LABEL.set(conn.client.host if conn.client else "")
 
 
-class _LabelledClient(AsyncClient):
-    def _generate_request(self, prompt, params, stream: bool) -> Generate:
-        msg = super()._generate_request(prompt, params, stream)
-        if _LABELLED:
-            msg.client = CLIENT_LABEL.get()
-        return msg
-
-
 class EngineClient:
     def __init__(self, address: str, token: str | None, served_model_names: list[str] | None = None) -> None:
-        self.client = _LabelledClient(address, token=token)  # no timeout: a long generation must not be cut
+        self.client = AsyncClient(address, token=token)  # no timeout: a long generation must not be cut
         self.address = address
         self.info: dict = {}
         self.served_model_names = list(served_model_names or ())  # requests may name any; responses say the first
@@ -77,6 +67,14 @@ class EngineClient:
     @property
     def generation_defaults(self) -> dict:
         return self.info.get("generation_defaults") or {}
+
+    async def generate(self, prompt, params) -> Completion:
+        """One generation, counted for the current HTTP request's peer (label_requests)."""
+        return await self.client.generate(prompt, params, client=CLIENT_LABEL.get())
+
+    def stream(self, prompt, params) -> AsyncStream:
+        """One streamed generation, counted for the current HTTP request's peer (label_requests)."""
+        return self.client.stream(prompt, params, client=CLIENT_LABEL.get())
 
     async def control(self, coro):
         """A control call (health, stats, tokenize...) bounded in time: a dead coordinator gives TimeoutError."""

@@ -52,7 +52,7 @@ async def _all_or_none(coros) -> list:
 
 async def generate_all(engine: EngineClient, jobs: list[tuple]) -> list[Completion]:
     """Every (prompt, params) job at once, results in order."""
-    return await _all_or_none(_unaborted(engine.client.generate(p, sp)) for p, sp in jobs)
+    return await _all_or_none(_unaborted(engine.generate(p, sp)) for p, sp in jobs)
 
 
 _ABORTED = "the server stopped it before it finished (shutting down)"
@@ -78,7 +78,7 @@ class ChoiceStreams:
         self.streams: list[AsyncStream] = []
         try:
             for p, sp in jobs:
-                self.streams.append(engine.client.stream(p, sp))
+                self.streams.append(engine.stream(p, sp))
         except BaseException:
             self.close()
             raise
