@@ -43,7 +43,7 @@ from coordinator.client_socket import ClientSocket, is_loopback
 from coordinator.lifecycle import DEFAULT_SHUTDOWN_TIMEOUT_S, Lifecycle
 from coordinator.request_table import ClientRequest, RequestTable
 from coordinator.server_stats import ServerStats
-from coordinator.tokenizer_pool import TokenizerPool
+from coordinator.tokenizer_pool import INLINE_CHARS, TokenizerPool, encoded, text_size
 from protocol.client_messages import (
     ABORTED,
     CLIENT_PROTOCOL_VERSION,
@@ -52,7 +52,6 @@ from protocol.client_messages import (
     OVERLOADED,
     REQUEST_ERROR,
     Abort,
-    ChatPrompt,
     Delta,
     Error,
     Generate,
@@ -77,8 +76,6 @@ log = logging.getLogger("nanoserve.server")
 
 IDLE_POLL_MS = 50
 TOKENIZING_POLL_MS = 2  # idle but for the tokenizer threads: look for their results this often
-# a text up to this long is tokenized on the loop (~1 ms): a thread's hand-off would delay its first step
-INLINE_CHARS = 8192
 HEALTH_CHECK_S = 1.0
 
 
@@ -331,7 +328,7 @@ class Server:
             self._error(identity, msg.request_id, OVERLOADED, f"overloaded: {len(self.prompts)} texts to tokenize")
         else:  # on the tokenizer threads, the reply encoded there too (6M ids: 0.1 s of msgpack); sent by _pick_up
             call = self.engine.tokenize if isinstance(msg, Tokenize) else self.engine.detokenize
-            self.prompts.submit(f"t{next(self._job_ids)}", (identity, msg), _encoded, call, msg)
+            self.prompts.submit(f"t{next(self._job_ids)}", (identity, msg), encoded, call, msg)
 
     def _pick_up(self) -> None:
         """Answer what the tokenizer threads finished."""
@@ -379,22 +376,7 @@ class Server:
             return
         engine_id = self.requests.new_engine_id()
         self.requests.add(identity, rid, engine_id, msg.client)  # pending (and abortable) while it is tokenized
-        if _text_size(msg.prompt) <= INLINE_CHARS:  # token ids, a short text: here, without a step's delay
+        if text_size(msg.prompt) <= INLINE_CHARS:  # token ids, a short text: here, without a step's delay
             self._tokenized(engine_id, identity, msg, lambda: self.engine.admit(msg.prompt, msg.params))
         else:
             self.prompts.submit(engine_id, (identity, msg), self.engine.admit, msg.prompt, msg.params)
-
-
-def _text_size(prompt) -> int:
-    """About how many characters a prompt's template and tokenizer take (0 for token ids)."""
-    if isinstance(prompt, str):
-        return len(prompt)
-    if isinstance(prompt, ChatPrompt) and isinstance(prompt.messages, list):
-        contents = (m.get("content") for m in prompt.messages if isinstance(m, dict))
-        return sum(len(c if isinstance(c, str) else str(c)) for c in contents if c is not None) + len(prompt.messages)
-    return 0
-
-
-def _encoded(call, msg) -> bytes:
-    """``call(msg)``'s reply, encoded for the wire (on a tokenizer thread)."""
-    return encode(call(msg))

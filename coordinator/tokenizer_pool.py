@@ -14,7 +14,12 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
+from protocol.client_messages import ChatPrompt
+from protocol.codec import encode
+
 THREADS = 2  # a few: each big text keeps one core busy, and the step loop needs one too
+# a text up to this long is tokenized on the loop (~1 ms): a thread's hand-off would delay its first step
+INLINE_CHARS = 8192
 
 
 @dataclass(slots=True)
@@ -71,3 +76,18 @@ class TokenizerPool:
         self._jobs.clear()
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def text_size(prompt) -> int:
+    """About how many characters a prompt's template and tokenizer take (0 for token ids)."""
+    if isinstance(prompt, str):
+        return len(prompt)
+    if isinstance(prompt, ChatPrompt) and isinstance(prompt.messages, list):
+        contents = (m.get("content") for m in prompt.messages if isinstance(m, dict))
+        return sum(len(c if isinstance(c, str) else str(c)) for c in contents if c is not None) + len(prompt.messages)
+    return 0
+
+
+def encoded(call, msg) -> bytes:
+    """``call(msg)``'s reply, encoded for the wire (on a tokenizer thread)."""
+    return encode(call(msg))

@@ -22,7 +22,7 @@ from coordinator.config import EngineConfig
 from coordinator.engine import Engine
 from coordinator.server import Server
 from tests.support.processes import ROOT
-from tests.support.server import ENGINE_KWARGS
+from tests.support.server import ENGINE_KWARGS, wait_stats
 
 BIG = 7_000_000  # characters, as in issue 54
 STREAM = SamplingParams(temperature=0, max_tokens=900, ignore_eos=True)
@@ -110,3 +110,18 @@ def test_a_big_tokenization_does_not_stall_other_streams(served):
     assert health_latency and max(health_latency) < 6.0, health_latency
     assert isinstance(outcome["tokenize"], int) and outcome["tokenize"] > BIG // 4, outcome
     assert outcome["chat"].startswith("RequestError") and "max_model_len" in outcome["chat"], outcome
+
+
+def test_a_request_being_tokenized_is_pending_and_abortable(served):
+    with Client(served.address, timeout=120) as c:
+        stream = c.stream("a " * (BIG // 2), SamplingParams(max_tokens=4))
+        s = wait_stats(c, lambda s: s["pending"] == 1, timeout=60)
+        assert s["pending"] == 1 and s["running"] == s["waiting"] == 0, s  # counted while on a tokenizer thread
+        t0 = time.monotonic()
+        stream.close()  # aborts it: answered at once, not when its encode ends (tens of seconds here)
+        assert wait_stats(c, lambda s: s["pending"] == 0, timeout=60)["pending"] == 0
+        aborted_in = time.monotonic() - t0
+        # the server goes on serving meanwhile; the encode's result, when it comes, is dropped
+        assert c.generate([5, 6, 7], SamplingParams(temperature=0, max_tokens=3)).finish_reason == "length"
+        assert len(served.requests) == 0
+        print(f"aborted in {aborted_in * 1e3:.0f} ms while tokenizing")
