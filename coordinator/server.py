@@ -143,7 +143,7 @@ class Server:
         self.engine = engine
         self.stats.start(engine.stats()["output_tokens"])
         last_check = time.monotonic()
-        while not self.lifecycle.done(len(self.requests) + len(self.prompts)):
+        while not self.lifecycle.done(len(self.requests) or len(self.prompts)):  # a Generate job is in both
             if not engine.has_unfinished:
                 self.socket.poll(TOKENIZING_POLL_MS if len(self.prompts) else IDLE_POLL_MS)
             self._drain()
@@ -162,7 +162,7 @@ class Server:
         self.prompts.close()
 
     def close(self, linger_ms: int = 1000) -> None:
-        """Close the socket, giving queued replies (e.g. the final "abort" deltas) ``linger_ms`` to go out."""
+        """Close the socket, giving queued replies (e.g. the final Aborted errors) ``linger_ms`` to go out."""
         self.socket.close(linger_ms)
 
     def _drain(self) -> None:

@@ -1,6 +1,7 @@
 """SIGTERM drains (``launch.py --shutdown-timeout``): new requests are refused with AbortedError, the ones in flight
 run to their end, and those still running past the timeout (or at a second signal) get AbortedError, streamed or
-not, never a normal end with finish_reason "abort". Real ``launch.py`` processes, the real Client."""
+not, never a normal end with finish_reason "abort". Real ``launch.py`` processes, the real Client. And
+``Server.fail`` (a child died): EngineDeadError for what is in flight, the loop ends with ``failure`` set."""
 
 from __future__ import annotations
 
@@ -10,8 +11,11 @@ import time
 
 import pytest
 
-from client import AbortedError, Client, SamplingParams
-from tests.support.server import ServerProcess
+from client import AbortedError, Client, EngineDeadError, SamplingParams
+from coordinator.config import EngineConfig
+from coordinator.engine import Engine
+from coordinator.server import Server
+from tests.support.server import ENGINE_KWARGS, ServerProcess
 
 LONG_CONTEXT = ["--max-model-len", "2048", "--num-kv-blocks", "1024"]
 LONG = SamplingParams(temperature=0, max_tokens=1900, ignore_eos=True)  # still running when the signal comes
@@ -99,3 +103,25 @@ def test_requests_left_at_the_end_of_a_drain_get_aborted_error(tiny_tied, tmp_pa
         assert "Traceback" not in srv.stderr()
     finally:
         srv.stop()
+
+
+def test_fail_ends_the_loop_with_engine_dead_errors_and_failure_set(tiny_tied):
+    # what the launcher calls when a child dies unasked (the HTTP front-end): from another thread, at once
+    engine = Engine(EngineConfig(model=str(tiny_tied), **ENGINE_KWARGS))
+    server = Server("127.0.0.1", 0)
+    thread = threading.Thread(target=server.serve, args=(engine,), daemon=True)
+    thread.start()
+    try:
+        with Client(server.address, timeout=EXIT_S) as c:
+            stream = c.stream([5, 6, 7], SamplingParams(temperature=0, max_tokens=900, ignore_eos=True))
+            assert next(stream).finish_reason is None
+            server.fail("the HTTP front-end exited with code -9")
+            with pytest.raises(EngineDeadError, match="front-end exited with code -9"):
+                list(stream)
+        thread.join(EXIT_S)
+        assert not thread.is_alive() and server.failure == "the HTTP front-end exited with code -9"
+    finally:
+        server.stop()
+        thread.join(EXIT_S)
+        engine.shutdown()
+        server.close(0)
