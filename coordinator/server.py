@@ -7,11 +7,11 @@ token and character it sends.
 One thread runs one loop:
 
 1. receive: drain the client socket without blocking (at most ``max_drain`` frames per turn, so a flood cannot
-   starve the engine), read each frame (coordinator/client_frames.py), then ``engine.abort`` or answer
-   Health/Info/Stats on the spot; a Generate's template and tokenizer (``engine.admit``) and Tokenize/Detokenize
-   go to the tokenizer threads (coordinator/tokenizer_pool.py), so a 7 MB text cannot stall the other streams. A
-   frame that cannot be attributed to a request is logged and dropped; a malformed frame that names a request gets
-   an ``Error`` reply.
+   starve the engine), read each frame (coordinator/client_frames.py) and handle it (coordinator/server_frames.py):
+   ``engine.abort``, or answer Health/Info/Stats on the spot; a Generate's template and tokenizer
+   (``engine.admit``) and Tokenize/Detokenize go to the tokenizer threads (coordinator/tokenizer_pool.py), so a 7 MB
+   text cannot stall the other streams. A frame that cannot be attributed to a request is logged and dropped; a
+   malformed frame that names a request gets an ``Error`` reply.
 2. pick up what the tokenizer threads finished: ``engine.add_admitted``, or the reply.
 3. step: when the engine has work, run one ``engine.step()`` and send each of its outputs as a ``Delta``.
 4. when idle, block in ``poll`` for a short while (and check the engine's health now and then).
@@ -34,39 +34,26 @@ import itertools
 import logging
 import signal
 import time
-from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from coordinator.client_frames import RateLimitedLog, read_frame
+from coordinator.client_frames import RateLimitedLog
 from coordinator.client_limits import DEFAULT_CLIENT_HEARTBEAT_TIMEOUT_S, ClientLimits
 from coordinator.client_socket import ClientSocket, is_loopback
 from coordinator.lifecycle import DEFAULT_SHUTDOWN_TIMEOUT_S, Lifecycle
 from coordinator.request_table import ClientRequest, RequestTable
+from coordinator.server_frames import ClientFrames
 from coordinator.server_stats import ServerStats
-from coordinator.tokenizer_pool import INLINE_CHARS, TokenizerPool, encoded, text_size
+from coordinator.tokenizer_pool import TokenizerPool
 from protocol.client_messages import (
     ABORTED,
-    CLIENT_PROTOCOL_VERSION,
     DEFAULT_MAX_MESSAGE_BYTES,
     ENGINE_DEAD,
-    OVERLOADED,
-    REQUEST_ERROR,
-    Abort,
     Delta,
     Error,
-    Generate,
-    Health,
-    HealthReply,
-    Info,
-    InfoReply,
-    KeepAlive,
     PromptTokenLogprobs,
-    Stats,
-    Tokenize,
     TokenLogprobs,
 )
 from protocol.codec import encode
-from protocol.errors import RequestError
 from protocol.outputs import StepOutput
 
 if TYPE_CHECKING:  # the engine pulls in torch; binding the socket must not wait for it
@@ -79,7 +66,7 @@ TOKENIZING_POLL_MS = 2  # idle but for the tokenizer threads: look for their res
 HEALTH_CHECK_S = 1.0
 
 
-class Server:
+class Server(ClientFrames):
     """Binds at construction (so a port in use fails before any model is loaded); ``serve(engine)`` runs the
     loop until ``stop()``."""
 
@@ -278,105 +265,3 @@ class Server:
             self.engine.health()
         except Exception as e:
             self._engine_died(e)
-
-    # ---- requests ------------------------------------------------------------------------------------------
-
-    def _handle(self, frames: list[bytes]) -> None:
-        frame = read_frame(frames, self.token)
-        identity, msg = frame.identity, frame.request
-        if msg is not None:  # any request is a sign of life
-            self.requests.seen(identity, time.monotonic())
-        if frame.drop is not None:
-            self.stats.frames_dropped += 1
-            self._warn("dropping a frame from client %s: %s", identity.hex()[:16], frame.drop)
-        elif frame.error is not None:
-            if frame.unauthorized:
-                self._warn("rejecting a request from client %s: missing or wrong token", identity.hex()[:16])
-            self._error(identity, frame.error.request_id, frame.error.kind, frame.error.message)
-        elif isinstance(msg, Generate):
-            self._generate(identity, msg)
-        elif isinstance(msg, Abort):
-            req = self.requests.find(identity, msg.request_id)
-            if req is not None:  # else finished already, or never existed: nothing to free
-                self._end(req)
-        elif isinstance(msg, KeepAlive):
-            pass  # never answered: it only keeps the connection's requests alive
-        elif isinstance(msg, Health):
-            if self.healthy:
-                self._check_health()
-            healthy = self.healthy and not self.lifecycle.draining  # a balancer stops sending work here
-            reason = self.dead_reason or ("" if healthy else "shutting down")
-            reply = HealthReply(msg.request_id, healthy, "ok" if healthy else reason)
-            self._send(identity, reply)
-        elif isinstance(msg, Info):
-            info = self.engine.info()
-            reply = InfoReply(
-                msg.request_id,
-                CLIENT_PROTOCOL_VERSION,
-                **info,
-                max_message_bytes=self.max_message_bytes,
-                max_pending_per_client=self.limits.max_pending_per_client,
-                client_heartbeat_timeout_s=self.limits.heartbeat_timeout_s,
-            )
-            self._send(identity, reply)
-        elif isinstance(msg, Stats):
-            reply = self.stats.reply(
-                msg.request_id, self.engine.stats(), self.healthy, len(self.requests), self.requests.clients
-            )
-            self._send(identity, reply)
-        elif len(self.prompts) >= self.max_pending_requests:  # Tokenize / Detokenize from here on
-            self._error(identity, msg.request_id, OVERLOADED, f"overloaded: {len(self.prompts)} texts to tokenize")
-        else:  # on the tokenizer threads, the reply encoded there too (6M ids: 0.1 s of msgpack); sent by _pick_up
-            call = self.engine.tokenize if isinstance(msg, Tokenize) else self.engine.detokenize
-            self.prompts.submit(f"t{next(self._job_ids)}", (identity, msg), encoded, call, msg)
-
-    def _pick_up(self) -> None:
-        """Answer what the tokenizer threads finished."""
-        for job in self.prompts.finished():
-            identity, msg = job.context
-            self._tokenized(job.key, identity, msg, job.future.result)
-
-    def _tokenized(self, key: str, identity: bytes, msg, result: Callable) -> None:
-        """A Generate's ``result()`` (its ids and params) joins the engine, a (De)tokenize's is its encoded reply;
-        a refused one gets its error."""
-        generate = isinstance(msg, Generate)
-        try:
-            value = result()
-            if generate:
-                self.engine.add_admitted(*value, key, msg.stream)
-            elif not self.socket.send(identity, value):
-                self.stats.replies_dropped += 1
-            return
-        except RequestError as e:
-            message = str(e)
-        except Exception as e:  # e.g. the tokenizer choking on something: still the request's fault
-            log.warning("request %r rejected: %s: %s", msg.request_id, type(e).__name__, e)
-            message = f"invalid request: {type(e).__name__}: {e}"
-        if generate:
-            self.requests.pop(key)
-        self._error(identity, msg.request_id, REQUEST_ERROR, message)
-
-    def _generate(self, identity: bytes, msg: Generate) -> None:
-        rid = msg.request_id
-        if self.lifecycle.draining:
-            self._error(identity, rid, ABORTED, "the server is shutting down: not taking new requests")
-            return
-        if not self.healthy:
-            self._error(identity, rid, ENGINE_DEAD, f"the engine is dead: {self.dead_reason}")
-            return
-        if self.requests.find(identity, rid) is not None:
-            self._error(identity, rid, REQUEST_ERROR, f"request_id {rid!r} is already in flight")
-            return
-        if len(self.requests) >= self.max_pending_requests:
-            self._error(identity, rid, OVERLOADED, f"overloaded: {len(self.requests)} requests pending; retry later")
-            return
-        if (refusal := self.limits.refusal(self.requests, identity, msg.client)) is not None:
-            self.stats.requests_rejected_per_client += 1
-            self._error(identity, rid, OVERLOADED, refusal)
-            return
-        engine_id = self.requests.new_engine_id()
-        self.requests.add(identity, rid, engine_id, msg.client)  # pending (and abortable) while it is tokenized
-        if text_size(msg.prompt) <= INLINE_CHARS:  # token ids, a short text: here, without a step's delay
-            self._tokenized(engine_id, identity, msg, lambda: self.engine.admit(msg.prompt, msg.params))
-        else:
-            self.prompts.submit(engine_id, (identity, msg), self.engine.admit, msg.prompt, msg.params)
