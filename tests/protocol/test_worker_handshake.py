@@ -255,7 +255,9 @@ def test_spawned_workers_get_the_secret_through_their_environment(tiny_tied, mon
 
     monkeypatch.delenv("NANOSERVE_API_KEY", raising=False)
     monkeypatch.delenv("NANOSERVE_WORKER_SECRET", raising=False)
-    with LLM(str(tiny_tied), tensor_parallel_size=2, worker_secret=SECRET, max_model_len=128, num_kv_blocks=32) as llm:
+    with LLM(
+        str(tiny_tied), tensor_parallel_size=2, device="cpu", worker_secret=SECRET, max_model_len=128, num_kv_blocks=32
+    ) as llm:
         assert llm.generate("hello", SamplingParams(max_tokens=3), use_tqdm=False)[0].token_ids
         for proc in llm.engine.workers.procs:
             argv = Path(f"/proc/{proc.pid}/cmdline").read_bytes()
