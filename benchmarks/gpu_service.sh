@@ -7,7 +7,7 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"; BASE=${BASE:-.whl/base.tar.gz}
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
-python3 -m pytest -q -n 4 -m gpu tests/engine 2>&1 | tee "$OUT/gpu_engine.log" | tail -4
+python3 -m pytest -q -p no:xdist -m gpu tests/engine  # one at a time: each engine takes most of the memory 2>&1 | tee "$OUT/gpu_engine.log" | tail -4
 python3 -m pytest -q -n 4 tests/serving/test_lifecycle.py tests/serving/test_drain.py tests/serving/test_openai_shutdown_aborts.py \
     tests/serving/test_openai_admission.py tests/protocol/test_worker_handshake.py tests/serving/test_faults.py 2>&1 \
     | tee "$OUT/serving.log" | tail -4
@@ -20,6 +20,8 @@ env = dict(os.environ, NANOSERVE_API_KEY="k")
 def start():
     p = subprocess.Popen([sys.executable, "launch.py", "--device", "cuda", "--http-port", "8123", "--port", "8765"], env=env)
     for _ in range(300):
+        if p.poll() is not None:
+            sys.exit(f"smoke: the server exited with {p.returncode}")
         try:
             if httpx.get("http://127.0.0.1:8123/health", timeout=2).status_code == 200:
                 return p
@@ -43,5 +45,4 @@ w1() { timeout 200 python3 -m benchmarks.throughput --workload W1 --shape qwen3-
 echo "W1 this tree: $(w1)"
 if [ -f "$BASE" ]; then
   mkdir -p /tmp/base && tar xzf "$BASE" -C /tmp/base && (cd /tmp/base && export PYTHONPATH=/tmp/site:/tmp/base && echo "W1 base: $(w1)")
-  echo "W1 this tree again: $(w1)"
 fi
