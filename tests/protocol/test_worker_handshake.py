@@ -22,6 +22,7 @@ from protocol.codec import decode, encode
 from protocol.messages import PROTOCOL_VERSION, AuthChallenge, AuthResponse, Shutdown, WorkerError, WorkerHello
 from tests.support.builders import worker_config
 from tests.support.processes import ROOT, free_port, wait_for_text
+from tests.support.timeouts import HANG_S
 
 
 def _env() -> dict:
@@ -42,7 +43,7 @@ def ipc_address():
 def _stop(proc: subprocess.Popen) -> None:
     if proc.poll() is None:
         proc.kill()
-    proc.wait(timeout=10)
+    proc.wait(timeout=HANG_S)
 
 
 def test_worker_says_hello(ipc_address):

@@ -22,6 +22,7 @@ from protocol.codec import ProtocolError
 from tests.support.openai_http import HttpServer
 from tests.support.processes import ROOT, children_of, pid_alive, wait_gone
 from tests.support.server import ServerProcess
+from tests.support.timeouts import HANG_S, START_S
 
 LONG_CONTEXT = ["--max-model-len", "2048", "--num-kv-blocks", "1024"]
 LONG = SamplingParams(temperature=0, max_tokens=1900, ignore_eos=True)  # seconds of work: still running when hit
@@ -37,14 +38,14 @@ def _ipc_dir(worker_pid: int) -> Path | None:
 def test_worker_killed_mid_stream(tiny_tied, tmp_path):
     srv = ServerProcess(tiny_tied, tmp_path / "server.log", *LONG_CONTEXT)
     try:
-        with Client(srv.address, timeout=30) as c:
+        with Client(srv.address, timeout=HANG_S) as c:
             pids = c.info()["worker_pids"]
             assert pids and sorted(pids) == sorted(srv.workers)
             streams = [c.stream(list(range(10 + i, 40 + i)), LONG) for i in range(3)]
             outcome = {}
 
             def non_streaming():
-                with Client(srv.address, timeout=30) as c2:
+                with Client(srv.address, timeout=HANG_S) as c2:
                     try:
                         c2.generate(list(range(50, 80)), LONG)
                     except BaseException as e:
@@ -59,11 +60,11 @@ def test_worker_killed_mid_stream(tiny_tied, tmp_path):
                 with pytest.raises(EngineDeadError, match="worker"):
                     for _ in s:
                         pass
-            t.join(10)
+            t.join(HANG_S)
             assert isinstance(outcome.get("error"), EngineDeadError)
-            assert time.monotonic() - t0 < 10
-        # the server does not stay up unhealthy: it exits non-zero, for a supervisor to restart it (30 s: a guard)
-        assert srv.proc.wait(30) == 1, srv.stderr()
+            assert time.monotonic() - t0 < HANG_S  # noticed, not left to the 600 s step timeout
+        # the server does not stay up unhealthy: it exits non-zero, for a supervisor to restart it
+        assert srv.proc.wait(HANG_S) == 1, srv.stderr()
     finally:
         srv.stop()
 
@@ -73,17 +74,17 @@ def test_worker_death_while_idle_ends_the_server(tiny_tied, tmp_path):
     try:
         # a token-protected server refuses requests without the right token
         for token in (None, "wrong"):
-            with Client(srv.address, timeout=10, token=token) as c:
+            with Client(srv.address, timeout=HANG_S, token=token) as c:
                 with pytest.raises(ProtocolError, match="unauthorized"):
                     c.health()
                 with pytest.raises(ProtocolError, match="unauthorized"):
                     c.generate("hello")
-        with Client(srv.address, timeout=30, token="s3cret") as c:
+        with Client(srv.address, timeout=HANG_S, token="s3cret") as c:
             assert c.health()["healthy"]
             (pid,) = c.info()["worker_pids"]
             os.kill(pid, signal.SIGKILL)
-        # found by the idle loop's health check (every second): the server exits non-zero (30 s: a guard)
-        assert srv.proc.wait(30) == 1, srv.stderr()
+        # found by the idle loop's health check (every second): the server exits non-zero
+        assert srv.proc.wait(HANG_S) == 1, srv.stderr()
         assert "worker" in srv.stderr()
     finally:
         srv.stop()
@@ -96,14 +97,12 @@ def test_coordinator_killed_workers_exit(tiny_tied, tmp_path):
         workers = children_of(srv.proc.pid)
         assert workers and sorted(workers) == sorted(srv.workers)
         ipc = _ipc_dir(workers[0])
-        with Client(srv.address, timeout=30) as c:
+        with Client(srv.address, timeout=HANG_S) as c:
             stream = c.stream(list(range(10, 40)), LONG)
             next(stream)  # a step in flight
             srv.proc.kill()
-            srv.proc.wait(10)
-            t0 = time.monotonic()
-            assert wait_gone(workers, 10), [p for p in workers if pid_alive(p)]
-            assert time.monotonic() - t0 < 10
+            srv.proc.wait(HANG_S)
+            assert wait_gone(workers, HANG_S), [p for p in workers if pid_alive(p)]
             stream.close()
     finally:
         srv.stop()
@@ -119,12 +118,12 @@ def test_signal_graceful_shutdown(tiny_tied, tmp_path, sig):
         workers = list(srv.workers)
         ipc = _ipc_dir(workers[0])
         assert ipc is not None and ipc.exists()
-        with Client(srv.address, timeout=30) as c:
+        with Client(srv.address, timeout=HANG_S) as c:
             streams = [c.stream(list(range(10 + i, 40 + i)), LONG) for i in range(4)]
             done = {}
 
             def non_streaming():
-                with Client(srv.address, timeout=30) as c2:
+                with Client(srv.address, timeout=HANG_S) as c2:
                     try:
                         done["completion"] = c2.generate(list(range(50, 80)), LONG)
                     except Exception as e:
@@ -133,7 +132,7 @@ def test_signal_graceful_shutdown(tiny_tied, tmp_path, sig):
             t = threading.Thread(target=non_streaming)
             t.start()
             next(streams[0])
-            deadline = time.monotonic() + 10
+            deadline = time.monotonic() + HANG_S
             while c.stats()["pending"] < 5 and time.monotonic() < deadline:
                 time.sleep(0.02)
             srv.proc.send_signal(sig)
@@ -142,7 +141,7 @@ def test_signal_graceful_shutdown(tiny_tied, tmp_path, sig):
                     list(s)
             t.join(60)
             assert isinstance(done.get("error"), AbortedError), done
-            assert srv.proc.wait(60) == 0, srv.stderr()  # it exits by itself (60 s: only a guard on a loaded machine)
+            assert srv.proc.wait(HANG_S) == 0, srv.stderr()  # it exits by itself
         assert wait_gone(workers, 30)
         assert not ipc.exists()
         assert "Traceback" not in srv.stderr()
@@ -185,15 +184,15 @@ def test_signal_to_the_process_group_aborts_http_requests_and_exits_0(tiny_tied,
         outs: list[list] = [[] for _ in requests]
         # clients made here: each one's set-up (its SSL context) in a thread of its own, beside a stream being read,
         # delayed that thread's request by up to seconds on a loaded 2-core machine
-        clients += [httpx.Client(timeout=60) for _ in requests]
+        clients += [httpx.Client(timeout=HANG_S) for _ in requests]
         threads = [
             threading.Thread(target=_http_request, args=(client, srv.base_url + path, body, out))
             for client, (path, body), out in zip(clients, requests, outs)
         ]
         for t in threads:
             t.start()
-        with Client(srv.zmq, timeout=30) as c:
-            deadline = time.monotonic() + 10
+        with Client(srv.zmq, timeout=HANG_S) as c:
+            deadline = time.monotonic() + HANG_S
             while (c.stats()["pending"] < 5 or not all(outs[:3])) and time.monotonic() < deadline:
                 time.sleep(0.02)
         assert all(outs[:3]) and not outs[3], outs  # every stream has begun, no request has ended
@@ -207,8 +206,8 @@ def test_signal_to_the_process_group_aborts_http_requests_and_exits_0(tiny_tied,
             assert not [ch for c in chunks[:-1] for ch in c["choices"] if ch["finish_reason"] == "abort"]
         (response,) = outs[3]
         assert response.status_code == 503 and "abort" in response.text, response.text
-        assert srv.proc.wait(30) == 0, srv.stderr()
-        assert wait_gone(children, 10), [p for p in children if pid_alive(p)]
+        assert srv.proc.wait(HANG_S) == 0, srv.stderr()
+        assert wait_gone(children, HANG_S), [p for p in children if pid_alive(p)]
         assert ipc is not None and not ipc.exists()
         # the only errors logged: the front-end's 5xx for the aborted requests
         errors = [line for line in srv.stderr().splitlines() if "ERROR" in line]
@@ -224,16 +223,13 @@ def test_port_in_use_fails_fast(tiny_tied):
         s.bind(("127.0.0.1", 0))
         s.listen()
         port = s.getsockname()[1]
-        t0 = time.monotonic()
         out = subprocess.run(
             [sys.executable, str(ROOT / "launch.py"), "--port", str(port), "--model", str(tiny_tied)],
             cwd=ROOT,
             capture_output=True,
             text=True,
-            timeout=60,
+            timeout=START_S,
         )
-        elapsed = time.monotonic() - t0
     assert out.returncode == 1
     assert f"port {port}" in out.stderr and "in use" in out.stderr
-    assert "listening" not in out.stdout
-    assert elapsed < 10
+    assert "listening" not in out.stdout  # refused before any model loaded

@@ -25,6 +25,7 @@ from client.openai_server import STOP_SIGNAL
 from protocol.codec import ProtocolError
 from tests.support.openai_http import HttpServer
 from tests.support.processes import ROOT, children_of, pid_alive, sigint_default
+from tests.support.timeouts import HANG_S, START_S
 
 KEY = "s3cret-key"
 HEADERS = {"Authorization": f"Bearer {KEY}"}
@@ -34,7 +35,10 @@ LAUNCH = [sys.executable, str(ROOT / "launch.py")]
 
 def test_non_loopback_host_needs_a_key():
     out = subprocess.run(
-        [*LAUNCH, "--host", "0.0.0.0", "--port", "0", "--http-port", "0"], capture_output=True, text=True, timeout=60
+        [*LAUNCH, "--host", "0.0.0.0", "--port", "0", "--http-port", "0"],
+        capture_output=True,
+        text=True,
+        timeout=START_S,
     )
     assert out.returncode == 1
     assert "--api-key" in out.stderr
@@ -45,7 +49,7 @@ def test_http_port_in_use_fails_before_loading():
         port = taken.getsockname()[1]
         out = subprocess.run(
             [*LAUNCH, "--port", "0", "--http-port", str(port), "--model", "/nonexistent"],
-            capture_output=True, text=True, timeout=60,
+            capture_output=True, text=True, timeout=START_S,
         )  # fmt: skip
     assert out.returncode == 1
     assert f"HTTP port {port} on 127.0.0.1 is already in use" in out.stderr
@@ -61,22 +65,22 @@ def server(tiny_tied, tmp_path_factory):
 def test_api_key(server):
     with pytest.raises(openai.AuthenticationError):
         openai.OpenAI(base_url=server.base_url, api_key="wrong", max_retries=0).models.list()
-    r = httpx.post(server.base_url + "/completions", json={"prompt": "x"})
+    r = httpx.post(server.base_url + "/completions", json={"prompt": "x"}, timeout=HANG_S)
     assert r.status_code == 401 and r.json()["error"]["code"] == 401
-    assert httpx.post(server.root + "/tokenize", json={"prompt": "x"}).status_code == 401
+    assert httpx.post(server.root + "/tokenize", json={"prompt": "x"}, timeout=HANG_S).status_code == 401
     api = openai.OpenAI(base_url=server.base_url, api_key=KEY, max_retries=0)
     r = api.completions.create(model=api.models.list().data[0].id, prompt="hi", max_tokens=3)
     assert r.usage.completion_tokens <= 3
-    assert httpx.get(server.root + "/health").status_code == 200  # probes need no key
-    assert httpx.get(server.root + "/metrics").status_code == 200
-    with Client(server.zmq, timeout=30) as c, pytest.raises(ProtocolError, match="unauthorized"):
+    assert httpx.get(server.root + "/health", timeout=HANG_S).status_code == 200  # probes need no key
+    assert httpx.get(server.root + "/metrics", timeout=HANG_S).status_code == 200
+    with Client(server.zmq, timeout=HANG_S) as c, pytest.raises(ProtocolError, match="unauthorized"):
         c.health()  # the coordinator's ZMQ endpoint takes the same key as its token
 
 
 def test_overloaded_is_429_and_the_server_keeps_serving(server):
     headers = {"Authorization": f"Bearer {KEY}"}
     body = {"prompt": "long", "max_tokens": 400, "ignore_eos": True, "stream": True}
-    with httpx.Client(timeout=30, headers=headers) as client:
+    with httpx.Client(timeout=HANG_S, headers=headers) as client:
         streams = [client.stream("POST", server.base_url + "/completions", json=body) for _ in range(2)]
         lines = []  # kept: dropping a line iterator closes its response
         try:
@@ -91,7 +95,7 @@ def test_overloaded_is_429_and_the_server_keeps_serving(server):
         finally:
             for s in streams:
                 s.__exit__(None, None, None)  # disconnect: both are aborted
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + HANG_S
         while True:  # the aborts free both places
             r = client.post(server.base_url + "/completions", json={"prompt": "x", "max_tokens": 2})
             if r.status_code != 429 or time.monotonic() > deadline:
@@ -113,7 +117,7 @@ def test_request_over_the_message_limit_is_400_and_other_streams_go_on(server):
     would be dropped by ZMQ with the front-end's shared connection, hanging it and every stream on it."""
     big = "a" * (MESSAGE_LIMIT - 100)  # the body fits, the message (its fields and the sampling params) not
     long = {"prompt": "long", "max_tokens": 300, "ignore_eos": True, "stream": True}
-    with httpx.Client(timeout=30, headers=HEADERS) as client:
+    with httpx.Client(timeout=HANG_S, headers=HEADERS) as client:
         with client.stream("POST", server.base_url + "/completions", json=long) as resp:
             lines = resp.iter_lines()
             assert next(lines).startswith("data: ")  # in flight
@@ -138,7 +142,7 @@ def test_bad_bodies_are_400s_in_openai_shape(server):
     """Text that is not Unicode (a lone surrogate), JSON too deep to parse, prompts longer than the context:
     400s naming the field, never a 500 or FastAPI's {"detail": ...}."""
     chat, completions = server.base_url + "/chat/completions", server.base_url + "/completions"
-    with httpx.Client(timeout=30, headers={**HEADERS, "content-type": "application/json"}) as client:
+    with httpx.Client(timeout=HANG_S, headers={**HEADERS, "content-type": "application/json"}) as client:
         bodies = [
             (chat, b'{"messages": [{"role": "user", "content": "\\ud800"}], "max_tokens": 2}', "messages"),
             (chat, b'{"messages": [{"role": "user", "content": "a\\udfffb"}], "stream": true}', "messages"),
@@ -191,17 +195,17 @@ def test_signals_to_the_front_end(server, tmp_path, child):
         line = proc.stdout.readline()
         assert line.startswith("nanoserve OpenAI API on "), line
         root = line.split()[4].removesuffix("/v1")
-        assert httpx.get(root + "/health", timeout=10).status_code == 200  # serving: its loop runs
+        assert httpx.get(root + "/health", timeout=HANG_S).status_code == 200  # serving: its loop runs
         proc.send_signal(signal.SIGINT)
         if child:
             proc.send_signal(signal.SIGTERM)
             time.sleep(1)  # an idle front-end that took a signal is gone by now
-            assert proc.poll() is None and httpx.get(root + "/health", timeout=10).status_code == 200
+            assert proc.poll() is None and httpx.get(root + "/health", timeout=HANG_S).status_code == 200
             proc.send_signal(STOP_SIGNAL)  # as launch.py stops it
-            assert proc.wait(15) == 0
+            assert proc.wait(HANG_S) == 0
         else:
             try:
-                assert proc.wait(15) == 0
+                assert proc.wait(HANG_S) == 0
             except subprocess.TimeoutExpired:
                 raise AssertionError(
                     f"no exit on SIGINT: {_process_state(proc.pid)}; ours {_process_state()}"
@@ -229,12 +233,12 @@ def test_streams_end_with_an_error_when_the_front_ends_parent_dies(server, tmp_p
         body = {"prompt": "a", "max_tokens": 400, "ignore_eos": True, "stream": True}
 
         def read() -> None:
-            with httpx.stream("POST", url, json=body, headers=HEADERS, timeout=60) as r:
+            with httpx.stream("POST", url, json=body, headers=HEADERS, timeout=HANG_S) as r:
                 events.extend(x.removeprefix("data: ") for x in r.iter_lines() if x.startswith("data: "))
 
         reader = threading.Thread(target=read)
         reader.start()
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + HANG_S
         while len(events) < 3 and time.monotonic() < deadline:
             time.sleep(0.01)
         proc.kill()
@@ -253,22 +257,22 @@ def test_dead_engine_is_503_and_the_service_exits_1(server):
         p for p in children_of(server.proc.pid) if b"openai_server" in Path(f"/proc/{p}/cmdline").read_bytes()
     ]
     assert len(front_ends) == 1
-    with Client(server.zmq, timeout=30, token=KEY) as c:
+    with Client(server.zmq, timeout=HANG_S, token=KEY) as c:
         (worker,) = c.info()["worker_pids"]
         out: list = []
         body = {"prompt": "x", "max_tokens": 400, "ignore_eos": True}
         url = server.base_url + "/completions"
-        t = threading.Thread(target=lambda: out.append(httpx.post(url, json=body, headers=HEADERS, timeout=60)))
+        t = threading.Thread(target=lambda: out.append(httpx.post(url, json=body, headers=HEADERS, timeout=HANG_S)))
         t.start()
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + HANG_S
         while c.stats()["pending"] < 1 and time.monotonic() < deadline:
             time.sleep(0.02)
     os.kill(worker, signal.SIGKILL)
     t.join(60)
     (r,) = out
     assert r.status_code == 503 and "dead" in r.json()["error"]["message"], r.text
-    assert server.proc.wait(60) == 1, server.stderr()
-    deadline = time.monotonic() + 30
+    assert server.proc.wait(HANG_S) == 1, server.stderr()
+    deadline = time.monotonic() + HANG_S
     while pid_alive(front_ends[0]) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not pid_alive(front_ends[0])

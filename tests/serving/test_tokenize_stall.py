@@ -106,8 +106,9 @@ def test_a_big_tokenization_does_not_stall_other_streams(served):
     assert len(during) >= 20, "the stream got no tokens while the big requests ran"
     # generous for a loaded 2-core box (what is left: the GIL held while 6M ids become a list and are packed, 0.3 s on
     # an idle host, seconds at a load of 16); tokenized on the loop, one gap was the whole encode (17-74 s)
-    assert max(during) < max(25 * before, 6.0), (max(during), before)
-    assert health_latency and max(health_latency) < 6.0, health_latency
+    stall_bound = max(25 * before, 6.0)  # relative to this host's own pace: a loaded host slows both
+    assert max(during) < stall_bound, (max(during), before)
+    assert health_latency and max(health_latency) < stall_bound, (health_latency, before)
     assert isinstance(outcome["tokenize"], int) and outcome["tokenize"] > BIG // 4, outcome
     assert outcome["chat"].startswith("RequestError") and "max_model_len" in outcome["chat"], outcome
 
