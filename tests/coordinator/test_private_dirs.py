@@ -13,6 +13,7 @@ from pathlib import Path
 
 from coordinator import private_dirs
 from tests.support.processes import ROOT
+from tests.support.timeouts import HANG_S
 
 HOLDER = """
 import sys
@@ -36,7 +37,7 @@ def test_a_killed_owners_dir_is_swept_and_a_live_ones_is_kept(tmp_path):
     try:
         assert live_dir.parent == tmp_path and (live_dir / "owner").read_text().split()[0] == str(live.pid)
         killed.kill()
-        killed.wait(60)
+        killed.wait(HANG_S)
         assert killed_dir.exists()  # SIGKILL: no cleanup ran
         ours = private_dirs.create(str(tmp_path))  # sweeps first
         try:
@@ -47,7 +48,7 @@ def test_a_killed_owners_dir_is_swept_and_a_live_ones_is_kept(tmp_path):
             private_dirs.remove(ours)
         assert not Path(ours).exists()
         live.stdin.close()
-        assert live.wait(60) == 0
+        assert live.wait(HANG_S) == 0
         assert live_dir.exists()  # it ended without remove(): the next sweep takes it
         assert private_dirs.sweep(str(tmp_path)) == [str(live_dir)]
     finally:
@@ -84,7 +85,7 @@ def test_sigterm_removes_the_dirs_first(tmp_path):
     try:
         assert path.exists()
         proc.send_signal(signal.SIGTERM)
-        assert proc.wait(60) == -signal.SIGTERM  # it still dies of the signal
+        assert proc.wait(HANG_S) == -signal.SIGTERM  # it still dies of the signal
         assert not path.exists()
     finally:
         proc.kill()

@@ -12,6 +12,7 @@ import tempfile
 from pathlib import Path
 
 from tests.support.processes import ROOT, children_of, wait_gone
+from tests.support.timeouts import HANG_S
 
 SCRIPT = """
 import sys, time
@@ -33,9 +34,9 @@ def test_sigterm_leaves_no_files_behind(tiny_tied, tmp_path):
         workers = children_of(proc.pid)
         assert workers and list(tmp.glob("nanoserve-*")), "the engine's private dir should exist while it runs"
         proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=60) == -signal.SIGTERM
+        assert proc.wait(timeout=HANG_S) == -signal.SIGTERM
         assert list(tmp.glob("nanoserve-*")) == []
-        assert wait_gone(workers, 60)
+        assert wait_gone(workers, HANG_S)
     finally:
         proc.kill()
         proc.wait()
@@ -60,8 +61,8 @@ def test_sigkill_leaves_a_dir_that_the_next_engine_removes(tiny_tied):
         live_dir, killed_dir = dirs
         workers = children_of(killed.pid)
         killed.kill()
-        assert killed.wait(60) == -signal.SIGKILL
-        assert wait_gone(workers, 60)  # they die with their coordinator
+        assert killed.wait(HANG_S) == -signal.SIGKILL
+        assert wait_gone(workers, HANG_S)  # they die with their coordinator
         assert killed_dir.exists()
         nxt = subprocess.Popen(cmd, cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True)
         procs.append(nxt)
@@ -69,7 +70,7 @@ def test_sigkill_leaves_a_dir_that_the_next_engine_removes(tiny_tied):
         assert not killed_dir.exists() and live_dir.exists()
         for proc in (live, nxt):
             proc.send_signal(signal.SIGTERM)
-            assert proc.wait(60) == -signal.SIGTERM
+            assert proc.wait(HANG_S) == -signal.SIGTERM
         assert list(tmp.iterdir()) == []
     finally:
         for proc in procs:

@@ -17,6 +17,7 @@ import pytest
 from client import AsyncClient, Client, OverloadedError, SamplingParams
 from tests.support.processes import ROOT
 from tests.support.server import ServerProcess, wait_stats
+from tests.support.timeouts import HANG_S
 
 PER_CLIENT = 16
 HEARTBEAT_TIMEOUT_S = 8  # short, for the test; still many keep-alives (1 s) apart on a loaded host
@@ -42,14 +43,14 @@ def _idle(c: Client) -> dict:
 
 
 def test_info_names_the_limits(server):
-    with Client(server.address, timeout=60) as c:
+    with Client(server.address, timeout=HANG_S) as c:
         info = c.info()
     assert info["max_pending_per_client"] == PER_CLIENT
     assert info["client_heartbeat_timeout_s"] == HEARTBEAT_TIMEOUT_S
 
 
 def test_a_burst_over_the_per_client_limit_leaves_room_for_others(server):
-    with Client(server.address, timeout=60) as a, Client(server.address, timeout=60) as b:
+    with Client(server.address, timeout=HANG_S) as a, Client(server.address, timeout=HANG_S) as b:
         before = _idle(a)
         burst = [a.stream([7] * 8, LONG) for _ in range(PER_CLIENT + 24)]
         # one connection is FIFO: the Stats reply comes after every Generate of the burst was handled
@@ -89,7 +90,7 @@ sys.stdin.read()  # until killed
 def test_a_killed_or_stopped_client_has_its_requests_aborted_and_blocks_freed(server, sig):
     """SIGKILL: the client's connection drops; SIGSTOP: it stays up, but no heartbeat comes. Both are a silent
     client to the server (ZMQ does not say which connection dropped)."""
-    with Client(server.address, timeout=60) as c:
+    with Client(server.address, timeout=HANG_S) as c:
         before = _idle(c)
         proc = subprocess.Popen(
             [sys.executable, "-c", KILLED_CLIENT, server.address],
@@ -118,7 +119,7 @@ def test_a_killed_or_stopped_client_has_its_requests_aborted_and_blocks_freed(se
 
 
 def test_a_live_client_that_does_not_read_keeps_its_requests(server):
-    with Client(server.address, timeout=60) as c, Client(server.address, timeout=60) as watcher:
+    with Client(server.address, timeout=HANG_S) as c, Client(server.address, timeout=HANG_S) as watcher:
         before = _idle(watcher)
         streams = [c.stream([7] * 8, LONG) for _ in range(PER_CLIENT)]
         time.sleep(2 * HEARTBEAT_TIMEOUT_S)  # not reading, far past the heartbeat timeout
@@ -133,7 +134,7 @@ def test_a_live_client_that_does_not_read_keeps_its_requests(server):
 
 def test_a_live_async_client_that_does_not_read_keeps_its_requests(server):
     async def main():
-        async with AsyncClient(server.address, timeout=60) as c:
+        async with AsyncClient(server.address, timeout=HANG_S) as c:
             streams = [c.stream([7] * 8, LONG) for _ in range(PER_CLIENT)]
             # the event loop runs, but no one reads the streams
             await asyncio.sleep(2 * HEARTBEAT_TIMEOUT_S)
@@ -143,7 +144,7 @@ def test_a_live_async_client_that_does_not_read_keeps_its_requests(server):
                 await st.aclose()
             return s
 
-    with Client(server.address, timeout=60) as watcher:
+    with Client(server.address, timeout=HANG_S) as watcher:
         before = _idle(watcher)
         s = asyncio.run(main())
         assert s["requests_aborted_client_silent"] == before["requests_aborted_client_silent"], s

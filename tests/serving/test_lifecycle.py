@@ -24,6 +24,7 @@ import pytest
 from client import Client, EngineDeadError, SamplingParams
 from tests.support.processes import ROOT, children_of, pid_alive, wait_gone
 from tests.support.server import ENGINE_ARGS
+from tests.support.timeouts import HANG_S
 
 LONG = SamplingParams(temperature=0, max_tokens=1000, ignore_eos=True)  # seconds of work: still running when hit
 EXIT_S = 60  # "within seconds" on an idle machine; this only stops a hang on a loaded one
@@ -132,7 +133,7 @@ def test_front_end_killed_fails_requests_and_the_launcher_exits_1(tiny_tied, tmp
     try:
         front_end = srv.child(b"client.openai_server")
         assert len(_private_dirs(tmp)) == 1
-        with Client(srv.zmq, timeout=60) as c:
+        with Client(srv.zmq, timeout=HANG_S) as c:
             stream = c.stream(list(range(10, 40)), LONG)
             assert next(stream).finish_reason is None  # mid-stream
             os.kill(front_end, signal.SIGKILL)
@@ -142,7 +143,7 @@ def test_front_end_killed_fails_requests_and_the_launcher_exits_1(tiny_tied, tmp
         assert srv.exit_code() == 1, srv.stderr()
         (reason,) = [line for line in srv.stderr().splitlines() if "exiting with code 1" in line]
         assert "HTTP front-end exited with code -9" in reason, reason
-        assert wait_gone(srv.children, 30)
+        assert wait_gone(srv.children, HANG_S)
         assert _private_dirs(tmp) == [] and list(tmp.iterdir()) == []
     finally:
         srv.stop()
@@ -152,12 +153,12 @@ def test_worker_killed_fails_requests_and_the_launcher_exits_1(tiny_tied, tmp, t
     srv = Launch(tiny_tied, tmp, tmp_path / "server.log")
     try:
         (worker,) = srv.children
-        with Client(srv.zmq, timeout=60) as c:
+        with Client(srv.zmq, timeout=HANG_S) as c:
             stream = c.stream(list(range(10, 40)), LONG)
             outcome = {}
 
             def non_streaming():
-                with Client(srv.zmq, timeout=60) as c2:
+                with Client(srv.zmq, timeout=HANG_S) as c2:
                     try:
                         c2.generate(list(range(50, 80)), LONG)
                     except BaseException as e:
@@ -165,7 +166,7 @@ def test_worker_killed_fails_requests_and_the_launcher_exits_1(tiny_tied, tmp, t
 
             t = threading.Thread(target=non_streaming)
             t.start()
-            deadline = time.monotonic() + 60
+            deadline = time.monotonic() + HANG_S
             while c.stats()["pending"] < 2 and time.monotonic() < deadline:
                 time.sleep(0.02)
             assert next(stream).finish_reason is None
@@ -206,7 +207,7 @@ def test_kill_9_of_the_launcher_leaves_a_dir_the_next_start_removes(tiny_tied, t
         events: list = []
         reader = threading.Thread(target=_stream_http, args=(killed.base_url, events))
         reader.start()
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + HANG_S
         while len(events) < 3 and time.monotonic() < deadline:
             time.sleep(0.01)
         assert len(events) >= 3 and events[0].startswith("{"), events  # mid-stream
@@ -222,14 +223,14 @@ def test_kill_9_of_the_launcher_leaves_a_dir_the_next_start_removes(tiny_tied, t
         servers.append(nxt)
         assert not killed_dir.exists()  # the next start removed it...
         assert live_dir.exists()  # ...and not the live server's
-        with Client(live.zmq, timeout=60) as c:
+        with Client(live.zmq, timeout=HANG_S) as c:
             assert c.generate("hello", SamplingParams(temperature=0, max_tokens=4)).token_ids
         assert len(_private_dirs(tmp)) == 2
         for srv in (live, nxt):  # SIGTERM with nothing in flight: a clean, requested shutdown
             os.kill(srv.pid, signal.SIGTERM)
         for srv in (live, nxt):
             assert srv.exit_code() == 0, srv.stderr()
-            assert wait_gone(srv.children, 30), [p for p in srv.children if pid_alive(p)]
+            assert wait_gone(srv.children, HANG_S), [p for p in srv.children if pid_alive(p)]
         assert list(tmp.iterdir()) == []
     finally:
         for srv in servers:
