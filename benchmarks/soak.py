@@ -36,6 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks.soak_trace import add_trim_flag
 from benchmarks.soak_traffic import Traffic, killed_client
 from client import AsyncClient
 
@@ -260,13 +261,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0, help="the traffic's random seed (default 0)")
     p.add_argument("--log", default="soak_server.log", help="the started server's stderr (default soak_server.log)")
     p.add_argument("--tracemalloc", metavar="DIR", help="snapshot the started coordinator's heap into DIR")
-    p.add_argument(
-        "--trim-every",
-        type=float,
-        default=0.0,
-        help="the started coordinator calls malloc_trim(0) "
-        "every S seconds (benchmarks/soak_trace.py): is its RSS growth memory the allocator kept?",
-    )
+    add_trim_flag(p)
     p.add_argument("launch_flags", nargs="*", help="after --: launch.py flags (default: a small CPU engine)")
     args = p.parse_args(argv)
     if bool(args.base_url) != bool(args.address):

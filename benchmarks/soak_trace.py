@@ -54,18 +54,24 @@ def compare(directory: Path, top: int, base_index: int = 1) -> None:
                     print("      " + line)
 
 
+def add_trim_flag(p: argparse.ArgumentParser) -> None:
+    """--trim-every, for this script and for benchmarks/soak.py, which passes it on to it."""
+    p.add_argument(
+        "--trim-every",
+        type=float,
+        default=0.0,
+        metavar="S",
+        help="the coordinator calls glibc's malloc_trim(0) every S seconds: RSS growth that this gives back is freed "
+        "memory the allocator kept, not live objects (default off)",
+    )
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     p.add_argument("dir", type=Path, help="where the snapshots go (or are read from, with --compare)")
     p.add_argument("launch_flags", nargs="*", help="after --: launch.py's flags")
     p.add_argument("--every", type=float, default=30.0, help="seconds between snapshots (default 30)")
-    p.add_argument(
-        "--trim-every",
-        type=float,
-        default=0.0,
-        help="call glibc's malloc_trim(0) every S seconds: "
-        "RSS growth that this gives back is freed memory the allocator kept, not live objects (default off)",
-    )
+    add_trim_flag(p)
     p.add_argument("--no-trace", action="store_true", help="no tracemalloc (its own memory hides small growths)")
     p.add_argument("--compare", action="store_true", help="print the largest growths between DIR's snapshots")
     p.add_argument("--top", type=int, default=15, help="with --compare: how many lines (default 15)")

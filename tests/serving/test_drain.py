@@ -15,7 +15,7 @@ from client import AbortedError, Client, EngineDeadError, SamplingParams
 from coordinator.config import EngineConfig
 from coordinator.engine import Engine
 from coordinator.server import Server
-from tests.support.server import ENGINE_KWARGS, ServerProcess
+from tests.support.server import ENGINE_KWARGS, ServerProcess, generate_in_thread
 
 LONG_CONTEXT = ["--max-model-len", "2048", "--num-kv-blocks", "1024"]
 LONG = SamplingParams(temperature=0, max_tokens=1900, ignore_eos=True)  # still running when the signal comes
@@ -30,19 +30,6 @@ def _wait_shutting_down(c: Client) -> None:
     assert c.health()["message"] == "shutting down"
 
 
-def _non_streamed(address: str, prompt, params, out: dict) -> threading.Thread:
-    def run():
-        with Client(address, timeout=EXIT_S * 2) as c:
-            try:
-                out["completion"] = c.generate(prompt, params)
-            except Exception as e:
-                out["error"] = e
-
-    t = threading.Thread(target=run)
-    t.start()
-    return t
-
-
 def test_drain_lets_running_requests_finish_and_refuses_new_ones(tiny_tied, tmp_path):
     srv = ServerProcess(tiny_tied, tmp_path / "server.log", *LONG_CONTEXT, "--shutdown-timeout", "600")
     try:
@@ -50,7 +37,7 @@ def test_drain_lets_running_requests_finish_and_refuses_new_ones(tiny_tied, tmp_
             params = SamplingParams(temperature=0, max_tokens=300, ignore_eos=True)
             stream = c.stream(list(range(10, 40)), params)
             out: dict = {}
-            t = _non_streamed(srv.address, list(range(50, 80)), params, out)
+            t = generate_in_thread(srv.address, list(range(50, 80)), params, out)
             first = next(stream)
             assert first.finish_reason is None
             deadline = time.monotonic() + EXIT_S
@@ -82,7 +69,7 @@ def test_requests_left_at_the_end_of_a_drain_get_aborted_error(tiny_tied, tmp_pa
         with Client(srv.address, timeout=EXIT_S) as c:
             stream = c.stream(list(range(10, 40)), LONG)
             out: dict = {}
-            t = _non_streamed(srv.address, list(range(50, 80)), LONG, out)
+            t = generate_in_thread(srv.address, list(range(50, 80)), LONG, out)
             assert next(stream).finish_reason is None
             deadline = time.monotonic() + EXIT_S
             while c.stats()["pending"] < 2:

@@ -21,7 +21,7 @@ from client import AbortedError, Client, EngineDeadError, SamplingParams
 from protocol.codec import ProtocolError
 from tests.support.openai_http import HttpServer
 from tests.support.processes import ROOT, children_of, pid_alive, wait_gone
-from tests.support.server import ServerProcess
+from tests.support.server import ServerProcess, generate_in_thread
 from tests.support.timeouts import HANG_S, START_S
 
 LONG_CONTEXT = ["--max-model-len", "2048", "--num-kv-blocks", "1024"]
@@ -43,16 +43,7 @@ def test_worker_killed_mid_stream(tiny_tied, tmp_path):
             assert pids and sorted(pids) == sorted(srv.workers)
             streams = [c.stream(list(range(10 + i, 40 + i)), LONG) for i in range(3)]
             outcome = {}
-
-            def non_streaming():
-                with Client(srv.address, timeout=HANG_S) as c2:
-                    try:
-                        c2.generate(list(range(50, 80)), LONG)
-                    except BaseException as e:
-                        outcome["error"] = e
-
-            t = threading.Thread(target=non_streaming)
-            t.start()
+            t = generate_in_thread(srv.address, list(range(50, 80)), LONG, outcome)
             assert next(streams[0]).finish_reason is None  # mid-stream
             t0 = time.monotonic()
             os.kill(pids[0], signal.SIGKILL)
@@ -121,16 +112,7 @@ def test_signal_graceful_shutdown(tiny_tied, tmp_path, sig):
         with Client(srv.address, timeout=HANG_S) as c:
             streams = [c.stream(list(range(10 + i, 40 + i)), LONG) for i in range(4)]
             done = {}
-
-            def non_streaming():
-                with Client(srv.address, timeout=HANG_S) as c2:
-                    try:
-                        done["completion"] = c2.generate(list(range(50, 80)), LONG)
-                    except Exception as e:
-                        done["error"] = e
-
-            t = threading.Thread(target=non_streaming)
-            t.start()
+            t = generate_in_thread(srv.address, list(range(50, 80)), LONG, done)
             next(streams[0])
             deadline = time.monotonic() + HANG_S
             while c.stats()["pending"] < 5 and time.monotonic() < deadline:

@@ -23,7 +23,7 @@ import pytest
 
 from client import Client, EngineDeadError, SamplingParams
 from tests.support.processes import ROOT, children_of, pid_alive, wait_gone
-from tests.support.server import ENGINE_ARGS
+from tests.support.server import ENGINE_ARGS, generate_in_thread
 from tests.support.timeouts import HANG_S
 
 LONG = SamplingParams(temperature=0, max_tokens=1000, ignore_eos=True)  # seconds of work: still running when hit
@@ -156,16 +156,7 @@ def test_worker_killed_fails_requests_and_the_launcher_exits_1(tiny_tied, tmp, t
         with Client(srv.zmq, timeout=HANG_S) as c:
             stream = c.stream(list(range(10, 40)), LONG)
             outcome = {}
-
-            def non_streaming():
-                with Client(srv.zmq, timeout=HANG_S) as c2:
-                    try:
-                        c2.generate(list(range(50, 80)), LONG)
-                    except BaseException as e:
-                        outcome["error"] = e
-
-            t = threading.Thread(target=non_streaming)
-            t.start()
+            t = generate_in_thread(srv.zmq, list(range(50, 80)), LONG, outcome)
             deadline = time.monotonic() + HANG_S
             while c.stats()["pending"] < 2 and time.monotonic() < deadline:
                 time.sleep(0.02)

@@ -7,12 +7,13 @@ import selectors
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import numpy as np
 
-from client import SamplingParams
+from client import Client, SamplingParams
 from protocol.client_messages import CLIENT_PROTOCOL_VERSION, Generate
 from tests.support.processes import ROOT, children_of
 from tests.support.timeouts import HANG_S, START_S
@@ -121,3 +122,19 @@ def some_prompts(n: int = 16, seed: int = 3) -> list:
         else:
             prompts.append(" ".join(rng.choice(words, int(rng.integers(1, 8)))))
     return prompts
+
+
+def generate_in_thread(address: str, prompt, params: SamplingParams, out: dict, token: str | None = None):
+    """A non-streamed request from a client of its own, on a started thread: ``out`` gets its "completion", or the
+    "error" it raised (what a server fault or shutdown tells a waiting caller)."""
+
+    def run() -> None:
+        with Client(address, timeout=HANG_S, token=token) as c:
+            try:
+                out["completion"] = c.generate(prompt, params)
+            except Exception as e:
+                out["error"] = e
+
+    t = threading.Thread(target=run)
+    t.start()
+    return t
