@@ -1,6 +1,6 @@
 """Serve a model over ZMQ: ``python launch.py`` (no arguments: the embedded tiny default model on
 tcp://127.0.0.1:8765); ``--http-port PORT`` adds the OpenAI-compatible HTTP API (a front-end process, see
-client/openai_server/). ``--prompt`` prints completions and exits without serving. Every engine argument
+openai_server/). ``--prompt`` prints completions and exits without serving. Every engine argument
 (coordinator/config.py's EngineConfig) is a flag, generated from the dataclass. See docs/SERVING.md."""
 
 from __future__ import annotations
@@ -12,12 +12,12 @@ import logging
 import signal
 import sys
 
-from client.openai_server.child import HttpFrontEnd, bind_http
-from client.openai_server.parser_flags import add_parser_flags, check_parser_flags
 from coordinator.config import EngineArgError, EngineConfig
 from coordinator.lifecycle import DEFAULT_SHUTDOWN_TIMEOUT_S
-from protocol.cli_logging import add_log_level_flag, configure_logging
-from protocol.settings import settings
+from openai_server.child import HttpFrontEnd, bind_http
+from openai_server.parser_flags import add_parser_flags, check_parser_flags
+from settings.cli_logging import add_log_level_flag, configure_logging
+from settings.env import settings
 
 log = logging.getLogger("nanoserve.launch")
 
@@ -100,7 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
         f"second signal aborts at once; default {DEFAULT_SHUTDOWN_TIMEOUT_S:g})",
     )
     add_log_level_flag(s)
-    h = p.add_argument_group("OpenAI-compatible HTTP API (client/openai_server)")
+    h = p.add_argument_group("OpenAI-compatible HTTP API (openai_server)")
     h.add_argument(
         "--http-port",
         type=port_number,
@@ -154,7 +154,7 @@ def _graceful_exit(signum, frame):
 
 
 def _offline(args, kwargs) -> int:
-    from client.llm import LLM
+    from nanoserve.llm import LLM
     from protocol.sampling_params import SamplingParams
 
     params = SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens)

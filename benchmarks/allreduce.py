@@ -1,5 +1,5 @@
 """All-reduce on one host: NCCL against the symmetric-memory one-shot and two-shot kernels of
-model/custom_all_reduce.py, each timed eagerly and inside a CUDA graph of back-to-back calls (as decode runs them: no
+comm/custom_all_reduce.py, each timed eagerly and inside a CUDA graph of back-to-back calls (as decode runs them: no
 launch overhead).
 
     torchrun --nproc-per-node 2 -m benchmarks.allreduce            # table on rank 0, then one JSON line
@@ -7,7 +7,7 @@ launch overhead).
     torchrun --nproc-per-node 2 -m benchmarks.allreduce --fused-norm   # all-reduce + add + RMSNorm: fused vs not
 
 Every result is checked against NCCL's sum of the ranks' random tensors and against the float64 truth. The
-benchmark's `auto` column is model.parallel.all_reduce with its real thresholds (ONE_SHOT_MAX_BYTES,
+benchmark's `auto` column is comm.parallel.all_reduce with its real thresholds (ONE_SHOT_MAX_BYTES,
 TWO_SHOT_MAX_BYTES); the JSON line suggests thresholds from the graph timings. If symmetric memory cannot be set
 up, it says why and times NCCL alone. NANOSERVE_SYMM_MEM=0 forces that.
 """
@@ -24,7 +24,7 @@ import torch.distributed as dist
 
 from benchmarks.gpu import require_cuda
 from benchmarks.timing import replay_ms
-from model import custom_all_reduce, parallel
+from comm import custom_all_reduce, parallel
 
 KB, MB = 1024, 1024 * 1024
 BENCH_SIZES = [8 * KB, 64 * KB, 256 * KB, 512 * KB, 1 * MB, 2 * MB, 8 * MB, 32 * MB, 64 * MB]
@@ -264,7 +264,7 @@ def bench(a, rank, world, device, dtype, itemsize) -> int:
 
 
 def check(a, rank, world, device, dtype, itemsize) -> int:
-    """model.parallel.all_reduce (real thresholds and buffer cap) and each forced kernel against NCCL, eagerly and
+    """comm.parallel.all_reduce (real thresholds and buffer cap) and each forced kernel against NCCL, eagerly and
     under CUDA graph capture/replay, including one graph that mixes paths as a forward pass does."""
     sizes = parse_sizes(a.sizes) or [4 * KB, 8 * KB, 96 * KB, 512 * KB, 512 * KB + 16, 2 * MB, 6 * MB, 32 * MB]
     on = custom_all_reduce.init_custom_all_reduce(max(sizes), dtype, device)

@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 
 from benchmarks.allreduce import MB, rank_input, time_graph
-from model import custom_all_reduce, parallel
+from comm import custom_all_reduce, parallel
 
 
 def fused_norm(a, rank, world, device, dtype) -> int:

@@ -169,8 +169,8 @@ def make_runner(shape: str, max_bs: int, num_blocks: int, quantization, kv_cache
     require_cuda(int(os.environ.get("WORLD_SIZE", 1)))
     import torch.distributed as dist
 
-    from model.custom_all_reduce import init_custom_all_reduce
-    from model.parallel import set_tp
+    from comm.custom_all_reduce import init_custom_all_reduce
+    from comm.parallel import set_tp
 
     # under torchrun every rank runs the same steps, as the workers of one TP group do
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))

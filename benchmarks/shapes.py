@@ -15,7 +15,7 @@ import json
 import os
 from pathlib import Path
 
-from protocol.settings import settings
+from settings.env import settings
 
 _QWEN3_COMMON = {
     "architectures": ["Qwen3ForCausalLM"],

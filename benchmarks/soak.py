@@ -66,12 +66,12 @@ def proc_status(pid: int | None) -> dict:
 
 
 def front_end_pid(coordinator_pid: int) -> int | None:
-    """The HTTP front-end: the coordinator's child running client.openai_server (a local server only)."""
+    """The HTTP front-end: the coordinator's child running openai_server (a local server only)."""
     for d in Path("/proc").glob("[0-9]*"):
         try:
             if int((d / "stat").read_text().rsplit(")", 1)[1].split()[1]) != coordinator_pid:
                 continue
-            if b"client.openai_server" in (d / "cmdline").read_bytes():
+            if b"openai_server" in (d / "cmdline").read_bytes():
                 return int(d.name)
         except (OSError, ValueError, IndexError):
             continue

@@ -117,7 +117,7 @@ def _warmup(llm) -> None:
 
 
 def run_w1(ctx: dict) -> dict:
-    from client.llm import LLM
+    from nanoserve.llm import LLM
 
     args = ctx["args"]
     reqs = w1_requests(ctx["scale"], args.num_prompts)
@@ -150,7 +150,7 @@ def run_w1(ctx: dict) -> dict:
 
 
 def run_w2(ctx: dict) -> dict:
-    from client.llm import LLM
+    from nanoserve.llm import LLM
     from protocol.sampling_params import SamplingParams
 
     args = ctx["args"]
@@ -179,7 +179,7 @@ def run_w2(ctx: dict) -> dict:
 
 
 def run_w3(ctx: dict) -> dict:
-    from client.llm import LLM
+    from nanoserve.llm import LLM
 
     args = ctx["args"]
     n = args.num_prompts

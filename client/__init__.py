@@ -1,12 +1,11 @@
-"""nanoserve's client side: the offline ``LLM`` API (vLLM-shaped ``RequestOutput``s), ``Client``/``AsyncClient``
-over ZMQ, and the OpenAI-compatible HTTP front-end (client/openai_server/, its own process)."""
+"""The remote clients, run in the user's process: ``Client``/``AsyncClient`` talk to a coordinator over ZMQ and
+never load torch. The engine in your own process is ``nanoserve.LLM``; the HTTP front-end is openai_server/."""
 
 from protocol.errors import AbortedError, EngineDeadError, MessageTooLargeError, OverloadedError, RequestError
 from protocol.outputs import Completion, CompletionOutput, RequestOutput
 from protocol.sampling_params import SamplingParams, StructuredOutputsParams
 
 __all__ = [
-    "LLM",
     "Client",
     "AsyncClient",
     "SamplingParams",
@@ -23,11 +22,6 @@ __all__ = [
 
 
 def __getattr__(name):
-    # LLM pulls in torch and transformers; a remote client should not have to
-    if name == "LLM":
-        from client.llm import LLM
-
-        return LLM
     if name == "Client":  # zmq only; loaded on first use
         from client.client import Client
 

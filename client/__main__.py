@@ -9,7 +9,7 @@ from client.client import DEFAULT_ADDRESS, Client
 from protocol.codec import ProtocolError
 from protocol.errors import EngineDeadError, OverloadedError, RequestError
 from protocol.sampling_params import SamplingParams
-from protocol.settings import settings
+from settings.env import settings
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -146,7 +146,7 @@ class EngineConfig:
             raise EngineArgError(
                 "worker_address", "worker_address is required with external_workers, e.g. tcp://127.0.0.1:29600"
             )
-        from protocol.settings import settings
+        from settings.env import settings
 
         self.worker_secret = self.worker_secret or settings().worker_secret or ""
         if self.worker_address and not self.worker_secret and not _loopback_endpoint(self.worker_address):

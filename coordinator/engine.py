@@ -1,7 +1,7 @@
 """The coordinator's engine: tokenizer, scheduler, block manager, output processor and the step loop that drives the
 workers (a request's checks before it is queued: coordinator/admission.py).
 
-Its interface is narrow; ``LLM`` (client/llm.py) and the server (coordinator/server.py) use nothing else:
+Its interface is narrow; ``LLM`` (nanoserve/llm.py) and the server (coordinator/server.py) use nothing else:
 ``add_request`` (or ``admit`` on any thread, then ``add_admitted``) / ``abort`` / ``step`` (returns
 ``StepOutput``s) / ``has_unfinished`` / ``stats`` / ``info`` / ``health`` / ``tokenize`` / ``detokenize`` (both
 thread-safe) / ``shutdown``."""

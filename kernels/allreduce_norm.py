@@ -9,7 +9,7 @@ barrier, reads its rows from every rank's buffer (over NVLink), sums them in ran
 bit-identical results), then adds the residual and normalizes as ``fused._rmsnorm_kernel`` does (same rounding).
 
 No barrier at the end: the caller alternates between two halves of the buffer, so a rank only rewrites a half
-after every peer has passed a later barrier, i.e. has finished reading that half (see ``model.custom_all_reduce``).
+after every peer has passed a later barrier, i.e. has finished reading that half (see ``comm.custom_all_reduce``).
 
 The barrier is per program: program p of rank r sets flag [p, r] in each peer's signal pad (compare-and-swap 0->1,
 release, system scope; it spins while the peer still holds the previous 1) and waits to take flag [p, q] in its own

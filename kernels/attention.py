@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from protocol.settings import settings
+from settings.env import settings
 
 
 @dataclass(slots=True)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from kernels.attention import AttentionBackend, TorchAttentionBackend
-from protocol.settings import settings
+from settings.env import settings
 
 BACKEND_NAMES = ("auto", "torch", "triton", "flash")
 

@@ -24,7 +24,7 @@ import triton.language as tl
 
 from kernels.fused import residual_added, rms_normalized
 from kernels.pdl import pdl_enter, use_pdl
-from protocol.settings import settings
+from settings.env import settings
 
 MAX_ROWS = 16  # tl.dot's smallest M; more rows go to cuBLAS
 GEMV_MAX_ROWS = 8  # the GEMV kernel unrolls its rows

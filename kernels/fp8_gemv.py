@@ -20,7 +20,7 @@ import triton.language as tl
 
 from kernels.fp8_quant import FP8_MAX, MIN_AMAX
 from kernels.pdl import pdl_enter, use_pdl
-from protocol.settings import settings
+from settings.env import settings
 
 _F16_SUMS = settings().fp8_f16_sums
 MAX_ROWS = 4  # rows the kernel unrolls; fp8_linear sends it fewer (kernels/fp8_gemm.py GEMV_ROWS)

@@ -23,7 +23,7 @@ from kernels.fp8_gemm import GEMV_ROWS, quantized_linear
 from kernels.fp8_quant import FP8_MAX, MIN_AMAX, quantize_rows
 from kernels.pdl import pdl_enter, use_pdl
 from kernels.scaled_mm import unscaled_mm, uses_scaled_mm
-from protocol.settings import settings
+from settings.env import settings
 
 # a one-row program's columns at once (32 warps); more rows take a Qwen3-8B row (12,288) in one pass as 8,192 + 4,096
 # columns in 16 warps (52 registers, 2 programs an SM; a 16,384-column block took 98, one program an SM): 256 rows

@@ -19,7 +19,7 @@ import triton.language as tl
 
 from kernels.pdl import pdl_enter, use_pdl
 from kernels.scaled_mm import unscaled_mm
-from protocol.settings import settings
+from settings.env import settings
 
 # past this, rowwise scales: at prefill sizes the rescale's bytes cost more than the scalar product saves. 256 since
 # the norm quantizes the rows (log 33b: W1 FP8 +2.1% over 128; unscaled at every size -0.6% against 256)

@@ -21,7 +21,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from protocol.settings import settings
+from settings.env import settings
 
 
 @functools.cache

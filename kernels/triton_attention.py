@@ -22,7 +22,7 @@ from kernels.attention_prefill import _prefill_kernel
 from kernels.attention_store import check_cache, dot_dtype_f16, kernel_scales, page_strides, store_kvcache
 from kernels.device import num_sms
 from kernels.pdl import use_pdl
-from protocol.settings import settings
+from settings.env import settings
 
 
 class TritonAttentionBackend(AttentionBackend):

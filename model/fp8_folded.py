@@ -15,13 +15,13 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from comm.parallel import tp_size
 from kernels import fp8_mlp, fp8_rescale, fused
 from kernels.fp8_gemm import GEMV_ROWS
 from kernels.fp8_quant import quantize_rows
 from kernels.fp8_rescale import Unscaled
 from kernels.scaled_mm import unscaled_mm, uses_scaled_mm
-from model.parallel import tp_size
-from protocol.settings import settings
+from settings.env import settings
 
 ENABLED = settings().fp8_folded_scales  # NANOSERVE_FP8_FOLDED_SCALES=0: the layers' own forward
 

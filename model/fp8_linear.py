@@ -17,13 +17,13 @@ from functools import partial
 import torch
 from torch import nn
 
+from comm.parallel import tp_size
 from kernels import fp8_gemv, fp8_mlp, fused
 from kernels.fp8_gemm import GEMV_ROWS, fp8_linear, quantized_linear
 from kernels.scaled_mm import uses_scaled_mm
 from model.fp8 import FP8, Fp8Config, emulated_linear, quantize_blocks, quantize_per_channel
 from model.linear import LinearBase, Shard
-from model.parallel import tp_size
-from protocol.settings import settings
+from settings.env import settings
 
 _QUANTIZED_ROWS = settings().fp8_quantized_rows
 _NORM_QUANTIZES = settings().fp8_norm_quantizes

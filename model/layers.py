@@ -7,13 +7,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from comm.parallel import all_reduce, all_reduce_add_rmsnorm, gather_to_rank0, tp_rank, tp_size
 from kernels import fused
 from kernels.attention import AttentionBackend, AttentionMetadata
 from kernels.decode_gemm import decode_linear, decode_linear_tiles
 from kernels.qk_norm_rope import KVStore, qk_norm_rope_
 from model.context import get_context
 from model.linear import check_shape
-from model.parallel import all_reduce, all_reduce_add_rmsnorm, gather_to_rank0, tp_rank, tp_size
 from model.rotary import RotaryEmbedding, qk_norm_rope
 
 

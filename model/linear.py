@@ -11,10 +11,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from comm.parallel import all_reduce, partial_sum_buffer, tp_rank, tp_size
 from kernels import cublaslt, cublaslt_tune
 from kernels.decode_gemm import decode_linear, decode_linear_add_norm, decode_linear_tiles, norm_gemv_tiles
-from model.parallel import all_reduce, partial_sum_buffer, tp_rank, tp_size
-from protocol.settings import settings
+from settings.env import settings
 
 _NORM_GEMV = settings().gemv_norm
 

@@ -12,13 +12,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from comm.parallel import partial_sum_buffer, tp_rank, tp_size
 from kernels.fused_moe import fused_moe
 from kernels.moe_decode import decode_experts, moe_decode, uses_moe_decode
 from kernels.moe_norm_route import norm_route
 from model.layers import RMSNorm
 from model.linear import LinearBase, check_shape
-from model.parallel import partial_sum_buffer, tp_rank, tp_size
-from protocol.settings import settings
+from settings.env import settings
 
 # checkpoint projection of one expert -> (stacked parameter, block of rows in it: 0 = gate, 1 = up)
 EXPERT_PROJECTIONS = {"gate_proj": ("w13_weight", 0), "up_proj": ("w13_weight", 1), "down_proj": ("w2_weight", None)}

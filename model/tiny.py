@@ -16,7 +16,7 @@ import sysconfig
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from protocol.settings import settings
+from settings.env import settings
 
 log = logging.getLogger("nanoserve.model")
 

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from comm.parallel import all_gather_stack, broadcast_from_rank0, tp_rank, tp_size
 from kernels.attention import AttentionMetadata, value_cache
 from kernels.backends import get_backend
 from model.config import ModelConfig, parse_dtype
@@ -17,7 +18,6 @@ from model.context import forward_context
 from model.fp8 import parse_kv_cache_dtype
 from model.layers import PagedAttention
 from model.loader import load_model
-from model.parallel import all_gather_stack, broadcast_from_rank0, tp_rank, tp_size
 from protocol.messages import StepCommand, WorkerConfig
 from worker.cuda_graphs import DecodeGraphs, PrefillGraphs
 from worker.logprobs import PromptLogprobs, PromptRows, gather_logprobs, raw_logprobs

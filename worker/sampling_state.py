@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import torch
 
-from model.parallel import tp_rank
+from comm.parallel import tp_rank
 from protocol.sampling_params import SamplingParams
 from worker.sampler import SamplingTensors, uses_fused_kernel
 

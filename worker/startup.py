@@ -10,14 +10,14 @@ import time
 import numpy as np
 import torch
 
+from comm.parallel import tp_rank, tp_size
 from kernels import cublaslt_tune
 from kernels.attention import AttentionMetadata
 from kernels.decode_gemm import decode_linear_tiles
 from kernels.sampling import warmup as sampling_warmup
 from kernels.triton_attention import TritonAttentionBackend
 from model.linear import LinearBase
-from model.parallel import tp_rank, tp_size
-from protocol.settings import settings
+from settings.env import settings
 from worker.cuda_graphs import DecodeGraphs, PrefillGraphs, batch_buckets
 from worker.model_runner import ModelRunner
 

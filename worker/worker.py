@@ -32,9 +32,9 @@ from protocol.messages import (
     WorkerHello,
     WorkerReady,
 )
-from protocol.settings import distributed_env, settings
 from protocol.transport import WatchedSocket
 from protocol.worker_auth import new_nonce
+from settings.env import distributed_env, settings
 from worker.handshake import Refused, authenticate, exit_when_orphaned
 
 POLL_MS = 1000
@@ -137,15 +137,15 @@ class Worker:
         if not isinstance(cfg, WorkerConfig):
             raise ProtocolError(f"expected WorkerConfig, got {type(cfg).__name__}")
         device = self._init_device_and_group(cfg)
-        from model.parallel import set_tp
+        from comm.parallel import set_tp
         from worker import startup
         from worker.model_runner import ModelRunner
 
         set_tp(self.rank, self.world_size)
         if device.type == "cuda" and self.world_size > 1:
             # collective (every rank): the symmetric all-reduce buffer, before weights, KV sizing and CUDA graphs
+            from comm.custom_all_reduce import init_custom_all_reduce
             from model.config import ModelConfig, parse_dtype
-            from model.custom_all_reduce import init_custom_all_reduce
 
             mc = ModelConfig.from_pretrained(cfg.model)
             dtype = parse_dtype(cfg.dtype, mc.dtype)

@@ -137,7 +137,7 @@ def main() -> None:
     server = Server("127.0.0.1", 0)
     threading.Thread(target=server.serve, args=(InstantEngine(),), daemon=True).start()
     address, port = f"tcp://127.0.0.1:{server.port}", _free_port()
-    cmd = [sys.executable, "-m", "client.openai_server", "--address", address, "--port", str(port)]
+    cmd = [sys.executable, "-m", "openai_server", "--address", address, "--port", str(port)]
     front = subprocess.Popen([*cmd, "--log-level", "warning"], stdout=subprocess.DEVNULL)
     try:
         _wait_listening(port, front)

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 import coordinator.engine
-from client import LLM
 from coordinator.config import EngineArgError, EngineConfig
 from model.config import ModelConfig
+from nanoserve import LLM
 
 
 @pytest.mark.parametrize(

@@ -3,7 +3,7 @@ with a roomy engine and with one so tight that chunked prefill, preemption and p
 
 import pytest
 
-from client import LLM, SamplingParams
+from nanoserve import LLM, SamplingParams
 from tests.support.oracle import hf_greedy, prompts_with_shared_prefixes
 
 MAX_TOKENS = 24

@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-from client import LLM, SamplingParams
+from nanoserve import LLM, SamplingParams
 
 NUM_BLOCKS, BLOCK_SIZE = 16, 16
 PROMPT = [5, 17, 42, 7, 99, 3]

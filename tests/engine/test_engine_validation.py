@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from client import LLM, SamplingParams
+from nanoserve import LLM, SamplingParams
 from protocol.codec import decode, encode
 from protocol.errors import RequestError
 

@@ -8,8 +8,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from client import LLM, SamplingParams
 from model.tiny import TinySpec, write_tiny_checkpoint
+from nanoserve import LLM, SamplingParams
 from tests.support.builders import GPU_ENGINE, make_step, worker_config
 from tests.support.controls import MAX_TOKENS, check_completion, params_for
 from tests.support.oracle import hf_greedy, prompts_with_shared_prefixes

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from client import LLM, SamplingParams
+from nanoserve import LLM, SamplingParams
 from tests.engine.test_sampling_extras import N, biased_greedy, check_prompt_logprobs, hf  # noqa: F401 (fixture)
 from tests.support.builders import GPU_ENGINE
 from tests.support.oracle import hf_greedy, prompts_with_shared_prefixes

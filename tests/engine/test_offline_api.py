@@ -10,14 +10,14 @@ from types import SimpleNamespace
 
 import pytest
 
-from client import LLM, SamplingParams
 from coordinator.prompts import configured_generation_defaults, render_chat
+from nanoserve import LLM, SamplingParams
 from protocol.client_messages import ChatPrompt
 from protocol.errors import RequestError
 from tests.support.processes import ROOT
 
 QUICKSTART = """
-from client import LLM, SamplingParams
+from nanoserve import LLM, SamplingParams
 
 prompts = [
     "Hello, my name is",

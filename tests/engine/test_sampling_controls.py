@@ -12,7 +12,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from client import LLM, SamplingParams
+from nanoserve import LLM, SamplingParams
 from tests.support.controls import MAX_TOKENS, check_completion, params_for
 from tests.support.oracle import prompts_with_shared_prefixes
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from client import LLM, SamplingParams
+from nanoserve import LLM, SamplingParams
 from tests.support.oracle import hf_greedy, prompts_with_shared_prefixes
 
 ROOMY = dict(max_model_len=256, num_kv_blocks=256, block_size=16)

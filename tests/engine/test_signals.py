@@ -16,7 +16,7 @@ from tests.support.timeouts import HANG_S
 
 SCRIPT = """
 import sys, time
-from client import LLM
+from nanoserve import LLM
 llm = LLM(sys.argv[1], device="cpu", max_model_len=128, num_kv_blocks=16)
 print("ready", flush=True)
 time.sleep(600)

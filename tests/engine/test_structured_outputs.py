@@ -14,7 +14,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from client import LLM, SamplingParams, StructuredOutputsParams
+from nanoserve import LLM, SamplingParams, StructuredOutputsParams
 from protocol.errors import RequestError
 from tests.support.builders import GPU_ENGINE
 from tests.support.oracle import assert_greedy_equal_up_to_ties, hf_greedy, prompts_with_shared_prefixes

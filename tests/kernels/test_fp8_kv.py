@@ -237,7 +237,7 @@ def test_kv_cache_dtype_is_checked(tiny_tied):
 def test_engine_fp8_kv_prefix_caching_and_preemption(tiny_tied):
     """Through real worker processes: an e4m3 pool so tight that prefix-cache hits, chunked prefill and preemption
     all happen gives the tokens of a roomy e4m3 run."""
-    from client import LLM, SamplingParams
+    from nanoserve import LLM, SamplingParams
 
     prompts = prompts_with_shared_prefixes()
     params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)

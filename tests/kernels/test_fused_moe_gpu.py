@@ -15,9 +15,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from client import LLM, SamplingParams
 from kernels.fused_moe import fused_experts, fused_moe, moe_tiles
 from model.moe import experts_torch, route_torch
+from nanoserve import LLM, SamplingParams
 from tests.support.builders import GPU_ENGINE, make_step, worker_config
 from tests.support.oracle import hf_greedy, prompts_with_shared_prefixes, rel_err
 from tests.support.processes import ROOT, torchrun_cmd

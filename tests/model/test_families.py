@@ -12,8 +12,8 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from client import LLM, SamplingParams
 from model.tiny import TinySpec, write_tiny_checkpoint
+from nanoserve import LLM, SamplingParams
 from tests.support.builders import GPU_ENGINE, make_step, worker_config
 from tests.support.oracle import assert_greedy_equal_up_to_ties, hf_greedy
 

@@ -15,11 +15,11 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from comm.parallel import set_tp
 from model import fp8
 from model.fp8_linear import Fp8LinearMethod
 from model.linear import LinearBase
 from model.loader import load_model
-from model.parallel import set_tp
 from model.tiny import TinySpec, write_tiny_checkpoint
 from tests.support.builders import make_step, worker_config
 from tests.support.fp8_checkpoints import (

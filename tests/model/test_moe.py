@@ -14,11 +14,11 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM
 
-from client import LLM, SamplingParams
 from kernels.moe_norm_route import norm_route
 from model.config import ModelConfig
 from model.loader import build_model, load_weights
 from model.moe import SparseMoeBlock
+from nanoserve import LLM, SamplingParams
 from tests.support.builders import make_step, worker_config
 from tests.support.oracle import hf_greedy, prompts_with_shared_prefixes
 from tests.support.tiny_moe import TinyMoeSpec, router_margins, write_tiny_moe_checkpoint

@@ -7,7 +7,7 @@ import argparse
 import pytest
 
 import launch
-from client.openai_server.__main__ import build_parser as openai_parser
+from openai_server.__main__ import build_parser as openai_parser
 
 
 @pytest.mark.parametrize("build", [launch.build_parser, openai_parser])

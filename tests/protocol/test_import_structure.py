@@ -27,11 +27,11 @@ for m in pkgutil.iter_modules(protocol.__path__):
     __import__("protocol." + m.name)
 heavy = sorted(n for n in ("torch", "transformers", "coordinator.engine", "fastapi", "uvicorn") if n in sys.modules)
 print("heavy:", heavy)
-import client.openai_server.__main__
-import client.openai_server.app
+import openai_server.__main__
+import openai_server.app
 front_end = sorted(n for n in ("torch", "transformers", "coordinator.engine") if n in sys.modules)
 print("front-end heavy:", front_end, "fastapi:", "fastapi" in sys.modules)
-from client import LLM  # noqa: the lazy import still works, and it is the one that loads torch
+from nanoserve import LLM  # noqa: the lazy import still works, and it is the one that loads torch
 print("after LLM:", "torch" in sys.modules)
 """
 

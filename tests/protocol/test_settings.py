@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from kernels.backends import get_backend
-from protocol.settings import settings
+from settings.env import settings
 
 
 @pytest.mark.parametrize("text, tiles", [("32,1,2,128", (32, 1, 2, 128)), (" 64,4,2 ", (64, 4, 2))])

@@ -150,7 +150,7 @@ def test_impostors_are_refused_and_the_real_worker_serves(tiny_tied, tmp_path, c
     wrong, and a worker process with the wrong secret. Each is refused with a log line naming its address and
     never gets a config or a step; the real worker (the secret in its environment) serves, and the impostors'
     later messages and their disconnects change nothing."""
-    from client import LLM, SamplingParams
+    from nanoserve import LLM, SamplingParams
 
     caplog.set_level(logging.WARNING, logger="nanoserve.workers")
     address = f"tcp://127.0.0.1:{free_port()}"
@@ -252,7 +252,7 @@ def test_non_loopback_worker_address_needs_a_secret(tiny_tied, monkeypatch):
 def test_spawned_workers_get_the_secret_through_their_environment(tiny_tied, monkeypatch):
     """``--tp N`` workers: the secret in their environment, never in argv (any local user reads /proc/PID/cmdline);
     they prove it over the ipc socket like any other worker, and serve."""
-    from client import LLM, SamplingParams
+    from nanoserve import LLM, SamplingParams
 
     monkeypatch.delenv("NANOSERVE_API_KEY", raising=False)
     monkeypatch.delenv("NANOSERVE_WORKER_SECRET", raising=False)

@@ -20,7 +20,7 @@ def server(tiny_tied, tmp_path_factory):
 def offline(tiny_tied):
     """Greedy outputs of the offline API, computed once per prompt with a long budget (shorter requests
     are prefixes of these: ignore_eos, greedy)."""
-    from client import LLM
+    from nanoserve import LLM
 
     with LLM(str(tiny_tied), **ENGINE_KWARGS) as llm:
         cache: dict = {}

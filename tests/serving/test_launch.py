@@ -23,7 +23,7 @@ def run(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
 
 
 def test_prompt_prints_completions_and_exits(tiny_tied):
-    from client import LLM, SamplingParams
+    from nanoserve import LLM, SamplingParams
 
     out = run(
         "--prompt", "hello", "def foo(", "--model", str(tiny_tied), "--device", "cpu", "--dtype", "float32",

@@ -131,7 +131,7 @@ def tmp() -> Iterator[Path]:
 def test_front_end_killed_fails_requests_and_the_launcher_exits_1(tiny_tied, tmp, tmp_path):
     srv = Launch(tiny_tied, tmp, tmp_path / "server.log", "--http-port", "0")
     try:
-        front_end = srv.child(b"client.openai_server")
+        front_end = srv.child(b"openai_server")
         assert len(_private_dirs(tmp)) == 1
         with Client(srv.zmq, timeout=HANG_S) as c:
             stream = c.stream(list(range(10, 40)), LONG)
@@ -194,7 +194,7 @@ def test_kill_9_of_the_launcher_leaves_a_dir_the_next_start_removes(tiny_tied, t
         killed = Launch(tiny_tied, tmp, tmp_path / "killed.log", "--http-port", "0")
         servers.append(killed)
         (killed_dir,) = set(_private_dirs(tmp)) - {live_dir}
-        front_end = killed.child(b"client.openai_server")
+        front_end = killed.child(b"openai_server")
         events: list = []
         reader = threading.Thread(target=_stream_http, args=(killed.base_url, events))
         reader.start()

@@ -10,12 +10,12 @@ import msgpack
 import pytest
 
 from client.base import _generate_msg, chat_prompt
-from client.openai_server.errors import APIError
-from client.openai_server.params import check_tools, choice_params, sampling_params
-from client.openai_server.reasoning import Qwen3ReasoningParser
-from client.openai_server.schemas import ChatCompletionRequest, CompletionRequest
-from client.openai_server.streaming import sse
-from client.openai_server.tool_parsers import HermesToolParser
+from openai_server.errors import APIError
+from openai_server.params import check_tools, choice_params, sampling_params
+from openai_server.reasoning import Qwen3ReasoningParser
+from openai_server.schemas import ChatCompletionRequest, CompletionRequest
+from openai_server.streaming import sse
+from openai_server.tool_parsers import HermesToolParser
 from protocol.client_messages import CLIENT_PROTOCOL_VERSION, ChatPrompt, Generate, Tokenize
 from protocol.codec import ProtocolError, decode, encode
 from protocol.sampling_params import SamplingParams
@@ -179,7 +179,7 @@ def test_http_connections_have_nagle_off(inherited, loop):
     import asyncio
     import socket
 
-    from client.openai_server.__main__ import _listen_socket
+    from openai_server.__main__ import _listen_socket
 
     parent = socket.create_server(("127.0.0.1", 0)) if inherited else None
     args = argparse.Namespace(fd=parent.detach() if inherited else None, host="127.0.0.1", port=0)
@@ -221,7 +221,7 @@ def test_an_unexpected_exception_is_a_logged_500_in_openai_shape(caplog):
     import httpx
     from fastapi import FastAPI
 
-    from client.openai_server.error_handlers import ServerErrors, install_error_handlers
+    from openai_server.error_handlers import ServerErrors, install_error_handlers
 
     app = FastAPI()
     install_error_handlers(app)

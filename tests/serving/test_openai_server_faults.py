@@ -21,7 +21,7 @@ import openai
 import pytest
 
 from client import Client
-from client.openai_server import STOP_SIGNAL
+from openai_server import STOP_SIGNAL
 from protocol.codec import ProtocolError
 from tests.support.openai_http import HttpServer
 from tests.support.processes import ROOT, children_of, pid_alive, sigint_default
@@ -182,7 +182,7 @@ def _process_state(pid: int | str = "self") -> str:
 def test_signals_to_the_front_end(server, tmp_path, child):
     # standalone: Ctrl-C stops it cleanly; as launch.py's child (--parent-pid) it ignores SIGINT and SIGTERM, which
     # reach the whole process group, and the parent stops it with STOP_SIGNAL
-    cmd = [sys.executable, "-m", "client.openai_server", "--address", server.zmq, "--port", "0"]
+    cmd = [sys.executable, "-m", "openai_server", "--address", server.zmq, "--port", "0"]
     cmd += ["--parent-pid", str(os.getpid())] if child else []
     env = dict(os.environ, NANOSERVE_API_KEY=KEY, PYTHONUNBUFFERED="1")
     log = tmp_path / "front_end.log"
@@ -220,7 +220,7 @@ def test_signals_to_the_front_end(server, tmp_path, child):
 def test_streams_end_with_an_error_when_the_front_ends_parent_dies(server, tmp_path):
     # the front-end under a parent that is SIGKILLed (as launch.py may be): its streams end at once with an error
     # event, not cut after the graceful shutdown's wait
-    front_end = [sys.executable, "-m", "client.openai_server", "--address", server.zmq, "--port", "0"]
+    front_end = [sys.executable, "-m", "openai_server", "--address", server.zmq, "--port", "0"]
     parent = f"import os, subprocess, sys; subprocess.run({front_end!r} + ['--parent-pid', str(os.getpid())])"
     env = dict(os.environ, NANOSERVE_API_KEY=KEY, PYTHONUNBUFFERED="1")
     with open(tmp_path / "front_end.log", "w") as err:

@@ -1,4 +1,4 @@
-"""client/openai_server/tool_parsers.py: Hermes-style <tool_call> blocks out of a model's text, whole and as it
+"""openai_server/tool_parsers.py: Hermes-style <tool_call> blocks out of a model's text, whole and as it
 streams in pieces of any size."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from client.openai_server.tool_parsers import (
+from openai_server.tool_parsers import (
     HermesToolParser,
     Llama3JsonToolParser,
     MistralToolParser,
@@ -74,7 +74,7 @@ def test_arguments_given_as_text_or_parameters_are_kept():
 
 
 def test_chat_stream_deltas_number_the_calls():
-    from client.openai_server.chat import _delta
+    from openai_server.chat import _delta
 
     parser = HermesToolParser()
     pieces = ["Let me check.\n<tool_", "call>\n" + WEATHER[len("<tool_call>\n") :], "\n" + TIME[:-3], TIME[-3:]]

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 
-# a test-only knob (the product's settings are read in protocol/settings.py): e.g. 2 under a debugger or emulation
+# a test-only knob (the product's settings are read in settings/env.py): e.g. 2 under a debugger or emulation
 TIMEOUT_SCALE = float(os.environ.get("NANOSERVE_TEST_TIMEOUT_SCALE", "1") or 1)
 
 

@@ -17,8 +17,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from comm.parallel import set_tp
 from model.linear import RowParallelLinear
-from model.parallel import set_tp
 from tests.support.builders import make_step, worker_config
 from tests.support.fp8_checkpoints import capture_linear_inputs, hf_logits, rows_rel_err
 

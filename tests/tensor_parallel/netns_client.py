@@ -15,7 +15,7 @@ import time
 
 from client.client import Client
 from protocol.sampling_params import SamplingParams
-from protocol.settings import settings
+from settings.env import settings
 
 
 def _say(**fields) -> None:

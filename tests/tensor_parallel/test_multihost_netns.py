@@ -40,7 +40,7 @@ def _prompts() -> list[list[int]]:
 
 @pytest.fixture(scope="module")
 def tp1_tokens(tiny_untied) -> list[list[int]]:
-    from client import LLM, SamplingParams
+    from nanoserve import LLM, SamplingParams
 
     params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True)
     engine_args = dict(dtype="float32", max_model_len=256, num_kv_blocks=64, enforce_eager=True, device="cpu")

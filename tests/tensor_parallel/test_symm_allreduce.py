@@ -1,4 +1,4 @@
-"""Symmetric-memory all-reduce (model/custom_all_reduce.py): on two CUDA GPUs, model.parallel.all_reduce and each forced
+"""Symmetric-memory all-reduce (comm/custom_all_reduce.py): on two CUDA GPUs, comm.parallel.all_reduce and each forced
 kernel equal NCCL's sum eagerly and under CUDA graph capture/replay (benchmarks/allreduce.py --check under
 torchrun), and the fused all-reduce + add + RMSNorm equals the unfused pair (--fused-norm). On the CPU only the
 fallback rules run."""
@@ -9,7 +9,7 @@ import subprocess
 import pytest
 import torch
 
-from model import custom_all_reduce, parallel
+from comm import custom_all_reduce, parallel
 from tests.support.processes import ROOT, torchrun_cmd
 
 
@@ -46,7 +46,7 @@ def test_fused_all_reduce_norm_matches_unfused_under_torchrun():
     cmd = torchrun_cmd(2, "benchmarks.allreduce", "--fused-norm")
     cmd += ["--sizes", "1,7,64,300,2049", "--graph-calls", "2", "--replays", "2"]
     env = dict(os.environ)
-    env.pop("NANOSERVE_SYMM_MEM", None)  # switches on unless "0" (protocol/settings.py)
+    env.pop("NANOSERVE_SYMM_MEM", None)  # switches on unless "0" (settings/env.py)
     env.pop("NANOSERVE_FUSED_ALL_REDUCE", None)
     out = subprocess.run(cmd, env=env, cwd=str(ROOT), capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from client import LLM, SamplingParams
 from coordinator.config import EngineArgError
 from model.tiny import TinySpec, write_tiny_checkpoint
+from nanoserve import LLM, SamplingParams
 from tests.support.oracle import hf_greedy, prompts_with_shared_prefixes
 from tests.support.processes import ROOT, free_port, torchrun_cmd, wait_for_text
 from tests.support.timeouts import HANG_S, START_S, bound
@@ -96,7 +96,7 @@ def test_external_worker_exits_when_its_coordinator_dies(tiny_tied):
     address = f"tcp://127.0.0.1:{free_port()}"
     script = (
         "import sys, time;"
-        "from client import LLM; llm = LLM(sys.argv[1], external_workers=True, worker_address=sys.argv[2],"
+        "from nanoserve import LLM; llm = LLM(sys.argv[1], external_workers=True, worker_address=sys.argv[2],"
         " max_model_len=256, num_kv_blocks=32); print('ready', flush=True); time.sleep(600)"
     )
     env = dict(os.environ)

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from model.parallel import set_tp
+from comm.parallel import set_tp
 from tests.support.builders import make_step, worker_config
 
 

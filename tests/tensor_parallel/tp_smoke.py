@@ -27,7 +27,7 @@ def prompts() -> list[list[int]]:
 
 
 def run(model: str, device: str, tp: int, dtype: str, max_tokens: int) -> dict:
-    from client import LLM, SamplingParams
+    from nanoserve import LLM, SamplingParams
 
     params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
     engine_args = dict(device=device, dtype=dtype, max_model_len=256, num_kv_blocks=128, enforce_eager=True)

@@ -1,4 +1,4 @@
-"""Custom all-reduces for tensor parallelism on CUDA, used by model/parallel.py's collectives once set up.
+"""Custom all-reduces for tensor parallelism on CUDA, used by comm/parallel.py's collectives once set up.
 
 On CUDA with tp > 1, small all-reduces can go through PyTorch's symmetric memory (one preallocated buffer that
 every rank maps, reduced by the one-shot / two-shot kernels of ``torch.ops.symm_mem``) instead of NCCL, whose
@@ -6,7 +6,7 @@ fixed latency dominates decode steps (two all-reduces per layer). The two per la
 through ``all_reduce_add_rmsnorm`` instead: our own kernel (kernels/allreduce_norm.py) over a second symmetric
 buffer, which also adds the residual and normalizes. ``init_custom_all_reduce`` sets both up once, before
 weights are loaded and CUDA graphs are captured; anything it cannot do leaves NCCL in place. The two reducers
-(``SymmAllReduce``, ``FusedAllReduceNorm``) live in model/symm_reducers.py; this module allocates, rendezvouses and
+(``SymmAllReduce``, ``FusedAllReduceNorm``) live in comm/symm_reducers.py; this module allocates, rendezvouses and
 self-tests them, the same on every rank."""
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ import sys
 import torch
 import torch.distributed as dist
 
-from model.parallel import REDUCERS, tp_group, tp_rank, tp_size
-from model.symm_reducers import FusedAllReduceNorm, SymmAllReduce
-from protocol.settings import settings
+from comm.parallel import REDUCERS, tp_group, tp_rank, tp_size
+from comm.symm_reducers import FusedAllReduceNorm, SymmAllReduce
+from settings.env import settings
 
 # Size cut-offs of the symmetric-memory all-reduce, in bytes per rank, from benchmarks/allreduce.py (2 NVLink
 # H200s, bf16, in CUDA graphs): one-shot (every rank reads each peer's whole buffer: lowest latency, 6.7 us at

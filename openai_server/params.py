@@ -9,9 +9,9 @@ import json
 from dataclasses import replace
 
 from client.base import chat_prompt
-from client.openai_server.errors import APIError, param_of
-from client.openai_server.schemas import ChatCompletionRequest, CompletionRequest, TokenizeRequest
-from client.openai_server.tool_parsers import ToolParser, forced_calls
+from openai_server.errors import APIError, param_of
+from openai_server.schemas import ChatCompletionRequest, CompletionRequest, TokenizeRequest
+from openai_server.tool_parsers import ToolParser, forced_calls
 from protocol.chat_content import content_text
 from protocol.client_messages import ChatPrompt
 from protocol.errors import RequestError

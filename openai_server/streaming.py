@@ -13,8 +13,8 @@ import anyio
 from starlette.responses import StreamingResponse
 
 from client.async_client import AsyncStream
-from client.openai_server.engine_client import EngineClient
-from client.openai_server.errors import AbortedByServer
+from openai_server.engine_client import EngineClient
+from openai_server.errors import AbortedByServer
 from protocol.client_messages import Delta
 from protocol.outputs import Completion
 

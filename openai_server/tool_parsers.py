@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import uuid
 
-from client.openai_server.reasoning import partial_tag_suffix
+from openai_server.reasoning import partial_tag_suffix
 
 
 def tool_call(name: str, arguments: str) -> dict:

@@ -8,7 +8,7 @@ import hmac
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from client.openai_server.errors import APIError
+from openai_server.errors import APIError
 
 GUARDED_PATHS = ("/tokenize", "/detokenize")  # besides /v1/*; probes (/health, /metrics, /version) stay open
 

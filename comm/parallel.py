@@ -1,7 +1,7 @@
 """Tensor-parallel state and collectives. At tp size 1 every collective is a no-op.
 
 On CUDA with tp > 1, ``all_reduce`` and ``all_reduce_add_rmsnorm`` take the symmetric-memory paths of
-model/custom_all_reduce.py once its ``init_custom_all_reduce`` has set them up; NCCL otherwise."""
+comm/custom_all_reduce.py once its ``init_custom_all_reduce`` has set them up; NCCL otherwise."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 
 if TYPE_CHECKING:
-    from model.symm_reducers import FusedAllReduceNorm, SymmAllReduce
+    from comm.symm_reducers import FusedAllReduceNorm, SymmAllReduce
 
 
 @dataclass(slots=True)
@@ -24,7 +24,7 @@ class TPState:
 
 @dataclass(slots=True)
 class CustomReducers:
-    """The symmetric-memory all-reduces in use (model/custom_all_reduce.py sets them); None: NCCL."""
+    """The symmetric-memory all-reduces in use (comm/custom_all_reduce.py sets them); None: NCCL."""
 
     symm: SymmAllReduce | None = None
     fused: FusedAllReduceNorm | None = None

@@ -10,8 +10,8 @@ from contextlib import contextmanager
 
 from starlette.responses import JSONResponse
 
-from client.openai_server.errors import ABORTS, APIError, from_engine
-from client.openai_server.state import ServerState
+from openai_server.errors import ABORTS, APIError, from_engine
+from openai_server.state import ServerState
 
 
 @contextmanager

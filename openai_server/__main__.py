@@ -1,4 +1,4 @@
-"""``python -m client.openai_server --address tcp://127.0.0.1:8765 --port 8000``: the OpenAI-compatible HTTP
+"""``python -m openai_server --address tcp://127.0.0.1:8765 --port 8000``: the OpenAI-compatible HTTP
 front-end for a running coordinator. ``python launch.py --http-port PORT`` starts it for you, on a socket it
 bound before loading the model (``--fd``), and it exits with its parent (``--parent-pid``)."""
 
@@ -14,16 +14,16 @@ import socket
 import sys
 import time
 
-from client.openai_server import STOP_SIGNAL
-from client.openai_server.app import build_app
-from client.openai_server.engine_client import EngineClient
-from client.openai_server.metrics import Metrics
-from client.openai_server.parser_flags import add_parser_flags, check_parser_flags, parser_classes
-from client.openai_server.state import ServerState
 from coordinator.client_socket import is_loopback
-from protocol.cli_logging import add_log_level_flag, configure_logging
+from openai_server import STOP_SIGNAL
+from openai_server.app import build_app
+from openai_server.engine_client import EngineClient
+from openai_server.metrics import Metrics
+from openai_server.parser_flags import add_parser_flags, check_parser_flags, parser_classes
+from openai_server.state import ServerState
 from protocol.errors import EngineDeadError
-from protocol.settings import settings
+from settings.cli_logging import add_log_level_flag, configure_logging
+from settings.env import settings
 
 log = logging.getLogger("nanoserve.http")
 _PR_SET_PDEATHSIG = 1
@@ -31,7 +31,7 @@ _PR_SET_PDEATHSIG = 1
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m client.openai_server",
+        prog="python -m openai_server",
         description="OpenAI-compatible HTTP API for a running nanoserve coordinator.",
         allow_abbrev=False,
     )
@@ -148,7 +148,7 @@ def _listen_socket(args) -> socket.socket:
 async def serve(args) -> int:
     import uvicorn
 
-    from client.openai_server.uvicorn_server import Server
+    from openai_server.uvicorn_server import Server
 
     engine = EngineClient(args.address, args.api_key, args.served_model_name)
     try:

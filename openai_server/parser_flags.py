@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import argparse
 
-from client.openai_server.reasoning import REASONING_PARSERS
-from client.openai_server.tool_parsers import TOOL_PARSERS
+from openai_server.reasoning import REASONING_PARSERS
+from openai_server.tool_parsers import TOOL_PARSERS
 
 
 def add_parser_flags(group) -> None:

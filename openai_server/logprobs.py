@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from itertools import islice
 
-from client.openai_server.engine_client import EngineClient
+from openai_server.engine_client import EngineClient
 from protocol.client_messages import TokenLogprobs
 from protocol.outputs import Logprob, PromptLogprobs
 

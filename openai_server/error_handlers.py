@@ -1,4 +1,4 @@
-"""Every error the app answers, in OpenAI's shape (client/openai_server/errors.py): our own APIErrors, FastAPI's
+"""Every error the app answers, in OpenAI's shape (openai_server/errors.py): our own APIErrors, FastAPI's
 validation errors (a wrong type, a body that is not JSON) and Starlette's HTTP errors (a body that cannot be parsed,
 e.g. JSON nested too deeply for the parser; an unknown route or method; a body over the size cap). Every 5xx is
 logged with its traceback, an unexpected exception's included (ServerErrors)."""
@@ -11,7 +11,7 @@ from starlette.exceptions import HTTPException
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from client.openai_server.errors import APIError, log_server_error
+from openai_server.errors import APIError, log_server_error
 
 
 def _validation_error(e: RequestValidationError) -> APIError:

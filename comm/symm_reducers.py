@@ -1,4 +1,4 @@
-"""The two symmetric-memory reducers of tensor parallelism on CUDA, as model/custom_all_reduce.py sets them up:
+"""The two symmetric-memory reducers of tensor parallelism on CUDA, as comm/custom_all_reduce.py sets them up:
 ``SymmAllReduce`` (PyTorch's one-shot and two-shot ``symm_mem`` kernels over one rendezvoused buffer) and
 ``FusedAllReduceNorm`` (kernels/allreduce_norm.py's all-reduce + residual add + RMSNorm over its own buffer). Both
 are kernels only once set up, safe to capture in CUDA graphs."""

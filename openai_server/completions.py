@@ -10,20 +10,20 @@ from dataclasses import replace
 
 from starlette.responses import Response
 
-from client.openai_server.errors import from_engine
-from client.openai_server.logprobs import completion_logprobs, echo_logprobs, prompt_logprobs_json
-from client.openai_server.metrics import TokenTimer
-from client.openai_server.params import (
+from openai_server.errors import from_engine
+from openai_server.logprobs import completion_logprobs, echo_logprobs, prompt_logprobs_json
+from openai_server.metrics import TokenTimer
+from openai_server.params import (
     check_model,
     choice_params,
     completion_max_tokens,
     completion_prompts,
     sampling_params,
 )
-from client.openai_server.responses import engine_errors, finished_response, usage
-from client.openai_server.schemas import CompletionRequest
-from client.openai_server.state import ServerState
-from client.openai_server.streaming import DONE, ChoiceStreams, EventStreamResponse, generate_all, sse, usage_events
+from openai_server.responses import engine_errors, finished_response, usage
+from openai_server.schemas import CompletionRequest
+from openai_server.state import ServerState
+from openai_server.streaming import DONE, ChoiceStreams, EventStreamResponse, generate_all, sse, usage_events
 
 FIELDS = frozenset(CompletionRequest.model_fields) | {"structured_outputs"}  # a compile error names it
 

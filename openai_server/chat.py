@@ -9,10 +9,10 @@ import uuid
 
 from starlette.responses import Response
 
-from client.openai_server.errors import APIError, from_engine
-from client.openai_server.logprobs import chat_logprobs, prompt_logprobs_json
-from client.openai_server.metrics import TokenTimer
-from client.openai_server.params import (
+from openai_server.errors import APIError, from_engine
+from openai_server.logprobs import chat_logprobs, prompt_logprobs_json
+from openai_server.metrics import TokenTimer
+from openai_server.params import (
     chat_max_tokens,
     check_model,
     check_tools,
@@ -20,10 +20,10 @@ from client.openai_server.params import (
     conversation_off_loop,
     sampling_params,
 )
-from client.openai_server.responses import engine_errors, finished_response, usage
-from client.openai_server.schemas import ChatCompletionRequest
-from client.openai_server.state import ServerState
-from client.openai_server.streaming import DONE, ChoiceStreams, EventStreamResponse, generate_all, sse, usage_events
+from openai_server.responses import engine_errors, finished_response, usage
+from openai_server.schemas import ChatCompletionRequest
+from openai_server.state import ServerState
+from openai_server.streaming import DONE, ChoiceStreams, EventStreamResponse, generate_all, sse, usage_events
 from protocol.sampling_params import truncate_prompt
 
 FIELDS = frozenset(ChatCompletionRequest.model_fields) | {"structured_outputs"}  # a compile error names it

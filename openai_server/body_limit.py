@@ -12,7 +12,7 @@ import gc
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from client.openai_server.errors import APIError
+from openai_server.errors import APIError
 
 LARGE_BODY_BYTES = 1 << 20  # after a body this large the front-end gives its parsed copies' memory back (reclaim)
 

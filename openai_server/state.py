@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from client.openai_server.engine_client import EngineClient
-from client.openai_server.metrics import Metrics
+from openai_server.engine_client import EngineClient
+from openai_server.metrics import Metrics
 
 
 @dataclass(slots=True)

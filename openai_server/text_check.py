@@ -9,7 +9,7 @@ import re
 from pydantic import BaseModel
 from starlette.requests import Request
 
-from client.openai_server.errors import APIError
+from openai_server.errors import APIError
 
 
 def _is_unicode(text: str) -> bool:

@@ -1,5 +1,5 @@
 """The HTTP front-end as launch.py's child process: its socket, bound before the model loads, and the process
-on it (``python -m client.openai_server --fd N --parent-pid PID``), watched so that its unasked exit fails the
+on it (``python -m openai_server --fd N --parent-pid PID``), watched so that its unasked exit fails the
 service instead of leaving it up without its HTTP API."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import sys
 import threading
 from collections.abc import Callable
 
-from client.openai_server import STOP_SIGNAL
-from client.openai_server.parser_flags import parser_flags_args
+from openai_server import STOP_SIGNAL
+from openai_server.parser_flags import parser_flags_args
 
 log = logging.getLogger("nanoserve.launch")
 
@@ -34,7 +34,7 @@ def bind_http(host: str, port: int) -> socket.socket:
 
 
 class HttpFrontEnd:
-    """The front-end process (python -m client.openai_server) on ``bind_http``'s socket. If it ends by itself,
+    """The front-end process (python -m openai_server) on ``bind_http``'s socket. If it ends by itself,
     ``on_exit(reason)`` runs: the service fails too, non-zero, so that a supervisor restarts the whole thing."""
 
     def __init__(
@@ -43,7 +43,7 @@ class HttpFrontEnd:
         host, port = zmq_address.removeprefix("tcp://").rsplit(":", 1)
         local = {"0.0.0.0": "127.0.0.1", "[::]": "[::1]"}.get(host, host)  # a wildcard bind is reached on loopback
         cmd = [
-            sys.executable, "-m", "client.openai_server", "--address", f"tcp://{local}:{port}",
+            sys.executable, "-m", "openai_server", "--address", f"tcp://{local}:{port}",
             "--fd", str(sock.fileno()), "--parent-pid", str(os.getpid()), "--served-model-name", *served_names,
             "--log-stats-interval", str(args.log_stats_interval), "--log-level", args.log_level,
         ]  # fmt: skip

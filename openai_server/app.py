@@ -12,17 +12,17 @@ from fastapi import FastAPI, Request
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.responses import Response
 
-from client.openai_server.auth import KeyCheck
-from client.openai_server.body_limit import BodyLimit
-from client.openai_server.chat import create_chat_completion
-from client.openai_server.completions import create_completion
-from client.openai_server.engine_client import label_requests
-from client.openai_server.error_handlers import ServerErrors, install_error_handlers
-from client.openai_server.errors import APIError, from_engine
-from client.openai_server.params import GUIDED_FIELDS, check_model, conversation_off_loop
-from client.openai_server.schemas import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
-from client.openai_server.state import ServerState
-from client.openai_server.text_check import check_request_text
+from openai_server.auth import KeyCheck
+from openai_server.body_limit import BodyLimit
+from openai_server.chat import create_chat_completion
+from openai_server.completions import create_completion
+from openai_server.engine_client import label_requests
+from openai_server.error_handlers import ServerErrors, install_error_handlers
+from openai_server.errors import APIError, from_engine
+from openai_server.params import GUIDED_FIELDS, check_model, conversation_off_loop
+from openai_server.schemas import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
+from openai_server.state import ServerState
+from openai_server.text_check import check_request_text
 
 log = logging.getLogger("nanoserve.http")
 _warned_fields: set[str] = set()
