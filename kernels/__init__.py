@@ -1,4 +1,4 @@
-"""nanoserve's GPU kernels (Triton) and their torch fallbacks, one module per kernel family."""
+"""GPU kernels (Triton) and their torch fallbacks, run in the worker processes, one module per kernel family."""
 
 from __future__ import annotations
 

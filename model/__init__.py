@@ -1,1 +1,2 @@
-"""The model: a pure forward of (input_ids, positions); paging and batching live outside it."""
+"""The model, run in the worker processes: a pure forward of (input_ids, positions); paging and batching live
+outside it."""
