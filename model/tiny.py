@@ -25,6 +25,7 @@ CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+DEFAULT_MODEL_ID = "nanoserve-tiny"  # the embedded default model's name in the HTTP API (model="nanoserve-tiny")
 
 
 @dataclass(slots=True)
