@@ -22,11 +22,11 @@ import sys
 import torch
 import torch.distributed as dist
 
+from benchmarks.allreduce_fused_norm import fused_norm
+from benchmarks.allreduce_inputs import KB, MB, close, max_over_ranks, rank_input, time_graph, truth
 from benchmarks.gpu import require_cuda
-from benchmarks.timing import replay_ms
 from comm import custom_all_reduce, parallel
 
-KB, MB = 1024, 1024 * 1024
 BENCH_SIZES = [8 * KB, 64 * KB, 256 * KB, 512 * KB, 1 * MB, 2 * MB, 8 * MB, 32 * MB, 64 * MB]
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 
@@ -35,21 +35,13 @@ def fmt_size(n: int) -> str:
     return f"{n // MB}M" if n >= MB and n % MB == 0 else f"{n // KB}K" if n % KB == 0 else f"{n}B"
 
 
-def rank_input(r: int, numel: int, dtype: torch.dtype, device, salt: int = 0) -> torch.Tensor:
-    """Rank r's input, the same on every process (so each can compute the true sum without communicating)."""
-    g = torch.Generator(device=device).manual_seed(1_000_003 * (salt + 1) + 7919 * r + numel)
-    return torch.randn(numel, generator=g, dtype=torch.float32, device=device).to(dtype)
-
-
-def truth(world: int, numel: int, dtype: torch.dtype, device, salt: int = 0) -> torch.Tensor:
-    return sum(rank_input(r, numel, dtype, device, salt).double() for r in range(world))
-
-
-def close(got: torch.Tensor, want: torch.Tensor, dtype: torch.dtype, world: int) -> bool:
-    # a rounding to dtype per partial sum (the inputs' own roundings are already in `want`)
-    tol = {torch.bfloat16: 2.0**-7, torch.float16: 2.0**-10}.get(dtype, 2.0**-20) * (world - 1)
-    err = (got.double() - want).abs()
-    return bool((err <= tol * (want.abs() + 1)).all()) and bool(torch.isfinite(got).all())
+def fused_copy_available() -> bool:
+    """Whether this torch has symm_mem's one-shot all-reduce with the copy-in inside the kernel (SymmAllReduce's
+    one_shot takes it where it exists)."""
+    try:
+        return torch.ops.symm_mem.one_shot_all_reduce_copy_out.default is not None
+    except (AttributeError, RuntimeError):
+        return False
 
 
 def methods(symm) -> dict:
@@ -57,17 +49,11 @@ def methods(symm) -> dict:
     m = {"nccl": lambda x: (dist.all_reduce(x), x)[1]}
     if symm is not None:
         m["1shot"] = lambda x: symm.one_shot(x, fused=False)
-        if symm._one_copy is not None:
+        if fused_copy_available():
             m["1shot_fused"] = lambda x: symm.one_shot(x, fused=True)
         m["2shot"] = symm.two_shot
     m["auto"] = parallel.all_reduce
     return m
-
-
-def max_over_ranks(v: float, device) -> float:
-    t = torch.tensor([v], dtype=torch.float64, device=device)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return float(t.item())
 
 
 def check_eager(fn, numel, dtype, device, rank, world) -> dict:
@@ -119,21 +105,6 @@ def time_eager(fn, numel, dtype, device, iters: int) -> float:
     return max_over_ranks(start.elapsed_time(end) * 1000 / iters, device)
 
 
-def time_graph(fn, numel, dtype, device, calls: int, replays: int) -> float:
-    z = torch.zeros(numel, dtype=dtype, device=device)
-    fn(z)
-    torch.cuda.synchronize(device)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(calls):
-            fn(z)
-    torch.cuda.synchronize(device)
-    dist.barrier()
-    ms = replay_ms(g, replays)
-    del g
-    return max_over_ranks(ms * 1000 / calls, device)
-
-
 def suggest(rows: list[dict]) -> dict:
     """Thresholds from the graph timings: one-shot while it beats two-shot (and NCCL), symmetric memory while it
     beats NCCL, each over the run of sizes that starts at the smallest."""
@@ -172,8 +143,6 @@ def main() -> int:
     itemsize = torch.empty((), dtype=dtype).element_size()
     parallel.set_tp(rank, world)
     if a.fused_norm:
-        from benchmarks.allreduce_fused_norm import fused_norm  # it imports this module's helpers
-
         code = fused_norm(a, rank, world, device, dtype)
     elif a.check:
         code = check(a, rank, world, device, dtype, itemsize)
@@ -250,7 +219,7 @@ def bench(a, rank, world, device, dtype, itemsize) -> int:
             "torch": torch.__version__,
             "symm": on,
             "symm_reason": reason,
-            "fused_one_shot": symm is not None and symm._one_copy is not None,
+            "fused_one_shot": symm is not None and fused_copy_available(),
             "thresholds": {
                 "one_shot_max": custom_all_reduce.ONE_SHOT_MAX_BYTES,
                 "two_shot_max": custom_all_reduce.TWO_SHOT_MAX_BYTES,

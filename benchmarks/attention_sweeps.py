@@ -10,7 +10,7 @@ import itertools
 
 import torch
 
-from benchmarks.attention_kernels import (
+from benchmarks.attention_inputs import (
     HEAD_DIM,
     NUM_KV_HEADS,
     REF,
