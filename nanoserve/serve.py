@@ -1,0 +1,140 @@
+"""Serving, for ``python launch.py`` and ``nanoserve serve``: bind the ZMQ port (and the HTTP one), start the engine
+and its workers, run the HTTP front-end as a child process, serve until a signal, and exit 0 only when asked to stop
+(1 when a worker or the front-end dies). ``--prompt`` prints completions and exits without serving. The command
+line is nanoserve/serve_args.py's; see docs/SERVING.md."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+
+from coordinator.config import EngineArgError, EngineConfig
+from nanoserve.serve_args import engine_kwargs, parse_args
+from openai_server.child import HttpFrontEnd, bind_http
+from settings.cli_logging import configure_logging
+from settings.env import settings
+from settings.loopback import key_refusal
+
+log = logging.getLogger("nanoserve.launch")
+
+
+def cpu_cores() -> int:
+    """The cores this process may run on (its affinity, as taskset or a container's cpuset limits it)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def _warn_oversubscribed(cfg: EngineConfig) -> None:
+    cores = cpu_cores()
+    if cfg.device == "cpu" and cfg.tensor_parallel_size > cores:
+        log.warning(
+            "--tp %d on the CPU: %d worker processes share %d CPU core(s), so each step waits on the slowest; "
+            "use --tp %d or less for speed (more is fine to test tensor parallelism)",
+            cfg.tensor_parallel_size,
+            cfg.tensor_parallel_size,
+            cores,
+            cores,
+        )
+
+
+def _graceful_exit(signum, frame):
+    raise SystemExit(0)  # during start-up: unwinds through the engine's cleanup (workers stopped, files removed)
+
+
+def _offline(args, kwargs) -> int:
+    from nanoserve.llm import LLM
+    from protocol.sampling_params import SamplingParams
+
+    params = SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens)
+    with LLM(**kwargs) as llm:
+        for prompt, c in zip(args.prompt, llm.generate(args.prompt, params, use_tqdm=False)):
+            print(f"Prompt: {prompt!r}, Generated text: {c.text!r}", flush=True)
+    return 0
+
+
+def main(argv: list[str] | None = None, command: str = "launch") -> int:
+    """``command``: "launch" (``python launch.py``) or "serve" (``nanoserve serve``): which flags the ports have."""
+    args = parse_args(argv, command)
+    configure_logging(args.log_level)
+    kwargs = engine_kwargs(args)
+    kwargs.setdefault("worker_secret", settings().worker_secret or args.token or "")  # --api-key implies it
+    signal.signal(signal.SIGTERM, _graceful_exit)
+    signal.signal(signal.SIGINT, _graceful_exit)
+    server = http_sock = http_proc = None
+    if not args.prompt:
+        from coordinator.server import Server  # zmq only: binding first, a port in use fails at once
+
+        refusal = key_refusal(args.host, args.token, "--api-key (alias --token)")
+        if refusal:
+            print(f"error: {refusal}", file=sys.stderr)
+            return 1
+        try:
+            server = Server(
+                args.host,
+                args.port,
+                args.token,
+                args.max_pending_requests,
+                args.max_message_bytes,
+                max_pending_per_client=args.max_pending_per_client,
+                client_heartbeat_timeout_s=args.client_heartbeat_timeout,
+                shutdown_timeout_s=args.shutdown_timeout,
+            )
+            if args.http_port is not None:
+                http_sock = bind_http(args.host, args.http_port)
+        except (OSError, ValueError) as e:
+            print(f"error: {e}", file=sys.stderr)
+            if server is not None:
+                server.close(0)
+            return 1
+    engine = None
+    try:
+        cfg = EngineConfig.from_kwargs(**kwargs)
+        _warn_oversubscribed(cfg)
+        if args.prompt:
+            return _offline(args, kwargs)
+        from coordinator.engine import Engine
+
+        if cfg.external_workers:
+            log.info(
+                "waiting for %d worker(s): torchrun --nproc-per-node %d -m worker --coordinator %s",
+                cfg.tensor_parallel_size,
+                cfg.tensor_parallel_size,
+                cfg.worker_address,
+            )
+        engine = Engine(cfg)
+        server.install_signal_handlers()  # from here on a signal drains the requests in flight (a second: aborts)
+        print(f"nanoserve listening on {server.address}", flush=True)
+        log.info(
+            "model %s, max_model_len %d, %d KV blocks", cfg.model, engine.max_model_len, engine.block_manager.num_blocks
+        )
+        if http_sock is not None:  # it prints its own line (http://HOST:PORT/v1) once it answers
+            served_names = args.served_model_name or [kwargs.get("model") or cfg.model]
+            http_proc = HttpFrontEnd(args, http_sock, server.address, served_names, server.fail)
+            http_sock.close()  # the front-end holds it now
+        server.serve(engine)
+        if server.failure:  # a child died unasked, or the engine did: a supervisor must see a failure
+            log.error("exiting with code 1: %s", server.failure)
+            return 1
+        log.info("shutting down")
+    except EngineArgError as e:  # refused before any worker starts (with the model's config, where it needs it)
+        print(f"error: argument --{e.name.replace('_', '-')}: {e}", file=sys.stderr)
+        return 2
+    except Exception as e:
+        log.error("%s: %s", type(e).__name__, e)
+        return 1
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second signal must not cut the cleanup short
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        if http_proc is not None:
+            http_proc.stop()
+        if http_sock is not None:
+            http_sock.close()
+        if engine is not None:
+            engine.shutdown()
+        if server is not None:
+            server.close()
+    return 0
