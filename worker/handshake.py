@@ -6,13 +6,26 @@ from __future__ import annotations
 import os
 import sys
 import time
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from protocol.messages import AuthChallenge, AuthResponse, Shutdown
 from protocol.worker_auth import coordinator_proof, matches, worker_proof
 
-if TYPE_CHECKING:
-    from worker.worker import Worker
+
+class Worker(Protocol):
+    """What the handshake and the watchdog use of worker.worker.Worker (named structurally: no import circle)."""
+
+    rank: int
+    world_size: int
+    address: str
+    secret: str | None
+    leaving: bool
+    channel: object
+
+    def send(self, msg: object) -> None: ...
+
+    def recv(self, wait: bool = True) -> object: ...
+
 
 # a worker whose coordinator connection dropped while it is stuck (a collective whose peer rank or network is gone)
 # exits after this long: nothing else would end a wait that gloo or NCCL may hold for many minutes

@@ -3,17 +3,13 @@ and allocates its KV pool, then executes step commands until told to stop or unt
 
 from __future__ import annotations
 
-import argparse
-import ctypes
 import gc
 import os
 import secrets
-import signal
 import socket
 import sys
 import threading
 import time
-import traceback
 from collections import deque
 
 import zmq
@@ -28,7 +24,6 @@ from protocol.messages import (
     StepResult,
     WorkerAck,
     WorkerConfig,
-    WorkerError,
     WorkerHello,
     WorkerReady,
 )
@@ -38,15 +33,6 @@ from settings.env import distributed_env, settings
 from worker.handshake import Refused, authenticate, exit_when_orphaned
 
 POLL_MS = 1000
-
-
-def _die_with_parent() -> None:
-    """Linux: have the kernel kill us when the process that spawned us exits (no orphan holds a GPU)."""
-    try:
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
 
 
 class CoordinatorGone(Exception):
@@ -265,69 +251,3 @@ class Worker:
         self.channel.close(linger_ms=500)
         self.ctx.term()
         gc.unfreeze()  # let the interpreter's last collection reach the start-up objects again
-
-
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(
-        prog="python -m worker",
-        description="nanoserve worker process",
-        epilog="The worker secret comes from the environment only: NANOSERVE_WORKER_SECRET, else NANOSERVE_API_KEY "
-        "(a coordinator with a secret admits only workers that prove they hold it, and they work only for it).",
-        allow_abbrev=False,
-    )
-    p.add_argument("--coordinator", required=True, help="ZMQ address of the coordinator, e.g. tcp://host:port")
-    p.add_argument("--rank", type=int, default=None, help="default: $RANK (torchrun)")
-    p.add_argument("--world-size", type=int, default=None, help="default: $WORLD_SIZE (torchrun)")
-    p.add_argument("--local-rank", type=int, default=None, help="default: $LOCAL_RANK (torchrun)")
-    p.add_argument(
-        "--parent-pid",
-        type=int,
-        default=0,
-        help="exit when this process is no longer our parent; ignore SIGINT and SIGTERM (the parent stops us)",
-    )
-    p.add_argument(
-        "--connect-timeout",
-        type=float,
-        default=60.0,
-        metavar="SECONDS",
-        help="give up when no coordinator answers at --coordinator within this long (default 60; 0 = wait forever)",
-    )
-    args = p.parse_args(argv)
-    env = distributed_env(args.rank, args.world_size, args.local_rank)
-    rank, world, local = env.rank, env.world_size, env.local_rank
-    if args.parent_pid:
-        # Ctrl-C and systemd's stop reach the whole process group: the coordinator must abort its requests first,
-        # then send Shutdown (and the kernel kills us if it dies instead)
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        _die_with_parent()
-        if os.getppid() != args.parent_pid:
-            return 1
-    secret = settings().worker_secret  # from the environment only: argv is readable by any local user
-    worker = Worker(args.coordinator, rank, world, local, args.parent_pid, args.connect_timeout, secret)
-    code = 1
-    try:
-        code = worker.run()
-    except CoordinatorGone:
-        code = 1
-    except (CoordinatorUnreachable, Refused) as e:
-        print(f"worker rank {rank}: error: {e}", file=sys.stderr)
-        code = 1
-    except KeyboardInterrupt:
-        code = 130
-    except BaseException as e:  # report any failure (load error, OOM, bad step) to the coordinator
-        traceback.print_exc()
-        try:
-            worker.send(WorkerError(rank, f"{type(e).__name__}: {e}"))
-        except Exception:
-            pass
-    finally:
-        try:
-            worker.close()
-        except Exception:
-            pass
-    return code
-
-
-if __name__ == "__main__":
-    sys.exit(main())

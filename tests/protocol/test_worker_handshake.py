@@ -76,8 +76,9 @@ def test_protocol_version_mismatch_is_refused(ipc_address, tiny_tied):
     code = (
         "import sys\n"
         "import worker.worker as w\n"
+        "from worker.__main__ import main\n"
         f"w.PROTOCOL_VERSION = {PROTOCOL_VERSION + 41}\n"
-        f"sys.exit(w.main(['--coordinator', {ipc_address!r}, '--rank', '0', '--world-size', '1']))\n"
+        f"sys.exit(main(['--coordinator', {ipc_address!r}, '--rank', '0', '--world-size', '1']))\n"
     )
     proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, env=_env(), stdin=subprocess.DEVNULL)
     try:
