@@ -1,5 +1,6 @@
-"""The routes: OpenAI's /v1/completions, /v1/chat/completions, /v1/models; vLLM's /tokenize, /detokenize,
-/health, /metrics, /version. /v1/* and the tokenizer routes need the API key when the server has one (auth.py)."""
+"""The routes: OpenAI's /v1/completions, /v1/chat/completions, /v1/models, /v1/models/{id}; vLLM's /tokenize,
+/detokenize, /health, /metrics, /version. /v1/* and the tokenizer routes need the API key when the server has one
+(auth.py)."""
 
 from __future__ import annotations
 
@@ -92,9 +93,9 @@ def build_app(state: ServerState, max_body_bytes: int) -> FastAPI:
         label_requests(request)
         return await until_disconnect(request, create_chat_completion(state, req))
 
-    @app.get("/v1/models")
-    async def models() -> dict:
-        card = {
+    def model_card(name: str) -> dict:
+        return {
+            "id": name,
             "object": "model",
             "created": created,
             "owned_by": "nanoserve",
@@ -102,7 +103,16 @@ def build_app(state: ServerState, max_body_bytes: int) -> FastAPI:
             "parent": None,
             "max_model_len": engine.max_model_len,
         }
-        return {"object": "list", "data": [{"id": name, **card} for name in engine.served_model_names]}
+
+    @app.get("/v1/models")
+    async def models() -> dict:
+        return {"object": "list", "data": [model_card(name) for name in engine.served_model_names]}
+
+    # {model_id:path}: a Hub id's slash (org/name) is part of the id, not a further route segment
+    @app.get("/v1/models/{model_id:path}")
+    async def model(model_id: str) -> dict:
+        check_model(model_id, engine.served_model_names)
+        return model_card(model_id)
 
     @app.post("/tokenize")
     async def tokenize(req: TokenizeRequest, request: Request) -> dict:

@@ -1,0 +1,167 @@
+"""Where a model or tokenizer named by the user lives on disk: a local directory as given, else a Hugging Face Hub id
+(``org/name``) found in the Hugging Face cache, else downloaded into it when online (vLLM's order).
+
+Resolved once, in the coordinator's process (EngineConfig), so the workers are handed a plain local directory.
+Only what nanoserve reads is downloaded: config, generation config, tokenizer files and safetensors weights (with
+an index, only the files it names): never pickles (*.bin, *.pt), never a checkpoint's code. huggingface_hub reads
+its own environment (HF_HOME, HF_HUB_CACHE, HF_HUB_OFFLINE, HF_TOKEN, HF_ENDPOINT)."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from coordinator.config import EngineConfig
+
+log = logging.getLogger("nanoserve.model_source")
+
+MODEL, TOKENIZER = "model", "tokenizer"
+INDEX = "model.safetensors.index.json"
+# everything but the weights: what the engine reads besides them (the tokenizer's files in every layout it comes in)
+META_PATTERNS = [
+    "config.json",
+    "generation_config.json",
+    INDEX,
+    "tokenizer*",  # tokenizer.json, tokenizer_config.json, tokenizer.model (sentencepiece, not a pickle)
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "vocab.json",
+    "vocab.txt",
+    "merges.txt",
+    "chat_template.jinja",
+    "chat_template.json",
+]
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+
+
+class ModelSourceError(ValueError):
+    """A model or tokenizer that cannot be found, or cannot be fetched; the message says where it was looked for."""
+
+
+def resolve_sources(cfg: EngineConfig) -> None:
+    """Replace ``cfg.model`` and ``cfg.tokenizer`` (each when given) by their local directories; a name that
+    cannot be resolved is refused by its field (EngineArgError)."""
+    from coordinator.config import EngineArgError
+
+    if cfg.trust_remote_code:
+        log.info("trust_remote_code is accepted, but nanoserve never runs a checkpoint's own code")
+    for what, revision in ((MODEL, cfg.revision), (TOKENIZER, cfg.tokenizer_revision)):
+        name = getattr(cfg, what)
+        if name:
+            try:
+                setattr(cfg, what, resolve(name, revision, cfg.download_dir, what))
+            except ModelSourceError as e:
+                raise EngineArgError(what, f"{what}: {e}") from None
+
+
+def resolve(name: str, revision: str = "", cache_dir: str = "", what: str = MODEL) -> str:
+    """The local directory of ``name`` (``what``: "model" or "tokenizer"): the directory itself, or the snapshot of
+    Hub id ``name`` at ``revision`` ('' = main) in the Hugging Face cache (``cache_dir`` or huggingface_hub's
+    default, which HF_HOME / HF_HUB_CACHE set), downloaded into it unless HF_HUB_OFFLINE is set."""
+    path = Path(name).expanduser()
+    if path.is_dir():
+        return str(path)
+    if path.exists():
+        raise ModelSourceError(
+            f"{name!r} is a file, not a directory: give the checkpoint's directory (config.json, *.safetensors, "
+            "tokenizer files) or a Hugging Face Hub id (org/name)"
+        )
+    from huggingface_hub import constants
+    from huggingface_hub.utils import validate_repo_id
+
+    try:
+        validate_repo_id(name)
+    except ValueError:
+        raise ModelSourceError(f"no directory {name!r}, and it is not a Hugging Face Hub id (org/name)") from None
+    cache = str(Path(cache_dir or constants.HF_HUB_CACHE).expanduser())
+    where = f"no directory {name!r}, and {_shown(name, revision)} is not in the Hugging Face cache {cache}"
+    snapshot = _cached(name, revision, cache)
+    missing = _missing(snapshot, what) if snapshot else None
+    if snapshot and not missing:
+        return snapshot
+    if constants.HF_HUB_OFFLINE:
+        lacks = f" (its snapshot {snapshot} lacks {missing})" if snapshot else ""
+        raise ModelSourceError(
+            f"{where}{lacks}; HF_HUB_OFFLINE is set, so nothing is downloaded: download it online once "
+            f"(`hf download {name}`), or set HF_HOME (or --download-dir) to the cache that holds it"
+        )
+    snapshot = _download(name, revision, cache, what)
+    missing = _missing(snapshot, what)
+    if missing:
+        raise ModelSourceError(f"{_shown(name, revision)} from the Hugging Face Hub has no {missing} ({snapshot})")
+    return snapshot
+
+
+def _shown(name: str, revision: str) -> str:
+    return f"{name!r} at revision {revision!r}" if revision else repr(name)
+
+
+def _cached(name: str, revision: str, cache: str) -> str | None:
+    """The cached snapshot of ``name`` at ``revision`` (a branch, a tag or a commit), or None; no network."""
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    try:  # IncompleteSnapshotError (huggingface_hub's tree listing knows files are missing) is one of these
+        return snapshot_download(name, revision=revision or None, cache_dir=cache, local_files_only=True)
+    except LocalEntryNotFoundError:
+        return None
+
+
+def _missing(snapshot: str, what: str) -> str:
+    """What a snapshot lacks to serve as ``what`` ('' = nothing): a model needs config.json and safetensors
+    weights (every file its index names), a tokenizer its tokenizer files."""
+    root = Path(snapshot)
+    if what == TOKENIZER:
+        return "" if any((root / f).is_file() for f in _TOKENIZER_FILES) else "tokenizer files"
+    if not (root / "config.json").is_file():
+        return "config.json"
+    names = _indexed_weights(root)
+    if names is None:
+        return "" if any(root.glob("*.safetensors")) else "*.safetensors weights (nanoserve never loads pickles)"
+    absent = sorted(n for n in names if not (root / n).is_file())
+    return f"{absent[0]} (named in {INDEX})" if absent else ""
+
+
+def _indexed_weights(root: Path) -> set[str] | None:
+    index = root / INDEX
+    if not index.is_file():
+        return None
+    return set(json.loads(index.read_text())["weight_map"].values())
+
+
+def _download(name: str, revision: str, cache: str, what: str) -> str:
+    """Fetch into the cache what nanoserve reads of ``name``: first everything but the weights, then (a model) the
+    safetensors files, only those its index names when it has one (some repos also ship a consolidated copy)."""
+    from huggingface_hub import snapshot_download
+
+    log.info("downloading %s from the Hugging Face Hub into %s", _shown(name, revision), cache)
+    try:
+        snapshot = snapshot_download(name, revision=revision or None, cache_dir=cache, allow_patterns=META_PATTERNS)
+        if what == MODEL:
+            names = _indexed_weights(Path(snapshot))
+            patterns, ignore = (sorted(names), None) if names is not None else (["*.safetensors"], ["*/*"])
+            # the commit the first call resolved: both calls read one snapshot, even if the branch moves meanwhile
+            commit = Path(snapshot).name
+            snapshot = snapshot_download(
+                name, revision=commit, cache_dir=cache, allow_patterns=patterns, ignore_patterns=ignore
+            )
+    except Exception as e:  # not found, gated, no network: one line naming the id, whatever the cause
+        detail = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        raise ModelSourceError(
+            f"no directory {name!r}, and {_shown(name, revision)} could not be fetched from the Hugging Face Hub "
+            f"into {cache}: {type(e).__name__}: {detail} (a gated or private model needs HF_TOKEN)"
+        ) from e
+    return snapshot
+
+
+def served_model_name(model: str) -> str:
+    """The name the HTTP API serves a model under unless told otherwise: ``--model`` as the user typed it (a Hub id
+    stays org/name, a path the path), or the embedded default model's short id."""
+    if model:
+        return model
+    from model.tiny import DEFAULT_MODEL_ID
+
+    return DEFAULT_MODEL_ID
