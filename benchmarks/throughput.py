@@ -65,6 +65,7 @@ from benchmarks.roofline import REF_HBM_TBS, REF_TFLOPS, check_floors, measure_c
 from benchmarks.shapes import SHAPES, load_config, model_stats, write_shape
 from benchmarks.workloads import Request, fresh, w1_requests, w2_prompts, w3_requests, warmup_prompt
 from coordinator.config import ATTENTION_BACKENDS, DTYPES
+from settings.defaults import DTYPE_ALIASES
 
 MAX_MODEL_LEN = 4096
 
@@ -257,8 +258,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--tflops", type=float, help="use this matmul rate (TFLOP/s) instead of measuring")
     p.add_argument("--check-floors", action="store_true", help="print the floors at the nominal H200 ceilings")
     args = p.parse_args(argv)
-    aliases = {"bf16": "bfloat16", "fp16": "float16", "half": "float16", "fp32": "float32", "float": "float32"}
-    args.dtype = aliases.get(args.dtype, args.dtype)
+    args.dtype = DTYPE_ALIASES.get(args.dtype, args.dtype)
     if not args.check_floors:
         if not args.workload:
             p.error("--workload is required")

@@ -26,13 +26,26 @@ def main(argv: list[str] | None = None) -> int:
         "--token", default=settings().api_key, help="the server's shared secret (default: $NANOSERVE_API_KEY)"
     )
     p.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for each reply (default 60)")
-    p.add_argument("--max-tokens", type=int, default=64, help="tokens to generate at most (default 64)")
-    p.add_argument("--temperature", type=float, default=1.0, help="0 = greedy (default 1.0)")
+    sp = SamplingParams()  # its defaults are vLLM's, so launch.py --prompt and LLM.generate sample alike
     p.add_argument(
-        "--top-p", type=float, default=1.0, help="nucleus sampling: keep this much probability (default 1.0)"
+        "--max-tokens", type=int, default=sp.max_tokens, help=f"tokens to generate at most (default {sp.max_tokens})"
     )
-    p.add_argument("--top-k", type=int, default=0, help="keep the k likeliest tokens; 0 = all (default 0)")
-    p.add_argument("--min-p", type=float, default=0.0, help="drop tokens below min_p x the top probability (default 0)")
+    p.add_argument("--temperature", type=float, default=sp.temperature, help=f"0 = greedy (default {sp.temperature:g})")
+    p.add_argument(
+        "--top-p",
+        type=float,
+        default=sp.top_p,
+        help=f"nucleus sampling: keep this much probability (default {sp.top_p:g})",
+    )
+    p.add_argument(
+        "--top-k", type=int, default=sp.top_k, help=f"keep the k likeliest tokens; 0 = all (default {sp.top_k})"
+    )
+    p.add_argument(
+        "--min-p",
+        type=float,
+        default=sp.min_p,
+        help=f"drop tokens below min_p x the top probability (default {sp.min_p:g})",
+    )
     p.add_argument("--seed", type=int, default=None, help="seed of this request's sampling (default: none)")
     p.add_argument("--stop", action="append", default=[], help="a stop string (repeatable)")
     p.add_argument("--ignore-eos", action="store_true", help="keep generating past the end-of-sequence token")

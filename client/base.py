@@ -25,8 +25,9 @@ from protocol.client_messages import (
 from protocol.codec import encode
 from protocol.errors import MessageTooLargeError, RequestError
 from protocol.sampling_params import SamplingParams
+from settings.defaults import ZMQ_ADDRESS
 
-DEFAULT_ADDRESS = "tcp://127.0.0.1:8765"
+DEFAULT_ADDRESS = ZMQ_ADDRESS
 _CLOSE_LINGER_MS = 500  # time for queued aborts to reach the server when a client closes
 
 

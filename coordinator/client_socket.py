@@ -3,7 +3,6 @@ never block, receives that never wait."""
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 import time
 
@@ -14,15 +13,6 @@ log = logging.getLogger("nanoserve.server")
 
 class PortInUseError(OSError):
     pass
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
 
 
 class ClientSocket:

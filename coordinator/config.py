@@ -9,12 +9,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from settings.defaults import ATTENTION_BACKENDS, DTYPES
+from settings.loopback import is_loopback_endpoint
+
 if TYPE_CHECKING:
     from model.config import ModelConfig
     from protocol.messages import WorkerConfig
 
-DTYPES = ("auto", "bfloat16", "float16", "float32", "bf16", "fp16", "half", "fp32", "float")  # model/config.py
-ATTENTION_BACKENDS = ("auto", "torch", "triton", "flash")  # kernels/attention.py get_backend
 DEVICES = ("cpu", "cuda")
 LOAD_FORMATS = ("auto", "dummy")
 KV_DTYPES = ("auto", "fp8", "fp8_e4m3")
@@ -53,9 +54,7 @@ def _chat_template_text(value: str) -> str:
 
 @dataclass(slots=True)
 class EngineConfig:
-    model: str = _arg(
-        "", "model directory (HF layout) or Hugging Face Hub id (org/name); default: the embedded tiny model"
-    )
+    model: str = _arg("", "model directory (HF layout); default: the embedded tiny model")
     tensor_parallel_size: int = _arg(1, "worker processes, one per device (tensor-parallel ranks)")
     device: str = _arg("", "default: cuda when available, else cpu", DEVICES)
     dtype: str = _arg("auto", "weights and activations; auto = the checkpoint's", DTYPES)
@@ -99,17 +98,7 @@ class EngineConfig:
         "", "fp8: FP8 linear layers, quantized at load ('' = none; an FP8 checkpoint is served as stored)", ("", "fp8")
     )
     kv_cache_dtype: str = _arg("auto", "auto = the model's dtype; fp8: an e4m3 KV cache, twice the tokens", KV_DTYPES)
-    tokenizer: str = _arg("", "tokenizer directory or Hugging Face Hub id ('' = the model's)")
-    revision: str = _arg("", "the model's revision on the Hugging Face Hub: a branch, tag or commit ('' = main)")
-    tokenizer_revision: str = _arg("", "the tokenizer's revision on the Hub, when --tokenizer is a Hub id ('' = main)")
-    download_dir: str = _arg(
-        "", "the Hugging Face cache to find Hub models in and download them to ('' = $HF_HUB_CACHE or $HF_HOME/hub)"
-    )
-    trust_remote_code: bool = _arg(
-        False,
-        "accepted as vLLM accepts it; nanoserve never runs a checkpoint's code, so an architecture it does not "
-        "implement is refused either way",
-    )
+    tokenizer: str = _arg("", "tokenizer directory ('' = the model's)")
     chat_template: str = _arg(
         "", "a Jinja chat template, or a file holding one, in place of the tokenizer's ('' = the tokenizer's own)"
     )
@@ -145,9 +134,8 @@ class EngineConfig:
         for ok, name, what in checks:
             if not ok:
                 raise EngineArgError(name, f"{name} {what}, got {getattr(self, name)!r}")
-        from coordinator.model_source import resolve_sources
-
-        resolve_sources(self)  # Hub ids become local directories here, once: the workers get a directory
+        if self.tokenizer and not Path(self.tokenizer).is_dir():
+            raise EngineArgError("tokenizer", f"tokenizer: no directory {self.tokenizer!r}")
         if self.generation_config not in ("auto", "vllm") and not Path(self.generation_config).is_dir():
             raise EngineArgError(
                 "generation_config",
@@ -162,7 +150,7 @@ class EngineConfig:
         from settings.env import settings
 
         self.worker_secret = self.worker_secret or settings().worker_secret or ""
-        if self.worker_address and not self.worker_secret and not _loopback_endpoint(self.worker_address):
+        if self.worker_address and not self.worker_secret and not is_loopback_endpoint(self.worker_address):
             raise EngineArgError(
                 "worker_address",
                 f"worker_address {self.worker_address!r} is not a loopback address: workers from other hosts must "
@@ -220,39 +208,23 @@ class EngineConfig:
             )
 
     def worker_config(self, max_model_len: int, eos_token_ids: list[int]) -> WorkerConfig:
-        """What every worker is told at start-up (the engine derives the model's limit and EOS ids)."""
+        """What every worker is told at start-up: each WorkerConfig field of the same name as one of ours is ours,
+        by name (a field added to both travels without another line here); the rest are what the engine derives
+        (the model's limit, its EOS ids) or what only a worker has."""
         from protocol.messages import WorkerConfig
 
+        derived = {
+            "max_model_len": max_model_len,
+            "eos_token_ids": eos_token_ids,
+            "num_kv_blocks": self.num_kv_blocks or -1,  # the worker's "size from memory"
+            "dist_init_method": "",  # the rendezvous from the environment (torchrun) unless a spawner sets one
+        }
         return WorkerConfig(
-            model=self.model,
-            device=self.device,
-            dtype=self.dtype,
-            load_format=self.load_format,
-            block_size=self.block_size,
-            max_num_seqs=self.max_num_seqs,
-            max_num_batched_tokens=self.max_num_batched_tokens,
-            max_model_len=max_model_len,
-            num_kv_blocks=self.num_kv_blocks or -1,
-            gpu_memory_utilization=self.gpu_memory_utilization,
-            kv_cache_memory_bytes=self.kv_cache_memory_bytes,
-            enforce_eager=self.enforce_eager,
-            seed=self.seed,
-            attention_backend=self.attention_backend,
-            dist_init_method="",
-            eos_token_ids=eos_token_ids,
-            quantization=self.quantization,
-            kv_cache_dtype=self.kv_cache_dtype,
+            **{
+                f.name: derived[f.name] if f.name in derived else getattr(self, f.name)
+                for f in dataclasses.fields(WorkerConfig)
+            }
         )
-
-
-def _loopback_endpoint(address: str) -> bool:
-    """A ZMQ endpoint only this host can reach: ipc/inproc, or tcp on a loopback address (not '*' or an interface)."""
-    from coordinator.client_socket import is_loopback
-
-    scheme, _, rest = address.partition("://")
-    if scheme in ("ipc", "inproc"):
-        return True
-    return scheme == "tcp" and is_loopback(rest.rsplit(":", 1)[0])
 
 
 def _tp_sharded_sizes(mc: ModelConfig) -> list[tuple[str, int, str]]:

@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING
 
 from coordinator.client_frames import RateLimitedLog
 from coordinator.client_limits import DEFAULT_CLIENT_HEARTBEAT_TIMEOUT_S, ClientLimits
-from coordinator.client_socket import ClientSocket, is_loopback
+from coordinator.client_socket import ClientSocket
 from coordinator.lifecycle import DEFAULT_SHUTDOWN_TIMEOUT_S, Lifecycle
 from coordinator.request_table import ClientRequest, RequestTable
 from coordinator.server_frames import ClientFrames
@@ -55,6 +55,8 @@ from protocol.client_messages import (
 )
 from protocol.codec import encode
 from protocol.outputs import StepOutput
+from settings.defaults import HOST, MAX_PENDING_REQUESTS, ZMQ_PORT
+from settings.loopback import key_refusal
 
 if TYPE_CHECKING:  # the engine pulls in torch; binding the socket must not wait for it
     from coordinator.engine import Engine
@@ -72,10 +74,10 @@ class Server(ClientFrames):
 
     def __init__(
         self,
-        host: str = "127.0.0.1",
-        port: int = 8765,
+        host: str = HOST,
+        port: int = ZMQ_PORT,
         token: str | None = None,
-        max_pending_requests: int = 4096,
+        max_pending_requests: int = MAX_PENDING_REQUESTS,
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
         send_hwm: int = 100_000,
         max_drain: int = 4096,
@@ -83,8 +85,9 @@ class Server(ClientFrames):
         client_heartbeat_timeout_s: float = DEFAULT_CLIENT_HEARTBEAT_TIMEOUT_S,
         shutdown_timeout_s: float = DEFAULT_SHUTDOWN_TIMEOUT_S,
     ) -> None:
-        if not is_loopback(host) and not token:
-            raise ValueError(f"binding the non-loopback host {host!r} needs a shared-secret token (--token)")
+        refusal = key_refusal(host, token, "a shared-secret token (--token)")
+        if refusal:
+            raise ValueError(refusal)
         if max_pending_requests < 1:
             raise ValueError("max_pending_requests must be >= 1")
         self.token = token.encode() if token else None

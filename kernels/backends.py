@@ -6,9 +6,8 @@ from __future__ import annotations
 import torch
 
 from kernels.attention import AttentionBackend, TorchAttentionBackend
+from settings.defaults import ATTENTION_BACKENDS as BACKEND_NAMES
 from settings.env import settings
-
-BACKEND_NAMES = ("auto", "torch", "triton", "flash")
 
 
 def get_backend(

@@ -11,6 +11,7 @@ import torch
 
 from model.fp8 import Fp8Config, parse_quantization_config
 from model.registry import ARCHITECTURES
+from settings.defaults import DTYPE_ALIASES
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -228,8 +229,7 @@ def parse_dtype(name: str | torch.dtype, default: torch.dtype) -> torch.dtype:
         return name
     if name == "auto":
         return default
-    aliases = {"float": "float32", "fp32": "float32", "half": "float16", "fp16": "float16", "bf16": "bfloat16"}
-    name = aliases.get(name, name)
+    name = DTYPE_ALIASES.get(name, name)
     if name not in _DTYPES:
         raise ValueError(f"dtype: unsupported value {name!r}; choose auto, float32, float16 or bfloat16")
     return _DTYPES[name]

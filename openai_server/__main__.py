@@ -14,7 +14,6 @@ import socket
 import sys
 import time
 
-from coordinator.client_socket import is_loopback
 from openai_server import STOP_SIGNAL
 from openai_server.app import build_app
 from openai_server.engine_client import EngineClient
@@ -23,7 +22,9 @@ from openai_server.parser_flags import add_parser_flags, check_parser_flags, par
 from openai_server.state import ServerState
 from protocol.errors import EngineDeadError
 from settings.cli_logging import add_log_level_flag, configure_logging
+from settings.defaults import HOST, HTTP_PORT, LOG_STATS_INTERVAL_S, ZMQ_ADDRESS
 from settings.env import settings
+from settings.loopback import key_refusal
 
 log = logging.getLogger("nanoserve.http")
 _PR_SET_PDEATHSIG = 1
@@ -36,10 +37,12 @@ def build_parser() -> argparse.ArgumentParser:
         allow_abbrev=False,
     )
     p.add_argument(
-        "--address", default=settings().address or "tcp://127.0.0.1:8765", help="the coordinator's ZMQ address"
+        "--address",
+        default=settings().address or ZMQ_ADDRESS,
+        help=f"the coordinator's ZMQ address (default: $NANOSERVE_ADDRESS or {ZMQ_ADDRESS})",
     )
-    p.add_argument("--host", default="127.0.0.1", help="interface to listen on (default 127.0.0.1)")
-    p.add_argument("--port", type=int, default=8000, help="HTTP port (default 8000; 0 = a free one)")
+    p.add_argument("--host", default=HOST, help=f"interface to listen on (default {HOST})")
+    p.add_argument("--port", type=int, default=HTTP_PORT, help=f"HTTP port (default {HTTP_PORT}; 0 = a free one)")
     p.add_argument("--fd", type=int, default=None, help="listen on this inherited, already bound socket instead")
     p.add_argument(
         "--api-key", default=settings().api_key, help="key HTTP clients must send; also the coordinator's token "
@@ -55,7 +58,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-body-bytes", type=int, default=None, help="larger HTTP request bodies get a 413, unread (default: "
         "the coordinator's --max-message-bytes)",
     )  # fmt: skip
-    p.add_argument("--log-stats-interval", type=float, default=10.0, help="seconds between throughput log lines")
+    p.add_argument(
+        "--log-stats-interval",
+        type=float,
+        default=LOG_STATS_INTERVAL_S,
+        help=f"seconds between throughput log lines (default {LOG_STATS_INTERVAL_S:g})",
+    )
     p.add_argument("--connect-timeout", type=float, default=60.0, help="seconds to wait for the coordinator")
     p.add_argument(
         "--parent-pid",
@@ -189,8 +197,9 @@ async def serve(args) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.fd is None and not is_loopback(args.host) and not args.api_key:
-        parser.error(f"listening on the non-loopback host {args.host!r} needs --api-key")
+    refusal = None if args.fd is not None else key_refusal(args.host, args.api_key, "--api-key")
+    if refusal:
+        parser.error(refusal)
     check_parser_flags(parser, args)
     configure_logging(args.log_level)
     if args.parent_pid is not None:

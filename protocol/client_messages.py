@@ -13,13 +13,14 @@ from dataclasses import dataclass
 from protocol.codec import record
 from protocol.outputs import Logprob
 from protocol.sampling_params import SamplingParams
+from settings.defaults import MAX_MESSAGE_BYTES
 
 # 4: Tokenize/Detokenize, ChatPrompt prompts, InfoReply.generation_defaults; 5: logit_bias, prompt_logprobs;
 # 6: InfoReply.max_message_bytes; 7: Tokenize.return_token_strs; 8: Delta.num_prompt_tokens;
 # 9: SamplingParams.truncate_prompt_tokens; 10: SamplingParams.structured_outputs; 11: Generate.client, KeepAlive,
 # InfoReply's per-client limits, StatsReply's per-client counters
 CLIENT_PROTOCOL_VERSION = 11
-DEFAULT_MAX_MESSAGE_BYTES = 8 << 20  # the server's default --max-message-bytes: clients assume it until Info says
+DEFAULT_MAX_MESSAGE_BYTES = MAX_MESSAGE_BYTES  # the server's default --max-message-bytes (settings/defaults.py)
 
 # Error.kind values
 REQUEST_ERROR = "RequestError"  # a bad request; the message names the field

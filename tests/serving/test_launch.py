@@ -27,7 +27,7 @@ def test_prompt_prints_completions_and_exits(tiny_tied):
 
     out = run(
         "--prompt", "hello", "def foo(", "--model", str(tiny_tied), "--device", "cpu", "--dtype", "float32",
-        "--max-model-len", "128", "--num-kv-blocks", "32", "--max-tokens", "12",
+        "--max-model-len", "128", "--num-kv-blocks", "32", "--max-tokens", "12", "--temperature", "0",
     )  # fmt: skip
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
