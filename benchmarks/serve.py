@@ -3,7 +3,7 @@
     python -m benchmarks.serve --base-url http://127.0.0.1:8000/v1 [--model NAME] [--dataset w1|random]
         [--num-prompts N] [--request-rate R|inf] [--max-concurrency N] [--random-input-len 1024]
         [--random-output-len 128] [--random-range-ratio 0.0] [--temperature 0.6] [--scale S]
-        [--max-token-id 10000] [--api-key KEY] [--seed 0]
+        [--max-token-id N] [--api-key KEY] [--seed 0]
 
 Every request is a streaming completion (``stream: true``, ``ignore_eos: true``, ``stream_options.include_usage``)
 whose prompt is a list of token ids, so no tokenizer is needed and any server that takes token-id prompts can be
@@ -11,7 +11,8 @@ measured. Arrivals are a Poisson process at ``--request-rate`` requests/s (``inf
   w1      benchmarks/throughput.py's W1 (256 prompts of 100-1024 random ids, 100-1024 output tokens, temperature
           0.6); ``--num-prompts`` keeps the first N, ``--scale`` divides the lengths (smoke runs).
   random  ``--random-input-len`` / ``--random-output-len`` tokens, each drawn from [len * (1 - ratio), len].
-Ids above ``--max-token-id`` wrap around (use the model's vocabulary size - 1 for small models).
+Ids above ``--max-token-id`` wrap around. Without it, the server is asked which ids its vocabulary holds (vLLM's
+``/detokenize``, which nanoserve's server has too, refuses an id past it): a small model gets only ids it knows.
 
 Reports request throughput, output tok/s, total tok/s, and TTFT, TPOT (per request: (latency - TTFT) / (output
 tokens - 1)) and ITL (gaps between streamed events) mean/p50/p99 in ms; the LAST line is one JSON object. When the
@@ -35,6 +36,8 @@ import numpy as np
 
 from benchmarks.workloads import w1_requests
 
+MAX_PROMPT_ID = 10000  # W1's ids are randint(0, 10000), and so are the random dataset's
+
 
 @dataclass(slots=True)
 class Result:
@@ -48,7 +51,7 @@ class Result:
 
 
 def build_requests(args) -> list[tuple[list[int], int]]:
-    """(prompt ids, max_tokens) per request."""
+    """(prompt ids, max_tokens) per request; ids in 0..MAX_PROMPT_ID (``run`` wraps them into the vocabulary)."""
     if args.dataset == "w1":
         reqs = [(r.prompt, r.max_tokens) for r in w1_requests(args.scale, args.num_prompts)]
     else:
@@ -56,12 +59,11 @@ def build_requests(args) -> list[tuple[list[int], int]]:
         lo_in = max(1, int(args.random_input_len * (1 - args.random_range_ratio)))
         lo_out = max(1, int(args.random_output_len * (1 - args.random_range_ratio)))
         reqs = [
-            ([rng.randint(0, 10000) for _ in range(rng.randint(lo_in, args.random_input_len))],
+            ([rng.randint(0, MAX_PROMPT_ID) for _ in range(rng.randint(lo_in, args.random_input_len))],
              rng.randint(lo_out, args.random_output_len))
             for _ in range(args.num_prompts or 256)
         ]  # fmt: skip
-    m = args.max_token_id + 1
-    return [([t % m for t in p], n) for p, n in reqs]
+    return reqs
 
 
 async def one_request(session, url: str, body: dict, headers: dict) -> Result:
@@ -69,13 +71,13 @@ async def one_request(session, url: str, body: dict, headers: dict) -> Result:
     t0 = time.perf_counter()
     last = None
     try:
-        async with session.post(url, json=body, headers=headers) as resp:
-            if resp.status != 200:
-                res.error = f"HTTP {resp.status}: {(await resp.read()).decode()[:200]}"
+        async with session.stream("POST", url, json=body, headers=headers) as resp:
+            if resp.status_code != 200:
+                res.error = f"HTTP {resp.status_code}: {(await resp.aread()).decode()[:200]}"
                 return res
-            async for raw in resp.content:  # one server-sent-events line at a time
+            async for raw in resp.aiter_lines():  # one server-sent-events line at a time
                 line = raw.strip()
-                if not line.startswith(b"data: ") or line == b"data: [DONE]":
+                if not line.startswith("data: ") or line == "data: [DONE]":
                     continue
                 chunk = json.loads(line[6:])
                 if "error" in chunk:
@@ -105,8 +107,8 @@ async def server_ttft_totals(session, base_url: str, headers: dict) -> tuple[flo
     """(sum of seconds, count) of the server's time-to-first-token histogram over all its label sets; None when
     the server has no such metric (parsed by hand: the load generator needs no Prometheus library)."""
     try:
-        async with session.get(base_url.rsplit("/v1", 1)[0] + "/metrics", headers=headers) as resp:
-            text = await resp.text() if resp.status == 200 else ""
+        resp = await session.get(base_url.rsplit("/v1", 1)[0] + "/metrics", headers=headers)
+        text = resp.text if resp.status_code == 200 else ""
     except Exception:  # no /metrics: the report just lacks the server's view
         return None
     totals, found = [0.0, 0.0], False
@@ -119,17 +121,43 @@ async def server_ttft_totals(session, base_url: str, headers: dict) -> tuple[flo
     return (totals[0], totals[1]) if found else None
 
 
-async def run(args, reqs: list[tuple[list[int], int]]) -> tuple[list[Result], float, float | None]:
-    import aiohttp  # vllm bench serve's client too: ~1.5 ms less per request than httpx's on an H200 host
+async def vocab_limit(session, base_url: str, model: str, headers: dict, want: int) -> int:
+    """The largest id <= ``want`` the server's vocabulary holds: ``/detokenize`` refuses (4xx) an id past it, so a
+    binary search finds the edge in ~14 requests. A server without the route (or that decodes any id) gets ``want``."""
+    url = base_url.rsplit("/v1", 1)[0] + "/detokenize"
 
+    async def known(token: int) -> bool:
+        r = await session.post(url, json={"model": model, "tokens": [token]}, headers=headers)
+        return r.status_code == 200
+
+    if not await known(0) or await known(want):
+        return want
+    lo, hi = 0, want  # known(lo), not known(hi)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if await known(mid) else (lo, mid)
+    return lo
+
+
+async def run(args, reqs: list[tuple[list[int], int]]) -> tuple[list[Result], float, float | None]:
+    # httpx (the [test] extra's): on the H200 host it added ~1.5 ms to each TTFT against aiohttp (log 38c)
+    try:
+        import httpx
+    except ImportError:
+        sys.exit("benchmarks/serve.py needs httpx: pip install httpx (or the checkout's -e '.[test]')")
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
-    connector = aiohttp.TCPConnector(limit=0)  # no cap on connections: --max-concurrency is the only gate
-    timeout = aiohttp.ClientTimeout(total=None, sock_connect=60)
-    async with aiohttp.ClientSession(connector=connector, timeout=timeout, read_bufsize=1 << 20) as session:
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)  # --max-concurrency is the gate
+    timeout = httpx.Timeout(None, connect=60)
+    async with httpx.AsyncClient(limits=limits, timeout=timeout) as session:
         model = args.model
         if model is None:
-            async with session.get(args.base_url + "/models", headers=headers) as r:
-                model = (await r.json())["data"][0]["id"]
+            r = await session.get(args.base_url + "/models", headers=headers)
+            r.raise_for_status()
+            model = r.json()["data"][0]["id"]
+        if args.max_token_id is None:
+            args.max_token_id = await vocab_limit(session, args.base_url, model, headers, MAX_PROMPT_ID)
+            print(f"prompt ids    0..{args.max_token_id} (the server's vocabulary, by /detokenize)", flush=True)
+        reqs = [([t % (args.max_token_id + 1) for t in p], n) for p, n in reqs]
         url = args.base_url + "/completions"
         bodies = [
             {
@@ -207,7 +235,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--random-range-ratio", type=float, default=0.0, help="random: lengths from [len*(1-r), len]")
     p.add_argument("--temperature", type=float, default=0.6, help="sampling temperature (W1's 0.6)")
     p.add_argument("--scale", type=int, default=1, help="w1: divide every length by S (smoke runs)")
-    p.add_argument("--max-token-id", type=int, default=10000, help="prompt ids wrap above this (vocab size - 1)")
+    p.add_argument(
+        "--max-token-id",
+        type=int,
+        default=None,
+        help=f"prompt ids wrap above this (default: the server's vocabulary, at most {MAX_PROMPT_ID})",
+    )
     p.add_argument("--seed", type=int, default=0, help="random dataset and arrival times")
     return p.parse_args(argv)
 
