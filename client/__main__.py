@@ -3,13 +3,31 @@
 from __future__ import annotations
 
 import argparse
+import socket
 import sys
 
 from client.client import DEFAULT_ADDRESS, Client
+from client.liveness import DEFAULT_CONNECT_TIMEOUT_S
 from protocol.codec import ProtocolError
 from protocol.errors import EngineDeadError, OverloadedError, RequestError
 from protocol.sampling_params import SamplingParams
 from settings.env import settings
+
+
+def refused(address: str, timeout: float) -> bool:
+    """Whether a TCP ``address`` refuses connections (nothing listens there): said at once, where ZMQ would retry
+    silently until the connect timeout. Anything else (a slow host, ipc://) is left to the client's own wait."""
+    scheme, _, rest = address.partition("://")
+    host, _, port = rest.rpartition(":")
+    if scheme != "tcp" or not port.isdigit() or host in ("", "*"):
+        return False
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
+    except ConnectionRefusedError:
+        return True
+    except OSError:
+        pass
+    return False
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -64,20 +82,31 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         p.error(str(e))
     out = sys.stdout
+    connect_timeout = min(args.timeout, DEFAULT_CONNECT_TIMEOUT_S)  # no server: said within --timeout
+    if refused(args.address, connect_timeout):
+        print(
+            f"error: no server at {args.address} (connection refused); start one with: python launch.py",
+            file=sys.stderr,
+        )
+        return 1
+    streamed = False  # an error after some text ends its line first
     try:
-        with Client(args.address, timeout=args.timeout, token=args.token) as client:
+        with Client(args.address, timeout=args.timeout, token=args.token, connect_timeout=connect_timeout) as client:
             with client.stream(" ".join(args.prompt), params) as stream:
                 for delta in stream:
                     out.write(delta.text)
                     out.flush()
+                    streamed = True
                     if delta.finish_reason is not None:
                         out.write("\n")
                         print(f"[finish_reason={delta.finish_reason}]", file=sys.stderr)
     except KeyboardInterrupt:
         out.write("\n")
         return 130
-    except (RequestError, EngineDeadError, OverloadedError, ProtocolError, TimeoutError) as e:
-        print(f"\nerror: {type(e).__name__}: {e}", file=sys.stderr)
+    except (RequestError, EngineDeadError, OverloadedError, ProtocolError, TimeoutError, ConnectionError) as e:
+        if streamed:
+            out.write("\n")
+        print(f"error: {type(e).__name__}: {e}", file=sys.stderr)
         return 1
     return 0
 
