@@ -26,13 +26,7 @@ NEEDS_GPU = {
     "benchmarks.attention_kernels": [],
     "benchmarks.decode_gemm": [],
     "benchmarks.profile_step": [],
-    "benchmarks.probes.lt_algos": [],
-    "benchmarks.probes.lt_fp8_algos": [],
-    "benchmarks.probes.fp8_scalings": [],
-    "benchmarks.probes.fp8_gemv_prequant": [],
-    "benchmarks.probes.gemv_compute": [],
-    "benchmarks.probes.pc_sampling": [],
-    "benchmarks.probes.pdl_chain": [],
+    "benchmarks.pc_sampling": [],
     "benchmarks.throughput": ["--workload", "W2", "--shape", "tiny", "--device", "cuda"],
 }
 NO_CUDA = not torch.cuda.is_available()

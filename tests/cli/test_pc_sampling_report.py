@@ -1,4 +1,4 @@
-"""benchmarks/probes/pc_sampling.py's report, read from a profile in the shape proton writes (a call tree of kernels,
+"""benchmarks/pc_sampling.py's report, read from a profile in the shape proton writes (a call tree of kernels,
 their source lines as ``file:line@kernel`` children, one node per device after it)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import json
 import subprocess
 import sys
 
-from benchmarks.probes.pc_sampling import kernel_samples, summarize
+from benchmarks.pc_sampling import kernel_samples, summarize
 from tests.support.processes import ROOT
 from tests.support.timeouts import START_S
 
@@ -56,6 +56,6 @@ def test_report_ranks_kernels_and_lines_by_share():
 def test_a_saved_profile_is_summarized_without_a_gpu(tmp_path):
     path = tmp_path / "pcs.hatchet"
     path.write_text(json.dumps(TREE))
-    cmd = [sys.executable, "-m", "benchmarks.probes.pc_sampling", "--summarize", str(path)]
+    cmd = [sys.executable, "-m", "benchmarks.pc_sampling", "--summarize", str(path)]
     out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=START_S)
     assert out.returncode == 0 and out.stdout == summarize(TREE) + "\n", out.stderr

@@ -1,9 +1,9 @@
-"""benchmarks/probes/schedule_step.py: the real scheduler decodes every sequence every step under async scheduling
+"""benchmarks/schedule_step.py: the real scheduler decodes every sequence every step under async scheduling
 (the probe asserts it for each timed step), and the probe reports its JSON."""
 
 import json
 
-from benchmarks.probes.schedule_step import main
+from benchmarks.schedule_step import main
 
 
 def test_the_probe_times_decode_steps_of_every_sequence(capsys):

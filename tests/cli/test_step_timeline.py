@@ -1,6 +1,6 @@
-"""benchmarks/probes/step_timeline.py's ledger: each kernel charged only the time it adds to the critical path."""
+"""benchmarks/step_timeline.py's ledger: each kernel charged only the time it adds to the critical path."""
 
-from benchmarks.probes.step_timeline import critical_path
+from benchmarks.step_timeline import critical_path
 
 
 def test_overlapping_kernels_are_charged_their_share_and_gaps_the_kernel_after():

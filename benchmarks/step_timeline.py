@@ -1,14 +1,14 @@
 """Which kernels a pipelined decode step waits on, with PDL on (GPU only): each kernel's share of the step's
 critical path, not its own duration.
 
-    python -m benchmarks.probes.step_timeline --shape qwen3-8b --quantization fp8 [--batch 1] [--context 512]
+    python -m benchmarks.step_timeline --shape qwen3-8b --quantization fp8 [--batch 1] [--context 512]
 
 Under PDL a kernel is scheduled while the one in front still runs, so kernel durations overlap and their sum says
-little. This probe walks one profiled window's kernels in start order and charges each the time by which it moved
+little. It walks one profiled window's kernels in start order and charges each the time by which it moved
 the device's frontier (the latest end so far): ``ahead`` is that share, ``idle`` the gap before it when nothing
 ran. Kernels are named by their function and, for the GEMVs, by their neighbours (qkv sits between a norm and the
 q/k norm + RoPE, down behind the SiLU), so the four products of a layer are told apart. The shares add up to
-the window; the ``ms/step`` the probe also prints without the profiler says how much the profiler stretches it.
+the window; the ``ms/step`` it also prints without the profiler says how much the profiler stretches it.
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """Where the GPU's warps stall, per kernel and per source line: CUPTI PC sampling through Triton's proton
 (``backend="cupti", mode="pcsampling"``) over decode steps of a ModelRunner in this process (random weights).
 
-    python -m benchmarks.probes.pc_sampling --shape qwen3-8b --batch 256 --context 1100 \\
+    python -m benchmarks.pc_sampling --shape qwen3-8b --batch 256 --context 1100 \\
         [--quantization fp8] [--kv-cache-dtype fp8] [--steps 20] [--out pcs.hatchet]
-    python -m benchmarks.probes.pc_sampling --summarize pcs.hatchet      # a saved profile, no GPU needed
+    python -m benchmarks.pc_sampling --summarize pcs.hatchet      # a saved profile, no GPU needed
 
 Prints the kernels by share of the samples with their main stall reasons, then the lines of the top kernels (our
 Triton kernels; library kernels have no lines). Reading it: ``selected`` is issuing (high: instruction-bound),

@@ -8,7 +8,7 @@ ids from a raw-socket client, then the same requests through the ZMQ ``AsyncClie
 the difference of their time to the first event is the front-end's (HTTP parsing, FastAPI, the hop to the
 coordinator and back, the event's encoding). Prints p50 and mean of each, the last line JSON.
 
-    python -m benchmarks.probes.http_overhead [--requests 300] [--rounds 3]
+    python -m benchmarks.http_overhead [--requests 300] [--rounds 3]
 """
 
 from __future__ import annotations

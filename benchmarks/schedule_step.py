@@ -5,7 +5,7 @@ The coordinator's real ``Scheduler`` and ``BlockManager`` (prefix caching on) ru
 does. Once every prompt is in, it times ``schedule()`` over decode-only steps. Prints the time a step and a
 sequence, the last line JSON.
 
-    python -m benchmarks.probes.schedule_step [--seqs 256] [--steps 300]
+    python -m benchmarks.schedule_step [--seqs 256] [--steps 300]
 """
 
 from __future__ import annotations
