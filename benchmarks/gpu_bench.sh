@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call: the throughput workloads in sequence, each bounded; JSON lines to $OUT/bench.jsonl, table last.
-# usage: bash benchmarks/gpu_bench.sh "W1 --shape qwen3-0.6b" "NANOSERVE_DECODE_GEMM=0 W2 --shape qwen3-8b" ...
+# usage: bash benchmarks/gpu_bench.sh "W1 --shape qwen3-0.6b" "NANOSERVE_PDL=0 W2 --shape qwen3-8b" ...
 # (leading NAME=value words of a spec are set in that run's environment)
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
