@@ -77,16 +77,19 @@ def resolve(name: str, revision: str = "", cache_dir: str = "", what: str = MODE
     except ValueError:
         raise ModelSourceError(f"no directory {name!r}, and it is not a Hugging Face Hub id (org/name)") from None
     cache = str(Path(cache_dir or constants.HF_HUB_CACHE).expanduser())
-    where = f"no directory {name!r}, and {_shown(name, revision)} is not in the Hugging Face cache {cache}"
-    snapshot = _cached(name, revision, cache)
-    missing = _missing(snapshot, what) if snapshot else None
+    snapshot, missing = _cached(name, revision, cache, what)
     if snapshot and not missing:
         return snapshot
     if constants.HF_HUB_OFFLINE:
-        lacks = f" (its snapshot {snapshot} lacks {missing})" if snapshot else ""
+        shown = _shown(name, revision)
+        found = (
+            f"the snapshot of {shown} in the Hugging Face cache {cache} lacks {missing} ({snapshot})"
+            if snapshot
+            else f"{shown} is not in the Hugging Face cache {cache}"
+        )
         raise ModelSourceError(
-            f"{where}{lacks}; HF_HUB_OFFLINE is set, so nothing is downloaded: download it online once "
-            f"(`hf download {name}`), or set HF_HOME (or --download-dir) to the cache that holds it"
+            f"no directory {name!r}, and {found}; HF_HUB_OFFLINE is set, so nothing is downloaded: download it "
+            f"online once (`hf download {name}`), or set HF_HOME (or --download-dir) to the cache that holds it"
         )
     snapshot = _download(name, revision, cache, what)
     missing = _missing(snapshot, what)
@@ -99,15 +102,21 @@ def _shown(name: str, revision: str) -> str:
     return f"{name!r} at revision {revision!r}" if revision else repr(name)
 
 
-def _cached(name: str, revision: str, cache: str) -> str | None:
-    """The cached snapshot of ``name`` at ``revision`` (a branch, a tag or a commit), or None; no network."""
+def _cached(name: str, revision: str, cache: str, what: str) -> tuple[str | None, str]:
+    """The cached snapshot of ``name`` at ``revision`` (a branch, a tag or a commit) and what it lacks ('' =
+    nothing), or (None, '') when there is none; no network."""
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import LocalEntryNotFoundError
 
-    try:  # IncompleteSnapshotError (huggingface_hub's tree listing knows files are missing) is one of these
-        return snapshot_download(name, revision=revision or None, cache_dir=cache, local_files_only=True)
-    except LocalEntryNotFoundError:
-        return None
+    try:  # only our patterns: huggingface_hub's listing of the repo also names files never fetched (*.bin ...)
+        snapshot = snapshot_download(
+            name, revision=revision or None, cache_dir=cache, local_files_only=True, allow_patterns=META_PATTERNS
+        )
+    except LocalEntryNotFoundError as e:
+        # IncompleteSnapshotError (a LocalEntryNotFoundError): the listing names files of ours that are not there
+        partial = getattr(e, "snapshot_path", None)
+        return (partial, "files its listing names (an interrupted download?)") if partial else (None, "")
+    return snapshot, _missing(snapshot, what)
 
 
 def _missing(snapshot: str, what: str) -> str:

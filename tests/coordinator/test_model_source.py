@@ -82,7 +82,10 @@ def test_offline_a_snapshot_without_weights_says_what_it_lacks(cache, monkeypatc
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
     snapshot = repo_folder(cache, "some-org/tiny") / "snapshots" / MAIN
     (snapshot / "model.safetensors").unlink()
-    with pytest.raises(EngineArgError, match=r"its snapshot .* lacks \*\.safetensors weights"):
+    with pytest.raises(
+        EngineArgError,
+        match=r"the snapshot of 'some-org/tiny' in the Hugging Face cache .* lacks \*\.safetensors weights",
+    ):
         _config(cache, model="some-org/tiny")
     assert resolve("some-org/tiny", "", str(cache), "tokenizer") == str(snapshot)  # a tokenizer needs no weights
 
