@@ -83,7 +83,8 @@ def test_llm_resolves_a_hub_id_at_a_revision(offline_env, hf_home):
     """LLM(...) in a process of its own: HF_HOME and HF_HUB_OFFLINE are read when huggingface_hub is imported."""
     script = (
         "import json; from nanoserve import LLM, SamplingParams\n"
-        f"with LLM({REPO!r}, revision='v2', device='cpu', dtype='float32', num_kv_blocks=64) as llm:\n"
+        "kw = dict(device='cpu', dtype='float32', num_kv_blocks=64, trust_remote_code=True)\n"
+        f"with LLM({REPO!r}, revision='v2', **kw) as llm:\n"
         "    out = llm.generate(['def hello('], SamplingParams(temperature=0, max_tokens=4), use_tqdm=False)\n"
         "    print(json.dumps([llm.engine.config.model, llm.engine.vocab_size, len(out[0].outputs[0].token_ids)]))\n"
     )
