@@ -8,6 +8,7 @@ its own environment (HF_HOME, HF_HUB_CACHE, HF_HUB_OFFLINE, HF_TOKEN, HF_ENDPOIN
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 from pathlib import Path
@@ -148,22 +149,49 @@ def _download(name: str, revision: str, cache: str, what: str) -> str:
 
     log.info("downloading %s from the Hugging Face Hub into %s", _shown(name, revision), cache)
     try:
-        snapshot = snapshot_download(name, revision=revision or None, cache_dir=cache, allow_patterns=META_PATTERNS)
-        if what == MODEL:
-            names = _indexed_weights(Path(snapshot))
-            patterns, ignore = (sorted(names), None) if names is not None else (["*.safetensors"], ["*/*"])
-            # the commit the first call resolved: both calls read one snapshot, even if the branch moves meanwhile
-            commit = Path(snapshot).name
-            snapshot = snapshot_download(
-                name, revision=commit, cache_dir=cache, allow_patterns=patterns, ignore_patterns=ignore
-            )
+        with _quiet_http():
+            snapshot = snapshot_download(name, revision=revision or None, cache_dir=cache, allow_patterns=META_PATTERNS)
+            if what == MODEL:
+                names = _indexed_weights(Path(snapshot))
+                patterns, ignore = (sorted(names), None) if names is not None else (["*.safetensors"], ["*/*"])
+                # the commit the first call resolved: both calls read one snapshot, even if the branch moves
+                commit = Path(snapshot).name
+                snapshot = snapshot_download(
+                    name, revision=commit, cache_dir=cache, allow_patterns=patterns, ignore_patterns=ignore
+                )
     except Exception as e:  # not found, gated, no network: one line naming the id, whatever the cause
-        detail = str(e).strip().splitlines()[0] if str(e).strip() else ""
         raise ModelSourceError(
             f"no directory {name!r}, and {_shown(name, revision)} could not be fetched from the Hugging Face Hub "
-            f"into {cache}: {type(e).__name__}: {detail} (a gated or private model needs HF_TOKEN)"
+            f"into {cache}: {_why(e, revision)}"
         ) from e
     return snapshot
+
+
+def _why(e: Exception, revision: str) -> str:
+    from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError, RevisionNotFoundError
+
+    if isinstance(e, GatedRepoError):
+        return "it is gated: accept its terms on the Hub and set HF_TOKEN"
+    if isinstance(e, RepositoryNotFoundError):
+        return "the Hub has no such repository (a private one needs HF_TOKEN)"
+    if isinstance(e, RevisionNotFoundError):
+        return f"the repository has no revision {revision!r}"
+    text = str(e).strip()
+    return f"{type(e).__name__}: {text.splitlines()[0] if text else ''}"
+
+
+@contextlib.contextmanager
+def _quiet_http():
+    """No INFO line per HTTP request from the Hub client's HTTP library while we download."""
+    loggers = [logging.getLogger(n) for n in ("httpx", "httpx2", "httpcore")]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(max(lg.getEffectiveLevel(), logging.WARNING))
+    try:
+        yield
+    finally:
+        for lg, level in zip(loggers, levels):
+            lg.setLevel(level)
 
 
 def served_model_name(model: str) -> str:

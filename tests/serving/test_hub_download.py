@@ -97,4 +97,4 @@ def test_an_id_the_hub_does_not_have_is_one_clear_error(hub, tmp_path):
     errors = [line for line in out.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "Traceback" not in out.stderr, out.stderr[-4000:]
     assert "'some-org/nowhere' could not be fetched from the Hugging Face Hub" in errors[0]
-    assert "RepositoryNotFoundError" in errors[0]
+    assert errors[0].endswith("the Hub has no such repository (a private one needs HF_TOKEN)")
