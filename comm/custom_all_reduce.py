@@ -115,12 +115,8 @@ def init_custom_all_reduce(
 def _init_fused(nbytes: int, dtype: torch.dtype, device: torch.device, group) -> None:
     """Collective: the fused all-reduce + RMSNorm's buffer (two halves of ``nbytes``), or None where it cannot be
     set up (symmetric memory itself works here: init_custom_all_reduce got this far)."""
-    reason = None
-    if not settings().fused_all_reduce:
-        reason = "NANOSERVE_FUSED_ALL_REDUCE=0"
-    buf, fused = None, None
-    if reason is None:
-        buf, reason = _allocate(2 * nbytes, dtype, device)
+    fused = None
+    buf, reason = _allocate(2 * nbytes, dtype, device)
     if _all_ranks_ok(reason is None, device, group):
         try:
             import torch.distributed._symmetric_memory as symm_mem

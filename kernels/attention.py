@@ -23,8 +23,6 @@ from dataclasses import dataclass
 
 import torch
 
-from settings.env import settings
-
 
 @dataclass(slots=True)
 class AttentionMetadata:
@@ -106,7 +104,7 @@ def value_cache(v: torch.Tensor) -> torch.Tensor:
     16-bit; e4m3 stores each page as [kv heads, head_dim, page] instead (keys contiguous), returned as a view of the
     usual shape. The P.V dot wants each value's keys side by side, which an 8-bit [keys, head_dim] tile holds only
     after byte-wise transposes (40% of the decode kernel's instructions; 250 registers a thread instead of 128)."""
-    if not is_fp8(v) or not settings().fp8_v_keys:
+    if not is_fp8(v):
         return v
     blocks, page, heads, dim = v.shape
     return v.as_strided(v.shape, (heads * dim * page, 1, dim * page, page), v.storage_offset())

@@ -24,12 +24,10 @@ import triton.language as tl
 
 from kernels.fused import residual_added, rms_normalized
 from kernels.pdl import pdl_enter, use_pdl
-from settings.env import settings
 
 MAX_ROWS = 16  # tl.dot's smallest M; more rows go to cuBLAS
 GEMV_MAX_ROWS = 8  # the GEMV kernel unrolls its rows
 _GEMV_SLICE = 8192  # weight elements per GEMV program (16 KB in bf16): the best of 8-32 KB on an H200
-_DISABLED = not settings().decode_gemm  # NANOSERVE_DECODE_GEMM=0: cuBLAS for every shape
 # A GEMV that takes the add + RMSNorm in front of it norms the row in every program: programs x K past this cost
 # more than the norm's own launch (H200, W2: Qwen3-30B-A3B's qkv, 1,280 x 2,048, -1.4%; Qwen3-8B's qkv and gate/up,
 # 3,072 and 12,288 x 4,096, +3.1%)
@@ -157,9 +155,7 @@ def decode_linear_tiles(x: torch.Tensor, w: torch.Tensor) -> Tiles | None:
       products with K > 4096;
     - cuBLAS for everything else.
     """
-    if _DISABLED or not (
-        x.is_cuda and x.dim() == 2 and x.dtype in (torch.float16, torch.bfloat16) and w.dtype == x.dtype
-    ):
+    if not (x.is_cuda and x.dim() == 2 and x.dtype in (torch.float16, torch.bfloat16) and w.dtype == x.dtype):
         return None
     m, k = x.shape
     n = w.shape[0]

@@ -20,9 +20,7 @@ import triton.language as tl
 
 from kernels.fp8_quant import FP8_MAX, MIN_AMAX
 from kernels.pdl import pdl_enter, use_pdl
-from settings.env import settings
 
-_F16_SUMS = settings().fp8_f16_sums
 MAX_ROWS = 4  # rows the kernel unrolls; fp8_linear sends it fewer (kernels/fp8_gemm.py GEMV_ROWS)
 _MAX_BLOCK_K = 4096
 
@@ -182,7 +180,7 @@ def fp8_gemv(
     weight scales [N / block[0], K / block[1]]. ``slice_bytes``, ``max_block_k``: weight per program and step and
     its width (gemv_tiles; None: ``default_tiling``).
     ``f16_sums`` (per-channel scales): multiply and sum runs of 8 in float16, fewer conversions per weight byte; a
-    GEMM rounding of its own, under bf16's output rounding (None: for 16-bit rows, unless NANOSERVE_FP8_F16_SUMS=0).
+    GEMM rounding of its own, under bf16's output rounding (None: for 16-bit or e4m3 rows; float32 rows sum in float32).
     ``x_scales`` [M] (per-channel scales): ``x`` is e4m3, already quantized by these per-token scales."""
     m, k = x.shape
     n = w_q.shape[0]
@@ -191,7 +189,7 @@ def fp8_gemv(
     default_slice, default_width = default_tiling(x.dtype, k, block)
     block_n, block_k = gemv_tiles(k, block, slice_bytes or default_slice, max_block_k or default_width)
     if f16_sums is None:
-        f16_sums = _F16_SUMS and (x_scales is not None or x.dtype != torch.float32)
+        f16_sums = x_scales is not None or x.dtype != torch.float32
     pdl = use_pdl(x)
     _fp8_gemv_kernel[(triton.cdiv(n, block_n),)](
         x,

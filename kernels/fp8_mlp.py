@@ -18,18 +18,15 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels import fp8_rescale
 from kernels.fp8_gemm import GEMV_ROWS, quantized_linear
 from kernels.fp8_quant import FP8_MAX, MIN_AMAX, quantize_rows
 from kernels.pdl import pdl_enter, use_pdl
 from kernels.scaled_mm import unscaled_mm, uses_scaled_mm
-from settings.env import settings
 
 # a one-row program's columns at once (32 warps); more rows take a Qwen3-8B row (12,288) in one pass as 8,192 + 4,096
 # columns in 16 warps (52 registers, 2 programs an SM; a 16,384-column block took 98, one program an SM): 256 rows
 # 15.0 -> 11.7 us, 8,192 rows (prefill) 256 -> 212 us against two passes over 2,048-column slices
 _BLOCK = 16384
-_ENABLED = settings().fp8_fused_mlp  # NANOSERVE_FP8_FUSED_MLP=0: the unfused kernels
 
 
 @triton.jit
@@ -204,9 +201,7 @@ def applies(m: int, gate_up: torch.Tensor, down: torch.Tensor) -> bool:
     """Whether an ``m``-row MLP of these per-channel e4m3 weights (gate/up [2N, K], down [H, N]) takes this path."""
     n2, k = gate_up.shape
     return (
-        _ENABLED
-        and fp8_rescale.ENABLED
-        and m > GEMV_ROWS
+        m > GEMV_ROWS
         and uses_scaled_mm(n2, k, None, gate_up.device)
         and uses_scaled_mm(down.shape[0], down.shape[1], None, down.device)
     )

@@ -19,13 +19,11 @@ import triton.language as tl
 
 from kernels.pdl import pdl_enter, use_pdl
 from kernels.scaled_mm import unscaled_mm
-from settings.env import settings
 
 # past this, rowwise scales: at prefill sizes the rescale's bytes cost more than the scalar product saves. 256 since
 # the norm quantizes the rows (log 33b: W1 FP8 +2.1% over 128; unscaled at every size -0.6% against 256)
 MAX_ROWS = 256
 _BLOCK_N, _ROWS = 1024, 4  # a program's columns and rows
-ENABLED = settings().fp8_scalar_gemm  # NANOSERVE_FP8_SCALAR_GEMM=0: rowwise scales at every row count
 
 
 # M (the step's rows) is not specialized: a new row count does not recompile. N is: its divisibility by 16 (every N
@@ -106,8 +104,8 @@ def rescale_(out: torch.Tensor, x_s: torch.Tensor, w_s: torch.Tensor, bias: torc
 
 
 def applies(m: int) -> bool:
-    """Whether an ``m``-row per-channel product takes this path (NANOSERVE_FP8_SCALAR_GEMM=0: never)."""
-    return ENABLED and m <= MAX_ROWS
+    """Whether an ``m``-row per-channel product takes this path (more rows: cuBLASLt's rowwise scales)."""
+    return m <= MAX_ROWS
 
 
 def scalar_scaled_linear(

@@ -21,9 +21,6 @@ from kernels.fp8_gemm import GEMV_ROWS
 from kernels.fp8_quant import quantize_rows
 from kernels.fp8_rescale import Unscaled
 from kernels.scaled_mm import unscaled_mm, uses_scaled_mm
-from settings.env import settings
-
-ENABLED = settings().fp8_folded_scales  # NANOSERVE_FP8_FOLDED_SCALES=0: the layers' own forward
 
 
 def _linears(layer: nn.Module) -> tuple[nn.Module, ...] | None:
@@ -36,7 +33,7 @@ def _linears(layer: nn.Module) -> tuple[nn.Module, ...] | None:
 
 def _takes_model(layers: nn.ModuleList) -> bool:
     """Every layer dense, its four products per-channel FP8 without a bias; one rank."""
-    if not (ENABLED and fp8_rescale.ENABLED) or tp_size() != 1 or len(layers) == 0:
+    if tp_size() != 1 or len(layers) == 0:
         return False
     for layer in layers:
         linears = _linears(layer)

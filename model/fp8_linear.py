@@ -23,10 +23,6 @@ from kernels.fp8_gemm import GEMV_ROWS, fp8_linear, quantized_linear
 from kernels.scaled_mm import uses_scaled_mm
 from model.fp8 import FP8, Fp8Config, emulated_linear, quantize_blocks, quantize_per_channel
 from model.linear import LinearBase, Shard
-from settings.env import settings
-
-_QUANTIZED_ROWS = settings().fp8_quantized_rows
-_NORM_QUANTIZES = settings().fp8_norm_quantizes
 
 
 class Fp8LinearMethod:
@@ -57,8 +53,7 @@ class Fp8LinearMethod:
         """Whether the kernel in front of ``layer`` quantizes its input row for the GEMV (one 16-bit row, CUDA,
         per-channel scales): the GEMV's programs then read e4m3 and a scale, not each the row's amax and scaling."""
         return (
-            _QUANTIZED_ROWS
-            and self._quantizable_rows(x)
+            self._quantizable_rows(x)
             and 0 < x.shape[0] <= GEMV_ROWS
             and fp8_gemv.supports(x.shape[0], layer.weight.shape[1], None)
         )
@@ -67,8 +62,7 @@ class Fp8LinearMethod:
         """Whether the RMSNorm in front of ``layer`` quantizes 2+ 16-bit rows for its cuBLASLt product (CUDA,
         per-channel scales): one pass over the rows instead of the norm's and the quantization's."""
         return (
-            _NORM_QUANTIZES
-            and self._quantizable_rows(x)
+            self._quantizable_rows(x)
             and x.shape[0] > GEMV_ROWS
             and uses_scaled_mm(layer.weight.shape[0], layer.weight.shape[1], None, x.device)
         )

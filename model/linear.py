@@ -14,9 +14,6 @@ from torch import nn
 from comm.parallel import all_reduce, partial_sum_buffer, tp_rank, tp_size
 from kernels import cublaslt, cublaslt_tune
 from kernels.decode_gemm import decode_linear, decode_linear_add_norm, decode_linear_tiles, norm_gemv_tiles
-from settings.env import settings
-
-_NORM_GEMV = settings().gemv_norm
 
 
 def check_shape(param: torch.Tensor, loaded: torch.Tensor, what: str = "") -> None:
@@ -97,10 +94,8 @@ class LinearBase(nn.Module):
         caller norms first."""
         if not self.takes_norm(x, residual):
             return None
-        if self.quant is not None:  # NANOSERVE_FP8_QUANTIZED_ROWS switches this one
+        if self.quant is not None:
             return self.quant.apply_add_norm(self, x, residual, norm)
-        if not _NORM_GEMV:
-            return None
         tiles = norm_gemv_tiles(x, self.weight)
         return None if tiles is None else decode_linear_add_norm(x, residual, norm.weight, norm.eps, self.weight, tiles)
 

@@ -18,7 +18,6 @@ from kernels.moe_decode import decode_experts, moe_decode, uses_moe_decode
 from kernels.moe_norm_route import norm_route
 from model.layers import RMSNorm
 from model.linear import LinearBase, check_shape
-from settings.env import settings
 
 # checkpoint projection of one expert -> (stacked parameter, block of rows in it: 0 = gate, 1 = up)
 EXPERT_PROJECTIONS = {"gate_proj": ("w13_weight", 0), "up_proj": ("w13_weight", 1), "down_proj": ("w2_weight", None)}
@@ -104,7 +103,6 @@ class SparseMoeBlock(nn.Module):
         super().__init__()
         self.gate = LinearBase(hidden, num_experts, bias=False)
         self.experts = FusedMoE(num_experts, top_k, hidden, intermediate, renormalize)
-        self.fused_front = settings().moe_norm_route  # the one-launch front, on CUDA
         self.front_on_cpu = False  # tests set it to run the front in Triton's interpreter on CPU tensors
         # the one-launch front's ticket (kernels/moe_norm_route.py): zero between launches, one per layer
         self.register_buffer("route_ticket", torch.zeros(1, dtype=torch.int32), persistent=False)
@@ -119,7 +117,7 @@ class SparseMoeBlock(nn.Module):
         router and routing as one launch (kernels/moe_norm_route.py) where that applies (CUDA, one rank, a decode
         batch of a few tokens, a plain 16-bit router; on the CPU only where a test asks); None elsewhere,
         for the caller to run them apart."""
-        if not (self.fused_front and (hidden.is_cuda or self.front_on_cpu)):
+        if not (hidden.is_cuda or self.front_on_cpu):
             return None
         router = self.gate
         plain_router = router.bias is None and router.weight.dtype == hidden.dtype  # unbiased, not quantized

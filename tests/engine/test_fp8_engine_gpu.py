@@ -150,7 +150,7 @@ def test_folded_scales_give_the_same_logits(shape, kv, tmp_path, monkeypatch):
     monkeypatch.setattr(fp8_folded, "layer_forward", lambda *a: taken.append(a[2]) or layer_forward(*a))
     folded = decode_logits(model_dir, quantization="fp8", kv_cache_dtype=kv)
     assert len(taken) == 2 * 5  # two layers, five steps
-    monkeypatch.setattr(fp8_folded, "ENABLED", False)
+    monkeypatch.setattr(fp8_folded, "_takes_model", lambda layers: False)  # the path TP > 1 and MoE models take
     unfolded = decode_logits(model_dir, quantization="fp8", kv_cache_dtype=kv)
     assert len(taken) == 10
     for a, b in zip(folded, unfolded, strict=True):

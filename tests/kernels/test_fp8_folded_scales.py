@@ -112,5 +112,3 @@ def test_folded_layers_only_where_every_product_is_per_channel_fp8(tiny_untied, 
     with monkeypatch.context() as m:
         m.setattr(o_proj, "bias", torch.nn.Parameter(torch.zeros(o_proj.weight.shape[0]), requires_grad=False))
         assert not fp8_folded._takes_model(layers)
-    monkeypatch.setattr(fp8_folded, "ENABLED", False)  # NANOSERVE_FP8_FOLDED_SCALES=0
-    assert not fp8_folded._takes_model(layers)

@@ -172,8 +172,9 @@ def test_block_scaled_cublaslt_call_pads_rows_to_a_multiple_of_4(m, monkeypatch)
 
 
 def test_rowwise_cublaslt_call_adds_the_bias_after(monkeypatch):
-    """Per-channel weights with a bias (Qwen2's q/k/v): fp8_linear gives cuBLASLt no bias and adds it after."""
-    monkeypatch.setattr(fp8_rescale, "ENABLED", False)  # NANOSERVE_FP8_SCALAR_GEMM=0: the rowwise call at any rows
+    """Per-channel weights with a bias (Qwen2's q/k/v): fp8_linear gives cuBLASLt no bias and adds it after (the
+    rowwise call: more rows than the scalar-scaled product takes)."""
+    rows = fp8_rescale.MAX_ROWS + 1
     called = []
 
     def fake_scaled_mm(x_q, x_s, w_q, w_s, block_, bias, out):
@@ -184,11 +185,11 @@ def test_rowwise_cublaslt_call_adds_the_bias_after(monkeypatch):
     monkeypatch.setattr(fp8_gemm, "uses_scaled_mm", lambda *a: True)
     monkeypatch.setattr(fp8_gemm, "scaled_mm", fake_scaled_mm)
     gen = torch.Generator().manual_seed(9)
-    x = torch.randn(6, 128, generator=gen).to(DEVICE)
+    x = torch.randn(rows, 128, generator=gen).to(DEVICE)
     _, w_q, w_s = weights(48, 128, None, gen)
     b = torch.randn(48, generator=gen).to(DEVICE)
     out = fp8_gemm.fp8_linear(x, w_q, w_s, None, b)
-    assert called == [6] and rel(out, fp8.emulated_linear(x, w_q, w_s, fp8.Fp8Config(), b)) < FMA_TOL
+    assert called == [rows] and rel(out, fp8.emulated_linear(x, w_q, w_s, fp8.Fp8Config(), b)) < FMA_TOL
 
 
 # cuBLASLt's rowwise FP8 writes bfloat16 only: on a GPU the products below take bf16 rows and outputs
@@ -211,11 +212,9 @@ def test_scalar_scaled_product_then_rescale_equals_emulation(bias):
     assert rel(out, fp8.emulated_linear(x.float(), w_q, w_s, fp8.Fp8Config(), b)) < OUT_TOL
 
 
-@pytest.mark.parametrize("switch", ["1", "0"])
-def test_fp8_linear_takes_scalar_scales_up_to_max_rows(switch, monkeypatch):
-    """Per-channel products of 2..MAX_ROWS rows take the scalar-scaled product and the rescale, more rows (or
-    NANOSERVE_FP8_SCALAR_GEMM=0) the rowwise one; each equals the emulation."""
-    monkeypatch.setattr(fp8_rescale, "ENABLED", switch == "1")  # what NANOSERVE_FP8_SCALAR_GEMM sets at import
+def test_fp8_linear_takes_scalar_scales_up_to_max_rows(monkeypatch):
+    """Per-channel products of 2..MAX_ROWS rows take the scalar-scaled product and the rescale, more rows the
+    rowwise one; each equals the emulation."""
     monkeypatch.setattr(fp8_gemm, "uses_scaled_mm", lambda *a: True)
     taken = []
     scalar, rowwise = fp8_rescale.scalar_scaled_linear, scaled_mm.scaled_mm
@@ -227,7 +226,7 @@ def test_fp8_linear_takes_scalar_scales_up_to_max_rows(switch, monkeypatch):
         x = torch.randn(m, 128, generator=gen).to(DEVICE, DTYPE)
         out = fp8_gemm.fp8_linear(x, w_q, w_s, None)
         assert rel(out, fp8.emulated_linear(x.float(), w_q, w_s, fp8.Fp8Config())) < OUT_TOL
-    assert taken == (["scalar", "scalar", "rowwise"] if switch == "1" else ["rowwise"] * 3)
+    assert taken == ["scalar", "scalar", "rowwise"]
 
 
 # ---- CUDA: real shapes --------------------------------------------------------------------------------------

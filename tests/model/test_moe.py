@@ -92,17 +92,12 @@ def test_teacher_forced_logits_match_hf(fixture, request):
     assert close(out[0], refs[1][-1]) < 1e-4
 
 
-@pytest.mark.parametrize("switch", [None, "0"])
-def test_one_launch_front_matches_hf(moe_sparse_step, monkeypatch, switch):
-    """Decode steps of 1-4 tokens run each MoE layer's norm, router and routing as kernels/moe_norm_route.py (on by
-    default; on the CPU only where a test asks, here in Triton's interpreter) and its experts as
-    kernels/moe_decode.py; NANOSERVE_MOE_NORM_ROUTE=0 runs the three launches. The logits stay HF's either way."""
+def test_one_launch_front_matches_hf(moe_sparse_step, monkeypatch):
+    """Decode steps of 1-4 tokens run each MoE layer's norm, router and routing as kernels/moe_norm_route.py (on
+    CUDA; on the CPU only where a test asks, here in Triton's interpreter) and its experts as kernels/moe_decode.py;
+    a prefill runs the three launches. The logits stay HF's either way."""
     import model.moe
 
-    if switch is None:
-        monkeypatch.delenv("NANOSERVE_MOE_NORM_ROUTE", raising=False)
-    else:
-        monkeypatch.setenv("NANOSERVE_MOE_NORM_ROUTE", switch)
     calls = []
     monkeypatch.setattr(model.moe, "norm_route", lambda *a: calls.append(a[0].shape[0]) or norm_route(*a))
     hf = hf_model(moe_sparse_step)
@@ -123,7 +118,7 @@ def test_one_launch_front_matches_hf(moe_sparse_step, monkeypatch, switch):
         for i, p in enumerate(prompts):
             ref = refs[i][len(p) - back]
             assert float((out[i] - ref).abs().max() / ref.abs().max()) < 1e-4
-    assert calls == ([3] * (2 * len(blocks)) if switch is None else [])
+    assert calls == [3] * (2 * len(blocks))
 
 
 def test_greedy_parity_roomy_and_tight(moe_dense_middle):

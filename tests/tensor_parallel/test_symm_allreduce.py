@@ -47,7 +47,6 @@ def test_fused_all_reduce_norm_matches_unfused_under_torchrun():
     cmd += ["--sizes", "1,7,64,300,2049", "--graph-calls", "2", "--replays", "2"]
     env = dict(os.environ)
     env.pop("NANOSERVE_SYMM_MEM", None)  # switches on unless "0" (settings/env.py)
-    env.pop("NANOSERVE_FUSED_ALL_REDUCE", None)
     out = subprocess.run(cmd, env=env, cwd=str(ROOT), capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]
     assert '"bench": "fused_norm"' in out.stdout and '"ok": true' in out.stdout, out.stdout[-4000:]
