@@ -7,7 +7,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from kernels.attention_store import dot_operand, load_keys_contiguous, softmax_tile
+from kernels.attention_store import dot_operand, load_keys_contiguous, slot_offset, softmax_tile
 from kernels.pdl import pdl_enter
 
 
@@ -28,12 +28,8 @@ def _prefill_kernel(
     stride_qh,
     stride_ot,
     stride_oh,
-    stride_kc_b,
-    stride_kc_s,
-    stride_kc_h,
-    stride_vc_b,
-    stride_vc_s,
-    stride_vc_h,
+    k_strides,  # page_strides
+    v_strides,
     stride_bt,
     GROUP: tl.constexpr,  # q heads per kv head
     PAGE: tl.constexpr,  # cache block size
@@ -71,11 +67,11 @@ def _prefill_kernel(
         q = dot_operand(tl.load(q_ptrs, mask=mask_m[:, None] & mask_d[None, :], other=0.0), DOT_F16)
 
         bt_row = block_tables_ptr + seq.to(tl.int64) * stride_bt
-        k_base = k_cache_ptr + kv_head * stride_kc_h + offs_d[None, :]
+        k_base = k_cache_ptr + kv_head * k_strides[2] + offs_d[None, :]
         if V_KEYS:
-            v_base = v_cache_ptr + kv_head * stride_vc_h + offs_d[:, None] * PAGE
+            v_base = v_cache_ptr + kv_head * v_strides[2] + offs_d[:, None] * PAGE
         else:
-            v_base = v_cache_ptr + kv_head * stride_vc_h + offs_d[None, :]
+            v_base = v_cache_ptr + kv_head * v_strides[2] + offs_d[None, :]
 
         m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_M], tl.float32)
@@ -92,8 +88,8 @@ def _prefill_kernel(
             pos_n = start_n + offs_n
             page = tl.load(bt_row + pos_n // PAGE).to(tl.int64)
             in_page = (pos_n % PAGE).to(tl.int64)
-            k = tl.load(k_base + (page * stride_kc_b + in_page * stride_kc_s)[:, None], mask=mask_d[None, :], other=0.0)
-            v_off = page * stride_vc_b + in_page * stride_vc_s  # stride_vc_s = 1 when V_KEYS
+            k = tl.load(k_base + slot_offset(k_strides, page, in_page)[:, None], mask=mask_d[None, :], other=0.0)
+            v_off = slot_offset(v_strides, page, in_page)  # V's slot stride is 1 when V_KEYS
             if V_KEYS:
                 v = tl.trans(load_keys_contiguous(v_base, v_off, mask_d))
             else:
@@ -109,8 +105,8 @@ def _prefill_kernel(
             page = tl.load(bt_row + pos_n // PAGE, mask=pos_n // PAGE < tl.cdiv(kv_len, PAGE), other=0).to(tl.int64)
             in_page = (pos_n % PAGE).to(tl.int64)
             kv_mask = mask_n[:, None] & mask_d[None, :]
-            k = tl.load(k_base + (page * stride_kc_b + in_page * stride_kc_s)[:, None], mask=kv_mask, other=0.0)
-            v_off = page * stride_vc_b + in_page * stride_vc_s  # stride_vc_s = 1 when V_KEYS
+            k = tl.load(k_base + slot_offset(k_strides, page, in_page)[:, None], mask=kv_mask, other=0.0)
+            v_off = slot_offset(v_strides, page, in_page)  # V's slot stride is 1 when V_KEYS
             if V_KEYS:
                 v = tl.trans(load_keys_contiguous(v_base, v_off, mask_d))
             else:

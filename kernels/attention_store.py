@@ -39,14 +39,17 @@ def kernel_scales(k_cache: torch.Tensor, scale: float, k_scale: float, v_scale: 
     return scale * _LOG2E * k_mult, v_mult
 
 
-def page_strides(k_cache: torch.Tensor, v_cache: torch.Tensor) -> tuple[int, ...]:
-    """Block, slot and head strides of the paged K then V cache, as the prefill and decode kernels take them."""
-    return (*k_cache.stride()[:3], *v_cache.stride()[:3])
+def page_strides(k_cache: torch.Tensor, v_cache: torch.Tensor) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The KV-cache kernels' ``k_strides`` and ``v_strides``: each cache's (block, slot, head, head_dim) strides as
+    one tuple argument. Triton specializes a tuple's elements as it does scalar arguments (value_cache's unit slot
+    stride becomes a constant), so the kernels compile as they did with a parameter a stride."""
+    return tuple(k_cache.stride()), tuple(v_cache.stride())
 
 
-def store_strides(k_cache: torch.Tensor, v_cache: torch.Tensor) -> tuple[int, ...]:
-    """``page_strides`` and V's head_dim stride, as the KV store kernels take them."""
-    return (*page_strides(k_cache, v_cache), v_cache.stride(3))
+@triton.jit
+def slot_offset(strides, page, in_page):
+    """Where slot ``in_page`` of cache block ``page`` starts, in a cache of ``strides`` (``page_strides``)."""
+    return page * strides[0] + in_page * strides[1]
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -71,13 +74,8 @@ def _store_kvcache_kernel(
     stride_kh,
     stride_vt,
     stride_vh,
-    stride_kc_b,
-    stride_kc_s,
-    stride_kc_h,
-    stride_vc_b,
-    stride_vc_s,
-    stride_vc_h,
-    stride_vc_d,  # 1, or the page size when V is stored keys-contiguous
+    k_strides,  # page_strides; V's head_dim stride is 1, or the page size when V is stored keys-contiguous
+    v_strides,
     inv_k_scale,
     inv_v_scale,
     PAGE: tl.constexpr,
@@ -104,9 +102,9 @@ def _store_kvcache_kernel(
         k = fp8_cache_value(k, inv_k_scale)
         v = fp8_cache_value(v, inv_v_scale)
     block, in_page = slot // PAGE, slot % PAGE
-    kc = k_cache_ptr + block * stride_kc_b + in_page * stride_kc_s + offs_h[:, None] * stride_kc_h + offs_d[None, :]
-    vc = v_cache_ptr + block * stride_vc_b + in_page * stride_vc_s + offs_h[:, None] * stride_vc_h
-    vc += offs_d[None, :] * stride_vc_d
+    kc = k_cache_ptr + slot_offset(k_strides, block, in_page) + offs_h[:, None] * k_strides[2] + offs_d[None, :]
+    vc = v_cache_ptr + slot_offset(v_strides, block, in_page) + offs_h[:, None] * v_strides[2]
+    vc += offs_d[None, :] * v_strides[3]
     tl.store(kc, k.to(k_cache_ptr.dtype.element_ty), mask=mask)
     tl.store(vc, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
 
@@ -138,7 +136,7 @@ def store_kvcache(
         k.stride(1),
         v.stride(0),
         v.stride(1),
-        *store_strides(k_cache, v_cache),
+        *page_strides(k_cache, v_cache),
         1.0 / k_scale,
         1.0 / v_scale,
         PAGE=k_cache.shape[1],
@@ -205,9 +203,8 @@ def decode_split(seq_lens_ptr, num_splits, BLOCK_N: tl.constexpr, HEADS_FIRST: t
 
 @triton.jit
 def decode_k_tile(
-    bt_row, start_n, split_end, k_head, offs_d, mask_d, stride_kc_b, stride_kc_s, stride_vc_b, stride_vc_s,
-    BLOCK_N: tl.constexpr, PAGE: tl.constexpr,
-):  # fmt: skip
+    bt_row, start_n, split_end, k_head, offs_d, mask_d, k_strides, v_strides, BLOCK_N: tl.constexpr, PAGE: tl.constexpr
+):
     """A split decode tile from ``start_n``: K as [keys, D] (``k_head``: the kv head's K cache; ``bt_row``: the
     sequence's block table), each key's offset in the V cache, and the mask of keys before ``split_end``. V is
     loaded by the caller, in the orientation its dot takes (a 16-bit V loaded transposed costs ~100 registers)."""
@@ -217,18 +214,44 @@ def decode_k_tile(
     # page get that page (read whole by V_KEYS; their p is 0).
     page = tl.load(bt_row + pos_n // PAGE, mask=pos_n // PAGE < tl.cdiv(split_end, PAGE), other=0).to(tl.int64)
     in_page = (pos_n % PAGE).to(tl.int64)
-    k_off = page * stride_kc_b + in_page * stride_kc_s
+    k_off = slot_offset(k_strides, page, in_page)
     k = tl.load(k_head + offs_d[None, :] + k_off[:, None], mask=mask_n[:, None] & mask_d[None, :], other=0.0)
-    return k, page * stride_vc_b + in_page * stride_vc_s, mask_n  # stride_vc_s = 1 when V_KEYS
+    return k, slot_offset(v_strides, page, in_page), mask_n  # V's slot stride is 1 when V_KEYS
 
 
 @triton.jit
-def softmax_tile(q, qk, v, m_i, l_i, acc):
+def softmax_tile(q, qk, v, m_i, l_i, acc, KEYS_M: tl.constexpr = False):
     """One K/V tile of the online softmax: scores ``qk`` (log2 units, masked keys at -inf) update the running max
-    ``m_i`` and sum ``l_i`` and add the tile's values to ``acc``, rescaled; the dots in ``q``'s dtype."""
-    m_new = tl.maximum(m_i, tl.max(qk, 1))
-    p = tl.exp2(qk - m_new[:, None])
+    ``m_i`` and sum ``l_i`` and add the tile's values to ``acc``, rescaled; the dots in ``q``'s dtype. Tiles are
+    [queries, keys] scores, [keys, D] values and a [queries, D] ``acc``, or with ``KEYS_M`` all transposed (the keys
+    as the dots' M: [keys, queries] scores, [D, keys] values, a [D, queries] ``acc``)."""
+    AXIS: tl.constexpr = 0 if KEYS_M else 1  # the keys' axis of the scores
+    m_new = tl.maximum(m_i, tl.max(qk, AXIS))
+    p = tl.exp2(qk - per_query(m_new, KEYS_M))
     alpha = tl.exp2(m_i - m_new)
-    l_i = l_i * alpha + tl.sum(p, 1)
-    acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype))
+    l_i = l_i * alpha + tl.sum(p, AXIS)
+    if KEYS_M:
+        acc = acc * alpha[None, :] + tl.dot(v.to(q.dtype), p.to(q.dtype))
+    else:
+        acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype))
     return m_new, l_i, acc
+
+
+@triton.jit
+def per_query(x, KEYS_M: tl.constexpr):
+    """A vector over the queries (heads) as a column of a [queries, *] tile, or a row of a [*, queries] one."""
+    if KEYS_M:
+        y = x[None, :]
+    else:
+        y = x[:, None]
+    return y  # one return: Triton types every return of a function alike, a constexpr branch's too
+
+
+@triton.jit
+def per_item(x, KEYS_M: tl.constexpr):
+    """A vector over the other axis (keys or head_dim) broadcast the other way: ``per_query``'s complement."""
+    if KEYS_M:
+        y = x[:, None]
+    else:
+        y = x[None, :]
+    return y

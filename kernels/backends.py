@@ -7,7 +7,6 @@ import torch
 
 from kernels.attention import AttentionBackend, TorchAttentionBackend
 from settings.defaults import ATTENTION_BACKENDS as BACKEND_NAMES
-from settings.env import settings
 
 
 def get_backend(
@@ -35,5 +34,5 @@ def get_backend(
     if name == "triton":
         from kernels.triton_attention import TritonAttentionBackend
 
-        return TritonAttentionBackend(decode_tiles=settings().decode_tiles)
+        return TritonAttentionBackend()
     return TorchAttentionBackend()

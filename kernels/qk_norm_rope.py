@@ -13,7 +13,7 @@ import triton
 import triton.language as tl
 
 from kernels.attention import is_fp8
-from kernels.attention_store import check_cache, fp8_cache_value, store_strides
+from kernels.attention_store import check_cache, fp8_cache_value, page_strides, slot_offset
 from kernels.pdl import pdl_enter, use_pdl
 
 # from this many tokens (prefill), programs of 8 heads (q/k, or v): one program of a Qwen3-8B token's 40 heads let
@@ -44,13 +44,8 @@ def _qk_norm_rope_kernel(
     stride_cs,
     stride_vt,
     stride_vh,
-    stride_kc_b,
-    stride_kc_s,
-    stride_kc_h,
-    stride_vc_b,
-    stride_vc_s,
-    stride_vc_h,
-    stride_vc_d,  # 1, or the page size when V is stored keys-contiguous (kernels/attention.py value_cache)
+    k_strides,  # page_strides; V's head_dim stride is 1, or the page size when V is stored keys-contiguous
+    v_strides,
     eps,
     inv_k_scale,  # an e4m3 cache's 1 / k_scale and 1 / v_scale (unused for 16-bit caches)
     inv_v_scale,
@@ -128,7 +123,7 @@ def _qk_norm_rope_kernel(
             page, in_page = slot // PAGE, slot % PAGE
             # compared as a tensor: the interpreter mis-types a scalar bool broadcast into a mask
             kmask = hmask & (h[:, None] >= NUM_Q_HEADS) & ((slot + 0 * h) >= 0)[:, None]
-            kc = k_cache_ptr + page * stride_kc_b + in_page * stride_kc_s + (h[:, None] - NUM_Q_HEADS) * stride_kc_h
+            kc = k_cache_ptr + slot_offset(k_strides, page, in_page) + (h[:, None] - NUM_Q_HEADS) * k_strides[2]
             kc += d[None, :]
             k1, k2 = o1, o2
             if KV_FP8:
@@ -136,19 +131,17 @@ def _qk_norm_rope_kernel(
             tl.store(kc, k1.to(k_cache_ptr.dtype.element_ty), mask=kmask)
             tl.store(kc + HALF, k2.to(k_cache_ptr.dtype.element_ty), mask=kmask)
             if V_INLINE:
-                _store_v(t, 0, slot, v_ptr, xs_ptr, ws_ptr, v_cache_ptr, stride_vt, stride_vh, stride_vc_b,
-                         stride_vc_s, stride_vc_h, stride_vc_d, inv_v_scale, PAGE, NUM_HEADS, NUM_KV, HALF, BLOCK_V,
-                         SCALED, KV_FP8)  # fmt: skip
+                _store_v(t, 0, slot, v_ptr, xs_ptr, ws_ptr, v_cache_ptr, stride_vt, stride_vh, v_strides,
+                         inv_v_scale, PAGE, NUM_HEADS, NUM_KV, HALF, BLOCK_V, SCALED, KV_FP8)  # fmt: skip
     elif STORE_KV and not V_INLINE:  # the V rows of a block of heads
         _store_v(t, (block - QK_BLOCKS) * BLOCK_V, slot, v_ptr, xs_ptr, ws_ptr, v_cache_ptr, stride_vt, stride_vh,
-                 stride_vc_b, stride_vc_s, stride_vc_h, stride_vc_d, inv_v_scale, PAGE, NUM_HEADS, NUM_KV, HALF,
-                 BLOCK_V, SCALED, KV_FP8)  # fmt: skip
+                 v_strides, inv_v_scale, PAGE, NUM_HEADS, NUM_KV, HALF, BLOCK_V, SCALED, KV_FP8)  # fmt: skip
 
 
 @triton.jit
 def _store_v(
-    t, first, slot, v_ptr, xs_ptr, ws_ptr, v_cache_ptr, stride_vt, stride_vh, stride_vc_b, stride_vc_s, stride_vc_h,
-    stride_vc_d, inv_v_scale, PAGE: tl.constexpr, NUM_HEADS: tl.constexpr, NUM_KV: tl.constexpr,
+    t, first, slot, v_ptr, xs_ptr, ws_ptr, v_cache_ptr, stride_vt, stride_vh, v_strides, inv_v_scale,
+    PAGE: tl.constexpr, NUM_HEADS: tl.constexpr, NUM_KV: tl.constexpr,
     HALF: tl.constexpr, BLOCK_V: tl.constexpr, SCALED: tl.constexpr, KV_FP8: tl.constexpr,
 ):  # fmt: skip
     """Token ``t``'s V rows of heads ``first`` to ``first + BLOCK_V`` into the cache at ``slot`` (-1: none)."""
@@ -163,9 +156,7 @@ def _store_v(
     if KV_FP8:
         v = fp8_cache_value(v, inv_v_scale)
     page, in_page = slot // PAGE, slot % PAGE
-    dst = (
-        v_cache_ptr + page * stride_vc_b + in_page * stride_vc_s + kv[:, None] * stride_vc_h + dd[None, :] * stride_vc_d
-    )
+    dst = v_cache_ptr + slot_offset(v_strides, page, in_page) + kv[:, None] * v_strides[2] + dd[None, :] * v_strides[3]
     tl.store(dst, v.to(v_cache_ptr.dtype.element_ty), mask=vmask)
 
 
@@ -215,10 +206,10 @@ def qk_norm_rope_(
         kv_fp8, inv_scales = is_fp8(k_cache), (1.0 / k_scale, 1.0 / v_scale)
         assert v.shape == (tokens, num_kv, head_dim) and v.stride(-1) == 1
         check_cache(k_cache, v_cache)
-        store_args = (v, k_cache, v_cache, slots, v.stride(0), v.stride(1), *store_strides(k_cache, v_cache))
+        store_args = (v, k_cache, v_cache, slots, v.stride(0), v.stride(1), *page_strides(k_cache, v_cache))
         page = k_cache.shape[1]
     else:
-        store_args, page = (qk, qk, qk, positions, *[0] * 9), 1  # placeholders: the V rows' and caches' 9 strides
+        store_args, page = (qk, qk, qk, positions, 0, 0, (0,) * 4, (0,) * 4), 1  # placeholders: V's rows, caches
     has_norm = q_weight is not None
     small_blocks = tokens >= _SMALL_BLOCKS_FROM
     block_h, block_v = (

@@ -22,7 +22,6 @@ from kernels.attention_prefill import _prefill_kernel
 from kernels.attention_store import check_cache, dot_dtype_f16, kernel_scales, page_strides, store_kvcache
 from kernels.device import num_sms
 from kernels.pdl import use_pdl
-from settings.env import settings
 
 
 class TritonAttentionBackend(AttentionBackend):
@@ -64,13 +63,12 @@ class TritonAttentionBackend(AttentionBackend):
         decode_tiles: tuple[int, ...] | None = None,
         decode_heads_first: bool = True,
         prefill_tiles: tuple[int, int, int, int] | None = None,
-        decode_keys_m: bool | None = None,
     ) -> None:
         self.max_splits = max_splits  # bounds the grid and the partial-result buffers
         self.min_split_tokens = min_split_tokens  # shorter splits cost more in merging than they win
         self.programs_per_sm = programs_per_sm
-        # CUDA decode tiling (keys per tile, warps, pipeline stages[, register cap]); None = the default below.
-        # benchmarks/attention_kernels.py --sweep-decode measures the alternatives.
+        # Decode tiling (keys per tile, warps, pipeline stages[, register cap]); None = the default below. The
+        # tiles pick the kernel's layout (split_decode); benchmarks/attention_kernels.py --sweep-decode measures them.
         self.decode_tiles = decode_tiles
         # Grid order (kv heads, splits, batch): the programs of one sequence's kv heads run side by side and
         # read the interleaved head slices of the same cache pages together (W1 0.6B +2-4% on an H200).
@@ -78,9 +76,6 @@ class TritonAttentionBackend(AttentionBackend):
         # CUDA prefill tiling (queries per tile, keys per tile, warps, stages); None = the default below
         # (benchmarks/attention_kernels.py --sweep-prefill measures the alternatives).
         self.prefill_tiles = prefill_tiles
-        # One-warp decode programs take the keys as the dots' M (half the MMAs of a 16-row padded group: -8 to -22%
-        # a layer over e4m3 at 16-256 sequences on an H200). None: NANOSERVE_DECODE_KEYS_M (on unless 0).
-        self.decode_keys_m = settings().decode_keys_m if decode_keys_m is None else decode_keys_m
 
     # -- store ---------------------------------------------------------------------------------------------------------
 
@@ -240,21 +235,10 @@ class TritonAttentionBackend(AttentionBackend):
             programs, wave = batch * num_kv_heads, self.ONE_WARP_WAVE_PER_SM * num_sms(q.device, cpu=4)
             if one_warp and programs >= self.MID_MIN_PROGRAMS and 2 * programs * num_splits >= wave:  # half a wave
                 tiles = self.ONE_WARP_TILES
-        else:
-            tiles = (16, 1, 1)
+        else:  # the interpreter: one-warp tiles, as the e4m3 regime's (their warps only pick the layout here)
+            tiles = self.decode_tiles or (16, 1, 1)
         scales = (scale, k_scale, v_scale)
-        keys_m = self.decode_keys_m and tiles[1] == 1 and num_heads // num_kv_heads <= 8
         split_decode(
-            q,
-            k_cache,
-            v_cache,
-            meta.decode_seq_lens,
-            bt,
-            out,
-            scales,
-            num_splits,
-            tiles,
-            self.decode_heads_first,
-            keys_m,
+            q, k_cache, v_cache, meta.decode_seq_lens, bt, out, scales, num_splits, tiles, self.decode_heads_first
         )
         return out

@@ -26,12 +26,12 @@ from triton.backends.nvidia.compiler import get_ptxas
 from triton.compiler import ASTSource
 
 from kernels import attention_decode
-from kernels.attention_decode_keys_m import _decode_split_keys_m_kernel
 
 SM90 = GPUTarget("cuda", 90, 32)
 REGS_PER_SM, SMEM_PER_SM, THREADS_PER_SM, PROGRAMS_PER_SM = 65536, 228 * 1024, 2048, 32
 HALF_PTRS = {"q_ptr", "k_cache_ptr", "v_cache_ptr", "out_ptr"}
 FLOAT_PTRS = {"lse_ptr"}
+CACHE_STRIDES = {"k_strides": ("i32",) * 4, "v_strides": ("i32",) * 4}  # the KV kernels' page_strides tuples
 
 
 def build_sm90(
@@ -44,20 +44,32 @@ def build_sm90(
     registers: bool = True,
 ) -> dict:
     """Compile ``fn`` for sm_90a as a launch would specialize it: argument types from ``types`` (pointers not named
-    there int32, scalars int32), and every pointer and integer the kernel does not exempt (``do_not_specialize``)
-    with the 16-divisibility hint the JIT gives such values at run time. Returns the PTX and shared memory and,
+    there int32, scalars int32, CACHE_STRIDES's tuples), and every pointer and integer the kernel does not exempt
+    (``do_not_specialize``) with the 16-divisibility hint the JIT gives such values at run time. A key of
+    ``constexprs`` is a name, or (name, index) for an element of a tuple. Returns the PTX and shared memory and,
     with ``registers``, ``ptxas -v``'s registers and spill stores and the programs an SM holds."""
     unhinted = {p.name for p in fn.params if p.do_not_specialize}
+    types = CACHE_STRIDES | types
     sig = {
         name: "constexpr" if name in constexprs else types.get(name, "*i32" if name.endswith("_ptr") else "i32")
         for name in fn.arg_names
     }
-    hints = {
-        (i,): [["tt.divisibility", 16]]
-        for i, name in enumerate(fn.arg_names)
-        if sig[name] not in ("constexpr", "fp32") and name not in unhinted
+    consts = {
+        (fn.arg_names.index(k),) if isinstance(k, str) else (fn.arg_names.index(k[0]), k[1]): v
+        for k, v in constexprs.items()
     }
-    consts = {(fn.arg_names.index(k),): v for k, v in constexprs.items()}
+    hints = {}
+    for i, name in enumerate(fn.arg_names):
+        if isinstance(sig[name], tuple):  # a constant element is typed constexpr, as the JIT types a 1
+            sig[name] = tuple("constexpr" if (i, j) in consts else t for j, t in enumerate(sig[name]))
+            paths = [((i, j), t) for j, t in enumerate(sig[name])]
+        else:
+            paths = [((i,), sig[name])]
+        hints |= {
+            path: [["tt.divisibility", 16]]
+            for path, ty in paths
+            if ty not in ("constexpr", "fp32") and name not in unhinted
+        }
     kernel = triton.compile(
         ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=hints),
         target=SM90,
@@ -148,19 +160,22 @@ def main() -> None:
         help="keys,warps,stages[,max registers a thread]",
     )
     parser.add_argument("--kv-fp8", action="store_true", help="an e4m3 cache (V keys-contiguous), as the engine's")
-    parser.add_argument("--keys-m", action="store_true", help="the stage-1 kernel with the keys as the dots' M")
+    parser.add_argument("--keys-m", action="store_true", help="stage 1 with the keys as the dots' M (one warp)")
     args = parser.parse_args()
     tilings = [tuple(int(x) for x in t.split(",")) for t in args.tiles]
     common = dict(GROUP=4, PAGE=16, HEAD_DIM=128, BLOCK_D=128, BLOCK_H=8 if args.keys_m else 16, USE_PDL=True)
     common |= dict(DOT_F16=args.kv_fp8, V_KEYS=args.kv_fp8)
+    common |= {"KEYS_M": args.keys_m, ("k_strides", 3): 1}  # K's head_dim stride is 1, a constant to the JIT
     if args.kv_fp8:  # keys-contiguous V: its key stride is 1, which the JIT specializes as a constant
-        common |= dict(stride_vc_s=1)
-    split = _decode_split_keys_m_kernel if args.keys_m else attention_decode._decode_split_kernel
+        common |= {("v_strides", 1): 1}
+    else:
+        common |= {("v_strides", 3): 1}
+    split = attention_decode._decode_split_kernel
     print(f"{'kernel':38s} {'tiles':>10s} {'regs':>5s} {'spill B':>8s} {'smem KB':>8s} {'per SM':>7s}")
     for block_n, warps, stages, *cap in tilings:
         for direct in (True, False):
             consts = {**common, "BLOCK_N": block_n, "DIRECT_OUT": direct, "HEADS_FIRST": True}
-            consts = {k: v for k, v in consts.items() if k in split.arg_names}
+            consts = {k: v for k, v in consts.items() if (k if isinstance(k, str) else k[0]) in split.arg_names}
             # several splits write fp32 partials through out_ptr; one split writes the bf16 output
             float_ptrs = FLOAT_PTRS if direct else FLOAT_PTRS | {"out_ptr"}
             r = compile_sm90(split, consts, warps, stages, cap[0] if cap else None, float_ptrs, args.kv_fp8)

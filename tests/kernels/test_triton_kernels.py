@@ -188,8 +188,8 @@ def check_decode(
 @pytest.mark.parametrize("num_splits", [None, 1, 3])
 @pytest.mark.parametrize("keys_m", [True, False], ids=["keys-m", "heads-m"])
 def test_decode_small(dtype, heads, block_size, num_splits, keys_m):
-    # 0 = padded batch row; 1, block multiples and ragged lengths. Both stage-1 kernels (the CPU's one-warp tiles
-    # take the keys as M unless switched off).
+    # 0 = padded batch row; 1, block multiples and ragged lengths. Both layouts of stage 1 (one-warp tiles take the
+    # keys as M, 4-warp ones the query group).
     backend = decode_backend(keys_m)
     check_decode([1, 17, 0, 40, 16, 5], *heads, 16, block_size, dtype, num_splits, backend=backend)
 

@@ -15,7 +15,6 @@ import torch
 from benchmarks.probes.kernel_regs import MAX_SUBWORD_LOADS, build_sm90, check_vector_loads, report_builds
 from kernels import (
     attention_decode,
-    attention_decode_keys_m,
     attention_prefill,
     attention_store,
     fp8_gemm,
@@ -29,6 +28,8 @@ from kernels import (
 )
 
 FP8, BF16, F32 = "*fp8e4nv", "*bf16", "*fp32"
+# value_cache's layout: K's head_dim stride and V's slot stride are 1, which the JIT specializes as constants
+V_KEYS_STRIDES = {("k_strides", 3): 1, ("v_strides", 1): 1}
 
 
 def build(
@@ -143,7 +144,8 @@ def cases():
         attention_store._store_kvcache_kernel,
         {"k_ptr": BF16, "v_ptr": BF16, "k_cache_ptr": FP8, "v_cache_ptr": FP8, "slot_ptr": "*i64"}
         | {"inv_k_scale": "fp32", "inv_v_scale": "fp32"},
-        {"PAGE": 16, "NUM_KV_HEADS": 8, "HEAD_DIM": 128, "BLOCK_H": 8, "BLOCK_D": 128, "KV_FP8": True, "USE_PDL": True},
+        {"PAGE": 16, "NUM_KV_HEADS": 8, "HEAD_DIM": 128, "BLOCK_H": 8, "BLOCK_D": 128, "KV_FP8": True, "USE_PDL": True}
+        | V_KEYS_STRIDES,
         {},
     )
     yield (
@@ -151,39 +153,26 @@ def cases():
         attention_prefill._prefill_kernel,
         dict(attn, out_ptr=BF16),
         {"GROUP": 4, "PAGE": 16, "HEAD_DIM": 128, "BLOCK_D": 128, "BLOCK_M": 64, "BLOCK_N": 64}
-        | {"DOT_F16": True, "V_KEYS": True, "stride_vc_s": 1, "USE_PDL": True},
+        | {"DOT_F16": True, "V_KEYS": True, "USE_PDL": True}
+        | V_KEYS_STRIDES,
         {"num_stages": 2},
     )
-    for direct, block_n in ((True, 128), (False, 64)):
+    # the group as M in 4-warp tiles, the keys as M in one-warp ones (split_decode)
+    for keys_m, (direct, block_n) in [
+        (False, (True, 128)),
+        (False, (False, 64)),
+        (True, (True, 16)),
+        (True, (False, 16)),
+    ]:
         yield (
-            f"split decode over e4m3 direct={direct}",
+            f"split decode over e4m3 direct={direct}" + (", keys as M" if keys_m else ""),
             attention_decode._decode_split_kernel,
             dict(attn, out_ptr=BF16 if direct else F32),
-            {
-                "GROUP": 4,
-                "PAGE": 16,
-                "HEAD_DIM": 128,
-                "BLOCK_D": 128,
-                "BLOCK_H": 16,
-                "BLOCK_N": block_n,
-                "DIRECT_OUT": direct,
-                "HEADS_FIRST": True,
-                "DOT_F16": True,
-                "V_KEYS": True,  # value_cache's layout, with its unit slot stride (specialized at run time)
-                "stride_vc_s": 1,
-                "USE_PDL": True,
-            },
-            {"num_stages": 2},
-        )
-    for direct in (True, False):
-        yield (
-            f"split decode over e4m3, keys as M, direct={direct}",
-            attention_decode_keys_m._decode_split_keys_m_kernel,
-            dict(attn, out_ptr=BF16 if direct else F32),
-            {"GROUP": 4, "PAGE": 16, "HEAD_DIM": 128, "BLOCK_D": 128, "BLOCK_H": 8, "BLOCK_N": 16}
-            | {"DIRECT_OUT": direct, "HEADS_FIRST": True, "DOT_F16": True, "V_KEYS": True, "stride_vc_s": 1}
-            | {"USE_PDL": True},
-            {"num_warps": 1, "num_stages": 2},
+            {"GROUP": 4, "PAGE": 16, "HEAD_DIM": 128, "BLOCK_D": 128, "BLOCK_H": 8 if keys_m else 16}
+            | {"BLOCK_N": block_n, "DIRECT_OUT": direct, "HEADS_FIRST": True, "DOT_F16": True, "V_KEYS": True}
+            | {"KEYS_M": keys_m, "USE_PDL": True}
+            | V_KEYS_STRIDES,
+            {"num_warps": 1 if keys_m else 4, "num_stages": 2},
         )
     # q_out: the queries into the prefill graphs' static buffer (worker/cuda_graphs.py); blocks: programs of 8 heads
     for scaled, q_out, blocks in (
@@ -212,7 +201,8 @@ def cases():
                 "SCALED": scaled,
                 "Q_OUT": q_out,
                 "USE_PDL": True,
-            },
+            }
+            | V_KEYS_STRIDES,
             # Triton 3.6 (the H200 image's) broadcasts the 1-D cos/sin and norm weights into an 8-head tile through
             # shared memory: 16-20 two-byte loads a thread, each a value that thread uses (Triton 3.9: none)
             {"num_warps": 2 if blocks else 8, "subword_loads": 20 if blocks else MAX_SUBWORD_LOADS},

@@ -18,11 +18,11 @@ TRI = TritonAttentionBackend()
 
 
 def decode_backend(keys_m: bool) -> TritonAttentionBackend:
-    """A backend whose decode runs one-warp programs with the keys as the dots' M (``keys_m``), or the kernel that
-    pads the query group to 16 rows (on the GPU at its default tiles)."""
-    if not keys_m:
-        return TritonAttentionBackend(decode_keys_m=False)
-    return TritonAttentionBackend(decode_tiles=(16, 1, 2) if ON_GPU else None, decode_keys_m=True)
+    """A backend whose decode runs one-warp programs, which take the keys as the dots' M (``keys_m``), or 4-warp ones,
+    which pad the query group to 16 rows as M (kernels/attention_decode.py split_decode picks by the warps)."""
+    if keys_m:
+        return TritonAttentionBackend(decode_tiles=(16, 1, 2) if ON_GPU else (16, 1, 1))
+    return TritonAttentionBackend(decode_tiles=(64, 4, 2) if ON_GPU else (16, 4, 1))
 
 
 class PagedCache:
