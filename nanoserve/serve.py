@@ -11,6 +11,7 @@ import signal
 import sys
 
 from coordinator.config import EngineArgError, EngineConfig
+from coordinator.model_source import served_model_name
 from nanoserve.serve_args import engine_kwargs, parse_args
 from openai_server.child import HttpFrontEnd, bind_http
 from settings.cli_logging import configure_logging
@@ -112,7 +113,7 @@ def main(argv: list[str] | None = None, command: str = "launch") -> int:
             "model %s, max_model_len %d, %d KV blocks", cfg.model, engine.max_model_len, engine.block_manager.num_blocks
         )
         if http_sock is not None:  # it prints its own line (http://HOST:PORT/v1) once it answers
-            served_names = args.served_model_name or [kwargs.get("model") or cfg.model]
+            served_names = args.served_model_name or [served_model_name(kwargs.get("model", ""))]
             http_proc = HttpFrontEnd(args, http_sock, server.address, served_names, server.fail)
             http_sock.close()  # the front-end holds it now
         server.serve(engine)
