@@ -1,5 +1,7 @@
-"""Fused mixture-of-experts on CUDA in Triton: two grouped GEMMs over the token-expert pairs grouped by expert
-(kernels/moe_routing.py), each row block multiplying by its expert's weights.
+"""Fused mixture-of-experts on CUDA in Triton, and the MoE layer's one entry point (``fused_moe``: routing, then
+``fused_experts``), which model/moe.py calls. A decode batch of a few tokens takes the two GEMV kernels of
+kernels/moe_decode.py; other batches two grouped GEMMs over the token-expert pairs grouped by expert
+(kernels/moe_routing.py), each row block multiplying by its expert's weights:
 
   gate/up: h[p] = silu(x[t] @ gate_e.T) * (x[t] @ up_e.T) for pair p = (token t, expert e), SiLU-and-mul in the
            epilogue (one program computes the matching gate and up column tiles);
@@ -20,6 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.moe_decode import DecodeTiles, decode_experts, uses_moe_decode
 from kernels.moe_routing import ExpertGroups, align_by_expert, route
 from kernels.pdl import pdl_enter, use_pdl
 
@@ -193,10 +196,15 @@ def fused_experts(
     route_weights: torch.Tensor,
     expert_ids: torch.Tensor,
     out: torch.Tensor | None = None,
-    tiles: MoeTiles | None = None,
+    tiles: MoeTiles | DecodeTiles | None = None,
 ) -> torch.Tensor:
-    """sum_j route_weights[t, j] * expert_{ids[t, j]}(x[t]) for each token t, into ``out`` when given ([T, H])."""
+    """sum_j route_weights[t, j] * expert_{ids[t, j]}(x[t]) for each token t, into ``out`` when given ([T, H]).
+    ``tiles`` picks the kernels: DecodeTiles the GEMVs, MoeTiles the grouped GEMMs; None the GEMVs for a batch of
+    a few tokens (``uses_moe_decode``; they need ``route``'s float32 weights and int32 ids), else the grouped GEMMs
+    at ``moe_tiles``'."""
     num_tokens, hidden = x.shape
+    if isinstance(tiles, DecodeTiles) or (tiles is None and uses_moe_decode(num_tokens)):
+        return decode_experts(x, w13, w2, route_weights, expert_ids, out, tiles)
     num_experts, two_inter, _ = w13.shape
     top_k = expert_ids.shape[1]
     if tiles is None:
@@ -221,8 +229,8 @@ def fused_moe(
     top_k: int,
     renormalize: bool,
     out: torch.Tensor | None = None,
-    tiles: MoeTiles | None = None,
+    tiles: MoeTiles | DecodeTiles | None = None,
 ) -> torch.Tensor:
-    """A whole MoE layer after its router: route, group, gate/up + SiLU-and-mul, down + routing weights, sum."""
+    """A whole MoE layer after its router: route, then ``fused_experts`` (``tiles`` as there)."""
     route_weights, expert_ids = route(router_logits, top_k, renormalize)
     return fused_experts(x, w13, w2, route_weights, expert_ids, out, tiles)

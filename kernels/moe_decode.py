@@ -1,6 +1,6 @@
 """Mixture-of-experts for decode batches of a few tokens (T <= MAX_TOKENS): after the routing kernel
 (kernels/moe_routing.py ``route``), two GEMV kernels instead of the grouping, two grouped GEMMs and a torch sum
-of kernels/fused_moe.py.
+of kernels/fused_moe.py, whose ``fused_experts`` (the layer's one entry point) launches them.
 
   gate/up: grid (pair p = t * top_k + j, tiles of the intermediate dim). Each program reads its expert id, loads
            the matching gate and up rows of w13 [E, 2I, H] (a ~32 KB slice, the whole row up to 4096 wide),
@@ -20,7 +20,7 @@ float32 in slot order and rounded once (torch.sum's float32 accumulation). The s
 trees where fused_moe's are tl.dot chains (tensor-core MMAs on a GPU), so the float32 accumulators differ in
 their last bits and the outputs are not bitwise equal in general; where every accumulation is exact they are
 (tests/kernels/test_moe_decode.py). Grids depend only on the token count and the shapes: the layer captures in
-CUDA graphs. model/moe.py takes this path for T <= MAX_TOKENS (benchmarks/moe_kernel.py --path both times the
+CUDA graphs. ``fused_experts`` takes this path for T <= MAX_TOKENS (benchmarks/moe_kernel.py --path both times the
 two).
 """
 
@@ -32,7 +32,6 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.moe_routing import route
 from kernels.pdl import pdl_enter, use_pdl
 
 MAX_TOKENS = 4  # the GEMVs re-read an expert's slice per token sharing it; more tokens go to the grouped GEMMs
@@ -77,7 +76,7 @@ def _warps(weight_bytes: int) -> int:
 
 
 def uses_moe_decode(num_tokens: int) -> bool:
-    """Whether a batch of ``num_tokens`` tokens takes this path rather than kernels/fused_moe.py."""
+    """Whether a batch of ``num_tokens`` tokens takes this path rather than the grouped GEMMs (``fused_experts``)."""
     return 0 < num_tokens <= MAX_TOKENS
 
 
@@ -197,8 +196,8 @@ def decode_experts(
     w2: torch.Tensor,
     route_weights: torch.Tensor,
     expert_ids: torch.Tensor,
-    out: torch.Tensor | None = None,
-    tiles: DecodeTiles | None = None,
+    out: torch.Tensor | None,
+    tiles: DecodeTiles | None,
 ) -> torch.Tensor:
     """sum_j route_weights[t, j] * expert_{ids[t, j]}(x[t]) for each token t, into ``out`` when given ([T, H]);
     ``route_weights`` float32 and ``expert_ids`` int32, both [T, top_k] and contiguous (``route``'s outputs)."""
@@ -260,18 +259,3 @@ def decode_experts(
         launch_pdl=pdl,
     )
     return out
-
-
-def moe_decode(
-    x: torch.Tensor,
-    router_logits: torch.Tensor,
-    w13: torch.Tensor,
-    w2: torch.Tensor,
-    top_k: int,
-    renormalize: bool,
-    out: torch.Tensor | None = None,
-    tiles: DecodeTiles | None = None,
-) -> torch.Tensor:
-    """A whole MoE layer after its router, as ``fused_moe``: route, then the gate/up and down GEMV kernels."""
-    route_weights, expert_ids = route(router_logits, top_k, renormalize)
-    return decode_experts(x, w13, w2, route_weights, expert_ids, out, tiles)

@@ -13,8 +13,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from comm.parallel import partial_sum_buffer, tp_rank, tp_size
-from kernels.fused_moe import fused_moe
-from kernels.moe_decode import decode_experts, moe_decode, uses_moe_decode
+from kernels.fused_moe import fused_experts, fused_moe
+from kernels.moe_decode import uses_moe_decode
 from kernels.moe_norm_route import norm_route
 from model.layers import RMSNorm
 from model.linear import LinearBase, check_shape
@@ -91,8 +91,7 @@ class FusedMoE(nn.Module):
             weights, ids = route_torch(router_logits, self.top_k, self.renormalize)
             return experts_torch(x, self.w13_weight, self.w2_weight, weights, ids)
         out = partial_sum_buffer(x.shape[0], self.w2_weight.shape[1], x.dtype, x.device)
-        layer = moe_decode if uses_moe_decode(x.shape[0]) else fused_moe
-        return layer(x, router_logits, self.w13_weight, self.w2_weight, self.top_k, self.renormalize, out)
+        return fused_moe(x, router_logits, self.w13_weight, self.w2_weight, self.top_k, self.renormalize, out)
 
 
 class SparseMoeBlock(nn.Module):
@@ -127,4 +126,4 @@ class SparseMoeBlock(nn.Module):
         h, residual, weights, ids = norm_route(
             hidden, residual, norm.weight, norm.eps, router.weight, e.top_k, e.renormalize, self.route_ticket
         )
-        return decode_experts(h, e.w13_weight, e.w2_weight, weights, ids), residual
+        return fused_experts(h, e.w13_weight, e.w2_weight, weights, ids), residual

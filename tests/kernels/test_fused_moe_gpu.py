@@ -57,11 +57,12 @@ def test_fused_experts_match_torch_bf16(experts, hidden, inter, top_k):
         weights, ids = route_torch(logits, top_k, renormalize=top_k > 1)
         assert not torch.isin(ids, torch.tensor(idle, device="cuda")).any()
         ref = experts_torch(x.float(), w13.float(), w2.float(), weights, ids)
-        out = fused_experts(x, w13, w2, weights, ids.to(torch.int32))  # the torch routing: grouping + GEMMs
+        tiles = moe_tiles(tokens, top_k, experts, x.dtype)
+        out = fused_experts(x, w13, w2, weights, ids.to(torch.int32), tiles=tiles)  # the torch routing: grouped GEMMs
         err = rel_err(out, ref)
-        assert err < 1e-2, (tokens, moe_tiles(tokens, top_k, experts, x.dtype), err)
+        assert err < 1e-2, (tokens, tiles, err)
         # the whole layer, routed on the GPU from the same logits
-        assert rel_err(fused_moe(x, logits, w13, w2, top_k, renormalize=top_k > 1), out) < 1e-3
+        assert rel_err(fused_moe(x, logits, w13, w2, top_k, renormalize=top_k > 1, tiles=tiles), out) < 1e-3
 
 
 @pytest.mark.parametrize("tokens", [1, 64, 8192])
@@ -71,7 +72,8 @@ def test_all_tokens_to_one_expert(tokens):
     x, logits = tokens_and_logits(tokens, 1024, 64, seed=3)
     logits[:, 5] += 100.0
     ref = experts_torch(x.float(), w13.float(), w2.float(), *route_torch(logits, 2, renormalize=True))
-    assert rel_err(fused_moe(x, logits, w13, w2, 2, renormalize=True), ref) < 1e-2
+    tiles = moe_tiles(tokens, 2, 64, x.dtype)  # the grouped GEMMs at every count (one token too)
+    assert rel_err(fused_moe(x, logits, w13, w2, 2, renormalize=True, tiles=tiles), ref) < 1e-2
 
 
 @pytest.mark.parametrize("tokens", [1, 24, 600])
@@ -81,19 +83,19 @@ def test_fused_moe_in_a_cuda_graph(tokens):
     w13, w2 = expert_weights(128, 2048, 192)
     x, logits = tokens_and_logits(tokens, 2048, 128, seed=7)
     logits = logits.bfloat16()  # as the model's router gives them
-    out = torch.empty_like(x)
-    fused_moe(x, logits, w13, w2, 8, True, out=out)  # compiles
+    out, tiles = torch.empty_like(x), moe_tiles(tokens, 8, 128, x.dtype)  # the grouped GEMMs (one token too)
+    fused_moe(x, logits, w13, w2, 8, True, out=out, tiles=tiles)  # compiles
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        fused_moe(x, logits, w13, w2, 8, True, out=out)
+        fused_moe(x, logits, w13, w2, 8, True, out=out, tiles=tiles)
     for seed in (8, 9):
         new_x, new_logits = tokens_and_logits(tokens, 2048, 128, seed=seed)
         x.copy_(new_x)
         logits.copy_(new_logits)
         graph.replay()
         torch.cuda.synchronize()
-        torch.testing.assert_close(out, fused_moe(x, logits, w13, w2, 8, True), rtol=0, atol=0)
+        torch.testing.assert_close(out, fused_moe(x, logits, w13, w2, 8, True, tiles=tiles), rtol=0, atol=0)
 
 
 @pytest.fixture(scope="module")

@@ -1,5 +1,6 @@
-"""kernels/moe_decode.py (the MoE layer for a few tokens as two GEMV kernels) against the fused MoE path of
-kernels/fused_moe.py and the torch path of model/moe.py.
+"""kernels/moe_decode.py (the MoE layer for a few tokens as two GEMV kernels, which kernels/fused_moe.py's entry point
+takes for DecodeTiles) against the grouped GEMMs of kernels/fused_moe.py (MoeTiles) and the torch path of
+model/moe.py.
 
 Without CUDA the kernels run in Triton's interpreter (conftest.py) at tiny shapes, with bf16 converted and multiplied
 as on the GPU (tests/support/interpreter_bf16.py); tests/kernels/test_moe_decode_gpu.py runs Qwen3-30B-A3B's layer.
@@ -20,7 +21,7 @@ import pytest
 import torch
 
 from kernels.fused_moe import fused_moe, grouped_gemm, moe_tiles
-from kernels.moe_decode import MAX_TOKENS, DecodeTiles, decode_tiles, moe_decode, uses_moe_decode
+from kernels.moe_decode import MAX_TOKENS, DecodeTiles, decode_tiles, uses_moe_decode
 from kernels.moe_routing import align_by_expert, route
 from model.moe import experts_torch, route_torch
 from tests.support.interpreter_bf16 import bf16_like_the_gpu
@@ -53,6 +54,18 @@ def exact_inputs(tokens: int, hidden: int, inter: int, experts: int, dtype, seed
     signs = torch.randint(0, 2, (experts, hidden, 1), generator=gen, device=device) - 0.5
     w2 = torch.zeros(experts, hidden, inter, device=device).scatter_(2, cols, signs).to(dtype)
     return x, logits.to(dtype), w13, w2
+
+
+def grouped(x, logits, w13, w2, top_k: int, renormalize: bool) -> torch.Tensor:
+    """The layer through the grouped GEMMs, at the tiles moe_tiles picks."""
+    tiles = moe_tiles(x.shape[0], top_k, w13.shape[0], x.dtype)
+    return fused_moe(x, logits, w13, w2, top_k, renormalize, tiles=tiles)
+
+
+def gemvs(x, logits, w13, w2, top_k: int, renormalize: bool, tiles=None, out=None) -> torch.Tensor:
+    """The layer through the GEMV kernels, at ``tiles`` or those decode_tiles picks."""
+    tiles = tiles or decode_tiles(x.shape[1], w2.shape[2], top_k, x.dtype)
+    return fused_moe(x, logits, w13, w2, top_k, renormalize, out=out, tiles=tiles)
 
 
 def fused_in_slot_order(x, logits, w13, w2, top_k: int, renormalize: bool) -> torch.Tensor:
@@ -105,9 +118,9 @@ DTYPES = [torch.float32, torch.bfloat16]
 def test_matches_fused_moe_and_torch(tokens, hidden, inter, experts, top_k, renormalize, tiles, dtype):
     x, logits, w13, w2 = random_inputs(tokens, hidden, inter, experts, dtype, seed=tokens * 100 + top_k)
     with bf16_like_the_gpu():
-        fused = fused_moe(x, logits, w13, w2, top_k, renormalize)
+        fused = grouped(x, logits, w13, w2, top_k, renormalize)
         buf = torch.full((tokens, hidden + 3), float("nan"), dtype=dtype, device=DEVICE)
-        out = moe_decode(x, logits, w13, w2, top_k, renormalize, out=buf[:, :hidden], tiles=tiles)
+        out = gemvs(x, logits, w13, w2, top_k, renormalize, tiles, out=buf[:, :hidden])
     assert out.data_ptr() == buf.data_ptr() and out.shape == (tokens, hidden) and out.dtype == dtype
     assert buf[:, hidden:].isnan().all()  # the row stride is honoured
     assert_equal_up_to_summation_order(out, fused)
@@ -120,16 +133,24 @@ def test_matches_fused_moe_and_torch(tokens, hidden, inter, experts, top_k, reno
 def test_bitwise_equal_to_fused_where_sums_are_exact(tokens, hidden, inter, experts, top_k, renormalize, tiles, dtype):
     x, logits, w13, w2 = exact_inputs(tokens, hidden, inter, experts, dtype, seed=tokens + top_k)
     with bf16_like_the_gpu():
-        out = moe_decode(x, logits, w13, w2, top_k, renormalize, tiles=tiles)
+        out = gemvs(x, logits, w13, w2, top_k, renormalize, tiles)
         ref = fused_in_slot_order(x, logits, w13, w2, top_k, renormalize)
-        fused = fused_moe(x, logits, w13, w2, top_k, renormalize)
+        fused = grouped(x, logits, w13, w2, top_k, renormalize)
     assert torch.equal(out, ref)
     assert_equal_up_to_summation_order(out, fused)  # fused_moe itself: torch.sum's order
 
 
 def test_no_tokens():
     x, logits, w13, w2 = random_inputs(0, 32, 16, 4, torch.float32, seed=0)
-    assert moe_decode(x, logits, w13, w2, 2, True).shape == (0, 32)
+    assert gemvs(x, logits, w13, w2, 2, True).shape == (0, 32)
+
+
+@pytest.mark.parametrize("tokens", [1, MAX_TOKENS, MAX_TOKENS + 1])
+def test_the_entry_point_picks_the_kernels_by_token_count(tokens):
+    # fused_moe without tiles: the GEMVs for a decode batch of a few tokens, the grouped GEMMs beyond (bit for bit)
+    x, logits, w13, w2 = random_inputs(tokens, 48, 24, 8, torch.float32, seed=tokens)
+    picked = (gemvs if uses_moe_decode(tokens) else grouped)(x, logits, w13, w2, 2, True)
+    assert torch.equal(fused_moe(x, logits, w13, w2, 2, True), picked)
 
 
 def test_applies_to_a_few_tokens_and_tiles():

@@ -1,6 +1,7 @@
-"""On CUDA: kernels/moe_decode.py at Qwen3-30B-A3B's layer (bf16, top-8 of 128 experts, hidden 2048; the whole
-intermediate dim of 768 and one TP=4 rank's 192) for 1-4 tokens, against fused_moe and the torch path, eagerly and
-replayed from a CUDA graph. What the comparisons allow is explained in tests/kernels/test_moe_decode.py."""
+"""On CUDA: kernels/moe_decode.py's GEMVs (fused_moe at DecodeTiles) at Qwen3-30B-A3B's layer (bf16, top-8 of 128
+experts, hidden 2048; the whole intermediate dim of 768 and one TP=4 rank's 192) for 1-4 tokens, against fused_moe's
+grouped GEMMs ("fused") and the torch path, eagerly and replayed from a CUDA graph. What the comparisons allow is
+explained in tests/kernels/test_moe_decode.py."""
 
 from __future__ import annotations
 
@@ -12,11 +13,16 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import globaltimer
 
-from kernels.fused_moe import fused_moe
-from kernels.moe_decode import MAX_TOKENS, moe_decode
+from kernels.moe_decode import MAX_TOKENS
 from kernels.pdl import pdl_enter, use_pdl
 from model.moe import experts_torch, route_torch
-from tests.kernels.test_moe_decode import assert_equal_up_to_summation_order, exact_inputs, fused_in_slot_order
+from tests.kernels.test_moe_decode import (
+    assert_equal_up_to_summation_order,
+    exact_inputs,
+    fused_in_slot_order,
+    gemvs,
+    grouped,
+)
 from tests.support.oracle import rel_err
 
 pytestmark = pytest.mark.gpu
@@ -47,13 +53,13 @@ def tokens_and_logits(tokens: int, seed: int, logits_dtype=torch.float32) -> tup
 def test_matches_fused_moe_and_is_as_close_to_torch(inter, tokens):
     w13, w2 = expert_weights(inter)
     x, logits = tokens_and_logits(tokens, seed=tokens)
-    out = moe_decode(x, logits, w13, w2, TOP_K, True)
-    fused = fused_moe(x, logits, w13, w2, TOP_K, True)
+    out = gemvs(x, logits, w13, w2, TOP_K, True)
+    fused = grouped(x, logits, w13, w2, TOP_K, True)
     assert_equal_up_to_summation_order(out, fused)
     ref = experts_torch(x.float(), w13.float(), w2.float(), *route_torch(logits, TOP_K, True))
     assert rel_err(out, ref) < 1e-2
     assert rel_err(out, ref) <= 1.25 * rel_err(fused, ref), (rel_err(out, ref), rel_err(fused, ref))
-    assert torch.equal(out, moe_decode(x, logits, w13, w2, TOP_K, True))  # no atomics: the same bits every call
+    assert torch.equal(out, gemvs(x, logits, w13, w2, TOP_K, True))  # no atomics: the same bits every call
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "f32"])
@@ -62,9 +68,9 @@ def test_bitwise_equal_to_fused_where_sums_are_exact(dtype, tokens):
     """Exact gate/up sums (in the tensor cores too) and single-term down sums: the GEMVs and fused_moe's MMAs agree
     to the bit, so every rounding step and the slot-order top-k sum must too."""
     x, logits, w13, w2 = exact_inputs(tokens, HIDDEN, 768, EXPERTS, dtype, seed=tokens, device="cuda")
-    out = moe_decode(x, logits, w13, w2, TOP_K, True)
+    out = gemvs(x, logits, w13, w2, TOP_K, True)
     assert torch.equal(out, fused_in_slot_order(x, logits, w13, w2, TOP_K, True))
-    assert_equal_up_to_summation_order(out, fused_moe(x, logits, w13, w2, TOP_K, True))  # torch.sum's own order
+    assert_equal_up_to_summation_order(out, grouped(x, logits, w13, w2, TOP_K, True))  # torch.sum's own order
 
 
 @pytest.mark.parametrize("tokens", TOKENS)
@@ -74,19 +80,19 @@ def test_cuda_graph_replay_equals_eager(tokens):
     w13, w2 = expert_weights(768)
     x, logits = tokens_and_logits(tokens, seed=7, logits_dtype=torch.bfloat16)
     out = torch.empty_like(x)
-    moe_decode(x, logits, w13, w2, TOP_K, True, out=out)  # compiles
+    gemvs(x, logits, w13, w2, TOP_K, True, out=out)  # compiles
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        moe_decode(x, logits, w13, w2, TOP_K, True, out=out)
+        gemvs(x, logits, w13, w2, TOP_K, True, out=out)
     for seed in (8, 9):
         new_x, new_logits = tokens_and_logits(tokens, seed=seed, logits_dtype=torch.bfloat16)
         x.copy_(new_x)
         logits.copy_(new_logits)
         graph.replay()
         torch.cuda.synchronize()
-        torch.testing.assert_close(out, moe_decode(x, logits, w13, w2, TOP_K, True), rtol=0, atol=0)
-        assert_equal_up_to_summation_order(out, fused_moe(x, logits, w13, w2, TOP_K, True))
+        torch.testing.assert_close(out, gemvs(x, logits, w13, w2, TOP_K, True), rtol=0, atol=0)
+        assert_equal_up_to_summation_order(out, grouped(x, logits, w13, w2, TOP_K, True))
 
 
 @triton.jit
@@ -118,7 +124,7 @@ def test_graph_replay_behind_a_slow_kernel_routes_on_the_new_logits():
         _slow_copy_kernel[(1,)](
             staged, logits, n, 50_000, BLOCK=triton.next_power_of_2(n), USE_PDL=True, launch_pdl=True
         )
-        moe_decode(x, logits, w13, w2, TOP_K, True, out=out)
+        gemvs(x, logits, w13, w2, TOP_K, True, out=out)
 
     step()  # compiles
     torch.cuda.synchronize()
@@ -129,7 +135,7 @@ def test_graph_replay_behind_a_slow_kernel_routes_on_the_new_logits():
         staged.copy_(tokens_and_logits(tokens, seed=seed, logits_dtype=torch.bfloat16)[1])
         graph.replay()
         torch.cuda.synchronize()
-        torch.testing.assert_close(out, moe_decode(x, staged, w13, w2, TOP_K, True), rtol=0, atol=0)
+        torch.testing.assert_close(out, gemvs(x, staged, w13, w2, TOP_K, True), rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("tokens", [1, MAX_TOKENS, MAX_TOKENS + 1])
@@ -140,5 +146,5 @@ def test_the_model_layer_takes_the_decode_path_up_to_max_tokens(tokens):
     w13, w2 = expert_weights(192)
     layer.w13_weight.data, layer.w2_weight.data = w13, w2
     x, logits = tokens_and_logits(tokens, seed=11)
-    expected = (moe_decode if tokens <= MAX_TOKENS else fused_moe)(x, logits, w13, w2, TOP_K, True)
+    expected = (gemvs if tokens <= MAX_TOKENS else grouped)(x, logits, w13, w2, TOP_K, True)
     assert torch.equal(layer(x, logits), expected)
