@@ -86,3 +86,57 @@ def test_backend_selection_on_cpu():
         get_backend("tpu", cpu)
     with pytest.raises(ValueError, match="attention_backend 'flash' needs flash-attn"):
         get_backend("flash", cpu)
+
+
+# Which folders each folder may import: its own layer and those below it. The front-ends (client/, openai_server/)
+# reach the coordinator only over ZMQ, and workers never import the coordinator.
+LAYERS = {
+    "settings": set(),
+    "protocol": {"settings"},
+    "kernels": {"settings"},
+    "comm": {"settings", "kernels"},
+    "model": {"settings", "kernels", "comm"},
+    "worker": {"settings", "protocol", "kernels", "comm", "model"},
+    "coordinator": {"settings", "protocol", "model"},
+    "client": {"settings", "protocol"},
+    "openai_server": {"settings", "protocol", "client"},
+    "nanoserve": {"settings", "protocol", "client", "coordinator", "openai_server"},
+}
+
+
+def _folder_imports(folder: str) -> dict[str, set[str]]:
+    """file -> the project folders it imports from (top level or inside functions), other than its own."""
+    found = {}
+    for path in sorted((ROOT / folder).rglob("*.py")):
+        tops = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                tops.add(node.module.split(".")[0])
+            elif isinstance(node, ast.Import):
+                tops.update(a.name.split(".")[0] for a in node.names)
+        found[str(path.relative_to(ROOT))] = (tops & (set(LAYERS) | {"tests", "benchmarks", "training", "launch"})) - {
+            folder
+        }
+    return found
+
+
+def test_folders_import_only_downward():
+    assert {p.name for p in ROOT.iterdir() if (p / "__init__.py").exists()} - {
+        "tests",
+        "benchmarks",
+        "training",
+    } == set(LAYERS)
+    wrong = [
+        f"{file} imports {sorted(tops - LAYERS[folder])}"
+        for folder in LAYERS
+        for file, tops in _folder_imports(folder).items()
+        if tops - LAYERS[folder]
+    ]
+    assert not wrong, "imports from a higher layer or a sibling: " + "; ".join(wrong)
+    assert "coordinator" in _folder_imports("nanoserve")["nanoserve/llm.py"]  # the walk sees the imports
+
+
+def test_each_folder_says_which_process_runs_it():
+    for folder in LAYERS:
+        doc = ast.get_docstring(ast.parse((ROOT / folder / "__init__.py").read_text())) or ""
+        assert "process" in doc or "lowest layer" in doc or "every process" in doc.lower(), folder
