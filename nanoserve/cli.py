@@ -61,7 +61,8 @@ def _bench(argv: list[str]) -> int:
         sys.path.insert(0, str(checkout))
     sys.argv = [f"nanoserve bench {args.benchmark}", *argv[1:]]
     try:
-        runpy.run_module(module, run_name="__main__", alter_sys=True)  # as `python -m benchmarks.NAME` runs it
+        # as `python -m benchmarks.NAME` runs it; sys.argv[0] stays the name its usage line shows
+        runpy.run_module(module, run_name="__main__")
     except SystemExit as e:
         if isinstance(e.code, str):
             print(e.code, file=sys.stderr)

@@ -1,4 +1,4 @@
-"""The edges a user touches first: every command-line entry point (launch.py, ``python -m client``,
+"""The edges a user touches first: every command-line entry point (launch.py, ``nanoserve``, ``python -m client``,
 ``python -m openai_server``, ``python -m worker``, every benchmark script) prints its help and exits 0,
 describes every flag, refuses abbreviated flags; a benchmark that needs a GPU says so in one line and exits non-zero
 without one. All of them run in one subprocess (tests/support/entry_points.py), so torch is imported once."""
@@ -19,7 +19,7 @@ BENCHMARKS = sorted(
     for p in (ROOT / "benchmarks").rglob("*.py")
     if 'if __name__ == "__main__":' in p.read_text()
 )
-ENTRY_POINTS = ["launch", "client", "openai_server", "worker", *BENCHMARKS]
+ENTRY_POINTS = ["launch", "nanoserve.cli", "client", "openai_server", "worker", *BENCHMARKS]
 # benchmarks that run only on CUDA, with the least arguments that get them past their argument checks
 NEEDS_GPU = {
     "benchmarks.allreduce": [],
