@@ -1,5 +1,5 @@
 """The coordinator's engine: tokenizer, scheduler, block manager, output processor and the step loop that drives the
-workers (a request's checks before it is queued: coordinator/admission.py).
+workers (a request's preparation before it is queued: coordinator/admission.py; its stop: Sequence.token_stop).
 
 Its interface is narrow; ``LLM`` (nanoserve/llm.py) and the server (coordinator/server.py) use nothing else:
 ``add_request`` (or ``admit`` on any thread, then ``add_admitted``) / ``abort`` / ``step`` (returns
@@ -15,11 +15,11 @@ import os
 import time
 from collections import deque
 
-from coordinator.admission import Admission
+from coordinator.admission import Admission, Prepared
 from coordinator.block_manager import BlockManager
 from coordinator.config import EngineConfig
-from coordinator.output_processor import OutputProcessor, TokenStop
-from coordinator.prompts import configured_generation_defaults, detokenize_reply, tokenize_reply
+from coordinator.output_processor import OutputProcessor
+from coordinator.prompts import configured_generation_defaults, detokenize_reply, eos_token_ids, tokenize_reply
 from coordinator.scheduler import ScheduledBatch, Scheduler
 from coordinator.sequence import SeqStatus, Sequence
 from coordinator.structured_outputs import Grammars, grammar_stop
@@ -32,9 +32,6 @@ from protocol.outputs import StepOutput
 from protocol.sampling_params import SamplingParams
 
 log = logging.getLogger("nanoserve.engine")
-
-_EOS: TokenStop = ("stop", None)
-_LENGTH: TokenStop = ("length", None)
 
 
 def _setup_logging() -> None:
@@ -63,15 +60,13 @@ class Engine:
         self.tokenizer = AutoTokenizer.from_pretrained(cfg.tokenizer or cfg.model)
         if cfg.chat_template:  # every chat renders through it: LLM.chat, the client's chat and the HTTP API
             self.tokenizer.chat_template = cfg.chat_template
-        # for requests that leave them unset
+        # for requests that leave them unset (admission applies them)
         self.generation_defaults = configured_generation_defaults(cfg.generation_config, cfg.model)
         mc = self.model_config
         self.max_model_len = cfg.max_model_len
         mc.check_max_model_len(self.max_model_len)
         self.vocab_size = mc.vocab_size
-        self.eos_token_ids = set(mc.eos_token_id)
-        if self.tokenizer.eos_token_id is not None:
-            self.eos_token_ids.add(self.tokenizer.eos_token_id)
+        self.eos_token_ids = eos_token_ids(mc.eos_token_id, self.tokenizer)
         eos_ids = sorted(t for t in self.eos_token_ids if 0 <= t < self.vocab_size)
         self.workers = WorkerGroup(
             cfg.worker_config(self.max_model_len, eos_ids),
@@ -91,13 +86,11 @@ class Engine:
             w.num_kv_blocks * cfg.block_size,
         )
         self.block_manager = BlockManager(w.num_kv_blocks, cfg.block_size, cfg.enable_prefix_caching)
-        self.admission = Admission(self.tokenizer, self.max_model_len, self.vocab_size, self.block_manager)
+        self.admission = Admission(
+            self.tokenizer, self.max_model_len, self.vocab_size, self.block_manager, self.generation_defaults
+        )
         self.scheduler = Scheduler(
-            self.block_manager,
-            cfg.max_num_seqs,
-            cfg.max_num_batched_tokens,
-            max_model_len=self.max_model_len,
-            async_scheduling=cfg.async_scheduling,
+            self.block_manager, cfg.max_num_seqs, cfg.max_num_batched_tokens, async_scheduling=cfg.async_scheduling
         )
         self.output_processor = OutputProcessor(self.tokenizer)
         self.grammars = Grammars(self.tokenizer, self.vocab_size, eos_ids)
@@ -122,11 +115,11 @@ class Engine:
         request_id: str | None = None,
         stream: bool = False,
     ) -> str:
-        """Validate (coordinator/admission.py) and queue a request; returns its id (RequestError naming the problem:
+        """Prepare (coordinator/admission.py) and queue a request; returns its id (RequestError naming the problem:
         nothing queued). A streamed request gets a StepOutput every step it gains tokens in, others one at the end."""
         return self.add_admitted(*self.admit(prompt, params), request_id, stream)
 
-    def admit(self, prompt: str | list[int] | ChatPrompt, params: SamplingParams | None) -> tuple[list, SamplingParams]:
+    def admit(self, prompt: str | list[int] | ChatPrompt, params: SamplingParams | None) -> Prepared:
         """``add_request``'s first half, the slow one (template, tokenizer): thread-safe, changes nothing here."""
         return self.admission.admit(prompt, params)
 
@@ -223,7 +216,7 @@ class Engine:
                 seq.resolve_pending(token)
             else:
                 seq.token_ids.append(token)
-            stop = self._check_stop(seq, token)
+            stop = seq.token_stop(token, self.eos_token_ids)
             if seq.grammar is not None and stop is None:
                 stop = grammar_stop(seq.grammar, token)
             if stop is None and not seq.every_token:
@@ -237,18 +230,6 @@ class Engine:
                 self.num_constrained -= seq.params.structured_outputs is not None
             outputs.append(out)
         return outputs
-
-    def _check_stop(self, seq: Sequence, token: int) -> TokenStop | None:
-        p = seq.params
-        num_output = seq.num_known_tokens - seq.num_prompt_tokens
-        if num_output >= p.min_tokens:
-            if token in p.stop_token_ids:
-                return ("stop", token)
-            if not p.ignore_eos and token in self.eos_token_ids:
-                return _EOS
-        if num_output >= p.max_tokens or seq.num_known_tokens >= self.max_model_len:
-            return _LENGTH
-        return None
 
     # ---- state -------------------------------------------------------------------------------------------
 

@@ -2,11 +2,11 @@
 because it may still become one), special tokens, logprobs per token, prompt logprobs (vLLM's ``Logprob`` entries,
 with each token's text), and the ``StepOutput``s a step returns.
 
-Token-level stops (EOS, stop ids, max_tokens, max_model_len) stay with the engine, which schedules by them; a stop
-string found here ends the request too, and the engine then finishes its sequence in the scheduler. As vLLM's: the
-text of a stop token (EOS, stop id) is left out unless include_stop_str_in_output, and stop strings only match
-after the first min_tokens tokens' text. ``LLM`` and the server both consume these outputs and keep no text state
-of their own.
+Token-level stops (EOS, stop ids, max_tokens: ``Sequence.token_stop``) stay with the engine, which schedules by
+them; a stop string found here ends the request too, and the engine then finishes its sequence in the scheduler.
+As vLLM's: the text of a stop token (EOS, stop id) is left out unless include_stop_str_in_output, and stop strings
+only match after the first min_tokens tokens' text. ``LLM`` and the server both consume these outputs and keep no
+text state of their own.
 """
 
 from __future__ import annotations
@@ -16,12 +16,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from coordinator.detokenizer import TokenTexts, decode_delta
-from coordinator.sequence import SeqStatus, Sequence
+from coordinator.sequence import SeqStatus, Sequence, TokenStop
 from protocol.outputs import Logprob, PromptLogprobs, StepOutput
 from protocol.sampling_params import SamplingParams
-
-# (finish_reason, stop_reason) of a token-level stop, as the engine found it
-TokenStop = tuple[str, int | None]
 
 
 @dataclass(slots=True, eq=False)

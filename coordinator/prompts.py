@@ -50,6 +50,14 @@ def generation_defaults(model_dir: str | Path) -> dict:
     return out
 
 
+def eos_token_ids(config_ids, tokenizer) -> set[int]:
+    """The ids that end a reply: the model config's EOS ids and the tokenizer's."""
+    ids = set(config_ids)
+    if tokenizer.eos_token_id is not None:
+        ids.add(tokenizer.eos_token_id)
+    return ids
+
+
 def _check_messages(messages, max_chars: int | None) -> list[dict]:
     """The messages as the template takes them: text parts joined (protocol/chat_content.py), in copies. Their
     contents' total length is bounded by ``max_chars`` before any template runs."""

@@ -37,7 +37,6 @@ class Scheduler:
     block_manager: BlockManager
     max_num_seqs: int
     max_num_batched_tokens: int
-    max_model_len: int = 1 << 30
     async_scheduling: bool = False  # sampled tokens become placeholders until their step's result arrives
     waiting: deque[Sequence] = field(default_factory=deque)
     running: list[Sequence] = field(default_factory=list)
@@ -95,7 +94,7 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
-            if seq.num_pending and self._done_when_resolved(seq):  # its in-flight token is its last
+            if seq.num_pending and seq.all_sampled:  # its in-flight token is its last
                 i += 1
                 continue
             n = min(seq.num_tokens - seq.num_computed_tokens, budget)
@@ -148,9 +147,6 @@ class Scheduler:
         if not chosen:
             return None
         return self._build(chosen)
-
-    def _done_when_resolved(self, seq: Sequence) -> bool:
-        return seq.num_output_tokens >= seq.params.max_tokens or seq.num_tokens >= self.max_model_len
 
     def _build(self, chosen: list[tuple[Sequence, int]]) -> ScheduledBatch:
         chosen.sort(key=lambda c: c[1] == 1)  # prefill chunks first (stable), then single tokens

@@ -1,5 +1,6 @@
-"""A request's scheduling state, in one place: its tokens, how many are in the KV cache, its blocks and its slot.
-Its output text is the output processor's (coordinator/output_processor.py)."""
+"""A request's scheduling state, in one place: its tokens, how many are in the KV cache, its blocks and its slot,
+and the one token-level stop check (``token_stop``). Its output text, and stop strings, are the output
+processor's (coordinator/output_processor.py)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,11 @@ import enum
 from dataclasses import dataclass, field
 
 from protocol.sampling_params import SamplingParams
+
+# (finish_reason, stop_reason) of a token-level stop
+TokenStop = tuple[str, int | None]
+EOS: TokenStop = ("stop", None)
+LENGTH: TokenStop = ("length", None)
 
 
 class SeqStatus(enum.Enum):
@@ -36,6 +42,11 @@ class Sequence:
     every_token: bool = False  # the output processor takes each new token (streaming, stop strings, logprobs)
     prompt_logprobs_upto: int = 0  # prompt_logprobs: last prompt position whose logprobs a scheduled step computes
     grammar: object | None = None  # structured outputs: its matcher (coordinator/structured_outputs.py)
+    # prompt + max_tokens: the length stop. Admission resolved max_tokens and checked this against max_model_len
+    max_num_tokens: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.max_num_tokens = self.num_prompt_tokens + (self.params.max_tokens or 1 << 62)
 
     @property
     def num_tokens(self) -> int:
@@ -69,3 +80,20 @@ class Sequence:
     @property
     def is_finished(self) -> bool:
         return self.status is SeqStatus.FINISHED
+
+    @property
+    def all_sampled(self) -> bool:
+        """Its last output token is sampled (maybe still in flight): the length stop, seen by the scheduler ahead."""
+        return len(self.token_ids) >= self.max_num_tokens
+
+    def token_stop(self, token: int, eos_token_ids: set[int]) -> TokenStop | None:
+        """The token-level stop once ``token``, its newest known token, is applied: a stop id or EOS (not before
+        min_tokens outputs), else the length (max_tokens). The engine calls it once per applied token."""
+        p = self.params
+        num_known = len(self.token_ids) - self.num_pending
+        if num_known - self.num_prompt_tokens >= p.min_tokens:
+            if token in p.stop_token_ids:
+                return ("stop", token)
+            if not p.ignore_eos and token in eos_token_ids:
+                return EOS
+        return LENGTH if num_known >= self.max_num_tokens else None

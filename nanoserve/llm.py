@@ -16,7 +16,6 @@ import weakref
 from client.base import chat_prompt
 from coordinator.config import EngineConfig
 from coordinator.engine import Engine
-from coordinator.prompts import render_chat
 from protocol.outputs import Completion, CompletionOutput, RequestOutput
 from protocol.sampling_params import SamplingParams
 
@@ -39,10 +38,11 @@ class LLM:
     ) -> list[RequestOutput]:
         """One RequestOutput per prompt, in input order. A prompt is a string, a token-id list,
         ``{"prompt": str}`` or ``{"prompt_token_ids": [...]}`` (or a list of those); ``n > 1`` samples n outputs
-        of a prompt as n engine requests, which share its KV blocks through the prefix cache."""
+        of a prompt as n engine requests, which share its KV blocks through the prefix cache. Without
+        sampling_params, the model's generation_config.json defaults (as vLLM's)."""
         prompts = _prompt_list(prompts)
         if sampling_params is None or isinstance(sampling_params, SamplingParams):
-            sampling_params = [sampling_params or SamplingParams()] * len(prompts)
+            sampling_params = [sampling_params or self.engine.admission.default_params()] * len(prompts)
         if len(sampling_params) != len(prompts):
             raise ValueError(f"got {len(sampling_params)} sampling_params for {len(prompts)} prompts")
         for params in sampling_params:
@@ -85,15 +85,11 @@ class LLM:
         Jinja template) or the model's; a content is a string or OpenAI's text parts ([{"type": "text", "text":
         ...}], joined as the HTTP API joins them). ``RequestOutput.prompt`` is the rendered prompt text."""
         conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
-        texts = [
-            render_chat(
-                self.tokenizer,
-                chat_prompt(c, chat_template_kwargs, add_generation_prompt, continue_final_message),
-                chat_template,
-            )
-            for c in conversations
+        render = self.engine.admission.render  # the engine's preparation, as for the server's chat requests
+        chats = [
+            chat_prompt(c, chat_template_kwargs, add_generation_prompt, continue_final_message) for c in conversations
         ]
-        return self.generate(texts, sampling_params, use_tqdm)
+        return self.generate([render(c, chat_template) for c in chats], sampling_params, use_tqdm)
 
     def get_tokenizer(self):
         return self.tokenizer
