@@ -54,7 +54,9 @@ def _chat_template_text(value: str) -> str:
 
 @dataclass(slots=True)
 class EngineConfig:
-    model: str = _arg("", "model directory (HF layout); default: the embedded tiny model")
+    model: str = _arg(
+        "", "model directory (HF layout) or Hugging Face Hub id (org/name); default: the embedded tiny model"
+    )
     tensor_parallel_size: int = _arg(1, "worker processes, one per device (tensor-parallel ranks)")
     device: str = _arg("", "default: cuda when available, else cpu", DEVICES)
     dtype: str = _arg("auto", "weights and activations; auto = the checkpoint's", DTYPES)
@@ -98,7 +100,17 @@ class EngineConfig:
         "", "fp8: FP8 linear layers, quantized at load ('' = none; an FP8 checkpoint is served as stored)", ("", "fp8")
     )
     kv_cache_dtype: str = _arg("auto", "auto = the model's dtype; fp8: an e4m3 KV cache, twice the tokens", KV_DTYPES)
-    tokenizer: str = _arg("", "tokenizer directory ('' = the model's)")
+    tokenizer: str = _arg("", "tokenizer directory or Hugging Face Hub id ('' = the model's)")
+    revision: str = _arg("", "the model's revision on the Hugging Face Hub: a branch, tag or commit ('' = main)")
+    tokenizer_revision: str = _arg("", "the tokenizer's revision on the Hub, when --tokenizer is a Hub id ('' = main)")
+    download_dir: str = _arg(
+        "", "the Hugging Face cache to find Hub models in and download them to ('' = $HF_HUB_CACHE or $HF_HOME/hub)"
+    )
+    trust_remote_code: bool = _arg(
+        False,
+        "accepted as vLLM accepts it; nanoserve never runs a checkpoint's code, so an architecture it does not "
+        "implement is refused either way",
+    )
     chat_template: str = _arg(
         "", "a Jinja chat template, or a file holding one, in place of the tokenizer's ('' = the tokenizer's own)"
     )
@@ -134,8 +146,9 @@ class EngineConfig:
         for ok, name, what in checks:
             if not ok:
                 raise EngineArgError(name, f"{name} {what}, got {getattr(self, name)!r}")
-        if self.tokenizer and not Path(self.tokenizer).is_dir():
-            raise EngineArgError("tokenizer", f"tokenizer: no directory {self.tokenizer!r}")
+        from coordinator.model_source import resolve_sources
+
+        resolve_sources(self)  # Hub ids become local directories here, once: the workers get a directory
         if self.generation_config not in ("auto", "vllm") and not Path(self.generation_config).is_dir():
             raise EngineArgError(
                 "generation_config",
