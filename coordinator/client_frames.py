@@ -79,6 +79,11 @@ def read_frame(frames: list[bytes], secret: bytes | None) -> Frame:
         return Frame(
             identity, error=Error(rid, REQUEST_ERROR, f"client must be at most {MAX_CLIENT_LABEL_LEN} characters")
         )
+    if isinstance(msg, Generate):
+        try:  # where a client's settings enter the system: their one semantic check (decoding checked types)
+            msg.params.validate()
+        except ValueError as e:
+            return Frame(identity, error=Error(rid, REQUEST_ERROR, str(e)))
     return Frame(identity, request=msg)
 
 

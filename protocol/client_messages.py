@@ -18,8 +18,9 @@ from settings.defaults import MAX_MESSAGE_BYTES
 # 4: Tokenize/Detokenize, ChatPrompt prompts, InfoReply.generation_defaults; 5: logit_bias, prompt_logprobs;
 # 6: InfoReply.max_message_bytes; 7: Tokenize.return_token_strs; 8: Delta.num_prompt_tokens;
 # 9: SamplingParams.truncate_prompt_tokens; 10: SamplingParams.structured_outputs; 11: Generate.client, KeepAlive,
-# InfoReply's per-client limits, StatsReply's per-client counters
-CLIENT_PROTOCOL_VERSION = 11
+# InfoReply's per-client limits, StatsReply's per-client counters; 12: SamplingParams travels sparse (its non-default
+# fields by name: a new field needs no new version)
+CLIENT_PROTOCOL_VERSION = 12
 DEFAULT_MAX_MESSAGE_BYTES = MAX_MESSAGE_BYTES  # the server's default --max-message-bytes (settings/defaults.py)
 
 # Error.kind values
@@ -43,7 +44,7 @@ class Generate:
     token: str | None
     prompt: object  # str | list[int]
     stream: bool  # True: a Delta per step; False: one Delta when finished
-    params: SamplingParams  # decoding validates it: a bad value is an InvalidValue naming the field
+    params: SamplingParams  # decoding checks its wire types; the server validates it (a RequestError naming the field)
     # who the request is for, within this connection (e.g. the HTTP front-end's user): the server's per-client
     # pending limit counts requests per (connection, client)
     client: str = ""

@@ -8,12 +8,20 @@ rejects a value raises its subclass ``InvalidValue``. Records nest: a field anno
 a list of them) travels as that record's list, and a record inside a field annotated ``object`` travels as msgpack
 ext type 1 holding its own packed list. A ``dict[int, float]`` field (SamplingParams.logit_bias) travels as a flat
 list ``[key, value, key, value, ...]``: msgpack maps are decoded with string keys only.
+
+A *sparse* record (``@record(tag, sparse=True)``: SamplingParams) travels as ``[tag, {field: value}]`` holding only
+the fields that differ from their defaults, so a new field needs no codec or protocol-version change: an older
+peer names it as an unknown field, a newer one takes its default when it is missing. Decoding checks the wire
+types only and builds the record without its ``__post_init__``: the receiver validates what it does not trust
+(the coordinator a client's Generate; a worker trusts its coordinator).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import operator
+from collections import deque
+from itertools import compress, repeat
 
 import msgpack
 import numpy as np
@@ -80,10 +88,24 @@ class _Plain:
 _MAX_SIGNATURES = 256  # per record class: float fields sent as int and optional ones as None make a few
 
 
+@dataclasses.dataclass(slots=True)
+class _Sparse:
+    """A sparse record's layout: its fields' names, defaults (a factory's value to compare with) and places."""
+
+    getter: operator.attrgetter
+    names: tuple[str, ...]
+    defaults: tuple
+    factories: tuple[tuple[int, object], ...]  # (index, default_factory) of fields with a mutable default
+    index: dict[str, int]
+    pairs: tuple[str, ...]  # dict[int, float] fields: a flat list on the wire
+
+
 _BY_TAG: dict[int, type] = {}
 _TAG_OF: dict[type, int] = {}
 _SPECS: dict[type, list[_FieldSpec]] = {}
 _PLAIN: dict[type, _Plain | None] = {}
+_SPARSE_TYPES: set[type] = set()
+_SPARSE: dict[type, _Sparse] = {}
 
 
 def _spec_for(name: str, ann: str) -> _FieldSpec:
@@ -121,14 +143,17 @@ def _spec_for(name: str, ann: str) -> _FieldSpec:
 _RECORD_NAMES: dict[str, type] = {}
 
 
-def record(tag: int):
-    """Class decorator: register a slots dataclass as a message with a fixed wire tag."""
+def record(tag: int, sparse: bool = False):
+    """Class decorator: register a slots dataclass as a message with a fixed wire tag; ``sparse``: it travels as a
+    map of its non-default fields (see the module docstring; scalar fields only)."""
 
     def wrap(cls: type) -> type:
         if tag in _BY_TAG:
             raise RuntimeError(f"message tag {tag} registered twice")
         _BY_TAG[tag], _TAG_OF[cls] = cls, tag
         _RECORD_NAMES[cls.__name__] = cls
+        if sparse:
+            _SPARSE_TYPES.add(cls)
         return cls
 
     return wrap
@@ -145,13 +170,66 @@ def _specs(cls: type) -> list[_FieldSpec]:
             lists = tuple(i for i, spec in enumerate(specs) if spec.elements is not None)
             pairs = tuple(i for i, spec in enumerate(specs) if spec.pairs)
             _PLAIN[cls] = _Plain(operator.attrgetter(*(spec.name for spec in specs)), lists, pairs, {})
+        if cls in _SPARSE_TYPES:
+            _SPARSE[cls] = _sparse_layout(cls, specs)
     return specs
+
+
+def _sparse_layout(cls: type, specs: list[_FieldSpec]) -> _Sparse:
+    if _PLAIN[cls] is None:
+        raise TypeError(f"{cls.__name__}: a sparse record holds scalar fields only")
+    fields = dataclasses.fields(cls)
+    defaults, factories = [], []
+    for i, f in enumerate(fields):
+        if f.default is not dataclasses.MISSING:
+            defaults.append(f.default)
+        elif f.default_factory is not dataclasses.MISSING:
+            defaults.append(f.default_factory())  # compared against on encode; decode makes a fresh one
+            factories.append((i, f.default_factory))
+        else:
+            raise TypeError(f"{cls.__name__}.{f.name}: a sparse record's fields all need defaults")
+    names = tuple(f.name for f in fields)
+    pairs = tuple(spec.name for spec in specs if spec.pairs)
+    return _Sparse(
+        _PLAIN[cls].getter, names, tuple(defaults), tuple(factories), {n: i for i, n in enumerate(names)}, pairs
+    )
+
+
+def _sparse_to_wire(cls: type, sparse: _Sparse, obj) -> list:
+    # C-level loops: one != per field (an int 1 for a float 1.0 is left out: the decoder's default is the same)
+    values = sparse.getter(obj)
+    differ = list(map(operator.ne, values, sparse.defaults))
+    out = dict(zip(compress(sparse.names, differ), compress(values, differ)))
+    for name in sparse.pairs:
+        if out.get(name) is not None:
+            out[name] = _flat(out[name])
+    return [_TAG_OF[cls], out]
+
+
+def _sparse_from_wire(cls: type, specs: list[_FieldSpec], sparse: _Sparse, raw: list):
+    """The record from its map of non-default fields: wire types checked, no ``__post_init__``."""
+    if len(raw) != 2 or type(raw[1]) is not dict:
+        raise ProtocolError(f"{cls.__name__}: expected a map of its non-default fields")
+    values = list(sparse.defaults)
+    for i, factory in sparse.factories:
+        values[i] = factory()
+    index = sparse.index
+    for name, v in raw[1].items():
+        i = index.get(name)
+        if i is None:
+            raise ProtocolError(f"{cls.__name__}: unknown field {name!r} (a peer of a newer version?)")
+        values[i] = _scalar(cls, specs[i], v)
+    obj = object.__new__(cls)
+    deque(map(setattr, repeat(obj), sparse.names, values), maxlen=0)  # every slot set, in one C-level loop
+    return obj
 
 
 def _to_wire(obj):
     cls = type(obj)
     specs = _specs(cls)
     plain = _PLAIN[cls]
+    if cls in _SPARSE:
+        return _sparse_to_wire(cls, _SPARSE[cls], obj)
     if plain is not None:  # scalars travel as they are, a dict as a flat list
         out = [_TAG_OF[cls], *plain.getter(obj)]
         for i in plain.pairs:
@@ -233,6 +311,9 @@ def _from_wire(raw, expect: type | None = None):
     if expect is not None and cls is not expect:
         raise ProtocolError(f"expected {expect.__name__}, got {cls.__name__}")
     specs = _specs(cls)
+    sparse = _SPARSE.get(cls)
+    if sparse is not None:
+        return _sparse_from_wire(cls, specs, sparse, raw)
     if len(raw) != len(specs) + 1:
         raise ProtocolError(f"{cls.__name__}: expected {len(specs)} fields, got {len(raw) - 1}")
     plain = _PLAIN[cls]

@@ -9,8 +9,8 @@ from protocol.sampling_params import SamplingParams
 
 # 4: SamplingParams.logit_bias / prompt_logprobs, StepResult's prompt logprobs; 5: SamplingParams.truncate_prompt_tokens
 # 6: SamplingParams.structured_outputs, StepCommand's token masks; 7: StepMasks; 8: worker authentication
-# (WorkerHello.nonce, AuthChallenge, AuthResponse)
-PROTOCOL_VERSION = 8
+# (WorkerHello.nonce, AuthChallenge, AuthResponse); 9: SamplingParams travels sparse (its non-default fields by name)
+PROTOCOL_VERSION = 9
 
 
 # ---- coordinator <-> worker --------------------------------------------------------------------------

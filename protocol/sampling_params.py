@@ -1,14 +1,21 @@
-"""SamplingParams (vLLM's names and defaults), validated at construction: an error names the field.
+"""SamplingParams (vLLM's names and defaults), validated where input enters: an error names the field.
 
-The one shape of a request's sampling settings: it travels as a record (tag 10) inside ``Generate`` (client to
-server) and ``StepCommand.new_params`` (coordinator to workers), and decoding it runs the same validation.
+The one shape of a request's sampling settings: it travels as a sparse record (tag 10: only its non-default
+fields, by name) inside ``Generate`` (client to server) and ``StepCommand.new_params`` (coordinator to workers).
+``validate`` is its one semantic check. It runs at construction and where the coordinator reads a client's
+Generate (coordinator/client_frames.py); decoding checks the wire types only, so a worker never re-validates.
+Checks that need the model (token ids against the vocabulary) are ``check_token_ids``, run by admission.
+
+A new sampling field is a field here (its check in ``validate``; ``metadata={"token_ids": True}`` when it holds
+token ids), the HTTP schema's field of the same name (openai_server/schemas.py) if it is HTTP-visible, and the
+code that applies it (a worker/logits_processors.py processor, for a field the sampler applies).
 """
 
 from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 
 from protocol.codec import record
 
@@ -105,7 +112,7 @@ def truncate_prompt(prompt_ids: list[int], keep: int | None, max_model_len: int)
     return prompt_ids[-keep:] if _is_int(keep) and keep >= 1 else prompt_ids
 
 
-@record(10)
+@record(10, sparse=True)
 @dataclass(slots=True)
 class SamplingParams:
     temperature: float = 1.0
@@ -115,7 +122,7 @@ class SamplingParams:
     max_tokens: int | None = 16  # None: up to max_model_len (the engine sets it once the prompt is tokenized)
     min_tokens: int = 0
     stop: list[str] = field(default_factory=list)  # a str is taken as [str]
-    stop_token_ids: list[int] = field(default_factory=list)
+    stop_token_ids: list[int] = field(default_factory=list, metadata={"token_ids": True})
     ignore_eos: bool = False
     seed: int | None = None
     logprobs: int | None = None
@@ -127,7 +134,7 @@ class SamplingParams:
     include_stop_str_in_output: bool = False  # keep the stop string that ended the text
     # token id -> added to that token's logit before min_tokens masks, penalties, temperature and filters (vLLM's
     # order); ids are checked against the vocabulary by the engine. Travels as a flat [id, bias, ...] list.
-    logit_bias: dict[int, float] | None = None
+    logit_bias: dict[int, float] | None = field(default=None, metadata={"token_ids": True})
     prompt_logprobs: int | None = None  # top-N logprobs of every prompt token (after the first), as vLLM
     truncate_prompt_tokens: int | None = None  # vLLM's: keep the prompt's last k tokens (-1: max_model_len)
     # vLLM's structured outputs: the coordinator masks every sampled token to what keeps the output valid. Given
@@ -135,20 +142,21 @@ class SamplingParams:
     structured_outputs: str | None = None
 
     def __post_init__(self) -> None:
-        # vLLM's spellings: a lone str, a tuple, None; any other type is left for validate to name
+        self.validate()
+
+    def validate(self) -> None:
+        """Takes vLLM's other spellings into the canonical ones, then raises ValueError naming the first bad field.
+        The one semantic check of a request's settings: at construction and where a client's record enters the
+        coordinator (the dataclass is mutable, and a raw ZMQ client is untrusted). One inline check per field."""
+        # vLLM's spellings: a lone str, a tuple, None; any other type is left for the checks below to name
         if self.stop is None or isinstance(self.stop, (str, tuple)):
             self.stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or ())
         if self.stop_token_ids is None or isinstance(self.stop_token_ids, tuple):
             self.stop_token_ids = list(self.stop_token_ids or ())
         if isinstance(self.logit_bias, dict) and not self.logit_bias:
             self.logit_bias = None  # one way to say "no bias": the worker's fast path tests for None
-        if self.structured_outputs is not None:
-            self.structured_outputs = structured_spec(self.structured_outputs)  # raises naming the field
-        self.validate()
-
-    def validate(self) -> None:
-        """Raises ValueError naming the first bad field. One inline check per field, no calls on the way: it runs
-        for every request and for every record a frame carries."""
+        if self.structured_outputs is not None:  # its canonical text (idempotent); raises naming the field
+            self.structured_outputs = structured_spec(self.structured_outputs)
         if not (_is_num(self.temperature) and 0 <= self.temperature <= 100):
             self._bad("temperature", "must be in [0, 100]")
         if not (_is_num(self.top_p) and 0 < self.top_p <= 1):
@@ -193,8 +201,14 @@ class SamplingParams:
         k = self.truncate_prompt_tokens
         if not (k is None or (_is_int(k) and (1 <= k < I64_END or k == -1))):
             self._bad("truncate_prompt_tokens", "must be None, -1 (max_model_len) or an int >= 1 (and < 2^63)")
-        if not (self.structured_outputs is None or isinstance(self.structured_outputs, str)):
-            self._bad("structured_outputs", "must be None or a structured outputs spec")
+
+    def check_token_ids(self, vocab_size: int) -> None:
+        """ValueError naming the first field of token ids (``metadata={"token_ids": True}``: a list, or a dict's
+        keys) with an id outside the model's vocabulary; ``validate`` has checked that they are ints >= 0."""
+        for name in TOKEN_ID_FIELDS:
+            ids = getattr(self, name)
+            if ids and max(ids) >= vocab_size:
+                raise ValueError(f"{name} token ids must be below the vocabulary size {vocab_size}, got {max(ids)}")
 
     def _bad(self, name: str, what: str) -> None:
         raise ValueError(f"{name} {what}, got {getattr(self, name)!r}")
@@ -211,3 +225,6 @@ class SamplingParams:
         if self.seed is None:
             return [replace(self, n=1)] * self.n
         return [replace(self, n=1, seed=(self.seed + i) % 2**63) for i in range(self.n)]
+
+
+TOKEN_ID_FIELDS = tuple(f.name for f in fields(SamplingParams) if f.metadata.get("token_ids"))

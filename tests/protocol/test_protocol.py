@@ -149,9 +149,12 @@ def test_round_trip_every_message(tag, cls):
         back = decode(encode(msg))
         assert_same(msg, back, cls.__name__)
         assert_same(msg, decode(encode(msg), expect=cls), cls.__name__)  # expect= accepts the right type
-        # the raw frame is [tag, field values...]
+        # the raw frame is [tag, field values...]; a sparse record's is [tag, {non-default field: value}]
         raw = msgpack.unpackb(encode(msg), raw=False)
-        assert raw[0] == tag and len(raw) == len(dataclasses.fields(cls)) + 1
+        if cls in codec._SPARSE:
+            assert raw[0] == tag and len(raw) == 2 and set(raw[1]) <= {f.name for f in dataclasses.fields(cls)}
+        else:
+            assert raw[0] == tag and len(raw) == len(dataclasses.fields(cls)) + 1
 
 
 @pytest.mark.parametrize("tag, cls", REGISTRY, ids=[cls.__name__ for _, cls in REGISTRY])
@@ -179,9 +182,8 @@ def test_array_byte_order_and_dtype_conversion():
     raw = msgpack.unpackb(encode(step), raw=False)
     assert raw[1 + STEP_FIELDS.index("new_start_pos")] == b"\x05\x00\x00\x00"
     assert raw[1 + STEP_FIELDS.index("new_past_token_ids")] == b"\x02\x01\x00\x00"
-    params = raw[1 + STEP_FIELDS.index("new_params")][0]  # a nested record: [tag, field values...]
-    assert params[0] == codec._TAG_OF[SamplingParams] and params[1] == 0.5
-    assert params[1 + _PARAM_NAMES.index("seed")] == 2**40 + 1
+    params = raw[1 + STEP_FIELDS.index("new_params")][0]  # a nested sparse record: [tag, {field: value}]
+    assert params == [codec._TAG_OF[SamplingParams], {"temperature": 0.5, "seed": 2**40 + 1}]
     assert decode(encode(step)).new_params == step.new_params
 
 
@@ -246,18 +248,29 @@ MALFORMED = {
     "map with int keys": pack([1, {1: 2}, 0, 1, "cpu", 1, "h"]),
     "ext type": msgpack.packb([9, msgpack.ExtType(5, b"xx")]),
 }
-# list fields: elements are checked too (a bool is not an int)
+# SamplingParams travels sparse: [10, {non-default field: value}]; every value's wire type is checked, list
+# elements too (a bool is not an int)
 _PARAM_NAMES = [f.name for f in dataclasses.fields(SamplingParams)]
-_params_raw = msgpack.unpackb(encode(SamplingParams()), raw=False)
-MALFORMED["bool in list[int]"] = pack(with_field(_params_raw, 1 + _PARAM_NAMES.index("stop_token_ids"), [1, True]))
-MALFORMED["int in list[str]"] = pack(with_field(_params_raw, 1 + _PARAM_NAMES.index("stop"), ["a", 3]))
-MALFORMED["str for list"] = pack(with_field(_params_raw, 1 + _PARAM_NAMES.index("stop"), "a"))
+
+
+def params_raw(**fields) -> bytes:
+    return pack([codec._TAG_OF[SamplingParams], fields])
+
+
+MALFORMED["bool in list[int]"] = params_raw(stop_token_ids=[1, True])
+MALFORMED["int in list[str]"] = params_raw(stop=["a", 3])
+MALFORMED["str for list"] = params_raw(stop="a")
+MALFORMED["str for float"] = params_raw(temperature="0.5")
+MALFORMED["bool for int"] = params_raw(top_k=True)
+MALFORMED["None for a required field"] = params_raw(temperature=None)
+MALFORMED["unknown field"] = params_raw(temperature=0.5, best_of=2)
+MALFORMED["positional SamplingParams (protocol 11)"] = pack([codec._TAG_OF[SamplingParams], 1.0, 1.0])
+MALFORMED["SamplingParams as a list"] = pack([codec._TAG_OF[SamplingParams], [["temperature", 0.5]]])
 # logit_bias travels as a flat [id, bias, ...] list: a map, an odd length or a non-int id is malformed
-_BIAS = 1 + _PARAM_NAMES.index("logit_bias")
-MALFORMED["logit_bias as a map"] = pack(with_field(_params_raw, _BIAS, {"1": 2.0}))
-MALFORMED["logit_bias of odd length"] = pack(with_field(_params_raw, _BIAS, [1, 2.0, 3]))
-MALFORMED["logit_bias float id"] = pack(with_field(_params_raw, _BIAS, [1.0, 2.0]))
-MALFORMED["logit_bias str bias"] = pack(with_field(_params_raw, _BIAS, [1, "2"]))
+MALFORMED["logit_bias as a map"] = params_raw(logit_bias={"1": 2.0})
+MALFORMED["logit_bias of odd length"] = params_raw(logit_bias=[1, 2.0, 3])
+MALFORMED["logit_bias float id"] = params_raw(logit_bias=[1.0, 2.0])
+MALFORMED["logit_bias str bias"] = params_raw(logit_bias=[1, "2"])
 
 
 @pytest.mark.parametrize("name", list(MALFORMED))
@@ -271,37 +284,66 @@ def test_wrong_expected_type_is_a_protocol_error():
         decode(encode(Shutdown("bye")), expect=StepCommand)
 
 
-def test_nested_sampling_params_are_validated_on_decode():
-    """A well-formed SamplingParams with a value out of range, alone or inside a Generate: InvalidValue (a
-    ProtocolError) naming the field; types are checked on every decode, also once a signature is known."""
-    from protocol.client_messages import CLIENT_PROTOCOL_VERSION, Generate
-
-    for name, bad in [("temperature", -1.0), ("top_p", 0.0), ("seed", 2**63), ("min_tokens", 99), ("logprobs", 21)]:
-        params = SamplingParams(max_tokens=8)
-        setattr(params, name, bad)  # after construction: the bad value reaches the wire unvalidated
-        for msg in (params, Generate(CLIENT_PROTOCOL_VERSION, "r1", None, "hi", False, params)):
-            with pytest.raises(codec.InvalidValue, match=name):
-                decode(encode(msg))
+def test_sampling_params_travel_sparse_and_decode_checks_wire_types_only():
+    """SamplingParams travels as its non-default fields by name (the default record is an empty map), so a new
+    field changes neither the codec nor the protocol version. Decoding checks wire types only, on every decode
+    (also once a signature is known): a worker does not re-validate what its coordinator sends."""
+    assert msgpack.unpackb(encode(SamplingParams()), raw=False) == [codec._TAG_OF[SamplingParams], {}]
+    assert decode(encode(SamplingParams())) == SamplingParams()
     good = msgpack.unpackb(encode(SamplingParams(temperature=1, stop_token_ids=[4])), raw=False)
-    for _ in range(2):  # the second decode takes the known-signature path
+    assert good[1] == {"stop_token_ids": [4]}  # an int 1 equals the default 1.0: left out
+    good[1]["temperature"] = 1  # an int on the wire for a float field becomes a float
+    for _ in range(2):
         back = decode(pack(good))
         assert type(back.temperature) is float and back.temperature == 1.0 and back.stop_token_ids == [4]
-        bad = with_field(good, 1 + _PARAM_NAMES.index("stop_token_ids"), [True])
         with pytest.raises(ProtocolError, match="stop_token_ids"):
-            decode(pack(bad))
-    # logit_bias: a dict on both ends, a flat list on the wire; its values are validated like any field's
+            decode(params_raw(stop_token_ids=[True]))
+        with pytest.raises(ProtocolError, match="unknown field 'best_of'"):
+            decode(params_raw(best_of=2))
+    a, b = decode(encode(SamplingParams())), decode(encode(SamplingParams()))
+    a.stop.append("x")  # a decoded record's lists are its own, not the defaults'
+    assert b.stop == [] and SamplingParams().stop == []
+    # logit_bias: a dict on both ends, a flat list on the wire
     biased = SamplingParams(logit_bias={7: 2.5, 3: -100})
-    raw = msgpack.unpackb(encode(biased), raw=False)
-    assert raw[_BIAS] == [7, 2.5, 3, -100]
-    for _ in range(2):  # first and known signature
-        assert decode(encode(biased)).logit_bias == {7: 2.5, 3: -100}
-        with pytest.raises(ProtocolError, match="logit_bias"):
-            decode(pack(with_field(raw, _BIAS, [7, True])))
-    for bad in ({-1: 1.0}, {1: float("inf")}, {1: float("nan")}):
-        params = SamplingParams()
-        params.logit_bias = bad
-        with pytest.raises(codec.InvalidValue, match="logit_bias"):
-            decode(encode(params))
+    assert msgpack.unpackb(encode(biased), raw=False)[1] == {"logit_bias": [7, 2.5, 3, -100]}
+    assert decode(encode(biased)).logit_bias == {7: 2.5, 3: -100}
+    with pytest.raises(ProtocolError, match="logit_bias"):
+        decode(params_raw(logit_bias=[7, True]))
+    # a value out of range is well-formed: it decodes as sent, and validate() names it where input enters
+    for name, bad in [("temperature", -1.0), ("top_p", 0.0), ("min_tokens", 99), ("logprobs", 21)]:
+        params = SamplingParams(max_tokens=8)
+        setattr(params, name, bad)
+        back = decode(encode(params))
+        assert getattr(back, name) == bad
+        with pytest.raises(ValueError, match=name):
+            back.validate()
+
+
+def test_the_coordinator_validates_a_clients_sampling_params():
+    """A raw ZMQ client is untrusted: read_frame answers a Generate whose settings are out of range (or a
+    structured outputs spec that does not parse, or an empty logit_bias map to normalise) with a RequestError
+    naming the field, after the token and version checks; a well-formed one is normalised as construction does."""
+    from coordinator.client_frames import read_frame
+    from protocol.client_messages import CLIENT_PROTOCOL_VERSION, PROTOCOL, REQUEST_ERROR, Generate
+
+    cases = [("temperature", -1.0), ("top_p", 0.0), ("min_tokens", 99), ("logprobs", 21), ("logit_bias", {-1: 1.0})]
+    cases += [("logit_bias", {1: float("nan")}), ("structured_outputs", "{not json"), ("stop", [""])]
+    for name, bad in cases:
+        msg = Generate(CLIENT_PROTOCOL_VERSION, "r1", None, "hi", False, SamplingParams(max_tokens=8))
+        setattr(msg.params, name, bad)  # after construction: the bad value reaches the wire unvalidated
+        err = read_frame([b"peer", encode(msg)], None).error
+        assert err is not None and err.kind == REQUEST_ERROR and err.request_id == "r1", name
+        assert name in err.message, (name, err.message)
+        msg.token = "wrong"  # an outsider learns nothing about its settings
+        err = read_frame([b"peer", encode(msg)], b"secret").error
+        assert err.kind == PROTOCOL and "unauthorized" in err.message
+    msg = Generate(CLIENT_PROTOCOL_VERSION, "r2", None, "hi", False, SamplingParams())
+    msg.params.logit_bias, msg.params.structured_outputs = {}, '{"regex": "[0-9]+"}'
+    params = read_frame([b"peer", encode(msg)], None).request.params
+    assert (
+        params.logit_bias is None
+        and params.structured_outputs == SamplingParams(structured_outputs={"regex": "[0-9]+"}).structured_outputs
+    )
 
 
 def test_fuzzed_frames_raise_only_protocol_error():
