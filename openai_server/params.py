@@ -20,6 +20,9 @@ from protocol.sampling_params import MAX_LOGPROBS, SamplingParams, structured_sp
 _PARAM_FIELDS = frozenset(f.name for f in dataclasses.fields(SamplingParams))
 # fields whose unset value comes from the model's generation config when it has one
 _DEFAULTED = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+# fields sampling_params derives from the request rather than taking as they are
+_DERIVED = frozenset({"n", "max_tokens", "logprobs", "logit_bias", "prompt_logprobs", "structured_outputs"})
+_SAME_NAMED: dict[type, tuple[str, ...]] = {}
 # vLLM's constrained-decoding fields (request extras): each becomes SamplingParams.structured_outputs
 GUIDED_FIELDS = ("guided_json", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs")
 _GUIDED_KIND = {"guided_json": "json", "guided_regex": "regex", "guided_choice": "choice", "guided_grammar": "grammar"}
@@ -199,36 +202,37 @@ def structured_outputs(req) -> dict | None:
         raise APIError(400, f"{name}: {e}", name) from None
 
 
+def _same_named(cls: type) -> tuple[str, ...]:
+    """The request schema's fields that SamplingParams takes as they are: every field both declare, but those
+    ``sampling_params`` derives (n, max_tokens, logprobs...) or defaults from the model (_DEFAULTED). A new
+    sampling field declared in the schema under its SamplingParams name needs no line here."""
+    names = _SAME_NAMED.get(cls)
+    if names is None:
+        names = _SAME_NAMED[cls] = tuple(sorted((cls.model_fields.keys() & _PARAM_FIELDS) - _DERIVED - set(_DEFAULTED)))
+    return names
+
+
 def sampling_params(
     req, defaults: dict, max_tokens: int, logprobs: int | None, forced: dict | None = None
 ) -> SamplingParams:
     """One choice's SamplingParams (n=1: the front-end sends each of a request's n choices on its own);
-    ``forced``: the structured outputs of a forced tool call (check_tools)."""
+    ``forced``: the structured outputs of a forced tool call (check_tools). A same-named field left unset (None)
+    takes SamplingParams' default; its value is checked by SamplingParams, and a bad one is a 400 naming it."""
     _unsupported(req)
     if not isinstance(req.n, int) or not 1 <= req.n <= 128:
         raise APIError(400, f"n must be an int in [1, 128], got {req.n!r}", "n")
     structured = forced or structured_outputs(req)
-    values = {name: getattr(req, name) for name in _DEFAULTED}
+    values = {name: v for name in _same_named(type(req)) if (v := getattr(req, name)) is not None}
     for name in _DEFAULTED:
-        if values[name] is None:
-            values[name] = defaults.get(name, getattr(_BASE, name))
+        value = getattr(req, name)
+        values[name] = defaults.get(name, getattr(_BASE, name)) if value is None else value
     try:
         return SamplingParams(
             **values,
             max_tokens=max_tokens,
-            min_tokens=req.min_tokens,
-            stop=req.stop if req.stop is not None else [],  # "" reaches the check: an empty stop string is a 400
-            stop_token_ids=req.stop_token_ids or [],
-            ignore_eos=req.ignore_eos,
-            seed=req.seed,
             logprobs=logprobs,
-            presence_penalty=req.presence_penalty or 0.0,
-            frequency_penalty=req.frequency_penalty or 0.0,
-            skip_special_tokens=req.skip_special_tokens,
-            include_stop_str_in_output=req.include_stop_str_in_output,
             logit_bias=logit_bias(req.logit_bias),
             prompt_logprobs=_prompt_logprobs(req),
-            truncate_prompt_tokens=req.truncate_prompt_tokens,
             structured_outputs=structured,
         )
     except (ValueError, TypeError) as e:

@@ -54,6 +54,7 @@ class SamplingTensors:
     output_counts: torch.Tensor | None = None  # [r, vocab] int32: occurrences of each token in the output so far
     prompt_mask: torch.Tensor | None = None  # [r, vocab] bool: tokens of the prompt (repetition penalty only)
     allowed: tuple[torch.Tensor, torch.Tensor] | None = None  # structured outputs: (rows, int32 bitmasks [r, words])
+    processed: tuple | None = None  # (processor, its prepared data) of worker/logits_processors.py's in use
 
 
 def _hash32(x: torch.Tensor) -> torch.Tensor:
@@ -94,8 +95,15 @@ def apply_penalties(
 
 
 def has_controls(st: SamplingTensors) -> bool:
-    """Whether some row's logits change before sampling (logit bias, min_tokens masks, penalties, token masks)."""
-    return st.logit_bias is not None or st.banned is not None or st.penalty_rows is not None or st.allowed is not None
+    """Whether some row's logits change before sampling (logit bias, min_tokens masks, penalties, logits
+    processors, token masks)."""
+    return (
+        st.logit_bias is not None
+        or st.banned is not None
+        or st.penalty_rows is not None
+        or st.processed is not None
+        or st.allowed is not None
+    )
 
 
 def allowed_tokens(bitmasks: torch.Tensor, vocab: int) -> torch.Tensor:
@@ -106,8 +114,8 @@ def allowed_tokens(bitmasks: torch.Tensor, vocab: int) -> torch.Tensor:
 
 
 def apply_controls(logits: torch.Tensor, st: SamplingTensors) -> torch.Tensor:
-    """Logit bias, then min_tokens masks, then penalties, then structured outputs' token masks, on float32 logits;
-    returns ``logits`` itself when no row uses them."""
+    """Logit bias, then min_tokens masks, then penalties, then logits processors, then structured outputs' token
+    masks, on float32 logits; returns ``logits`` itself when no row uses them."""
     if not has_controls(st):
         return logits
     logits = logits.clone()
@@ -127,6 +135,8 @@ def apply_controls(logits: torch.Tensor, st: SamplingTensors) -> torch.Tensor:
             st.frequency_penalty,
             st.repetition_penalty,
         )
+    for proc, prepared in st.processed or ():
+        logits = proc.apply(logits, prepared)
     if st.allowed is not None:
         rows, bitmasks = st.allowed
         logits[rows] = logits[rows].masked_fill(~allowed_tokens(bitmasks, logits.shape[1]), -torch.inf)

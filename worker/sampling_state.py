@@ -9,8 +9,9 @@ rows' entries with a few numpy calls and the sampler adds them with one ``index_
 penalties' device state: each penalized slot's output-token counts and prompt-token mask, updated after every
 sample (``after_sample``).
 
-A new sampling field touches the record (protocol/sampling_params.py), this class (its slot array, ``start``,
-``tensors``) and the sampler.
+A control that reads its own field lives in worker/logits_processors.py: this class feeds every processor the
+records of the sequences that start (``start``), the slots that leave (``free``) and the step's sampled rows
+(``tensors``), so a new sampling field applied there needs no line here.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import torch
 
 from comm.parallel import tp_rank
 from protocol.sampling_params import SamplingParams
+from worker.logits_processors import PROCESSORS
 from worker.sampler import SamplingTensors, uses_fused_kernel
 
 _MAX_TOP_K = 2**31 - 1  # any k >= the vocabulary keeps every token
@@ -59,6 +61,7 @@ class SamplingState:
         self.bias_slots = np.zeros(0, dtype=np.int64)  # the sparse logit-bias table, one entry per (slot, token)
         self.bias_tokens = np.zeros(0, dtype=np.int64)
         self.bias_values = np.zeros(0, dtype=np.float32)
+        self.processors = [cls(n, vocab_size, device, to_dev) for cls in PROCESSORS]
         self.any_controls = False
         # rank 0, allocated when a penalized sequence first arrives
         self.output_counts: torch.Tensor | None = None  # [max_num_seqs, vocab] int32
@@ -77,6 +80,8 @@ class SamplingState:
         """Sequences starting in ``slots``: their records, the outputs they already have (after a preemption) and
         their past tokens (per sequence ``prompt_lens[i]`` prompt ids, then its ``num_outputs[i]`` outputs)."""
         slots = slots.astype(np.int64)
+        for proc in self.processors:
+            proc.start(slots, params)
         self.temperature[slots] = [p.temperature for p in params]
         self.top_p[slots] = [p.top_p for p in params]
         self.top_k[slots] = [min(p.top_k, _MAX_TOP_K) for p in params]
@@ -93,7 +98,8 @@ class SamplingState:
         masked = {int(i): self._masked_ids(params[i]) for i in np.flatnonzero(left)}
         left[[i for i, ids in masked.items() if not ids]] = 0  # nothing to mask: min_tokens changes nothing
         if not (left.any() or penalized.any() or (logprobs >= 0).any() or biased.any()):
-            if self.any_controls:  # a slot's previous sequence may have used them
+            # a slot's previous sequence may have used them; or a processor's use starts
+            if self.any_controls or any(proc.active for proc in self.processors):
                 self._reset_controls(slots)
             return
         self.min_tokens_left[slots] = left
@@ -107,6 +113,8 @@ class SamplingState:
         self._refresh_any_controls()
 
     def free(self, slots: np.ndarray) -> None:
+        for proc in self.processors:
+            proc.free(slots)
         if self.any_controls:
             self._reset_controls(slots)
 
@@ -160,6 +168,7 @@ class SamplingState:
             or self.has_penalty.any()
             or (self.num_logprobs >= 0).any()
             or len(self.bias_slots)
+            or any(proc.active for proc in self.processors)
         )
 
     def _start_penalty_state(
@@ -252,6 +261,8 @@ class SamplingState:
             st.repetition_penalty = self.to_dev(self.repetition_penalty[slots], torch.float32)
             st.output_counts = self.output_counts[slots_dev]
             st.prompt_mask = self.prompt_mask[slots_dev]
+        used = [(proc, proc.prepare(sample_slots)) for proc in self.processors if proc.active]
+        st.processed = tuple((proc, data) for proc, data in used if data is not None) or None
 
     def after_sample(
         self, st: SamplingTensors, sample_slots: np.ndarray, slots_dev: torch.Tensor, tokens: torch.Tensor
