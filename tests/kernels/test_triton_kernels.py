@@ -273,7 +273,7 @@ def test_decode_gpu_garbage_table_and_small_batch():
 @pytest.mark.parametrize("num_splits", [None, 3])
 def test_decode_gpu_two_sequences_head64_gqa4(num_splits):
     # The attention shape of the bf16 MoE test's checkpoint, whose decode row of a 600-token context differs from
-    # HF's (benchmarks/probes/decode_row.py): 64-key split programs, a query group of 4 padded to 16 rows.
+    # HF's (docs/PERFORMANCE_LOG.md log 31a): 64-key split programs, a query group of 4 padded to 16 rows.
     check_decode([600, 34], 8, 2, 64, 16, torch.bfloat16, num_splits)
 
 
@@ -321,7 +321,7 @@ def test_warmup_compiles_every_decode_variant_without_error():
 
 
 def test_kernel_regs_counts_an_sm90_build_without_a_gpu():
-    # benchmarks/probes/kernel_regs.py: a real sm_90a build and ptxas report on the CPU (a compiler run, so outside the
+    # tests/support/decode_regs.py: a real sm_90a build and ptxas report on the CPU (a compiler run, so outside the
     # interpreter this suite sets): both split-decode variants get plausible registers, shared memory and an
     # occupancy that follows from them.
     import os
@@ -331,8 +331,8 @@ def test_kernel_regs_counts_an_sm90_build_without_a_gpu():
     from tests.support.processes import ROOT
 
     root = str(ROOT)
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    cmd = [sys.executable, os.path.join(root, "benchmarks", "probes", "kernel_regs.py"), "--tiles", "64,4,2"]
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"} | {"PYTHONPATH": root}
+    cmd = [sys.executable, "-m", "tests.support.decode_regs", "--tiles", "64,4,2"]
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, check=True).stdout
     rows = [line.split() for line in out.splitlines() if line.startswith("split decode")]
     assert len(rows) == 2, out

@@ -1,5 +1,5 @@
 """Builds the FP8 kernels for an H100/H200 (sm_90a) on any machine, no GPU needed (``triton.compile`` for the target,
-as benchmarks/probes/kernel_regs.py does): the activation quantization, the FP8 GEMM and GEMV in the variants fp8_linear
+as benchmarks/sm90_build.py does): the activation quantization, the FP8 GEMM and GEMV in the variants fp8_linear
 launches, the fused MLP middle, the RMSNorm that quantizes its row, and the attention kernels on an e4m3 cache.
 Prints one line per kernel and exits non-zero if any fails to build or reads its operands a value at a time.
 
@@ -12,7 +12,7 @@ import sys
 
 import torch
 
-from benchmarks.probes.kernel_regs import MAX_SUBWORD_LOADS, build_sm90, check_vector_loads, report_builds
+from benchmarks.sm90_build import MAX_SUBWORD_LOADS, build_sm90, check_vector_loads, report_builds
 from kernels import (
     attention_decode,
     attention_prefill,
@@ -35,7 +35,7 @@ V_KEYS_STRIDES = {("k_strides", 3): 1, ("v_strides", 1): 1}
 def build(
     fn, types: dict, constexprs: dict, num_warps: int = 4, num_stages: int = 1, subword_loads: int = MAX_SUBWORD_LOADS
 ) -> int:
-    """Shared memory of ``fn`` built for sm_90a (benchmarks/probes/kernel_regs.py's ``build_sm90``); raises if the
+    """Shared memory of ``fn`` built for sm_90a (benchmarks/sm90_build.py's ``build_sm90``); raises if the
     build reads values one at a time (more than ``subword_loads`` scalar 8/16-bit loads: ``check_vector_loads``)."""
     r = build_sm90(fn, types, constexprs, num_warps, num_stages, registers=False)
     check_vector_loads(r["ptx"], subword_loads)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import sys
 
-from benchmarks.probes.kernel_regs import build_sm90, check_vector_loads, report_builds
+from benchmarks.sm90_build import build_sm90, check_vector_loads, report_builds
 from kernels import moe_decode, moe_norm_route
 
 HIDDEN, EXPERTS, TOP_K = 2048, 128, 8  # Qwen3-30B-A3B
