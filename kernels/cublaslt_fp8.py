@@ -6,9 +6,9 @@ candidates of the same product (kernels/cublaslt.py does so for bf16): ``y[m, n]
 * w_s[n]).T`` in bf16, A = the weight (its scales an outer vector over the product's rows), B = the activations
 (theirs over its columns). The constants are cublasLt.h's (CUDA 13: ``CUBLASLT_MATMUL_DESC_A_SCALE_POINTER`` 17,
 ``..._B_SCALE_POINTER`` 18, ``..._A_SCALE_MODE`` 31, ``..._B_SCALE_MODE`` 32, ``CUBLASLT_MATMUL_MATRIX_SCALE_
-OUTER_VEC_32F`` 3; library_types.h: ``CUDA_R_8F_E4M3`` 28). benchmarks/probes/lt_fp8_algos.py times them. The
-engine does not call this module: on CUDA 13 the heuristic offers one candidate, torch's own pick
-(docs/PERFORMANCE_LOG.md log 22b); the probe re-asks a newer cuBLAS.
+OUTER_VEC_32F`` 3; library_types.h: ``CUDA_R_8F_E4M3`` 28). The engine does not call this module: on CUDA 13
+the heuristic offers one candidate, torch's own pick (docs/PERFORMANCE_LOG.md log 22b); the probe that timed them
+re-asks a newer cuBLAS (``git show 228ce42:benchmarks/probes/lt_fp8_algos.py``).
 """
 
 from __future__ import annotations
