@@ -70,6 +70,7 @@ class _Request(BaseModel):
     skip_special_tokens: bool = True
     prompt_logprobs: int | None = None  # top-N logprobs of every prompt token (completions: per choice; chat: once)
     truncate_prompt_tokens: int | None = None  # keep the prompt's last k tokens (-1: max_model_len)
+    allowed_token_ids: list[int] | None = None  # sample only among these token ids
 
 
 class CompletionRequest(_Request):

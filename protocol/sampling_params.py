@@ -140,6 +140,8 @@ class SamplingParams:
     # vLLM's structured outputs: the coordinator masks every sampled token to what keeps the output valid. Given
     # as a dict (STRUCTURED_KINDS), carried as its canonical JSON text (structured_spec).
     structured_outputs: str | None = None
+    # vLLM's: sample only among these token ids (EOS too only if listed); checked against the vocabulary at admission
+    allowed_token_ids: list[int] | None = field(default=None, metadata={"token_ids": True})
 
     def __post_init__(self) -> None:
         self.validate()
@@ -201,6 +203,9 @@ class SamplingParams:
         k = self.truncate_prompt_tokens
         if not (k is None or (_is_int(k) and (1 <= k < I64_END or k == -1))):
             self._bad("truncate_prompt_tokens", "must be None, -1 (max_model_len) or an int >= 1 (and < 2^63)")
+        ids = self.allowed_token_ids
+        if not (ids is None or (type(ids) is list and ids and all(_is_int(t) and 0 <= t < I64_END for t in ids))):
+            self._bad("allowed_token_ids", "must be None or a non-empty list of token ids (ints >= 0, < 2^63)")
 
     def check_token_ids(self, vocab_size: int) -> None:
         """ValueError naming the first field of token ids (``metadata={"token_ids": True}``: a list, or a dict's

@@ -14,6 +14,7 @@ tracks which slots use one, so that all ranks take the same sampling path.
 from __future__ import annotations
 
 from collections.abc import Callable
+from itertools import chain
 
 import numpy as np
 import torch
@@ -63,4 +64,31 @@ class LogitsProcessor:
         raise NotImplementedError
 
 
-PROCESSORS: tuple[type[LogitsProcessor], ...] = ()
+class AllowedTokenIds(LogitsProcessor):
+    """vLLM's ``allowed_token_ids``: a sequence samples only among its listed ids. Rank 0 keeps a bool mask
+    [max_num_seqs, vocab], allocated when the first such sequence arrives, so a step gathers its rows' masks in one
+    index and never rebuilds them."""
+
+    def __init__(self, max_num_seqs: int, vocab_size: int, device: torch.device, to_dev: ToDevice) -> None:
+        super().__init__(max_num_seqs, vocab_size, device, to_dev)
+        self.mask: torch.Tensor | None = None
+
+    def uses(self, params: SamplingParams) -> bool:
+        return params.allowed_token_ids is not None
+
+    def set_slots(self, slots: np.ndarray, params: list[SamplingParams]) -> None:
+        if self.mask is None:
+            self.mask = torch.zeros((len(self.used), self.vocab_size), dtype=torch.bool, device=self.device)
+        ids = [p.allowed_token_ids for p in params]
+        counts = np.fromiter(map(len, ids), np.int64, len(ids))
+        flat = np.fromiter(chain.from_iterable(ids), np.int64, int(counts.sum()))
+        self.mask[self.to_dev(slots)] = False
+        self.mask[self.to_dev(np.repeat(slots, counts)), self.to_dev(flat)] = True
+
+    def apply(self, logits: torch.Tensor, prepared) -> torch.Tensor:
+        rows, slots = prepared
+        logits[rows] = logits[rows].masked_fill(~self.mask[slots], -torch.inf)
+        return logits
+
+
+PROCESSORS: tuple[type[LogitsProcessor], ...] = (AllowedTokenIds,)

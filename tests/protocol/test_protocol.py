@@ -113,6 +113,9 @@ def random_sampling_params(rng: np.random.Generator) -> SamplingParams:
             {"json": {"type": "object", "properties": {random_value("str", rng): {"type": "integer"}}}},
             {"regex": random_value("str", rng) + "[0-9]+"},
         ][int(rng.integers(0, 4))],
+        allowed_token_ids=None
+        if rng.random() < 0.3
+        else [int(t) for t in rng.integers(0, 1 << 31, int(rng.integers(1, 5)))],
     )
     assert set(kw) == {f.name for f in dataclasses.fields(SamplingParams)}, "a new field: give it a random value"
     return SamplingParams(**kw)
