@@ -9,7 +9,7 @@ import uuid
 
 from starlette.responses import Response
 
-from openai_server.errors import APIError, from_engine
+from openai_server.errors import from_engine
 from openai_server.logprobs import chat_logprobs, prompt_logprobs_json
 from openai_server.metrics import TokenTimer
 from openai_server.params import (
@@ -24,7 +24,6 @@ from openai_server.responses import engine_errors, finished_response, usage
 from openai_server.schemas import ChatCompletionRequest
 from openai_server.state import ServerState
 from openai_server.streaming import DONE, ChoiceStreams, EventStreamResponse, generate_all, sse, usage_events
-from protocol.sampling_params import truncate_prompt
 
 FIELDS = frozenset(ChatCompletionRequest.model_fields) | {"structured_outputs"}  # a compile error names it
 
@@ -32,30 +31,18 @@ FIELDS = frozenset(ChatCompletionRequest.model_fields) | {"structured_outputs"} 
 _TAIL_TOKENS = 16  # a prompt's last tokens, enough to hold "<think>\n" however a tokenizer splits it
 
 
-async def _prompt_and_max_tokens(state: ServerState, req: ChatCompletionRequest):
-    """What to send as the prompt, max_tokens, and whether the prompt left a reasoning block open. Unset max_tokens
-    means the rest of the context (capped by the model's max_new_tokens), so the conversation is tokenized first
-    to know its length; a reasoning parser reads the prompt's end (templates of thinking models open the block)."""
-    engine = state.engine
+async def _prompt_and_opened(state: ServerState, req: ChatCompletionRequest):
+    """What to send as the prompt, and whether it leaves a reasoning block open. The coordinator prepares it
+    (template, tokenizer, truncation, the room an unset max_tokens takes); only a reasoning parser needs the
+    prompt's end here (templates of thinking models open the block), so then it is tokenized first and its ids
+    sent, rendered once."""
     chat = await conversation_off_loop(req)
-    max_tokens = chat_max_tokens(req)
-    if max_tokens is not None and state.reasoning_parser is None:
-        return chat, max_tokens, False
+    if state.reasoning_parser is None:
+        return chat, False
+    engine = state.engine
     ids = await engine.control(engine.client.tokenize(chat, add_special_tokens=False))
-    # cut as the coordinator will cut them, so that the room left is counted after the cut
-    ids = truncate_prompt(ids, req.truncate_prompt_tokens, engine.max_model_len)
-    opened = False
-    if state.reasoning_parser is not None:
-        opened = state.reasoning_parser.opens_block("".join(await engine.token_texts(ids[-_TAIL_TOKENS:])))
-    if max_tokens is not None:
-        return ids, max_tokens, opened
-    room = engine.max_model_len - len(ids)
-    if room < 1:
-        raise APIError(
-            400, f"messages: the prompt ({len(ids)} tokens) leaves no room in max_model_len ({engine.max_model_len})",
-            "messages",
-        )  # fmt: skip
-    return ids, min(room, engine.generation_defaults.get("max_tokens", room)), opened
+    tail = "".join(await engine.token_texts(ids[-_TAIL_TOKENS:]))  # a cut keeps the prompt's end
+    return ids, state.reasoning_parser.opens_block(tail)
 
 
 async def create_chat_completion(state: ServerState, req: ChatCompletionRequest) -> Response:
@@ -65,9 +52,10 @@ async def create_chat_completion(state: ServerState, req: ChatCompletionRequest)
     rid = f"chatcmpl-{uuid.uuid4().hex}"
     with engine_errors(state, rid, arrival, req.n, FIELDS, "messages"):
         tools, forced = check_tools(req, state.tool_parser)
-        prompt, max_tokens, opened = await _prompt_and_max_tokens(state, req)
+        prompt, opened = await _prompt_and_opened(state, req)
         logprobs = (req.top_logprobs or 0) if req.logprobs else None
-        params = sampling_params(req, engine.generation_defaults, max_tokens, logprobs, forced)
+        # max_tokens None (unset): the coordinator's room after the prompt, capped by the model's max_new_tokens
+        params = sampling_params(req, engine.generation_defaults, chat_max_tokens(req), logprobs, forced)
         jobs = [(prompt, sp) for sp in choice_params(params, req.n)]
         if req.stream:
             streams = ChoiceStreams(engine, jobs)
