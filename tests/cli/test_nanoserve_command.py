@@ -34,7 +34,9 @@ def api(served):
     return OpenAI(base_url=served.base_url, api_key="EMPTY")
 
 
-@pytest.mark.parametrize("args", [["--help"], ["chat", "--help"], ["complete", "--help"], ["bench", "--help"]])
+@pytest.mark.parametrize(
+    "args", [["--help"], ["serve", "--help"], ["chat", "--help"], ["complete", "--help"], ["bench", "--help"]]
+)
 def test_help_starts_without_torch(args):
     out = nanoserve(*args, env=NO_TORCH)
     assert out.returncode == 0 and out.stdout.startswith("usage: nanoserve"), out.stderr[-2000:]
