@@ -104,14 +104,6 @@ def structured_spec(spec) -> str:
     return json.dumps({kind: value}, sort_keys=True)
 
 
-def truncate_prompt(prompt_ids: list[int], keep: int | None, max_model_len: int) -> list[int]:
-    """``prompt_ids`` cut to their last ``keep`` tokens (SamplingParams.truncate_prompt_tokens; -1: max_model_len);
-    None, or a value validate refuses, leaves them whole."""
-    if keep == -1:
-        keep = max_model_len
-    return prompt_ids[-keep:] if _is_int(keep) and keep >= 1 else prompt_ids
-
-
 @record(10, sparse=True)
 @dataclass(slots=True)
 class SamplingParams:
