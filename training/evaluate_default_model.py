@@ -23,6 +23,7 @@ import numpy as np
 from training.corpus import documents, python_version, split, stdlib_files
 from training.train_default_model import token_stream
 
+SAMPLE_PROMPTS = ["def fibonacci(n):", "class Stack:\n    def push(self, item):", "import os\n\n\ndef list_files("]
 ENGINE_RUNS = {"bf16": {}, "fp8": {"quantization": "fp8"}, "fp8-kv": {"kv_cache_dtype": "fp8"}}
 
 
@@ -37,22 +38,31 @@ def held_out_windows(model_dir: Path, window: int, max_windows: int) -> np.ndarr
     return stream[: n * window].reshape(n, window).astype(np.int64)
 
 
-def engine_nll(model_dir: Path, windows: np.ndarray, chunk: int, device: str, **engine_args) -> float:
-    """Mean negative log-likelihood of every window position after the first, from nanoserve's prompt logprobs."""
+def engine_run(model_dir: Path, windows: np.ndarray, chunk: int, device: str, sample: bool, **engine_args):
+    """(mean negative log-likelihood of every window position after the first, from nanoserve's prompt logprobs;
+    with ``sample``: greedy completions of SAMPLE_PROMPTS and one chat reply, from the same engine)."""
     from nanoserve import LLM, SamplingParams
 
     window = windows.shape[1]
-    args = dict(
-        dtype="bfloat16", max_num_batched_tokens=chunk, enable_prefix_caching=False
-    )  # the model's max_model_len
+    # the model's max_model_len; eager: prefill-only work, no graphs worth their capture time
+    args = dict(dtype="bfloat16", max_num_batched_tokens=chunk, enable_prefix_caching=False, enforce_eager=True)
+    texts = []
     with LLM(str(model_dir), device=device, **args, **engine_args) as llm:
         params = SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=0)
         outs = llm.generate([{"prompt_token_ids": w.tolist()} for w in windows], params, use_tqdm=False)
+        if sample:
+            greedy = SamplingParams(temperature=0.0, max_tokens=64)
+            for prompt, out in zip(SAMPLE_PROMPTS, llm.generate(SAMPLE_PROMPTS, greedy, use_tqdm=False)):
+                texts.append(prompt + out.outputs[0].text)
+            chat = [
+                {"role": "user", "content": "Write a Python function `fibonacci`: Return the n-th Fibonacci number."}
+            ]
+            texts.append(llm.chat(chat, greedy, use_tqdm=False)[0].outputs[0].text)
     total = 0.0
     for w, out in zip(windows, outs):
         entries = out.prompt_logprobs[1:]
         total -= sum(e[int(t)].logprob for e, t in zip(entries, w[1:]))
-    return total / (windows.shape[0] * (window - 1))
+    return total / (windows.shape[0] * (window - 1)), texts
 
 
 def hf_nll(model_dir: Path, windows: np.ndarray, device: str, batch: int = 16) -> float:
@@ -84,23 +94,30 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     windows = held_out_windows(args.model_dir, args.window, args.max_windows)
     print(f"python {python_version()} held-out: {windows.shape[0]} windows of {args.window} tokens", flush=True)
-    results = {}
+    results, record_samples = {}, []
     for run in args.runs.split(","):
         t0 = time.time()
         try:
             if run == "hf":
                 nll = hf_nll(args.model_dir, windows, args.device)
             else:
-                nll = engine_nll(args.model_dir, windows, args.chunk, args.device, **ENGINE_RUNS[run])
+                sample = not record_samples
+                nll, texts = engine_run(args.model_dir, windows, args.chunk, args.device, sample, **ENGINE_RUNS[run])
+                record_samples += texts
             results[run] = {"nll": round(nll, 5), "ppl": round(math.exp(nll), 4), "seconds": round(time.time() - t0, 1)}
         except Exception as e:  # one run's failure must not cost the others' numbers
             results[run] = {"error": f"{type(e).__name__}: {e}"[:500]}
         print(run, results[run], flush=True)
+    for text in record_samples:
+        print(f"--- sample ---\n{text}\n", flush=True)
+    results["samples"] = record_samples
     record = {"python": python_version(), "windows": int(windows.shape[0]), "window": args.window, **results}
     if args.json:
         args.json.write_text(json.dumps(record, indent=1) + "\n")
     print("| run | held-out ppl | nll |\n|---|---|---|")
     for run, r in results.items():
+        if run == "samples":
+            continue
         print(f"| {run} | {r.get('ppl', r.get('error'))} | {r.get('nll', '')} |")
 
 

@@ -80,6 +80,19 @@ def windows(stream: np.ndarray, seq_len: int, rng: np.random.Generator) -> np.nd
     return w[rng.permutation(n)]
 
 
+def save_tokenizer(tokenizer, out: Path) -> None:
+    """tokenizer.json and one tokenizer_config.json that transformers 4.x loads too (its class name, the chat
+    template inside rather than in a chat_template.jinja of 5.x's)."""
+    tokenizer.save_pretrained(out)
+    cfg_path = out / "tokenizer_config.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg.update(tokenizer_class="PreTrainedTokenizerFast", chat_template=tokenizer.chat_template)
+    for key in ("backend", "is_local", "local_files_only"):
+        cfg.pop(key, None)
+    cfg_path.write_text(json.dumps(cfg, indent=1) + "\n")
+    (out / "chat_template.jinja").unlink(missing_ok=True)
+
+
 def lr_at(step: int, total: int, peak: float, warmup: int) -> float:
     if step < warmup:
         return peak * (step + 1) / warmup
@@ -192,7 +205,7 @@ def main(argv: list[str] | None = None) -> None:
     model.save_pretrained(out)
     ids = dict(bos_token_id=config.bos_token_id, eos_token_id=config.eos_token_id, pad_token_id=config.pad_token_id)
     GenerationConfig(**ids).save_pretrained(out)
-    tokenizer.save_pretrained(out)
+    save_tokenizer(tokenizer, out)
     record = {
         "python": python_version(),
         "stdlib": str(stdlib_root()),
