@@ -146,9 +146,12 @@ class EngineConfig:
         for ok, name, what in checks:
             if not ok:
                 raise EngineArgError(name, f"{name} {what}, got {getattr(self, name)!r}")
-        from coordinator.model_source import resolve_sources
+        from coordinator.model_source import ModelSourceError, resolve_sources
 
-        resolve_sources(self)  # Hub ids become local directories here, once: the workers get a directory
+        try:
+            resolve_sources(self)  # Hub ids become local directories here, once: the workers get a directory
+        except ModelSourceError as e:
+            raise EngineArgError(e.name, str(e)) from None
         if self.generation_config not in ("auto", "vllm") and not Path(self.generation_config).is_dir():
             raise EngineArgError(
                 "generation_config",

@@ -39,14 +39,17 @@ _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model"
 
 
 class ModelSourceError(ValueError):
-    """A model or tokenizer that cannot be found, or cannot be fetched; the message says where it was looked for."""
+    """A model or tokenizer that cannot be found, or cannot be fetched; the message says where it was looked for,
+    ``name`` which engine argument named it (resolve_sources)."""
+
+    def __init__(self, message: str, name: str = MODEL) -> None:
+        super().__init__(message)
+        self.name = name
 
 
 def resolve_sources(cfg: EngineConfig) -> None:
     """Replace ``cfg.model`` and ``cfg.tokenizer`` (each when given) by their local directories; a name that
-    cannot be resolved is refused by its field (EngineArgError)."""
-    from coordinator.config import EngineArgError
-
+    cannot be resolved is ModelSourceError, its ``name`` the field (EngineConfig refuses it by that name)."""
     if cfg.trust_remote_code:
         log.info("trust_remote_code is accepted, but nanoserve never runs a checkpoint's own code")
     for what, revision in ((MODEL, cfg.revision), (TOKENIZER, cfg.tokenizer_revision)):
@@ -55,7 +58,7 @@ def resolve_sources(cfg: EngineConfig) -> None:
             try:
                 setattr(cfg, what, resolve(name, revision, cfg.download_dir, what))
             except ModelSourceError as e:
-                raise EngineArgError(what, f"{what}: {e}") from None
+                raise ModelSourceError(f"{what}: {e}", what) from None
 
 
 def resolve(name: str, revision: str = "", cache_dir: str = "", what: str = MODEL) -> str:
