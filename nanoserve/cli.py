@@ -24,6 +24,15 @@ COMMANDS = {
 BENCHMARKS = {"throughput": "benchmarks.throughput", "serve": "benchmarks.serve"}
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("nanoserve")
+    except PackageNotFoundError:  # run from a checkout that was never installed
+        return "(not installed)"
+
+
 def _top_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="nanoserve",
@@ -32,6 +41,7 @@ def _top_parser() -> argparse.ArgumentParser:
         epilog="commands:\n" + "\n".join(f"  {name:10s} {text}" for name, text in COMMANDS.items()),
         allow_abbrev=False,
     )
+    p.add_argument("-V", "--version", action="version", version=f"nanoserve {_version()}", help="print the version")
     p.add_argument("command", choices=list(COMMANDS), help="what to do (listed below)")
     p.add_argument("args", nargs=argparse.REMAINDER, help="the command's own arguments")
     return p

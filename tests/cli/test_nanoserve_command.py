@@ -43,6 +43,11 @@ def test_help_starts_without_torch(args):
     assert not imported_torch(out.stderr)
 
 
+def test_version():
+    out = nanoserve("--version")
+    assert out.returncode == 0 and out.stdout.startswith("nanoserve 0."), out
+
+
 def test_no_command_or_an_unknown_one_is_a_usage_error():
     for args in ([], ["srve"]):
         out = nanoserve(*args)
