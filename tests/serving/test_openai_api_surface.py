@@ -182,7 +182,7 @@ def test_readme_chat_example_runs(server, api):  # noqa: F811
 
 
 def test_benchmark_serve_against_the_server(server):  # noqa: F811
-    """benchmarks/serve.py (the load generator, aiohttp) streams every request to its end and counts its tokens:
+    """benchmarks/serve.py (the load generator, httpx) streams every request to its end and counts its tokens:
     the last line is its JSON report."""
     n, out_len = 6, 8
     cmd = [sys.executable, "-m", "benchmarks.serve", "--base-url", server.base_url, "--dataset", "random",
