@@ -82,7 +82,7 @@ def read_frame(frames: list[bytes], secret: bytes | None) -> Frame:
     if isinstance(msg, Generate):
         try:  # where a client's settings enter the system: their one semantic check (decoding checked types)
             msg.params.validate()
-        except ValueError as e:
+        except (ValueError, TypeError) as e:  # read_frame never raises on bad input
             return Frame(identity, error=Error(rid, REQUEST_ERROR, str(e)))
     return Frame(identity, request=msg)
 

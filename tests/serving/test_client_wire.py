@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 import random
 import time
+from dataclasses import fields
 
 import msgpack
 import pytest
@@ -42,6 +43,8 @@ def _random_value(rng: random.Random, depth: int = 0):
         return [_random_value(rng, depth + 1) for _ in range(rng.randint(0, 6))]
     return {str(i): _random_value(rng, depth + 1) for i in range(rng.randint(0, 4))}
 
+
+PARAM_NAMES = [f.name for f in fields(SamplingParams)]
 
 # (field overrides, what the error must mention): each is a well-formed frame with one bad value
 BAD_VALUES = [
@@ -125,18 +128,22 @@ def test_fuzz_client_endpoint(server, offline):
                 expect_error[rid] = field
             elif kind == 6:  # unknown (extra) or missing fields, in the request or in its params record
                 raw = msgpack.unpackb(encode(generate_frame(rid)), raw=False)
-                where = raw if rng.random() < 0.5 else raw[6]  # params: Generate.client follows it
-                if rng.random() < 0.5:
-                    where += [_random_value(rng) for _ in range(3)]
-                else:  # the request keeps its tag, version, request_id and token: the error can name it
-                    del where[len(where) - rng.randint(1, min(len(where) - 4, 15)) :]
+                if rng.random() < 0.5:  # params travel as a map of their non-default fields (the sparse record)
+                    raw[6][1].update({f"x{j}": _random_value(rng) for j in range(rng.randint(1, 3))})
+                    expect_error[rid] = "unknown field"
+                else:
+                    if rng.random() < 0.5:
+                        raw += [_random_value(rng) for _ in range(3)]
+                    else:  # the request keeps its tag, version, request_id and token: the error can name it
+                        del raw[len(raw) - rng.randint(1, len(raw) - 4) :]
+                    expect_error[rid] = "fields"
                 frame = msgpack.packb(raw, use_bin_type=True)
-                expect_error[rid] = "fields"
             elif kind == 7:  # a valid Generate with one field (or one of its params) replaced by random garbage
                 raw = msgpack.unpackb(encode(generate_frame(rid)), raw=False)
-                where = raw if rng.random() < 0.5 else raw[6]
-                j = rng.randint(4 if where is raw else 1, len(where) - 1)
-                where[j] = _random_value(rng)
+                if rng.random() < 0.5:
+                    raw[rng.randint(4, len(raw) - 1)] = _random_value(rng)
+                else:
+                    raw[6][1][rng.choice(PARAM_NAMES)] = _random_value(rng)
                 frame = msgpack.packb(raw, use_bin_type=True)
             elif kind == 8:  # control messages with odd ids (including unknown aborts)
                 frame = encode(Abort(CLIENT_PROTOCOL_VERSION, rng.choice(["", "nope", "x" * 300, rid]), None))
