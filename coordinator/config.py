@@ -121,6 +121,13 @@ class EngineConfig:
     )
 
     def __post_init__(self) -> None:
+        from coordinator.model_source import ModelSourceError, resolve_sources
+
+        try:
+            resolve_sources(self)  # Hub ids become local directories here, once (before torch loads for the
+            # device default, so a bad id is reported at once): the workers get a directory
+        except ModelSourceError as e:
+            raise EngineArgError(e.name, str(e)) from None
         if not self.device:
             self.device = _default_device()
         for f in dataclasses.fields(self):
@@ -146,12 +153,6 @@ class EngineConfig:
         for ok, name, what in checks:
             if not ok:
                 raise EngineArgError(name, f"{name} {what}, got {getattr(self, name)!r}")
-        from coordinator.model_source import ModelSourceError, resolve_sources
-
-        try:
-            resolve_sources(self)  # Hub ids become local directories here, once: the workers get a directory
-        except ModelSourceError as e:
-            raise EngineArgError(e.name, str(e)) from None
         if self.generation_config not in ("auto", "vllm") and not Path(self.generation_config).is_dir():
             raise EngineArgError(
                 "generation_config",

@@ -122,7 +122,8 @@ def main(argv: list[str] | None = None, command: str = "launch") -> int:
             return 1
         log.info("shutting down")
     except EngineArgError as e:  # refused before any worker starts (with the model's config, where it needs it)
-        print(f"error: argument --{e.name.replace('_', '-')}: {e}", file=sys.stderr)
+        message = str(e).removeprefix(f"{e.name}: ")  # the flag already names the field
+        print(f"error: argument --{e.name.replace('_', '-')}: {message}", file=sys.stderr)
         return 2
     except Exception as e:
         log.error("%s: %s", type(e).__name__, e)
