@@ -4,6 +4,8 @@ model's real tokenizer."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from transformers import AutoTokenizer
 
@@ -95,3 +97,19 @@ def test_the_token_stop_check():
     pending.token_ids += [7, -1]
     pending.num_pending = 1
     assert pending.all_sampled and pending.token_stop(7, eos) is None
+
+
+def test_llm_without_params_samples_with_the_models_generation_defaults(tiny_tied, tmp_path):
+    """vLLM's LLM.generate(prompts) without sampling_params: the model's generation_config.json (here top_k=1, so
+    greedy, and max_new_tokens=7), through the engine's admission as every front-end's request."""
+    from nanoserve import LLM
+
+    gen = tmp_path / "gen"
+    gen.mkdir()
+    (gen / "generation_config.json").write_text(json.dumps({"top_k": 1, "max_new_tokens": 7}))
+    args = dict(device="cpu", max_model_len=256, num_kv_blocks=64, generation_config=str(gen))
+    with LLM(str(tiny_tied), **args) as llm:
+        (plain,) = llm.generate("once upon a time", use_tqdm=False)
+        (greedy,) = llm.generate("once upon a time", SamplingParams(temperature=0, max_tokens=7), use_tqdm=False)
+    assert plain.outputs[0].token_ids == greedy.outputs[0].token_ids
+    assert len(plain.outputs[0].token_ids) <= 7
