@@ -15,13 +15,12 @@ from dataclasses import replace
 from typing import NamedTuple
 
 from coordinator.block_manager import BlockManager
-from coordinator.prompts import encode_text, render_chat
+from coordinator.prompts import encode_text, no_room, render_chat
 from protocol.client_messages import ChatPrompt
 from protocol.errors import RequestError
 from protocol.sampling_params import SamplingParams
 
 TOKENIZE_CHARS_FACTOR = 4  # /tokenize's text limit, in multiples of the longest prompt text
-_NO_ROOM = "prompt ({} tokens) leaves no room for output tokens in max_model_len ({})"
 
 
 class Prepared(NamedTuple):
@@ -87,7 +86,7 @@ class Admission:
         if not ids:
             raise RequestError("prompt is empty")
         if len(ids) >= self.max_model_len:  # named as the prompt's fault whatever max_tokens is
-            raise RequestError(_NO_ROOM.format(len(ids), self.max_model_len))
+            raise no_room(len(ids), self.max_model_len)
         rest = params.max_tokens is None
         if rest:
             params = self._rest_of_context(params, len(ids))

@@ -122,11 +122,16 @@ def encode_text(tokenizer, text: str, add_special_tokens: bool, max_model_len: i
 
 
 def _fits(num_tokens: int, max_model_len: int | None) -> bool:
-    if max_model_len is not None and num_tokens >= max_model_len:  # named as the prompt's fault whatever max_tokens is
-        raise RequestError(
-            f"prompt ({num_tokens} tokens) leaves no room for output tokens in max_model_len ({max_model_len})"
-        )
+    if max_model_len is not None and num_tokens >= max_model_len:
+        raise no_room(num_tokens, max_model_len)
     return True
+
+
+def no_room(num_tokens: int, max_model_len: int) -> RequestError:
+    """A prompt that fills max_model_len, named as the prompt's fault whatever max_tokens is."""
+    return RequestError(
+        f"prompt ({num_tokens} tokens) leaves no room for output tokens in max_model_len ({max_model_len})"
+    )
 
 
 def tokenize_reply(tokenizer, max_model_len: int, msg: Tokenize, max_chars: int) -> TokenizeReply:
