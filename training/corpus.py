@@ -20,11 +20,16 @@ HELD_OUT_PER_MILLE = 20
 EOT, IM_START, IM_END = SPECIAL_TOKENS  # model/tiny.py's: the random test checkpoints' chat format too
 
 
-def stdlib_root() -> Path:
-    return Path(sysconfig.get_paths()["stdlib"])
+def stdlib_root(override: Path | None = None) -> Path:
+    """This interpreter's standard library, or ``override``: a copy of another's (some distributions ship the
+    standard library without its test suite, a third of its sources)."""
+    return override or Path(sysconfig.get_paths()["stdlib"])
 
 
-def python_version() -> str:
+def python_version(stdlib: Path | None = None) -> str:
+    """The Python version whose standard library this is: a copy names it in a VERSION file beside its sources."""
+    if stdlib is not None and (stdlib / "VERSION").is_file():
+        return (stdlib / "VERSION").read_text().strip()
     return ".".join(map(str, sys.version_info[:3]))
 
 

@@ -20,18 +20,18 @@ from pathlib import Path
 
 import numpy as np
 
-from training.corpus import documents, python_version, split, stdlib_files
+from training.corpus import documents, python_version, split, stdlib_files, stdlib_root
 from training.train_default_model import token_stream
 
 SAMPLE_PROMPTS = ["def fibonacci(n):", "class Stack:\n    def push(self, item):", "import os\n\n\ndef list_files("]
 ENGINE_RUNS = {"bf16": {}, "fp8": {"quantization": "fp8"}, "fp8-kv": {"kv_cache_dtype": "fp8"}}
 
 
-def held_out_windows(model_dir: Path, window: int, max_windows: int) -> np.ndarray:
+def held_out_windows(model_dir: Path, window: int, max_windows: int, stdlib: Path | None = None) -> np.ndarray:
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    _, held = split(stdlib_files())
+    _, held = split(stdlib_files(stdlib_root(stdlib)))
     stream = token_stream(tokenizer, documents(held, with_chat=False), seed=0)
     n = len(stream) // window
     n = min(n, max_windows) if max_windows else n
@@ -89,11 +89,14 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--max-windows", type=int, default=0, help="score the first N windows only (0: all)")
     p.add_argument("--chunk", type=int, default=256, help="the engine's max_num_batched_tokens (prefill chunk)")
     p.add_argument("--runs", default="bf16,fp8,fp8-kv,hf", help="comma-separated: bf16, fp8, fp8-kv, hf")
+    p.add_argument("--stdlib", type=Path, help="the standard library's directory (default: this Python's)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="cuda or cpu")
     p.add_argument("--json", type=Path, help="also write the results here")
     args = p.parse_args(argv)
-    windows = held_out_windows(args.model_dir, args.window, args.max_windows)
-    print(f"python {python_version()} held-out: {windows.shape[0]} windows of {args.window} tokens", flush=True)
+    windows = held_out_windows(args.model_dir, args.window, args.max_windows, args.stdlib)
+    print(
+        f"python {python_version(args.stdlib)} held-out: {windows.shape[0]} windows of {args.window} tokens", flush=True
+    )
     results, record_samples = {}, []
     for run in args.runs.split(","):
         t0 = time.time()
@@ -111,7 +114,7 @@ def main(argv: list[str] | None = None) -> None:
     for text in record_samples:
         print(f"--- sample ---\n{text}\n", flush=True)
     results["samples"] = record_samples
-    record = {"python": python_version(), "windows": int(windows.shape[0]), "window": args.window, **results}
+    record = {"python": python_version(args.stdlib), "windows": int(windows.shape[0]), "window": args.window, **results}
     if args.json:
         args.json.write_text(json.dumps(record, indent=1) + "\n")
     print("| run | held-out ppl | nll |\n|---|---|---|")

@@ -130,6 +130,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--eval-every", type=int, default=100, help="steps between held-out loss readings")
     p.add_argument("--compile", action="store_true", help="torch.compile the model")
     p.add_argument("--max-files", type=int, default=0, help="train on the first N training files only (0: all)")
+    p.add_argument("--stdlib", type=Path, help="the standard library's directory (default: this Python's)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="torch device")
     shape_args(p)
     args = p.parse_args(argv)
@@ -139,13 +140,13 @@ def main(argv: list[str] | None = None) -> None:
     torch.manual_seed(args.seed)
     device = torch.device(args.device)
 
-    train_files, held_files = split(stdlib_files())
+    train_files, held_files = split(stdlib_files(stdlib_root(args.stdlib)))
     train_files = train_files[: args.max_files or None]  # a quick smoke run; the record says how many
     tokenizer = train_tokenizer([text for _, text in train_files], args.vocab_size)
     t_tok = time.time() - t_start
     stream = token_stream(tokenizer, documents(train_files), args.seed)
     held = token_stream(tokenizer, documents(held_files, with_chat=False), args.seed)
-    print(f"python {python_version()} stdlib: {len(train_files)} training files ({len(stream):,} tokens), "
+    print(f"python {python_version(args.stdlib)} stdlib: {len(train_files)} training files ({len(stream):,} tokens), "
           f"{len(held_files)} held out ({len(held):,} tokens); tokenizer {t_tok:.0f} s", flush=True)  # fmt: skip
 
     config = make_config(args, tokenizer)
@@ -188,7 +189,7 @@ def main(argv: list[str] | None = None) -> None:
             if fits < total:
                 total = max(step + 1, fits)
                 print(f"schedule shortened to {total} steps to fit --max-seconds", flush=True)
-        if step % 10 == 0 or step == total:
+        if step % 10 == 0 or step == total or step % args.eval_every == 0:
             losses.append((step, loss.item()))
         if step % args.eval_every == 0 or step == total:
             h = held_out_loss(model, held, args.seq_len, device)
@@ -207,8 +208,8 @@ def main(argv: list[str] | None = None) -> None:
     GenerationConfig(**ids).save_pretrained(out)
     save_tokenizer(tokenizer, out)
     record = {
-        "python": python_version(),
-        "stdlib": str(stdlib_root()),
+        "python": python_version(args.stdlib),
+        "stdlib": str(stdlib_root(args.stdlib)),
         "train_files": len(train_files),
         "held_out_files": len(held_files),
         "train_tokens": int(len(stream)),
