@@ -7,6 +7,7 @@ streams and exiting with its parent."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -44,11 +45,11 @@ def test_non_loopback_host_needs_a_key():
     assert "--api-key" in out.stderr
 
 
-def test_http_port_in_use_fails_before_loading():
+def test_http_port_in_use_fails_before_loading(tiny_tied):
     with socket.create_server(("127.0.0.1", 0)) as taken:
         port = taken.getsockname()[1]
         out = subprocess.run(
-            [*LAUNCH, "--port", "0", "--http-port", str(port), "--model", "/nonexistent"],
+            [*LAUNCH, "--port", "0", "--http-port", str(port), "--model", str(tiny_tied)],
             capture_output=True, text=True, timeout=START_S,
         )  # fmt: skip
     assert out.returncode == 1
@@ -115,7 +116,9 @@ def test_request_over_the_message_limit_is_400_and_other_streams_go_on(server):
     """The front-end learns the coordinator's --max-message-bytes: a larger body is a 413, unread; a body within it
     whose request still comes out larger (its fields around the text) is refused by the front-end itself: sent, it
     would be dropped by ZMQ with the front-end's shared connection, hanging it and every stream on it."""
-    big = "a" * (MESSAGE_LIMIT - 100)  # the body fits, the message (its fields and the sampling params) not
+    # the chat body is exactly at the limit (so it is read), the message (its id, client label, fields) is not
+    shell = len(json.dumps({"messages": [{"role": "user", "content": ""}], "max_tokens": 2, "stream": False}))
+    big = "a" * (MESSAGE_LIMIT - shell)
     long = {"prompt": "long", "max_tokens": 300, "ignore_eos": True, "stream": True}
     with httpx.Client(timeout=HANG_S, headers=HEADERS) as client:
         with client.stream("POST", server.base_url + "/completions", json=long) as resp:
@@ -125,7 +128,8 @@ def test_request_over_the_message_limit_is_400_and_other_streams_go_on(server):
             for stream in (False, True):
                 r = client.post(server.base_url + "/chat/completions", json={**chat, "stream": stream})
                 assert f"limit of {MESSAGE_LIMIT} bytes" in _error(r, 400, "messages")
-            r = client.post(server.base_url + "/completions", json={"prompt": ["x", big], "max_tokens": 2})
+            wide = "a" * (MESSAGE_LIMIT - len(json.dumps({"prompt": ["x", ""], "max_tokens": 2})))
+            r = client.post(server.base_url + "/completions", json={"prompt": ["x", wide], "max_tokens": 2})
             assert "--max-message-bytes" in _error(r, 400, "prompt")
             cap = MESSAGE_LIMIT
             body = b'{"prompt": "' + b"a" * cap + b'"}'
