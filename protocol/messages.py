@@ -10,7 +10,7 @@ from protocol.sampling_params import SamplingParams
 # 4: SamplingParams.logit_bias / prompt_logprobs, StepResult's prompt logprobs; 5: SamplingParams.truncate_prompt_tokens
 # 6: SamplingParams.structured_outputs, StepCommand's token masks; 7: StepMasks; 8: worker authentication
 # (WorkerHello.nonce, AuthChallenge, AuthResponse); 9: SamplingParams travels sparse (its non-default fields by name)
-PROTOCOL_VERSION = 9
+PROTOCOL_VERSION = 10
 
 
 # ---- coordinator <-> worker --------------------------------------------------------------------------
@@ -151,6 +151,10 @@ class StepCommand:
     # of the steps before this one (async scheduling); rank 0 runs the forward meanwhile and samples after.
     mask_rows: I32 | None = None
     token_masks: I32 | None = None
+    # speculative decoding: per leading multi-token row (as prefill_num_tokens), how many of its trailing tokens are
+    # draft tokens (0: a prompt chunk). A row with d > 0 is a verify row, [last token, d drafts]: the worker scores
+    # all d + 1 positions, keeps the drafts the target accepts and adds one token of its own (StepResult.num_accepted)
+    draft_counts: I32 | None = None
 
 
 @record(11)
@@ -184,6 +188,9 @@ class StepResult:
     prompt_logprob_index: I32 | None = None  # [3 * positions] (row, position, rank) triples
     prompt_logprob_token_ids: I32 | None = None
     prompt_logprobs: F32 | None = None
+    # with verify rows in the step: per sampled row, the drafts accepted (0..d); token_ids then holds 1 + that many
+    # tokens a row (the accepted drafts, then the target's own), and logprobs follow the same tokens
+    num_accepted: I32 | None = None
 
 
 @record(9)

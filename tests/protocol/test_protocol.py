@@ -178,7 +178,7 @@ def test_array_byte_order_and_dtype_conversion():
     """Explicit bytes: int32 1 is 01 00 00 00 whatever the host or the input array's byte order/dtype."""
     msg = StepResult(step_id=3, rank=0, token_ids=np.array([1, 256, -2], dtype=">i8"))  # big-endian int64 in
     raw = msgpack.unpackb(encode(msg), raw=False)
-    assert raw == [8, 3, 0, b"\x01\x00\x00\x00" + b"\x00\x01\x00\x00" + b"\xfe\xff\xff\xff"] + [None] * 5
+    assert raw == [8, 3, 0, b"\x01\x00\x00\x00" + b"\x00\x01\x00\x00" + b"\xfe\xff\xff\xff"] + [None] * 6
     back = decode(encode(msg))
     assert back.token_ids.dtype == np.dtype("<i4") and back.token_ids.tolist() == [1, 256, -2]
     step = make_step([dict(slot=2, tokens=[7], start=5, temperature=0.5, seed=2**40 + 1, outputs=[258])])
