@@ -1,24 +1,10 @@
 """nanoserve's in-process API: ``from nanoserve import LLM, SamplingParams`` runs the coordinator in your process
-(as vLLM's ``LLM`` does) and drives worker processes over the same ZMQ protocol as ``launch.py``. The remote clients
-(``Client``, ``AsyncClient``) live in client/, which never loads torch."""
+(as vLLM's ``LLM`` does) and drives worker processes over the same ZMQ protocol as ``launch.py``. The records and
+errors are the remote clients' own (client/, which never loads torch), exported here under the same names."""
 
-from protocol.errors import AbortedError, EngineDeadError, MessageTooLargeError, OverloadedError, RequestError
-from protocol.outputs import Completion, CompletionOutput, RequestOutput
-from protocol.sampling_params import SamplingParams, StructuredOutputsParams
+import client
 
-__all__ = [
-    "LLM",
-    "SamplingParams",
-    "StructuredOutputsParams",
-    "Completion",
-    "RequestOutput",
-    "CompletionOutput",
-    "RequestError",
-    "MessageTooLargeError",
-    "EngineDeadError",
-    "OverloadedError",
-    "AbortedError",
-]
+__all__ = ["LLM", *client.__all__]
 
 
 def __getattr__(name: str):
@@ -27,4 +13,6 @@ def __getattr__(name: str):
         from nanoserve.llm import LLM
 
         return LLM
+    if name in client.__all__:
+        return getattr(client, name)
     raise AttributeError(name)
