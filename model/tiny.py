@@ -1,30 +1,28 @@
-"""Writes a tiny random-weight checkpoint (Qwen3, or another transformers model class) and an offline-trained
-byte-level BPE tokenizer.
+"""The embedded default model, and tiny random-weight checkpoints for the tests.
 
-Used by the tests (HF transformers on the same files is the oracle) and as the embedded default model.
-Random weights use std 0.2 and random norm weights: with HF's 0.02 a tied random model just repeats its
-last input token, and norm weights of exactly 1.0 hide norm bugs.
+The default model (``python launch.py`` or ``LLM()`` with no model) is a small trained Qwen3 shipped in the package,
+model/default_model/: training/train_default_model.py made it from the Python standard library's sources
+(its training_record.json says which Python, how long and on what).
+
+``write_tiny_checkpoint`` writes a random-weight checkpoint of any shape (Qwen3, or another transformers model
+class) with an offline-trained byte-level BPE tokenizer: the tests' odd shapes, with HF transformers on the same
+files as the oracle. Random weights use std 0.2 and random norm weights: with HF's 0.02 a tied random model just
+repeats its last input token, and norm weights of exactly 1.0 hide norm bugs.
 """
 
 from __future__ import annotations
 
 import functools
-import logging
-import os
-import shutil
 import sysconfig
 from dataclasses import dataclass, field
 from pathlib import Path
-
-from settings.env import settings
-
-log = logging.getLogger("nanoserve.model")
 
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+DEFAULT_MODEL_DIR = Path(__file__).resolve().parent / "default_model"  # package data (pyproject.toml)
 DEFAULT_MODEL_ID = "nanoserve-tiny"  # the embedded default model's name in the HTTP API (model="nanoserve-tiny")
 
 
@@ -129,18 +127,10 @@ def write_tiny_checkpoint(out_dir: str | Path, spec: TinySpec | None = None) -> 
 
 
 def default_model_dir() -> Path:
-    """The embedded default model, written once into the user's cache (a few seconds, offline)."""
-    base = settings().cache_dir
-    path = base / "tiny-qwen3"
-    if not (path / "model.safetensors").is_file():
-        log.warning("first start: writing the embedded default model to %s (once, a few seconds)", path)
-        tmp = base / f"tiny-qwen3.tmp{os.getpid()}"
-        write_tiny_checkpoint(tmp)
-        if path.exists():  # another process wrote it meanwhile
-            shutil.rmtree(tmp, ignore_errors=True)
-        else:
-            tmp.replace(path)
-    return path
+    """The embedded default model's directory (in the package: nothing is written at start)."""
+    if not (DEFAULT_MODEL_DIR / "model.safetensors").is_file():
+        raise FileNotFoundError(f"the embedded default model is missing from {DEFAULT_MODEL_DIR}: reinstall nanoserve")
+    return DEFAULT_MODEL_DIR
 
 
 if __name__ == "__main__":
