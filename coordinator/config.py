@@ -119,6 +119,11 @@ class EngineConfig:
         "sampling defaults for requests that leave a field unset: auto = the model's generation_config.json, vllm = "
         "none (each field's own default), or a directory holding a generation_config.json",
     )
+    speculative_config: dict | None = _arg(
+        None,
+        'speculative decoding, as vLLM\'s: {"method": "ngram", "num_speculative_tokens": K, '
+        '"prompt_lookup_min": N, "prompt_lookup_max": M, "disable_by_batch_size": B}; unset = off',
+    )
 
     def __post_init__(self) -> None:
         from coordinator.model_source import ModelSourceError, resolve_sources
@@ -158,6 +163,13 @@ class EngineConfig:
                 "generation_config",
                 f"generation_config must be auto, vllm or a directory, got {self.generation_config!r}",
             )
+        if self.speculative_config is not None:  # checked key by key now; the engine builds its record from it
+            from coordinator.speculative import SpeculativeConfig, SpeculativeConfigError
+
+            try:
+                SpeculativeConfig.from_dict(self.speculative_config)
+            except SpeculativeConfigError as e:
+                raise EngineArgError("speculative_config", str(e)) from None
         if self.chat_template:  # the template's text from here on, so a missing file fails before start-up
             self.chat_template = _chat_template_text(self.chat_template)
         if self.external_workers and not self.worker_address:

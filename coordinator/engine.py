@@ -17,12 +17,15 @@ from collections import deque
 
 from coordinator.admission import Admission, Prepared
 from coordinator.block_manager import BlockManager
-from coordinator.config import EngineConfig
+from coordinator.config import EngineArgError, EngineConfig
 from coordinator.output_processor import OutputProcessor
 from coordinator.prompts import configured_generation_defaults, detokenize_reply, eos_token_ids, tokenize_reply
 from coordinator.scheduler import ScheduledBatch, Scheduler
 from coordinator.sequence import SeqStatus, Sequence
-from coordinator.structured_outputs import Grammars, grammar_stop
+from coordinator.spec_schedule import Speculator
+from coordinator.speculative import SpeculativeConfig, SpeculativeConfigError, check_startable
+from coordinator.step_apply import apply_result
+from coordinator.structured_outputs import Grammars
 from coordinator.worker_group import WorkerGroup
 from model.config import ModelConfig
 from protocol.client_messages import ChatPrompt, Detokenize, DetokenizeReply, Tokenize, TokenizeReply
@@ -65,6 +68,7 @@ class Engine:
         mc = self.model_config
         self.max_model_len = cfg.max_model_len
         mc.check_max_model_len(self.max_model_len)
+        self.speculative = _speculative(cfg)  # before any process starts: a method not available yet is refused
         self.vocab_size = mc.vocab_size
         self.eos_token_ids = eos_token_ids(mc.eos_token_id, self.tokenizer)
         eos_ids = sorted(t for t in self.eos_token_ids if 0 <= t < self.vocab_size)
@@ -90,7 +94,11 @@ class Engine:
             self.tokenizer, self.max_model_len, self.vocab_size, self.block_manager, self.generation_defaults
         )
         self.scheduler = Scheduler(
-            self.block_manager, cfg.max_num_seqs, cfg.max_num_batched_tokens, async_scheduling=cfg.async_scheduling
+            self.block_manager,
+            cfg.max_num_seqs,
+            cfg.max_num_batched_tokens,
+            async_scheduling=cfg.async_scheduling,
+            speculator=Speculator(self.speculative, self.max_model_len) if self.speculative else None,
         )
         self.output_processor = OutputProcessor(self.tokenizer)
         self.grammars = Grammars(self.tokenizer, self.vocab_size, eos_ids)
@@ -192,50 +200,14 @@ class Engine:
         return [out for seq in failed if (out := self.abort(seq.request_id)) is not None]
 
     def _apply(self, batch: ScheduledBatch, result: StepResult) -> list[StepOutput]:
-        tokens = result.token_ids.tolist()
-        self.num_prompt_tokens_computed += sum(n for n in batch.num_tokens if n > 1)
-        self.num_output_tokens += len(tokens)
-        lp_ids = lp_values = None
-        if result.logprob_token_ids is not None:
-            lp_ids, lp_values, offset = result.logprob_token_ids.tolist(), result.logprobs.tolist(), 0
-        processor = self.output_processor
-        if result.prompt_logprob_index is not None:  # before the tokens: a request's last output carries them
-            idx, ids, values = result.prompt_logprob_index, result.prompt_logprob_token_ids, result.prompt_logprobs
-            processor.add_prompt_logprobs(batch.seqs, idx, ids, values)
-        outputs = []
-        for seq, token in zip(batch.sampled, tokens):
-            logprobs = None
-            if seq.params.logprobs is not None and lp_ids is not None:
-                # the sampled token, then the top N: 1 + N entries for every sampled row that asked
-                end = offset + 1 + seq.params.logprobs
-                logprobs = dict(zip(lp_ids[offset:end], lp_values[offset:end]))
-                offset = end
-            if seq.status is SeqStatus.FINISHED:
-                continue  # aborted, or stopped one step earlier
-            if seq.num_pending:
-                seq.resolve_pending(token)
-            else:
-                seq.token_ids.append(token)
-            stop = seq.token_stop(token, self.eos_token_ids)
-            if seq.grammar is not None and stop is None:
-                stop = grammar_stop(seq.grammar, token)
-            if stop is None and not seq.every_token:
-                continue  # the output processor only needs this request's last token
-            out = processor.update(seq, token, logprobs, stop)
-            if out is None:
-                continue
-            if out.finish_reason is not None:  # a token-level stop, or a stop string the processor found
-                self.scheduler.finish(seq, out.finish_reason)
-                self.requests.pop(seq.request_id, None)
-                self.num_constrained -= seq.params.structured_outputs is not None
-            outputs.append(out)
-        return outputs
+        return apply_result(self, batch, result)
 
     # ---- state -------------------------------------------------------------------------------------------
 
     def stats(self) -> dict:
-        s = self.scheduler.stats
+        s, spec = self.scheduler.stats, self.scheduler.speculator
         return {
+            **(spec.stats.as_dict(spec.cfg.num_speculative_tokens) if spec else {}),
             "steps": s.steps,
             "preemptions": s.preemptions,
             "prefix_cache_hit_tokens": s.prefix_cache_hit_tokens,
@@ -287,3 +259,14 @@ class Engine:
             self.grammars.close()
             self.workers.shutdown()
             gc.unfreeze()  # let the interpreter's last collection reach the start-up objects again
+
+
+def _speculative(cfg: EngineConfig) -> SpeculativeConfig | None:
+    if cfg.speculative_config is None:
+        return None
+    try:
+        spec = SpeculativeConfig.from_dict(cfg.speculative_config)
+        check_startable(spec)
+    except SpeculativeConfigError as e:
+        raise EngineArgError("speculative_config", str(e)) from None
+    return spec

@@ -11,6 +11,7 @@ import numpy as np
 
 from coordinator.block_manager import BlockManager
 from coordinator.sequence import SeqStatus, Sequence
+from coordinator.spec_schedule import Speculator
 from protocol.messages import StepCommand
 
 
@@ -30,6 +31,7 @@ class ScheduledBatch:
     sampled: list[Sequence]  # sequences whose next token this step produces
     step: StepCommand
     masks_due: bool = False  # its token bitmasks follow (StepMasks) once the steps before it are applied
+    drafts: list[int] | None = None  # speculative decoding: per sampled row, its drafts (0: not a verify row)
 
 
 @dataclass(slots=True)
@@ -44,6 +46,7 @@ class Scheduler:
     free_slots: list[int] = field(default_factory=list)
     freed_slots: list[int] = field(default_factory=list)  # to tell the workers in the next step
     step_id: int = 0
+    speculator: Speculator | None = None  # n-gram drafts (coordinator/spec_schedule.py); None: off
 
     def __post_init__(self) -> None:
         self.free_slots = list(range(self.max_num_seqs - 1, -1, -1))
@@ -90,14 +93,20 @@ class Scheduler:
         chosen: list[tuple[Sequence, int]] = []
         preempted = False
         bm = self.block_manager
+        drafts, held = self.speculator.plan(self.running, self.step_id) if self.speculator else ({}, ())
+        verify: dict[Sequence, list[int]] = {}
 
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
-            if seq.num_pending and seq.all_sampled:  # its in-flight token is its last
+            # its in-flight token is its last; its verify row is in flight; held until its tokens are known
+            if (seq.num_pending and seq.all_sampled) or seq.verify_drafts or seq in held:
                 i += 1
                 continue
             n = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            if drafts and (draft := drafts.get(seq)) is not None and budget > 1:
+                verify[seq] = draft[: budget - 1].tolist()  # a decode (n = 1) that also scores its drafts
+                n = 1 + len(verify[seq])
             # most decodes fit the blocks they hold: no allocation to try
             fits = seq.num_computed_tokens + n <= len(seq.block_table) * bm.block_size
             while not (fits or bm.allocate(seq.block_table, [], seq.num_computed_tokens + n)):
@@ -110,6 +119,8 @@ class Scheduler:
                 chosen.append((seq, n))
                 budget -= n
                 i += 1
+        for seq in [s for s in verify if s.status is not SeqStatus.RUNNING]:
+            del verify[seq]  # preempted by a later sequence of this step
 
         # No preemption happens past this point, so every block keyed from here on is computed by this step.
         # Keying at schedule time lets a request admitted below (or in the next step) share a prefix that is
@@ -120,7 +131,7 @@ class Scheduler:
         # Admit waiting sequences (not in a step that had to preempt: the pool is full).
         while self.waiting and budget > 0 and not preempted and self.free_slots:
             seq = self.waiting[0]
-            if seq.num_pending:
+            if seq.num_pending or seq.verify_drafts:
                 break  # preempted with tokens still in flight: readmitted once they are known, in arrival order
             hits = bm.match_prefix(seq.token_ids)
             if seq.params.prompt_logprobs is not None and not seq.num_output_tokens:
@@ -146,9 +157,9 @@ class Scheduler:
 
         if not chosen:
             return None
-        return self._build(chosen)
+        return self._build(chosen, verify)
 
-    def _build(self, chosen: list[tuple[Sequence, int]]) -> ScheduledBatch:
+    def _build(self, chosen: list[tuple[Sequence, int]], verify: dict[Sequence, list[int]]) -> ScheduledBatch:
         chosen.sort(key=lambda c: c[1] == 1)  # prefill chunks first (stable), then single tokens
         seqs = [s for s, _ in chosen]
         num_tokens = [n for _, n in chosen]
@@ -158,7 +169,8 @@ class Scheduler:
         partial_prefill = False
         for row, (seq, n) in enumerate(chosen):
             start = seq.num_computed_tokens
-            tokens.extend(seq.token_ids[start : start + n])
+            draft = verify.get(seq) if verify else None
+            tokens.extend(seq.token_ids[start : start + n] if draft is None else [seq.token_ids[start], *draft])
             fresh = seq.block_table[seq.num_blocks_sent :]
             block_counts.append(len(fresh))
             block_ids.extend(fresh)
@@ -166,7 +178,7 @@ class Scheduler:
             if start < seq.num_prompt_tokens and seq.params.prompt_logprobs is not None:  # decodes: one compare
                 # the rows computed predict the prompt tokens start + 1 .. start + n (the last: an output)
                 seq.prompt_logprobs_upto = max(seq.prompt_logprobs_upto, min(start + n, seq.num_prompt_tokens - 1))
-            if start + n == seq.num_tokens:
+            if start + n == seq.num_tokens or draft is not None:
                 sampled.append(seq)
             else:
                 skip_sample_rows.append(row)
@@ -187,17 +199,22 @@ class Scheduler:
             new_params=[s.params for s in new],
             freed_slots=np.array(self.freed_slots, np.int32),
             **self._past_tokens(new),
+            draft_counts=np.array([len(verify.get(s, ())) for s in seqs[:num_prefills]], np.int32) if verify else None,
         )
         self.step_id += 1
         self.freed_slots.clear()
         for seq, n in chosen:
             seq.new_in_slot = False
             seq.num_computed_tokens += n
+        for seq, draft in verify.items():
+            seq.verify_drafts = len(draft)  # its 1 + accepted tokens are known once the result is applied
         if self.async_scheduling:
             for seq in sampled:
-                seq.token_ids.append(-1)  # workers feed the real token into the next step themselves
-                seq.num_pending += 1
-        return ScheduledBatch(seqs, num_tokens, sampled, step)
+                if not seq.verify_drafts:
+                    seq.token_ids.append(-1)  # workers feed the real token into the next step themselves
+                    seq.num_pending += 1
+        drafts = [len(verify.get(s, ())) for s in sampled] if verify else None
+        return ScheduledBatch(seqs, num_tokens, sampled, step, drafts=drafts)
 
     @staticmethod
     def _past_tokens(new: list[Sequence]) -> dict:

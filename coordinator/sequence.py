@@ -42,6 +42,12 @@ class Sequence:
     every_token: bool = False  # the output processor takes each new token (streaming, stop strings, logprobs)
     prompt_logprobs_upto: int = 0  # prompt_logprobs: last prompt position whose logprobs a scheduled step computes
     grammar: object | None = None  # structured outputs: its matcher (coordinator/structured_outputs.py)
+    # speculative decoding (coordinator/spec_schedule.py): drafts of its verify row in flight (0: none; it is not
+    # rescheduled until that result is applied), the step from which a proposal is tried again, the current back-off
+    verify_drafts: int = 0
+    spec_next_try: int = 0
+    spec_backoff: int = 0
+    spec_ok: bool | None = None  # its params allow drafts (no penalties, no structured outputs); None: not asked yet
     # prompt + max_tokens: the length stop. Admission resolved max_tokens and checked this against max_model_len
     max_num_tokens: int = field(init=False)
 

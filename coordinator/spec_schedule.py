@@ -1,0 +1,86 @@
+"""Who gets n-gram drafts this step, and how a sequence's proposals back off when they fail.
+
+A draft must follow the sequence's last token, so a verify row needs every token known: with async scheduling a
+decoding sequence always has a token in flight. Dropping out of the overlap costs a step's worth of it, so it is
+done only when it looks worth it: a sequence whose proposal fails (nothing found, or nothing accepted) waits 1, 2,
+4 .. MAX_BACKOFF steps before the next try, decoding asynchronously meanwhile; and a try with a token in flight first
+probes the known tokens, and only a probe that finds a match holds the sequence back for a step or two until its
+in-flight tokens are known. Any accepted draft resets the back-off (it paid: try again at once)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from coordinator.ngram import propose_batch
+from coordinator.sequence import Sequence
+from coordinator.speculative import SpecStats, SpeculativeConfig
+
+# Steps between tries at most: a failing sequence leaves the async overlap once per this many tokens at most.
+MAX_BACKOFF = 64
+
+
+class Speculator:
+    def __init__(self, cfg: SpeculativeConfig, max_model_len: int) -> None:
+        self.cfg = cfg
+        self.max_model_len = max_model_len
+        self.stats = SpecStats()
+
+    def eligible(self, seq: Sequence) -> bool:
+        """Decoding with controls the worker applies per position alone, past min_tokens, and room for a draft."""
+        p = seq.params
+        if seq.spec_ok is None:
+            seq.spec_ok = (
+                p.repetition_penalty == 1
+                and p.frequency_penalty == 0
+                and p.presence_penalty == 0
+                and p.structured_outputs is None
+            )
+        return (
+            seq.spec_ok
+            and seq.num_computed_tokens == seq.num_tokens - 1  # decoding: only the last token to compute
+            and seq.num_output_tokens >= max(1, p.min_tokens)
+            and seq.num_tokens + 1 < min(seq.max_num_tokens, self.max_model_len + 1)
+        )
+
+    def plan(self, running: list[Sequence], step_id: int) -> tuple[dict[Sequence, np.ndarray], set[Sequence]]:
+        """This step's drafts per sequence (never empty), and the sequences held back until their in-flight
+        tokens are known (a probe found a match)."""
+        drafts: dict[Sequence, np.ndarray] = {}
+        held: set[Sequence] = set()
+        cfg = self.cfg
+        if len(running) > cfg.disable_by_batch_size:
+            return drafts, held
+        ready, probe = [], []
+        for seq in running:
+            if not seq.verify_drafts and seq.spec_next_try <= step_id and self.eligible(seq):
+                (probe if seq.num_pending else ready).append(seq)
+        lo, hi, k = cfg.prompt_lookup_min, cfg.prompt_lookup_max, cfg.num_speculative_tokens
+        if probe:
+            found = propose_batch([s.token_ids[: s.num_known_tokens] for s in probe], [k] * len(probe), lo, hi)
+            for seq, d in zip(probe, found):
+                if len(d):
+                    held.add(seq)
+                else:
+                    self.backoff(seq, step_id)
+        if ready:
+            # 1 + d tokens come back at most: d <= max_tokens left - 1, and the last position < max_model_len
+            caps = [min(k, s.max_num_tokens - s.num_tokens - 1, self.max_model_len - s.num_tokens) for s in ready]
+            for seq, d in zip(ready, propose_batch([s.token_ids for s in ready], caps, lo, hi)):
+                if len(d):
+                    drafts[seq] = d
+                else:
+                    self.backoff(seq, step_id)
+        return drafts, held
+
+    @staticmethod
+    def backoff(seq: Sequence, step_id: int) -> None:
+        seq.spec_backoff = min(max(1, 2 * seq.spec_backoff), MAX_BACKOFF)
+        seq.spec_next_try = step_id + seq.spec_backoff
+
+    def verified(self, seq: Sequence, accepted: int, step_id: int) -> None:
+        """Its verify row came back with ``accepted`` drafts taken."""
+        seq.verify_drafts = 0
+        if accepted:
+            seq.spec_backoff = seq.spec_next_try = 0
+        else:
+            self.backoff(seq, step_id)
