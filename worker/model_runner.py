@@ -24,6 +24,7 @@ from worker.logprobs import PromptLogprobs, PromptRows, gather_logprobs, raw_log
 from worker.results import AwaitingMasks, PendingTokens, ResultRing, no_tokens
 from worker.sampler import pick_across_shards, sample, samples_on_shards, shard_candidates
 from worker.sampling_state import SamplingState
+from worker.speculative import VerifyLayout, add_verify_rows, launch_verify, settle
 from worker.transfer import HostStager
 
 
@@ -42,6 +43,7 @@ class HostBatch:
     sample_idx: np.ndarray  # token rows whose logits are sampled
     sample_slots: np.ndarray
     sample_positions: np.ndarray
+    verify: VerifyLayout | None = None  # a step with draft tokens (speculative decoding): its output positions
 
 
 class ModelRunner:
@@ -71,6 +73,7 @@ class ModelRunner:
         self.num_computed = np.zeros(n, dtype=np.int64)
         self.sampling = SamplingState(n, self.model_config.vocab_size, cfg.eos_token_ids, device, self.to_dev)
         self.prompt_logprobs = PromptLogprobs()
+        self.unsettled: tuple | None = None  # the last verify step's accepted counts, until the next step
 
     # ---- KV pool (sized by worker/startup.py) -----------------------------------------------------------
 
@@ -146,7 +149,7 @@ class ModelRunner:
             last, sample_slots, sample_positions = last[keep], slots[keep], seq_lens[keep]
         else:
             sample_slots, sample_positions = slots, seq_lens
-        return HostBatch(
+        hb = HostBatch(
             slots=slots,
             q_lens=q_lens,
             seq_lens=seq_lens,
@@ -159,6 +162,9 @@ class ModelRunner:
             sample_slots=sample_slots,
             sample_positions=sample_positions,
         )
+        if step.draft_counts is not None:
+            add_verify_rows(hb, step)
+        return hb
 
     def device_meta(self, hb: HostBatch) -> AttentionMetadata:
         n_pre = hb.num_prefills
@@ -193,6 +199,7 @@ class ModelRunner:
 
     def _forward(self, step: StepCommand, hb: HostBatch, sample_slots: torch.Tensor | None = None) -> torch.Tensor:
         input_ids = self._input_ids(step, hb, sample_slots)
+        # verify rows are multi-token rows (num_prefills > 0): they never replay a decode graph
         if self.graphs is not None and hb.num_prefills == 0 and len(hb.slots) <= self.graphs.max_batch:
             tables = self.block_tables[hb.slots, : hb.width]
             return self.graphs.run(self.stager, input_ids, hb.positions, hb.slot_mapping, hb.seq_lens, tables)
@@ -210,6 +217,8 @@ class ModelRunner:
         """Enqueue one step on the device without waiting for it; the sampled ids arrive in a host buffer. On rank
         0, a step whose token bitmasks follow stops after its logits, until ``AwaitingMasks.finish``."""
         self.stager.begin_step()
+        if self.unsettled is not None:
+            settle(self)
         self.apply_slot_updates(step)
         hb = self.prepare_host(step) if len(step.slots) else None
         if hb is None:
@@ -226,6 +235,8 @@ class ModelRunner:
         # sample_idx picks increasing token rows: as many as there are tokens means every row, in order (a
         # decode-only step), and the gather (a copy to the device and an index kernel) is skipped
         rows = hidden if len(hb.sample_idx) == hidden.shape[0] else hidden[self.to_dev(hb.sample_idx)]
+        if hb.verify is not None:
+            return launch_verify(self, step, hb, hidden, rows, slots_dev, prompt_rows)
         sampled = self._sample(rows, hb, slots_dev, step)
         if callable(sampled):  # the bitmasks are still to come
             return AwaitingMasks(
@@ -298,6 +309,8 @@ class ModelRunner:
     @torch.inference_mode()
     def forward_logits(self, step: StepCommand) -> torch.Tensor:
         """Teacher-forced logits of every computed token (tests and parity checks)."""
+        if self.unsettled is not None:
+            settle(self)
         self.apply_slot_updates(step)
         hb = self.prepare_host(step)
         return self.model.compute_logits(self._forward(step, hb))

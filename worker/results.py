@@ -13,6 +13,25 @@ _MAX_LOGPROB_ENTRIES = 21  # per sequence: the sampled token and the top 20 (log
 
 
 @dataclass(slots=True)
+class VerifyCompaction:
+    """A step with verify rows comes back as the tokens of every output position, then the accepted count of each
+    sampled row; the host keeps the emitted positions (j <= a of each row) and their logprobs."""
+
+    counts: np.ndarray  # [m] output positions of each sampled row (1 + d)
+    entries: np.ndarray | None  # [positions] logprob entries of each (1 + N, 0 where the row asks none)
+
+    def apply(self, pending: PendingTokens) -> None:
+        total = int(self.counts.sum())
+        tokens, accepted = pending.host[:total], pending.host[total:]
+        offset = np.arange(total) - np.repeat(np.cumsum(self.counts) - self.counts, self.counts)
+        keep = offset <= np.repeat(accepted, self.counts)
+        pending.host, pending.num_accepted = tokens[keep], accepted.astype(np.int32)
+        if self.entries is not None and pending.logprobs is not None:
+            kept = np.repeat(keep, self.entries)
+            pending.logprob_token_ids, pending.logprobs = pending.logprob_token_ids[kept], pending.logprobs[kept]
+
+
+@dataclass(slots=True)
 class PendingTokens:
     """A launched step's sampled ids: valid in ``host`` (and the logprob arrays, when some row asked for
     logprobs) once ``event`` (None = already done) has completed."""
@@ -26,6 +45,9 @@ class PendingTokens:
     prompt_index: np.ndarray | None = None
     prompt_ints: np.ndarray | None = None
     prompt_values: np.ndarray | None = None
+    # a step with verify rows: the accepted drafts per sampled row (StepResult.num_accepted), set by ``wait``
+    num_accepted: np.ndarray | None = None
+    verify: VerifyCompaction | None = None
 
     def prompt_result(self) -> tuple[np.ndarray | None, np.ndarray | None, np.ndarray | None]:
         """StepResult's (prompt_logprob_index, prompt_logprob_token_ids, prompt_logprobs), once ``wait`` returned:
@@ -43,6 +65,9 @@ class PendingTokens:
     def wait(self) -> np.ndarray:
         if self.event is not None:
             self.event.synchronize()
+        if self.verify is not None:
+            self.verify.apply(self)
+            self.verify = None
         return self.host
 
 
@@ -87,15 +112,27 @@ class ResultRing:
         lp_ids: torch.Tensor | None = None,
         lp_values: torch.Tensor | None = None,
         prompt: tuple[np.ndarray, torch.Tensor, torch.Tensor] | None = None,
+        verify: VerifyCompaction | None = None,
     ) -> PendingTokens:
-        """``prompt``: PromptLogprobs.compute's result, or None."""
+        """``prompt``: PromptLogprobs.compute's result, or None; ``verify``: how to read a step with verify rows
+        (``tokens`` then holds every output position's token and the accepted counts)."""
         index, ints, values = prompt if prompt is not None else (None, None, None)
         if not self.on_cuda:
             if lp_ids is not None:
                 lp_ids, lp_values = lp_ids.numpy(), lp_values.numpy()
             if prompt is not None:
                 ints, values = ints.numpy(), values.numpy()
-            return PendingTokens(step_id, None, tokens.to(torch.int32).numpy(), lp_ids, lp_values, index, ints, values)
+            host = tokens.to(torch.int32).numpy()
+            return PendingTokens(step_id, None, host, lp_ids, lp_values, index, ints, values, verify=verify)
+        if verify is not None:  # sized by the step's positions, not the ring's rows: pinned for this step
+            host = _to_pinned_host(tokens.to(torch.int32))
+            if lp_ids is not None:
+                lp_ids, lp_values = _to_pinned_host(lp_ids), _to_pinned_host(lp_values)
+            if prompt is not None:
+                ints, values = _to_pinned_host(ints), _to_pinned_host(values)
+            event = torch.cuda.Event()
+            event.record()
+            return PendingTokens(step_id, event, host, lp_ids, lp_values, index, ints, values, verify=verify)
         self._index = (self._index + 1) % len(self._tokens)
         host = self._tokens[self._index][: len(tokens)]
         host.copy_(tokens, non_blocking=True)

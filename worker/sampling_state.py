@@ -278,3 +278,21 @@ class SamplingState:
             self.min_tokens_left[slots] -= 1
             if not self.min_tokens_left[slots].any():
                 self._refresh_any_controls()
+
+    def after_verify(self, position_slots: np.ndarray, tokens: torch.Tensor, kept: torch.Tensor) -> None:
+        """Verify rows (rank 0): count the emitted tokens (``kept`` of the positions, one slot each) into the
+        penalized slots' outputs. The coordinator drafts only for sequences without penalties; this keeps the
+        counts right should one have them."""
+        penalized = self.has_penalty[position_slots]
+        if not penalized.any():
+            return
+        rows = self.to_dev(np.flatnonzero(penalized))
+        index = (self.to_dev(position_slots[penalized]), tokens[rows])
+        self.output_counts.index_put_(index, kept[rows].to(torch.int32), accumulate=True)
+
+    def advance_min_tokens(self, slots: np.ndarray, emitted: np.ndarray) -> None:
+        """Verify rows (rank 0): each slot emitted ``emitted`` tokens towards its min_tokens."""
+        left = self.min_tokens_left[slots]
+        if left.any():
+            self.min_tokens_left[slots] = np.maximum(left - emitted, 0)
+            self._refresh_any_controls()

@@ -179,7 +179,8 @@ class Worker:
                 done = in_flight.popleft()
                 tokens = done.wait()  # before prompt_result: the prompt logprobs arrive with the tokens
                 lp = (done.logprob_token_ids, done.logprobs)
-                self.send(StepResult(done.step_id, self.rank, tokens, *lp, *done.prompt_result()))
+                prompt = done.prompt_result()
+                self.send(StepResult(done.step_id, self.rank, tokens, *lp, *prompt, num_accepted=done.num_accepted))
             while queued and awaiting is None:
                 awaiting = self._launch(queued.popleft(), in_flight)
             if in_flight and not self.sock.poll(0):

@@ -1,0 +1,141 @@
+"""Verify rows (speculative decoding) on the real model runner, driven by StepCommands as a worker receives them,
+with HF transformers (float32, CPU) as the oracle: a row [last token, d drafts] keeps the drafts that are the
+target's greedy tokens and adds the target's own, logprobs of every emitted token are the non-speculative ones, and
+the slot continues from the accepted tokens only (computed length, the async feed of its last token)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from protocol.codec import decode, encode
+from protocol.messages import StepCommand
+from tests.support.builders import i32, make_step, worker_config
+from worker.model_runner import ModelRunner
+
+PROMPT_LEN = 21
+
+
+@pytest.fixture(scope="module")
+def oracle(tiny_untied):
+    """The prompts and HF's greedy continuation of each, with the raw log-softmax at every position."""
+    hf = AutoModelForCausalLM.from_pretrained(tiny_untied, dtype=torch.float32).eval()
+    rng = np.random.default_rng(3)
+    out = []
+    for n in (PROMPT_LEN, 30, 12, 17):
+        ids = rng.integers(0, 500, n).tolist()
+        with torch.no_grad():
+            for _ in range(8):
+                ids.append(int(hf(torch.tensor([ids])).logits[0, -1].argmax()))
+            logprobs = hf(torch.tensor([ids])).logits[0].log_softmax(-1)
+        out.append((ids[:n], ids[n:], logprobs))
+    return out
+
+
+def runner(model_dir) -> ModelRunner:
+    r = ModelRunner(worker_config(model_dir), torch.device("cpu"))
+    r.allocate_kv(64)
+    return r
+
+
+def wire(step: StepCommand, draft_counts=None) -> StepCommand:
+    step.draft_counts = None if draft_counts is None else i32(draft_counts)
+    return decode(encode(step), expect=StepCommand)  # what a worker receives
+
+
+def start(slot: int, prompt: list[int], **params) -> dict:
+    return dict(slot=slot, tokens=prompt, start=0, new_blocks=list(range(slot * 8, slot * 8 + 8)), **params)
+
+
+def test_greedy_partial_acceptance_then_the_slot_continues_from_the_accepted_tokens(tiny_untied, oracle):
+    prompt, greedy, _ = oracle[0]
+    r = runner(tiny_untied)
+    assert r.execute(wire(make_step([start(0, prompt)]))).tolist() == greedy[:1]
+    wrong = (greedy[3] + 1) % 509
+    done = r.launch(wire(make_step([dict(slot=0, tokens=[greedy[0], greedy[1], greedy[2], wrong])], 1), [3]))
+    assert done.wait().tolist() == greedy[1:4]  # two drafts kept, then the target's own token at the mismatch
+    assert done.num_accepted.tolist() == [2]
+    # a decode with the async placeholder: fed the last emitted token, at the position after the accepted ones
+    nxt = r.launch(wire(make_step([dict(slot=0, tokens=[-1])], 2)))
+    assert nxt.wait().tolist() == greedy[4:5] and nxt.num_accepted is None
+    assert r.num_computed[0] == PROMPT_LEN + 4
+
+
+def test_greedy_full_acceptance_adds_the_bonus_token(tiny_untied, oracle):
+    prompt, greedy, _ = oracle[0]
+    r = runner(tiny_untied)
+    r.execute(wire(make_step([start(0, prompt)])))
+    done = r.launch(wire(make_step([dict(slot=0, tokens=greedy[:4])], 1), [3]))
+    assert done.wait().tolist() == greedy[1:5] and done.num_accepted.tolist() == [3]
+    assert r.execute(wire(make_step([dict(slot=0, tokens=[-1])], 2))).tolist() == greedy[5:6]
+
+
+def test_logprobs_of_every_emitted_token_are_the_non_speculative_ones(tiny_untied, oracle):
+    prompt, greedy, ref = oracle[0]
+    r = runner(tiny_untied)
+    r.execute(wire(make_step([start(0, prompt, logprobs=2)])))
+    done = r.launch(wire(make_step([dict(slot=0, tokens=[greedy[0], greedy[1], 7])], 1), [2]))
+    assert done.wait().tolist() == greedy[1:3]
+    ids, values = done.logprob_token_ids.reshape(2, 3), done.logprobs.reshape(2, 3)
+    for j in range(2):  # emitted token j is predicted at position PROMPT_LEN + j
+        row = ref[PROMPT_LEN + j]
+        top = row.topk(2)
+        assert ids[j].tolist() == [greedy[1 + j], *top.indices.tolist()]
+        np.testing.assert_allclose(values[j], [row[greedy[1 + j]], *top.values.tolist()], atol=1e-4)
+
+
+def test_a_mixed_step_of_chunks_verify_rows_and_decodes(tiny_untied, oracle):
+    """One step: a prompt chunk that ends inside its prompt (not sampled), a whole prompt, two verify rows (one
+    accepts everything, one nothing) and a plain decode; each row gets what it would alone."""
+    (p0, g0, _), (p1, g1, _), (p2, g2, _), (p3, g3, _) = oracle
+    r = runner(tiny_untied)
+    first = [start(0, p0), start(2, p2), start(3, p3)]
+    assert r.execute(wire(make_step(first))).tolist() == [g0[0], g2[0], g3[0]]
+    r.execute(wire(make_step([dict(slot=3, tokens=[-1])], 1)))  # slot 3 is now at g3[1]
+    rows = [
+        start(1, p1[:10], sample=False),
+        dict(slot=0, tokens=g0[:3]),  # both drafts right: + bonus
+        dict(slot=2, tokens=[g2[0], (g2[1] + 5) % 509]),  # its draft wrong
+        dict(slot=3, tokens=[-1]),
+    ]
+    done = r.launch(wire(make_step(rows, 2), [0, 2, 1]))
+    assert done.wait().tolist() == [*g0[1:4], g2[1], g3[2]]
+    assert done.num_accepted.tolist() == [2, 0, 0]
+    rows = [dict(slot=1, tokens=p1[10:]), *[dict(slot=s, tokens=[-1]) for s in (0, 2, 3)]]
+    assert r.execute(wire(make_step(rows, 3))).tolist() == [g1[0], g0[4], g2[2], g3[3]]
+    assert r.num_computed[[0, 1, 2, 3]].tolist() == [PROMPT_LEN + 4, 30, 12 + 2, 17 + 3]
+
+
+def test_a_verify_step_never_replays_a_decode_graph(tiny_untied, oracle):
+    prompt, greedy, _ = oracle[0]
+    r = runner(tiny_untied)
+    r.execute(wire(make_step([start(0, prompt)])))
+
+    class Refusing:  # a decode graph that may not run
+        max_batch = 8
+
+        def run(self, *args):
+            raise AssertionError("a verify step replayed a decode graph")
+
+    r.graphs = Refusing()
+    done = r.launch(wire(make_step([dict(slot=0, tokens=greedy[:2])], 1), [1]))
+    assert done.wait().tolist() == greedy[1:3]
+
+
+def test_sampled_verify_rows_emit_1_plus_accepted_tokens_and_a_seed_repeats_them(tiny_untied, oracle):
+    prompt, greedy, _ = oracle[0]
+    results = []
+    for _ in range(2):
+        r = runner(tiny_untied)
+        r.execute(wire(make_step([start(0, prompt, temperature=1.0, top_k=3, seed=11)])))
+        last = int(r.last_tokens[0])
+        done = r.launch(wire(make_step([dict(slot=0, tokens=[last, *greedy[1:4]])], 1), [3]))
+        tokens, a = done.wait().tolist(), int(done.num_accepted[0])
+        assert len(tokens) == 1 + a and tokens[:a] == greedy[1 : 1 + a]
+        assert int(r.last_tokens[0]) == tokens[-1]  # the async feed
+        r.execute(wire(make_step([dict(slot=0, tokens=[-1])], 2)))
+        assert r.num_computed[0] == PROMPT_LEN + 1 + a + 1  # the rejected drafts' positions are computed again
+        results.append(tokens)
+    assert results[0] == results[1]
