@@ -69,4 +69,8 @@ class ServerStats:
             clients_pending=clients,
             requests_rejected_per_client=self.requests_rejected_per_client,
             requests_aborted_client_silent=self.requests_aborted_client_silent,
+            spec_decode_num_drafts=s.get("spec_decode_num_drafts", 0),
+            spec_decode_num_draft_tokens=s.get("spec_decode_num_draft_tokens", 0),
+            spec_decode_num_accepted_tokens=s.get("spec_decode_num_accepted_tokens", 0),
+            spec_decode_num_accepted_tokens_per_pos=s.get("spec_decode_num_accepted_tokens_per_pos"),
         )

@@ -51,6 +51,30 @@ class _EngineCollector:
             c = CounterMetricFamily(PREFIX + name, doc, labels=["model_name"])
             c.add_metric(labels, value)
             yield c
+        yield from _spec_decode(s, labels)
+
+
+def _spec_decode(s: dict, labels: list[str]):
+    """vLLM's speculative-decoding counters, when speculation is on (the per-position list is set)."""
+    per_pos = s.get("spec_decode_num_accepted_tokens_per_pos")
+    if per_pos is None:
+        return
+    for name, doc in (
+        ("spec_decode_num_drafts", "Verify rows: sequences given drafts in a step."),
+        ("spec_decode_num_draft_tokens", "Draft tokens proposed."),
+        ("spec_decode_num_accepted_tokens", "Draft tokens accepted."),
+    ):
+        c = CounterMetricFamily(PREFIX + name, doc, labels=["model_name"])
+        c.add_metric(labels, s[name])
+        yield c
+    c = CounterMetricFamily(
+        PREFIX + "spec_decode_num_accepted_tokens_per_pos",
+        "Draft tokens accepted, by position in the draft.",
+        labels=["model_name", "position"],
+    )
+    for position, value in enumerate(per_pos):
+        c.add_metric([*labels, str(position)], value)
+    yield c
 
 
 class Metrics:

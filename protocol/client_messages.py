@@ -273,6 +273,11 @@ class StatsReply:
     clients_pending: int = 0  # clients (connection, Generate.client) with requests pending
     requests_rejected_per_client: int = 0  # Overloaded: the client was at --max-pending-per-client
     requests_aborted_client_silent: int = 0  # aborted: their connection sent nothing for the heartbeat timeout
+    # speculative decoding (None/0 when off): verify rows, their draft tokens, accepted drafts, accepted per position
+    spec_decode_num_drafts: int = 0
+    spec_decode_num_draft_tokens: int = 0
+    spec_decode_num_accepted_tokens: int = 0
+    spec_decode_num_accepted_tokens_per_pos: list[int] | None = None
 
 
 @record(37)
