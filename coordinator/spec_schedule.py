@@ -1,11 +1,12 @@
 """Who gets n-gram drafts this step, and how a sequence's proposals back off when they fail.
 
 A draft must follow the sequence's last token, so a verify row needs every token known: with async scheduling a
-decoding sequence always has a token in flight. Dropping out of the overlap costs a step's worth of it, so it is
-done only when it looks worth it: a sequence whose proposal fails (nothing found, or nothing accepted) waits 1, 2,
-4 .. MAX_BACKOFF steps before the next try, decoding asynchronously meanwhile; and a try with a token in flight first
-probes the known tokens, and only a probe that finds a match holds the sequence back for a step or two until its
-in-flight tokens are known. Any accepted draft resets the back-off (it paid: try again at once)."""
+decoding sequence always has a token in flight, and dropping out of the overlap costs a step's worth of it. So a try
+with tokens in flight first probes the known tokens (numpy only, no cost to the workers): a probe that finds nothing
+is retried CHEAP_RETRY steps later; one that finds a match holds the sequence back until its in-flight tokens are
+known, and the proposal then made is verified. A costly failure (held for nothing, or no draft accepted) waits 1, 2,
+4 .. MAX_BACKOFF steps before the next try, decoding asynchronously meanwhile; any accepted draft resets the back-off
+(it paid: try again at once)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from coordinator.speculative import SpecStats, SpeculativeConfig
 
 # Steps between tries at most: a failing sequence leaves the async overlap once per this many tokens at most.
 MAX_BACKOFF = 64
+CHEAP_RETRY = 2  # steps between proposals that cost nothing but the proposer's numpy when they find nothing
 
 
 class Speculator:
@@ -60,16 +62,20 @@ class Speculator:
             for seq, d in zip(probe, found):
                 if len(d):
                     held.add(seq)
+                    seq.spec_held = True
                 else:
-                    self.backoff(seq, step_id)
+                    seq.spec_next_try = step_id + CHEAP_RETRY
         if ready:
             # 1 + d tokens come back at most: d <= max_tokens left - 1, and the last position < max_model_len
             caps = [min(k, s.max_num_tokens - s.num_tokens - 1, self.max_model_len - s.num_tokens) for s in ready]
             for seq, d in zip(ready, propose_batch([s.token_ids for s in ready], caps, lo, hi)):
                 if len(d):
                     drafts[seq] = d
-                else:
+                elif seq.spec_held:
                     self.backoff(seq, step_id)
+                else:
+                    seq.spec_next_try = step_id + CHEAP_RETRY
+                seq.spec_held = False
         return drafts, held
 
     @staticmethod
