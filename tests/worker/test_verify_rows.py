@@ -5,6 +5,9 @@ the slot continues from the accepted tokens only (computed length, the async fee
 
 from __future__ import annotations
 
+import json
+import subprocess
+
 import numpy as np
 import pytest
 import torch
@@ -13,6 +16,8 @@ from transformers import AutoModelForCausalLM
 from protocol.codec import decode, encode
 from protocol.messages import StepCommand
 from tests.support.builders import i32, make_step, worker_config
+from tests.support.processes import ROOT, torchrun_cmd
+from tests.support.timeouts import bound
 from worker.model_runner import ModelRunner
 
 PROMPT_LEN = 21
@@ -139,3 +144,29 @@ def test_sampled_verify_rows_emit_1_plus_accepted_tokens_and_a_seed_repeats_them
         assert r.num_computed[0] == PROMPT_LEN + 1 + a + 1  # the rejected drafts' positions are computed again
         results.append(tokens)
     assert results[0] == results[1]
+
+
+def test_tp2_verify_rows_match_hf_and_every_rank_follows_rank_0(tiny_untied, oracle):
+    """TP 2 on gloo: the vocabulary is sharded, so the verify rows' logits are gathered to rank 0, which decides;
+    the other rank learns the accepted counts (a broadcast), so both hold the same lengths and async feed, also
+    after a sampled verify row."""
+    (p0, g0, _), (p1, g1, _), (p2, _, _), _ = oracle
+    steps = [
+        [start(0, p0), start(1, p1), start(2, p2, temperature=1.0, top_k=4)],
+        [dict(slot=0, tokens=[*g0[:3], (g0[3] + 1) % 509]), dict(slot=1, tokens=g1[:3]), dict(slot=2, tokens=[-1])],
+        [dict(slot=0, tokens=[-1]), dict(slot=1, tokens=[-1]), dict(slot=2, tokens=[-1])],
+    ]
+    steps[1][2]["tokens"] = [1, 2, 3]  # a sampled verify row: whatever it accepts, both ranks must agree
+    case = {"steps": steps, "drafts": [None, [3, 2, 2], None]}
+    cmd = torchrun_cmd(2, "tests.worker.tp_verify", "--model", str(tiny_untied), "--case", json.dumps(case))
+    out = subprocess.run(cmd, cwd=str(ROOT), capture_output=True, text=True, timeout=bound(600))
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    first, verify_step, after = got["steps"]
+    assert first["tokens"][:2] == [g0[0], g1[0]] and first["accepted"] is None
+    a2 = verify_step["accepted"][2]
+    assert verify_step["accepted"][:2] == [2, 2]
+    assert verify_step["tokens"][:6] == [*g0[1:4], *g1[1:4]] and len(verify_step["tokens"]) == 7 + a2
+    assert after["tokens"][:2] == [g0[4], g1[4]]
+    assert got["ranks_agree"]
+    assert got["num_computed"] == [PROMPT_LEN + 4, 30 + 4, 12 + 1 + a2 + 1]
