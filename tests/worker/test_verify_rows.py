@@ -170,3 +170,20 @@ def test_tp2_verify_rows_match_hf_and_every_rank_follows_rank_0(tiny_untied, ora
     assert after["tokens"][:2] == [g0[4], g1[4]]
     assert got["ranks_agree"]
     assert got["num_computed"] == [PROMPT_LEN + 4, 30 + 4, 12 + 1 + a2 + 1]
+
+
+@pytest.mark.parametrize("masks_follow", [False, True], ids=["masks_in_step", "masks_follow"])
+def test_structured_output_masks_and_logprobs_of_ordinary_rows_beside_a_verify_row(tiny_untied, oracle, masks_follow):
+    """The step's mask rows count its sampled rows (the verify row is one); the mask goes to the ordinary row it
+    names, also when it arrives after the forward (StepMasks), and that row's logprobs are the only ones."""
+    (p0, g0, _), (p1, g1, _), _, _ = oracle
+    r = runner(tiny_untied)
+    r.execute(wire(make_step([start(0, p0), start(1, p1, logprobs=1)])))
+    words = np.zeros(-(-509 // 32), dtype=np.int32)
+    words[7 // 32] = 1 << (7 % 32)  # slot 1 may emit token 7 only
+    step = make_step([dict(slot=0, tokens=g0[:3]), dict(slot=1, tokens=[-1])], 1)
+    step.mask_rows, step.token_masks = i32([1]), None if masks_follow else words
+    launched = r.launch(wire(step, [2]))
+    done = launched.finish(words) if masks_follow else launched
+    assert done.wait().tolist() == [*g0[1:4], 7] and done.num_accepted.tolist() == [2, 0]
+    assert done.logprob_token_ids.tolist()[0] == 7 and len(done.logprobs) == 2  # token 7 and the top 1
