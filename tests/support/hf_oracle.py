@@ -16,6 +16,7 @@ class Oracle:
         self.tok = AutoTokenizer.from_pretrained(model_dir)
         self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
         self.model.generation_config.eos_token_id = None  # ignore_eos
+        self.model.generation_config.repetition_penalty = 1.0  # plain greedy, whatever the checkpoint recommends
 
     def ids(self, prompt: str | list[int]) -> list[int]:
         return prompt if isinstance(prompt, list) else self.tok.encode(prompt, add_special_tokens=False)

@@ -19,6 +19,7 @@ def prompts_with_shared_prefixes() -> list[list[int]]:
 def hf_greedy(model_dir, prompts, max_new_tokens) -> list[list[int]]:
     hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     hf.generation_config.eos_token_id = None  # run to max_new_tokens without changing the distribution
+    hf.generation_config.repetition_penalty = 1.0  # plain greedy, whatever the checkpoint recommends for sampling
     outs = []
     with torch.no_grad():
         for p in prompts:
