@@ -105,7 +105,10 @@ class ModelRunner:
         meta.max_seqlen_q, meta.max_seqlen_k = int(q_lens.max()), int(seq_lens.max())
 
     def apply_slot_updates(self, step: StepCommand) -> None:
-        """Start new sequences in their slots and append newly allocated blocks."""
+        """Start new sequences in their slots and append newly allocated blocks (after the last verify step's
+        rows have settled to their accepted lengths)."""
+        if self.unsettled is not None:
+            settle(self)
         freed, new = step.freed_slots, step.new_slots
         if len(freed):
             self.num_seq_blocks[freed] = 0
@@ -217,8 +220,6 @@ class ModelRunner:
         """Enqueue one step on the device without waiting for it; the sampled ids arrive in a host buffer. On rank
         0, a step whose token bitmasks follow stops after its logits, until ``AwaitingMasks.finish``."""
         self.stager.begin_step()
-        if self.unsettled is not None:
-            settle(self)
         self.apply_slot_updates(step)
         hb = self.prepare_host(step) if len(step.slots) else None
         if hb is None:
@@ -309,8 +310,6 @@ class ModelRunner:
     @torch.inference_mode()
     def forward_logits(self, step: StepCommand) -> torch.Tensor:
         """Teacher-forced logits of every computed token (tests and parity checks)."""
-        if self.unsettled is not None:
-            settle(self)
         self.apply_slot_updates(step)
         hb = self.prepare_host(step)
         return self.model.compute_logits(self._forward(step, hb))

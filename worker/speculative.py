@@ -50,7 +50,9 @@ class VerifyLayout:
 
 def add_verify_rows(hb: HostBatch, step: StepCommand) -> None:
     """A step with drafts: its layout, and logits at every output position (``sample_idx``)."""
-    sampled = np.setdiff1d(np.arange(len(hb.slots)), step.skip_sample_rows)
+    sampled = np.arange(len(hb.slots))
+    if len(step.skip_sample_rows):
+        sampled = np.delete(sampled, step.skip_sample_rows)
     hb.verify = verify_layout(step, sampled, hb.cu, hb.positions)
     hb.sample_idx = hb.verify.out_rows
 
