@@ -187,3 +187,31 @@ def test_structured_output_masks_and_logprobs_of_ordinary_rows_beside_a_verify_r
     done = launched.finish(words) if masks_follow else launched
     assert done.wait().tolist() == [*g0[1:4], 7] and done.num_accepted.tolist() == [2, 0]
     assert done.logprob_token_ids.tolist()[0] == 7 and len(done.logprobs) == 2  # token 7 and the top 1
+
+
+def test_min_tokens_count_every_emitted_token_of_a_verify_row(tiny_untied, oracle):
+    """min_tokens=3 with a stop id that greedy emits fourth: the prompt's token and a verify row's two emitted
+    tokens complete it, so the next decode may emit the stop id."""
+    prompt, greedy, _ = oracle[0]
+    assert greedy[3] not in greedy[:3]
+    r = runner(tiny_untied)
+    r.execute(wire(make_step([start(0, prompt, min_tokens=3, stop_token_ids=[greedy[3]])])))
+    done = r.launch(wire(make_step([dict(slot=0, tokens=[greedy[0], greedy[1], (greedy[2] + 1) % 509])], 1), [2]))
+    assert done.wait().tolist() == greedy[1:3]
+    assert r.execute(wire(make_step([dict(slot=0, tokens=[-1])], 2))).tolist() == greedy[3:4]
+
+
+def test_penalties_count_the_tokens_a_verify_row_emitted(tiny_untied, oracle):
+    """Negative frequency and presence penalties (repeats favoured): after a verify row whose draft is rejected,
+    the next decode's penalties count the token the row emitted, as a run without drafts does."""
+    prompt, _, _ = oracle[0]
+    penalty = dict(temperature=0.0, frequency_penalty=-2.0, presence_penalty=-2.0)
+    plain = runner(tiny_untied)
+    want = [*plain.execute(wire(make_step([start(0, prompt, **penalty)]))).tolist()]
+    for i in (1, 2):
+        want += plain.execute(wire(make_step([dict(slot=0, tokens=[-1])], i))).tolist()
+    r = runner(tiny_untied)
+    assert r.execute(wire(make_step([start(0, prompt, **penalty)]))).tolist() == want[:1]
+    done = r.launch(wire(make_step([dict(slot=0, tokens=[want[0], (want[1] + 1) % 509])], 1), [1]))
+    assert done.wait().tolist() == want[1:2] and done.num_accepted.tolist() == [0]
+    assert r.execute(wire(make_step([dict(slot=0, tokens=[-1])], 2))).tolist() == want[2:3]
