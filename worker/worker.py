@@ -175,12 +175,7 @@ class Worker:
         awaiting: AwaitingMasks | None = None
         queued: deque[StepCommand] = deque()  # arrived while a step awaits its bitmasks
         while True:
-            while in_flight and in_flight[0].ready():
-                done = in_flight.popleft()
-                tokens = done.wait()  # before prompt_result: the prompt logprobs arrive with the tokens
-                lp = (done.logprob_token_ids, done.logprobs)
-                prompt = done.prompt_result()
-                self.send(StepResult(done.step_id, self.rank, tokens, *lp, *prompt, num_accepted=done.num_accepted))
+            self._report(in_flight)
             while queued and awaiting is None:
                 awaiting = self._launch(queued.popleft(), in_flight)
             if in_flight and not self.sock.poll(0):
@@ -213,8 +208,21 @@ class Worker:
             else:
                 raise ProtocolError(f"unexpected message {type(msg).__name__}")
 
+    def _report(self, in_flight: deque, every: bool = False) -> None:
+        """Send the results of the steps done (``every``: of all launched steps, waiting for them), in order."""
+        while in_flight and (every or in_flight[0].ready()):
+            done = in_flight.popleft()
+            tokens = done.wait()  # before prompt_result: the prompt logprobs arrive with the tokens
+            lp = (done.logprob_token_ids, done.logprobs)
+            prompt = done.prompt_result()
+            self.send(StepResult(done.step_id, self.rank, tokens, *lp, *prompt, num_accepted=done.num_accepted))
+
     def _launch(self, step: StepCommand, in_flight: deque):
         """Launch a step; returns it when it awaits its bitmasks, else queues it in ``in_flight``."""
+        if self.runner.unsettled is not None:
+            # the last verify step's accepted counts lay out this one, so launching waits for it anyway: report
+            # it first, or the coordinator would learn its tokens only after this launch
+            self._report(in_flight, every=True)
         start = self.trace.begin(time.perf_counter()) if self.trace else None
         launched = self.runner.launch(step)
         if self.trace:
