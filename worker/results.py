@@ -124,7 +124,9 @@ class ResultRing:
                 ints, values = ints.numpy(), values.numpy()
             host = tokens.to(torch.int32).numpy()
             return PendingTokens(step_id, None, host, lp_ids, lp_values, index, ints, values, verify=verify)
-        if verify is not None:  # sized by the step's positions, not the ring's rows: pinned for this step
+        lp_room = self.max_num_seqs * _MAX_LOGPROB_ENTRIES
+        if verify is not None and (len(tokens) > self.max_num_seqs or (lp_ids is not None and len(lp_ids) > lp_room)):
+            # a verify step's positions can outnumber the ring's rows: pinned memory for this step alone
             host = _to_pinned_host(tokens.to(torch.int32))
             if lp_ids is not None:
                 lp_ids, lp_values = _to_pinned_host(lp_ids), _to_pinned_host(lp_values)
@@ -142,7 +144,7 @@ class ResultRing:
             ints, values = _to_pinned_host(ints), _to_pinned_host(values)
         event = torch.cuda.Event()
         event.record()
-        return PendingTokens(step_id, event, host.numpy(), lp_ids, lp_values, index, ints, values)
+        return PendingTokens(step_id, event, host.numpy(), lp_ids, lp_values, index, ints, values, verify=verify)
 
     def _logprobs_to_host(self, ids: torch.Tensor, values: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
         """Asynchronous copies of a step's logprobs into the ring slot of its tokens."""
