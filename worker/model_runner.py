@@ -1,7 +1,8 @@
 """Turns a step (which sequences, which tokens, where their KV lives) into flat tensors, runs the model and
 samples. Per-sequence state lives in slot-indexed numpy arrays (block tables and computed lengths here, sampling
 settings in worker/sampling_state.py), so every step is a handful of vectorized ops. Start-up work (KV sizing,
-warm-ups, graph capture) is in worker/startup.py."""
+warm-ups, graph capture) is in worker/startup.py; a step with draft tokens (speculative decoding) is laid out and
+sampled by worker/speculative.py."""
 
 from __future__ import annotations
 
