@@ -1,5 +1,7 @@
 """The coordinator's engine: tokenizer, scheduler, block manager, output processor and the step loop that drives the
-workers (a request's preparation before it is queued: coordinator/admission.py; its stop: Sequence.token_stop).
+workers (a request's preparation before it is queued: coordinator/admission.py; its stop: Sequence.token_stop; a
+step's result applied: coordinator/step_apply.py; n-gram drafts, when speculative_config is set: the scheduler's
+coordinator/spec_schedule.py).
 
 Its interface is narrow; ``LLM`` (nanoserve/llm.py) and the server (coordinator/server.py) use nothing else:
 ``add_request`` (or ``admit`` on any thread, then ``add_admitted``) / ``abort`` / ``step`` (returns

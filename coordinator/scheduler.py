@@ -1,6 +1,8 @@
 """What to compute each step: continuous batching under a token budget, chunked prefill, and preemption by
 recompute (newest first) when the KV pool runs out. Running sequences go first, so decodes are never starved by
-new prompts; waiting ones are admitted in arrival order while budget, slots and blocks last."""
+new prompts; waiting ones are admitted in arrival order while budget, slots and blocks last. With speculative decoding
+a decode may carry d draft tokens (coordinator/spec_schedule.py): a verify row of 1 + d tokens, its blocks reserved
+for all of them, no async placeholder, and not rescheduled until its result (1 + accepted tokens) is applied."""
 
 from __future__ import annotations
 
