@@ -17,14 +17,14 @@ from coordinator.block_manager import BlockManager
 from coordinator.output_processor import OutputProcessor
 from coordinator.scheduler import ScheduledBatch, Scheduler
 from coordinator.sequence import Sequence
-from coordinator.spec_schedule import Speculator
+from coordinator.spec_schedule import MAX_BACKOFF, Speculator
 from coordinator.speculative import SpeculativeConfig
 from coordinator.step_apply import apply_result
 from protocol.messages import StepResult
 from protocol.sampling_params import SamplingParams
 from tests.support.scheduler_driver import check_invariants
 
-MAX_MODEL_LEN = 512
+MAX_MODEL_LEN = 4096
 
 
 def model(context: list[int], vocab: int) -> int:
@@ -34,8 +34,8 @@ def model(context: list[int], vocab: int) -> int:
 class VerifyingWorkers:
     """Rebuilds block tables and a token-id KV cache from the step commands alone; verify rows as the contract says."""
 
-    def __init__(self, sched: Scheduler, vocab: int) -> None:
-        self.bs, self.vocab = sched.block_manager.block_size, vocab
+    def __init__(self, sched: Scheduler, vocab: int, model=model) -> None:
+        self.bs, self.vocab, self.model = sched.block_manager.block_size, vocab, model
         self.kv = np.full(sched.block_manager.num_blocks * self.bs, -1, np.int64)
         self.tables: dict[int, list[int]] = {}
         self.computed: dict[int, int] = {}
@@ -76,7 +76,7 @@ class VerifyingWorkers:
             emitted: list[int] = []
             base = context[: start + n - d]
             for j in range(d + 1):  # greedy: accept while the draft is the model's own token
-                emitted.append(model(base + emitted, self.vocab))
+                emitted.append(self.model(base + emitted, self.vocab))
                 if j == d or emitted[-1] != fed[n - d + j]:
                     break
             self.verify_rows += d > 0
@@ -88,7 +88,20 @@ class VerifyingWorkers:
         return StepResult(step.step_id, 0, np.array(out, np.int32), num_accepted=num_accepted)
 
 
-def run(prompts, max_tokens, spec, *, async_depth=0, blocks=256, bs=4, budget=64, vocab=7, prefix=True, off_above=8):
+def run(
+    prompts,
+    max_tokens,
+    spec,
+    *,
+    async_depth=0,
+    blocks=256,
+    bs=4,
+    budget=64,
+    vocab=7,
+    prefix=True,
+    off_above=8,
+    fake=model,
+):
     """Every prompt to its end; returns ({request: output tokens}, the engine's stand-in)."""
     cfg = SpeculativeConfig("ngram", 3, 1, 3, disable_by_batch_size=off_above) if spec else None
     sched = Scheduler(
@@ -112,7 +125,7 @@ def run(prompts, max_tokens, spec, *, async_depth=0, blocks=256, bs=4, budget=64
         seq = Sequence(f"r{i}", list(p), len(p), SamplingParams(temperature=0, max_tokens=m), 0.0)
         seq.every_token = engine.output_processor.add(seq, False)
         sched.add(seq)
-    workers = VerifyingWorkers(sched, vocab)
+    workers = VerifyingWorkers(sched, vocab, fake)
     in_flight: deque = deque()
     done = {}
     for _ in range(20_000):
@@ -167,3 +180,32 @@ def test_no_drafts_above_disable_by_batch_size():
     assert workers.verify_rows == engine.scheduler.speculator.stats.num_drafts == 0
     _, engine, _ = run(prompts, [40] * 5, True, async_depth=1, off_above=5)
     assert engine.scheduler.speculator.stats.num_drafts > 0
+
+
+def test_failing_drafts_back_off():
+    """At acceptance ~0 (the next token a random function of the position: n-grams recur, their continuations are
+    wrong) a sequence leaves the async overlap (held for its in-flight tokens, or in a verify row) a few dozen times in
+    2000 tokens, not every step: each costly failure doubles its wait, up to MAX_BACKOFF steps."""
+    rng = np.random.default_rng(1)
+    noise = rng.integers(0, 20, 4096).tolist()
+    held = []
+    plan = Speculator.plan
+
+    def counting(self, running, step_id):
+        drafts, h = plan(self, running, step_id)
+        held.append(len(h))
+        return drafts, h
+
+    Speculator.plan = counting
+    try:
+        got, engine, workers = run(
+            [[1, 2, 3]], [2000], True, async_depth=2, vocab=20, blocks=600, fake=lambda c, v: noise[len(c)]
+        )
+    finally:
+        Speculator.plan = plan
+    assert got == {"r0": noise[3:2003]}
+    stats = engine.scheduler.speculator.stats
+    tries = 2000 / MAX_BACKOFF + 10  # at the cap, after the doublings up to it
+    assert stats.num_accepted_tokens < stats.num_draft_tokens / 5
+    assert 0 < workers.verify_rows < tries
+    assert sum(held) < 2 * 2 * tries  # a try holds the sequence for its in-flight steps (async depth 2) at most
