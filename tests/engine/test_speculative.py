@@ -67,9 +67,11 @@ def test_greedy_unchanged_tp2(tmp_path):
         _spec_vs_plain(llm, _prompts(500))
 
 
-def test_greedy_unchanged_tight_engine(tiny_tied):
+@pytest.mark.parametrize("async_scheduling", [True, False])
+def test_greedy_unchanged_tight_engine(tiny_tied, async_scheduling):
     # 18 blocks of 8 tokens for 12 requests of up to 130 tokens; 32-token step budget; shared prefixes
     tight = dict(max_model_len=160, num_kv_blocks=18, block_size=8, max_num_batched_tokens=32)
+    tight["async_scheduling"] = async_scheduling
     spec = {**SPEC, "disable_by_batch_size": 16}  # speculate in the crowded batch too
     with LLM(str(tiny_tied), **tight, speculative_config=spec) as llm:
         stats = _spec_vs_plain(llm, prompts_with_shared_prefixes(), 40)
@@ -129,6 +131,9 @@ def test_stops_lengths_n_logprobs_and_structured_outputs_as_without(tmp_path, mo
                 params.append(SamplingParams(**g, max_tokens=m))
             batch += [prompt, prompt]
             params += [SamplingParams(**g, max_tokens=17, logprobs=2), SamplingParams(**g, max_tokens=13, n=2)]
+            # sampled (the worker's rejection sampler): only the shape of the output compares
+            batch.append(prompt)
+            params.append(SamplingParams(temperature=0.5, top_k=2, seed=7, max_tokens=25, ignore_eos=True))
         batch.append(prompts[0])
         so = StructuredOutputsParams(regex="[ab]{2,4}-[0-9]")
         params.append(SamplingParams(temperature=0, max_tokens=20, structured_outputs=so))
@@ -139,6 +144,9 @@ def test_stops_lengths_n_logprobs_and_structured_outputs_as_without(tmp_path, mo
         stats = llm.stats()
     assert stats["spec_decode_num_accepted_tokens"] > 0
     for w, o, p in zip(want, got, params):
+        if p.temperature > 0:
+            assert len(o.outputs[0].token_ids) == 25 and o.outputs[0].finish_reason == "length"
+            continue
         for wo, go in zip(w.outputs, o.outputs, strict=True):
             assert (go.token_ids, go.text, go.finish_reason, go.stop_reason) == (
                 wo.token_ids, wo.text, wo.finish_reason, wo.stop_reason,
@@ -158,6 +166,7 @@ def test_stops_lengths_n_logprobs_and_structured_outputs_as_without(tmp_path, mo
     assert max(dropped["ids"]) > 0 and max(dropped["strings"]) > 0, dropped
     assert max(dropped["max_tokens"]) == 0, dropped  # never past max_tokens: drafts are capped to fit
     assert any(v for o, p in zip(got, params) if p.logprobs for v, _ in rows.rows[o.request_id])
+    assert any(v for o, p in zip(got, params) if p.temperature > 0 for v, _ in rows.rows[o.request_id])
     assert not any(v for v, _ in rows.rows[got[-1].request_id])
 
 
