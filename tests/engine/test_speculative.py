@@ -23,7 +23,7 @@ from tests.support.oracle import prompts_with_shared_prefixes
 from tests.support.tiny_moe import TinyMoeSpec, write_tiny_moe_checkpoint
 
 SPEC = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
-MAX_TOKENS = 48
+MAX_TOKENS = 40
 # small weights: each family's greedy output is close to a fixed map from token to token, which falls into a cycle
 # within a few dozen tokens (drafts accepted) after a stretch of no repeats (drafts rejected)
 LOOPY_STD = 0.05
@@ -31,7 +31,7 @@ LOOPY_STD = 0.05
 
 def _prompts(vocab: int = 500) -> list[list[int]]:
     rng = np.random.default_rng(3)
-    return [rng.integers(0, vocab, n).tolist() for n in (4, 19, 40, 7)]
+    return [rng.integers(0, vocab, n).tolist() for n in (4, 19, 40)]
 
 
 def _spec_vs_plain(llm: LLM, prompts: list[list[int]], max_tokens: int = MAX_TOKENS) -> dict:
@@ -120,7 +120,7 @@ def test_stops_lengths_n_logprobs_and_structured_outputs_as_without(tmp_path, mo
         ahead = [o.outputs[0].token_ids for o in llm.generate(prompts, SamplingParams(**g, max_tokens=12), False)]
         batch, params = [], []
         for prompt, out in zip(prompts, ahead):
-            for t in dict.fromkeys(out[1:8]):  # stop ids the drafts reach: each ends its request at its first
+            for t in dict.fromkeys(out[1:6]):  # stop ids the drafts reach: each ends its request at its first
                 batch.append(prompt)
                 params.append(SamplingParams(**g, max_tokens=40, stop_token_ids=[t]))
             for first, last in ((2, 6), (3, 5), (1, 9)):  # stop strings over a few tokens of the loop
