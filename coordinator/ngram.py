@@ -39,6 +39,22 @@ def propose(tokens: np.ndarray, k: int, n_min: int, n_max: int) -> np.ndarray:
     return tokens[start : start + int(follow[pick])].astype(np.int32, copy=False)
 
 
-def propose_batch(token_lists: list[list[int]], caps: list[int], n_min: int, n_max: int) -> list[np.ndarray]:
+def propose_batch(arrays: list[np.ndarray], caps: list[int], n_min: int, n_max: int) -> list[np.ndarray]:
     """``propose`` for each sequence (its known tokens, its cap on drafts)."""
-    return [propose(np.asarray(t, np.int32), cap, n_min, n_max) for t, cap in zip(token_lists, caps)]
+    return [propose(t, cap, n_min, n_max) for t, cap in zip(arrays, caps)]
+
+
+def known_tokens(seq, upto: int) -> np.ndarray:
+    """The sequence's first ``upto`` tokens (all known) as an int32 array: a mirror kept on the sequence and grown
+    by the new tokens only, since a known token never changes (converting the whole list each step costs ~0.2 ms at
+    8k tokens)."""
+    buf, synced = seq.spec_tokens, seq.spec_synced
+    if buf is None or len(buf) < upto:
+        grown = np.empty(max(2 * upto, 256), np.int32)
+        if buf is not None:
+            grown[:synced] = buf[:synced]
+        seq.spec_tokens = buf = grown
+    if synced < upto:
+        buf[synced:upto] = seq.token_ids[synced:upto]
+        seq.spec_synced = upto
+    return buf[:upto]

@@ -48,6 +48,8 @@ class Sequence:
     spec_next_try: int = 0
     spec_backoff: int = 0
     spec_held: bool = False  # held back this step so that a proposal can follow its in-flight tokens
+    spec_tokens: object | None = None  # the n-gram proposer's int32 mirror of its known tokens (coordinator/ngram.py)
+    spec_synced: int = 0  # tokens copied into it
     spec_ok: bool | None = None  # its params allow drafts (no penalties, no structured outputs); None: not asked yet
     # prompt + max_tokens: the length stop. Admission resolved max_tokens and checked this against max_model_len
     max_num_tokens: int = field(init=False)

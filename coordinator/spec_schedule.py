@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from coordinator.ngram import propose_batch
+from coordinator.ngram import known_tokens, propose_batch
 from coordinator.sequence import Sequence
 from coordinator.speculative import SpecStats, SpeculativeConfig
 
@@ -58,7 +58,8 @@ class Speculator:
                 (probe if seq.num_pending else ready).append(seq)
         lo, hi, k = cfg.prompt_lookup_min, cfg.prompt_lookup_max, cfg.num_speculative_tokens
         if probe:
-            found = propose_batch([s.token_ids[: s.num_known_tokens] for s in probe], [k] * len(probe), lo, hi)
+            known = [known_tokens(s, s.num_known_tokens) for s in probe]
+            found = propose_batch(known, [k] * len(probe), lo, hi)
             for seq, d in zip(probe, found):
                 if len(d):
                     held.add(seq)
@@ -68,7 +69,8 @@ class Speculator:
         if ready:
             # 1 + d tokens come back at most: d <= max_tokens left - 1, and the last position < max_model_len
             caps = [min(k, s.max_num_tokens - s.num_tokens - 1, self.max_model_len - s.num_tokens) for s in ready]
-            for seq, d in zip(ready, propose_batch([s.token_ids for s in ready], caps, lo, hi)):
+            known = [known_tokens(s, s.num_tokens) for s in ready]
+            for seq, d in zip(ready, propose_batch(known, caps, lo, hi)):
                 if len(d):
                     drafts[seq] = d
                 elif seq.spec_held:

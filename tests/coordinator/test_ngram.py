@@ -6,8 +6,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from coordinator.ngram import propose
+from coordinator.ngram import known_tokens, propose
+from coordinator.sequence import Sequence
 from coordinator.speculative import SpecStats, SpeculativeConfig, SpeculativeConfigError
+from protocol.sampling_params import SamplingParams
 
 
 def _reference(tokens: list[int], k: int, n_min: int, n_max: int) -> list[int]:
@@ -89,3 +91,12 @@ def test_stats_count_acceptance_per_position():
         "spec_decode_num_accepted_tokens": 6,
         "spec_decode_num_accepted_tokens_per_pos": [2, 2, 1, 1],
     }
+
+
+def test_the_known_tokens_mirror_follows_the_sequence():
+    rng = np.random.default_rng(2)
+    seq = Sequence("r", rng.integers(0, 100, 200).tolist(), 200, SamplingParams(), 0.0)
+    for _ in range(300):  # a few new tokens at a time, past the mirror's first capacity and its regrowth
+        seq.token_ids += rng.integers(0, 100, int(rng.integers(1, 5))).tolist()
+        upto = len(seq.token_ids) - int(rng.integers(0, 2))  # the last may be a placeholder still
+        assert known_tokens(seq, upto).tolist() == seq.token_ids[:upto]
