@@ -178,6 +178,9 @@ class Engine:
         results, checks stop conditions and detokenizes. A sequence that stops at step N may already be in the
         steps after it: those extra tokens are dropped."""
         outputs = self._admit_compiled() if self.grammars.pending else []  # a failed compile ends its request
+        # a sequence in a verify row in flight waits for its result: read it now, not async_depth steps later
+        while any(b.drafts is not None for b in self._in_flight):
+            outputs += self._read_oldest()
         batch = self.scheduler.schedule()
         if batch is not None and self.num_constrained:  # bitmasks need every earlier token
             self.grammars.add_masks(batch, later=bool(self._in_flight))
@@ -188,10 +191,14 @@ class Engine:
             self._in_flight.append(batch)
         # read the oldest result once more than async_depth steps are out, or when nothing new could be sent
         if self._in_flight and (len(self._in_flight) > self.config.async_depth or batch is None):
-            done = self._in_flight.popleft()
-            outputs += self._apply(done, self.workers.recv_result(done.step.step_id))
-            if (due := self.grammars.due_masks(self._in_flight)) is not None:
-                self.workers.send_masks(due)
+            outputs += self._read_oldest()
+        return outputs
+
+    def _read_oldest(self) -> list[StepOutput]:
+        done = self._in_flight.popleft()
+        outputs = self._apply(done, self.workers.recv_result(done.step.step_id))
+        if (due := self.grammars.due_masks(self._in_flight)) is not None:
+            self.workers.send_masks(due)
         return outputs
 
     def _admit_compiled(self) -> list[StepOutput]:
