@@ -170,6 +170,23 @@ def test_stops_lengths_n_logprobs_and_structured_outputs_as_without(tmp_path, mo
     assert not any(v for v, _ in rows.rows[got[-1].request_id])
 
 
+def test_a_verify_rows_sequence_is_scheduled_again_at_once(tmp_path):
+    """Inside loops (nearly every draft accepted), three sequences take far fewer steps than tokens: a sequence
+    whose verify row is in flight is back in the next step (its result read first), not async_depth steps later."""
+    tiny = write_tiny_checkpoint(tmp_path, dataclasses.replace(FAMILIES["llama"], std=0.02))
+    g = dict(temperature=0, ignore_eos=True)
+    with LLM(str(tiny), max_model_len=200, num_kv_blocks=128, block_size=8, speculative_config=SPEC) as llm:
+        base = llm.generate(_prompts(500), SamplingParams(**g, max_tokens=30, min_tokens=30), use_tqdm=False)
+        looping = [o.prompt_token_ids + o.outputs[0].token_ids for o in base]
+        before = llm.stats()
+        llm.generate(looping, SamplingParams(**g, max_tokens=40), use_tqdm=False)
+        after = llm.stats()
+    accepted = after["spec_decode_num_accepted_tokens"] - before["spec_decode_num_accepted_tokens"]
+    drafted = after["spec_decode_num_draft_tokens"] - before["spec_decode_num_draft_tokens"]
+    assert accepted > 0.7 * drafted
+    assert after["steps"] - before["steps"] < 0.6 * 40
+
+
 def test_config_refused_by_key_and_eagle3_not_yet(tiny_tied):
     with pytest.raises(EngineArgError, match=r"speculative_config\.prompt_lookup_mn: unknown key") as e:
         LLM(str(tiny_tied), speculative_config={**SPEC, "prompt_lookup_mn": 2})
