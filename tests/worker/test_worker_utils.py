@@ -106,6 +106,8 @@ def test_step_loop_reports_finished_steps_before_launching_the_next():
     events = []
 
     class Runner:
+        unsettled = None  # no verify step's accepted counts pending
+
         def launch(self, step):
             events.append(("launch", step.step_id))
             return PendingTokens(step.step_id, None, np.array([step.step_id], np.int32))  # finished at once
