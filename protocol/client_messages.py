@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from protocol.codec import record
 from protocol.outputs import Logprob
+from protocol.records import record
 from protocol.sampling_params import SamplingParams
 from settings.defaults import MAX_MESSAGE_BYTES
 

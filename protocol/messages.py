@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from protocol.codec import F32, I32, record
+from protocol.codec import F32, I32
+from protocol.records import record
 from protocol.sampling_params import SamplingParams
 
 # 4: SamplingParams.logit_bias / prompt_logprobs, StepResult's prompt logprobs; 5: SamplingParams.truncate_prompt_tokens

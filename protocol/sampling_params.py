@@ -17,7 +17,7 @@ import json
 import math
 from dataclasses import dataclass, field, fields, replace
 
-from protocol.codec import record
+from protocol.records import record
 
 _NUMBER = (int, float)
 _F32_MAX = 3.4028234663852886e38  # a bias is added to float32 logits: it must stay finite there

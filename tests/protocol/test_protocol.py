@@ -14,7 +14,7 @@ import pytest
 
 import protocol
 import protocol.messages
-from protocol import codec
+from protocol import records
 from protocol.codec import ProtocolError, decode, encode
 from protocol.messages import PROTOCOL_VERSION, Shutdown, StepCommand, StepMasks, StepResult, WorkerHello
 from protocol.sampling_params import SamplingParams
@@ -25,7 +25,7 @@ SCALAR_TYPES = {"int": int, "float": float, "str": str, "bool": bool, "bytes": b
 
 # every module of the protocol package, so that every registered message type is covered below
 PROTOCOL_MODULES = [importlib.import_module(f"protocol.{m.name}") for m in pkgutil.iter_modules(protocol.__path__)]
-REGISTRY = sorted(codec._BY_TAG.items())
+REGISTRY = sorted(records.BY_TAG.items())
 STEP_FIELDS = [f.name for f in dataclasses.fields(StepCommand)]
 
 
@@ -43,7 +43,7 @@ def test_registry_covers_every_message_class():
             assert classes <= registered, (
                 f"{mod.__name__}: unregistered {sorted(c.__name__ for c in classes - registered)}"
             )
-    assert codec._TAG_OF == {cls: tag for tag, cls in REGISTRY}
+    assert records.TAG_OF == {cls: tag for tag, cls in REGISTRY}
 
 
 # ---- random instances from annotations -----------------------------------------------------------------
@@ -77,8 +77,8 @@ def random_value(ann: str, rng: np.random.Generator, depth: int = 0):
         return [random_value("str", rng), random_value("int", rng), random_value("list[int]", rng)][kind]
     if ann == "SamplingParams":  # validated at construction: random values within its ranges
         return random_sampling_params(rng)
-    if ann in codec._RECORD_NAMES:
-        return random_message(codec._RECORD_NAMES[ann], rng, depth + 1)
+    if ann in records.RECORD_NAMES:
+        return random_message(records.RECORD_NAMES[ann], rng, depth + 1)
     raise AssertionError(f"test cannot build a value for annotation {ann!r}: extend random_value")
 
 
@@ -154,7 +154,7 @@ def test_round_trip_every_message(tag, cls):
         assert_same(msg, decode(encode(msg), expect=cls), cls.__name__)  # expect= accepts the right type
         # the raw frame is [tag, field values...]; a sparse record's is [tag, {non-default field: value}]
         raw = msgpack.unpackb(encode(msg), raw=False)
-        if cls in codec._SPARSE:
+        if cls in records.SPARSE:
             assert raw[0] == tag and len(raw) == 2 and set(raw[1]) <= {f.name for f in dataclasses.fields(cls)}
         else:
             assert raw[0] == tag and len(raw) == len(dataclasses.fields(cls)) + 1
@@ -186,7 +186,7 @@ def test_array_byte_order_and_dtype_conversion():
     assert raw[1 + STEP_FIELDS.index("new_start_pos")] == b"\x05\x00\x00\x00"
     assert raw[1 + STEP_FIELDS.index("new_past_token_ids")] == b"\x02\x01\x00\x00"
     params = raw[1 + STEP_FIELDS.index("new_params")][0]  # a nested sparse record: [tag, {field: value}]
-    assert params == [codec._TAG_OF[SamplingParams], {"temperature": 0.5, "seed": 2**40 + 1}]
+    assert params == [records.TAG_OF[SamplingParams], {"temperature": 0.5, "seed": 2**40 + 1}]
     assert decode(encode(step)).new_params == step.new_params
 
 
@@ -257,7 +257,7 @@ _PARAM_NAMES = [f.name for f in dataclasses.fields(SamplingParams)]
 
 
 def params_raw(**fields) -> bytes:
-    return pack([codec._TAG_OF[SamplingParams], fields])
+    return pack([records.TAG_OF[SamplingParams], fields])
 
 
 MALFORMED["bool in list[int]"] = params_raw(stop_token_ids=[1, True])
@@ -267,8 +267,8 @@ MALFORMED["str for float"] = params_raw(temperature="0.5")
 MALFORMED["bool for int"] = params_raw(top_k=True)
 MALFORMED["None for a required field"] = params_raw(temperature=None)
 MALFORMED["unknown field"] = params_raw(temperature=0.5, best_of=2)
-MALFORMED["positional SamplingParams (protocol 11)"] = pack([codec._TAG_OF[SamplingParams], 1.0, 1.0])
-MALFORMED["SamplingParams as a list"] = pack([codec._TAG_OF[SamplingParams], [["temperature", 0.5]]])
+MALFORMED["positional SamplingParams (protocol 11)"] = pack([records.TAG_OF[SamplingParams], 1.0, 1.0])
+MALFORMED["SamplingParams as a list"] = pack([records.TAG_OF[SamplingParams], [["temperature", 0.5]]])
 # logit_bias travels as a flat [id, bias, ...] list: a map, an odd length or a non-int id is malformed
 MALFORMED["logit_bias as a map"] = params_raw(logit_bias={"1": 2.0})
 MALFORMED["logit_bias of odd length"] = params_raw(logit_bias=[1, 2.0, 3])
@@ -291,7 +291,7 @@ def test_sampling_params_travel_sparse_and_decode_checks_wire_types_only():
     """SamplingParams travels as its non-default fields by name (the default record is an empty map), so a new
     field changes neither the codec nor the protocol version. Decoding checks wire types only, on every decode
     (also once a signature is known): a worker does not re-validate what its coordinator sends."""
-    assert msgpack.unpackb(encode(SamplingParams()), raw=False) == [codec._TAG_OF[SamplingParams], {}]
+    assert msgpack.unpackb(encode(SamplingParams()), raw=False) == [records.TAG_OF[SamplingParams], {}]
     assert decode(encode(SamplingParams())) == SamplingParams()
     good = msgpack.unpackb(encode(SamplingParams(temperature=1, stop_token_ids=[4])), raw=False)
     assert good[1] == {"stop_token_ids": [4]}  # an int 1 equals the default 1.0: left out
