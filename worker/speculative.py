@@ -24,6 +24,7 @@ from worker.logprobs import gather_logprobs, raw_logprobs
 from worker.rejection_sampler import verify
 from worker.results import AwaitingMasks, PendingTokens, VerifyCompaction, no_tokens
 from worker.sampler import sample
+from worker.step_sampling import prompt_logprobs_of
 
 if TYPE_CHECKING:
     from worker.model_runner import HostBatch, ModelRunner
@@ -101,7 +102,7 @@ def launch_verify(
     if tp_rank() != 0:
         packed = broadcast_from_rank0(torch.empty(packed_len, dtype=torch.int64, device=runner.device))
         _feed(runner, hb, slots_dev, packed)
-        runner._prompt_logprobs(hidden, prompt)  # a collective under tensor parallelism
+        prompt_logprobs_of(runner, hidden, prompt)  # a collective under tensor parallelism
         return no_tokens(step.step_id)
     masked = step.mask_rows is not None and len(step.mask_rows) > 0
 
@@ -135,7 +136,7 @@ def launch_verify(
                 state.after_verify(lay.out_slots[lay.verify_pos], emitted, kept)
         packed = broadcast_from_rank0(torch.cat([tokens, accepted]))
         _feed(runner, hb, slots_dev, packed)
-        prompt_result = runner._prompt_logprobs(hidden, prompt)
+        prompt_result = prompt_logprobs_of(runner, hidden, prompt)
         lp, entries = None, None
         num_logprobs = state.num_logprobs[lay.out_slots] if state.any_controls else None
         raw = raw_logprobs(logits, num_logprobs, to_dev) if num_logprobs is not None else None
