@@ -62,8 +62,9 @@ def _corpus(limit_bytes: int = 3_000_000) -> list[str]:
     return texts
 
 
-@functools.cache
-def build_tokenizer(vocab_size: int):
+def train_bpe(texts, vocab_size: int, special_tokens: list[str], eos: str, min_frequency: int = 0, **extra):
+    """A byte-level BPE ``PreTrainedTokenizerFast`` (any text encodes, no unknown token) trained on ``texts``, with
+    our chat template; deterministic for a fixed input order. ``extra`` goes to the tokenizer's config."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -72,14 +73,20 @@ def build_tokenizer(vocab_size: int):
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
-        special_tokens=SPECIAL_TOKENS,
+        special_tokens=special_tokens,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        min_frequency=min_frequency,
         show_progress=False,
     )
-    tok.train_from_iterator(_corpus(), trainer=trainer)
+    tok.train_from_iterator(texts, trainer=trainer)
     return PreTrainedTokenizerFast(
-        tokenizer_object=tok, eos_token="<|endoftext|>", pad_token="<|endoftext|>", chat_template=CHAT_TEMPLATE
+        tokenizer_object=tok, eos_token=eos, pad_token=eos, chat_template=CHAT_TEMPLATE, **extra
     )
+
+
+@functools.cache
+def build_tokenizer(vocab_size: int):
+    return train_bpe(_corpus(), vocab_size, SPECIAL_TOKENS, "<|endoftext|>")
 
 
 def write_tiny_checkpoint(out_dir: str | Path, spec: TinySpec | None = None) -> Path:

@@ -9,33 +9,14 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from model.tiny import CHAT_TEMPLATE
+from model.tiny import train_bpe
 from training.corpus import EOT, SPECIAL_TOKENS, split, stdlib_files
 
 
 def train_tokenizer(texts: list[str], vocab_size: int):
     """A ``PreTrainedTokenizerFast`` trained on ``texts`` (the trainer is deterministic for a fixed input order)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        special_tokens=SPECIAL_TOKENS,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        min_frequency=2,
-        show_progress=False,
-    )
-    tok.train_from_iterator(texts, trainer=trainer)
-    return PreTrainedTokenizerFast(
-        tokenizer_object=tok,
-        eos_token=EOT,
-        pad_token=EOT,
-        chat_template=CHAT_TEMPLATE,
-        model_max_length=1 << 30,  # the model's own limit is in config.json
-    )
+    # the model's own length limit is in config.json; pairs seen once are not merged
+    return train_bpe(texts, vocab_size, SPECIAL_TOKENS, EOT, min_frequency=2, model_max_length=1 << 30)
 
 
 def main(argv: list[str] | None = None) -> None:
