@@ -4,14 +4,13 @@ installed), and a ``nanoserve serve`` server in a subprocess for the tests that 
 from __future__ import annotations
 
 import os
-import selectors
 import subprocess
 import sys
-import time
 from pathlib import Path
 
+from tests.support.announced import OPENAI_API, AnnouncedProcess
 from tests.support.processes import ROOT
-from tests.support.timeouts import HANG_S, START_S
+from tests.support.timeouts import HANG_S
 
 _SCRIPT = Path(sys.executable).parent / "nanoserve"
 NANOSERVE = [str(_SCRIPT)] if _SCRIPT.exists() else [sys.executable, "-m", "nanoserve.cli"]
@@ -35,50 +34,9 @@ def imported_torch(stderr: str) -> bool:
     return any(line.rsplit("|", 1)[-1].strip() == "torch" for line in stderr.splitlines())
 
 
-class ServeProcess:
+class ServeProcess(AnnouncedProcess):
     """``nanoserve serve ARGS``; ``base_url`` from the front-end's "OpenAI API on" line. Always ``stop()`` it."""
 
     def __init__(self, *args: str, log_path: Path) -> None:
-        self.log_path = log_path
-        self.log = open(log_path, "w")
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
-        self.proc = subprocess.Popen(
-            [*NANOSERVE, "serve", *args],
-            cwd=ROOT,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=self.log,
-            text=True,
-        )
-        self.lines: list[str] = []
-        self.base_url = None
-        sel = selectors.DefaultSelector()
-        sel.register(self.proc.stdout, selectors.EVENT_READ)
-        deadline = time.monotonic() + START_S
-        try:
-            while self.base_url is None:
-                if self.proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"nanoserve serve did not start:\n{log_path.read_text()}")
-                if sel.select(0.2):
-                    line = self.proc.stdout.readline()
-                    self.lines.append(line)
-                    if line.startswith("nanoserve OpenAI API on "):
-                        self.base_url = line.split()[4]
-        except BaseException:
-            self.stop()
-            raise
-        finally:
-            sel.close()
-
-    def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(HANG_S)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-        code = self.proc.wait()
-        self.proc.stdout.close()
-        self.log.close()
-        return code
+        super().__init__([*NANOSERVE, "serve", *args], log_path, (OPENAI_API,))
+        self.base_url = self.words[OPENAI_API][4]

@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-import os
-import selectors
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.support.announced import LISTENING, OPENAI_API, AnnouncedProcess
 from tests.support.processes import ROOT
 from tests.support.timeouts import HANG_S, START_S
 
@@ -21,7 +18,7 @@ ENGINE_ARGS = [
 ]  # fmt: skip
 
 
-class HttpServer:
+class HttpServer(AnnouncedProcess):
     """``python launch.py --port 0 --http-port 0 ...``: both lines read from its stdout. Always ``stop()`` it
     (or leave a ``with`` block). ``new_session``: it leads its own process group, as a terminal's job does."""
 
@@ -29,53 +26,10 @@ class HttpServer:
         self, model_dir, log_path: Path, *extra: str, timeout: float = START_S, new_session: bool = False
     ) -> None:
         cmd = [sys.executable, str(ROOT / "launch.py"), "--port", "0", "--http-port", "0", "--model", str(model_dir)]
-        self.log_path = log_path
-        self.log = open(log_path, "w")
-        self.proc = subprocess.Popen(
-            [*cmd, *ENGINE_ARGS, *extra], cwd=ROOT, env=dict(os.environ, PYTHONUNBUFFERED="1"),
-            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=self.log, text=True, start_new_session=new_session,
-        )  # fmt: skip
-        self.zmq = self.base_url = None
-        sel = selectors.DefaultSelector()
-        sel.register(self.proc.stdout, selectors.EVENT_READ)
-        deadline = time.monotonic() + timeout
-        try:
-            while self.base_url is None:
-                if self.proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"server did not start:\n{self.stderr()}")
-                if sel.select(0.2):
-                    line = self.proc.stdout.readline()
-                    if line.startswith("nanoserve listening on "):
-                        self.zmq = line.split()[-1]
-                    elif line.startswith("nanoserve OpenAI API on "):
-                        self.base_url = line.split()[4]
-        except BaseException:
-            self.stop()
-            raise
-        finally:
-            sel.close()
+        wanted = (LISTENING, OPENAI_API)
+        super().__init__([*cmd, *ENGINE_ARGS, *extra], log_path, wanted, timeout, start_new_session=new_session)
+        self.zmq, self.base_url = self.words[LISTENING][-1], self.words[OPENAI_API][4]
         self.root = self.base_url.removesuffix("/v1")
-
-    def stderr(self) -> str:
-        self.log.flush()
-        return self.log_path.read_text()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(HANG_S)  # a graceful stop drains first; SIGKILL only a hang
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-        self.proc.wait()
-        self.proc.stdout.close()
-        self.log.close()
 
 
 def http_get(url: str, **kw) -> httpx.Response:

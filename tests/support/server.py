@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import os
-import selectors
 import signal
-import subprocess
 import sys
 import threading
 import time
@@ -15,6 +13,7 @@ import numpy as np
 
 from client import Client, SamplingParams
 from protocol.client_messages import CLIENT_PROTOCOL_VERSION, Generate
+from tests.support.announced import LISTENING, AnnouncedProcess
 from tests.support.processes import ROOT, children_of
 from tests.support.timeouts import HANG_S, START_S
 
@@ -50,65 +49,26 @@ def generate_frame(rid: str, **kw) -> Generate:
     return msg
 
 
-class ServerProcess:
+class ServerProcess(AnnouncedProcess):
     """``python launch.py --port 0 ...``; ``address`` from its "listening" line. Always ``stop()`` it
     (or leave a ``with`` block)."""
 
     def __init__(self, model_dir, log_path: Path, *extra: str, timeout: float = START_S) -> None:
         cmd = [sys.executable, str(ROOT / "launch.py"), "--port", "0", "--model", str(model_dir), *ENGINE_ARGS]
-        cmd += list(extra)
-        self.log_path = log_path
-        self.log = open(log_path, "w")
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
-        self.proc = subprocess.Popen(
-            cmd, cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=self.log, text=True
-        )
-        self.address = None
-        sel = selectors.DefaultSelector()
-        sel.register(self.proc.stdout, selectors.EVENT_READ)
-        deadline = time.monotonic() + timeout
-        try:
-            while self.address is None:
-                if self.proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"server did not start:\n{self.stderr()}")
-                if sel.select(0.2):
-                    line = self.proc.stdout.readline()
-                    if line.startswith("nanoserve listening on "):
-                        self.address = line.split()[-1]
-        except BaseException:
-            self.stop()
-            raise
-        finally:
-            sel.close()
+        super().__init__([*cmd, *extra], log_path, (LISTENING,), timeout)
+        self.address = self.words[LISTENING][-1]
         self.workers = children_of(self.proc.pid)
 
-    def stderr(self) -> str:
-        self.log.flush()
-        return self.log_path.read_text()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
-
-    def stop(self) -> None:
-        """SIGTERM (a graceful exit removes the worker socket's files), SIGKILL only if that hangs."""
+    def stop(self) -> int:
+        """As AnnouncedProcess.stop, and any worker left is killed (a graceful exit removes its socket files)."""
         pids = children_of(self.proc.pid) if self.proc.poll() is None else []
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(HANG_S)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-        self.proc.wait()
+        code = super().stop()
         for pid in pids + getattr(self, "workers", []):
             try:
                 os.kill(pid, signal.SIGKILL)
             except OSError:
                 pass
-        self.proc.stdout.close()
-        self.log.close()
+        return code
 
 
 def some_prompts(n: int = 16, seed: int = 3) -> list:
