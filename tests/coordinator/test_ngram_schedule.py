@@ -22,7 +22,7 @@ from coordinator.speculative import SpeculativeConfig
 from coordinator.step_apply import apply_result
 from protocol.messages import StepResult
 from protocol.sampling_params import SamplingParams
-from tests.support.scheduler_driver import check_invariants
+from tests.support.scheduler_driver import apply_slot_updates, check_invariants
 
 MAX_MODEL_LEN = 4096
 
@@ -44,13 +44,7 @@ class VerifyingWorkers:
 
     def run(self, batch: ScheduledBatch) -> StepResult:
         step = batch.step
-        for s in step.freed_slots.tolist():
-            self.tables[s] = []
-        for s, start in zip(step.new_slots.tolist(), step.new_start_pos.tolist()):
-            self.tables[s], self.computed[s] = [], start
-        ids = iter(step.new_block_ids.tolist())
-        for s, c in zip(step.slots.tolist(), step.new_block_counts.tolist()):
-            self.tables[s] += [next(ids) for _ in range(c)]
+        apply_slot_updates(self.tables, self.computed, step)
         prefills = step.prefill_num_tokens.tolist()
         drafts = [] if step.draft_counts is None else step.draft_counts.tolist()
         assert step.draft_counts is None or (len(drafts) == len(prefills) and any(drafts))

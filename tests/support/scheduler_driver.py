@@ -26,6 +26,17 @@ def make_seq(tokens: list[int], max_tokens: int = 8) -> Sequence:
     return Sequence(f"r{next(_ids)}", list(tokens), len(tokens), SamplingParams(max_tokens=max_tokens), 0.0)
 
 
+def apply_slot_updates(tables: dict[int, list[int]], computed: dict[int, int], step) -> None:
+    """A fake worker's bookkeeping of a StepCommand's slot changes: freed slots, new sequences, appended blocks."""
+    for s in step.freed_slots.tolist():
+        tables[s] = []
+    for s, start in zip(step.new_slots.tolist(), step.new_start_pos.tolist()):
+        tables[s], computed[s] = [], start
+    ids = iter(step.new_block_ids.tolist())
+    for s, c in zip(step.slots.tolist(), step.new_block_counts.tolist()):
+        tables[s] += [next(ids) for _ in range(c)]
+
+
 class FakeWorkers:
     def __init__(self, sched: Scheduler, seed: int = 0) -> None:
         bm = sched.block_manager
@@ -38,13 +49,7 @@ class FakeWorkers:
 
     def run(self, batch: ScheduledBatch) -> list[int]:
         step = batch.step
-        for s in step.freed_slots.tolist():
-            self.tables[s] = []
-        for s, start in zip(step.new_slots.tolist(), step.new_start_pos.tolist()):
-            self.tables[s], self.computed[s] = [], start
-        ids = iter(step.new_block_ids.tolist())
-        for s, c in zip(step.slots.tolist(), step.new_block_counts.tolist()):
-            self.tables[s] += [next(ids) for _ in range(c)]
+        apply_slot_updates(self.tables, self.computed, step)
         offset, written, reads = 0, set(), []
         num_prefills = len(step.prefill_num_tokens)
         assert all(n > 1 for n in step.prefill_num_tokens.tolist())
