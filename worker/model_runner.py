@@ -6,8 +6,6 @@ sampled by worker/speculative.py."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 import torch
 
@@ -23,30 +21,13 @@ from worker.cuda_graphs import DecodeGraphs, PrefillGraphs
 from worker.logprobs import PromptLogprobs
 from worker.results import AwaitingMasks, PendingTokens, ResultRing, no_tokens
 from worker.sampling_state import SamplingState
-from worker.speculative import VerifyLayout, add_verify_rows, launch_verify, settle
-from worker.step_sampling import prompt_logprobs_of, sample_rows, step_results
+from worker.speculative import SpeculativeSteps, add_verify_rows
+from worker.step_layout import HostBatch
+from worker.step_sampling import StepSampling
 from worker.transfer import HostStager
 
 
-@dataclass(slots=True)
-class HostBatch:
-    """One step's flat inputs on the host, prefill sequences first."""
-
-    slots: np.ndarray
-    q_lens: np.ndarray
-    seq_lens: np.ndarray  # context length after this step
-    cu: np.ndarray  # [n + 1] token offsets
-    positions: np.ndarray
-    slot_mapping: np.ndarray
-    num_prefills: int
-    width: int  # block-table columns needed this step
-    sample_idx: np.ndarray  # token rows whose logits are sampled
-    sample_slots: np.ndarray
-    sample_positions: np.ndarray
-    verify: VerifyLayout | None = None  # a step with draft tokens (speculative decoding): its output positions
-
-
-class ModelRunner:
+class ModelRunner(StepSampling, SpeculativeSteps):
     def __init__(self, cfg: WorkerConfig, device: torch.device) -> None:
         self.cfg = cfg
         self.device = device
@@ -108,7 +89,7 @@ class ModelRunner:
         """Start new sequences in their slots and append newly allocated blocks (after the last verify step's
         rows have settled to their accepted lengths)."""
         if self.unsettled is not None:
-            settle(self)
+            self.settle()
         freed, new = step.freed_slots, step.new_slots
         if len(freed):
             self.num_seq_blocks[freed] = 0
@@ -227,7 +208,7 @@ class ModelRunner:
         prompt_rows = self.prompt_logprobs.rows(hb.slots, hb.cu, hb.positions)  # None unless a sequence asks
         if len(hb.sample_idx) == 0:  # partial prefill chunks only
             hidden = self._forward(step, hb)
-            prompt = prompt_logprobs_of(self, hidden, prompt_rows)
+            prompt = self.prompt_logprobs_of(hidden, prompt_rows)
             if prompt is None:
                 return no_tokens(step.step_id)
             return self.results.pending(step.step_id, hidden.new_empty(0, dtype=torch.int64), prompt=prompt)
@@ -237,13 +218,13 @@ class ModelRunner:
         # decode-only step), and the gather (a copy to the device and an index kernel) is skipped
         rows = hidden if len(hb.sample_idx) == hidden.shape[0] else hidden[self.to_dev(hb.sample_idx)]
         if hb.verify is not None:
-            return launch_verify(self, step, hb, hidden, rows, slots_dev, prompt_rows)
-        sampled = sample_rows(self, rows, hb, slots_dev, step)
+            return self.launch_verify(step, hb, hidden, rows, slots_dev, prompt_rows)
+        sampled = self.sample_rows(rows, hb, slots_dev, step)
         if callable(sampled):  # the bitmasks are still to come
             return AwaitingMasks(
-                step.step_id, lambda masks: step_results(self, hb, slots_dev, hidden, prompt_rows, step, sampled(masks))
+                step.step_id, lambda masks: self.step_results(hb, slots_dev, hidden, prompt_rows, step, sampled(masks))
             )
-        return step_results(self, hb, slots_dev, hidden, prompt_rows, step, sampled)
+        return self.step_results(hb, slots_dev, hidden, prompt_rows, step, sampled)
 
     def execute(self, step: StepCommand) -> np.ndarray:
         """Run one step and wait; returns sampled token ids on rank 0 (empty elsewhere)."""

@@ -12,9 +12,6 @@ next step, moves the slot's computed length back over the rejected drafts (``set
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
-
 import numpy as np
 import torch
 
@@ -24,29 +21,7 @@ from worker.logprobs import gather_logprobs, raw_logprobs
 from worker.rejection_sampler import verify
 from worker.results import AwaitingMasks, PendingTokens, VerifyCompaction, no_tokens
 from worker.sampler import sample
-from worker.step_sampling import prompt_logprobs_of
-
-if TYPE_CHECKING:
-    from worker.model_runner import HostBatch, ModelRunner
-
-
-@dataclass(slots=True)
-class VerifyLayout:
-    """The output positions of a step with verify rows, on the host: per sampled row 1 + d of them (d = 0 for an
-    ordinary row), rows in order."""
-
-    counts: np.ndarray  # [m] positions of each sampled row (1 + d)
-    drafts: np.ndarray  # [m] d of each sampled row
-    out_rows: np.ndarray  # [S] token row of each position (its logits predict the next token)
-    out_slots: np.ndarray  # [S]
-    out_positions: np.ndarray  # [S] the position of the token sampled there
-    plain: np.ndarray  # sampled-row indices of the ordinary rows
-    plain_pos: np.ndarray  # their output positions
-    verify: np.ndarray  # sampled-row indices of the verify rows
-    verify_pos: np.ndarray  # [P] their output positions, rows in order
-    verify_drafts: np.ndarray  # [P] the draft scored at each, -1 at a row's last
-    owner: np.ndarray  # [P] index among the verify rows
-    offset: np.ndarray  # [P] index j within the row
+from worker.step_layout import HostBatch, VerifyLayout
 
 
 def add_verify_rows(hb: HostBatch, step: StepCommand) -> None:
@@ -91,66 +66,6 @@ def verify_layout(step: StepCommand, sampled: np.ndarray, cu: np.ndarray, positi
     )
 
 
-def launch_verify(
-    runner: ModelRunner, step: StepCommand, hb: HostBatch, hidden: torch.Tensor, rows: torch.Tensor, slots_dev, prompt
-) -> PendingTokens | AwaitingMasks:
-    """Sample a step with verify rows from the hidden states of its output positions (``rows``)."""
-    lay, state = hb.verify, runner.sampling
-    noise_seed = int(runner.noise_seeds.integers(1 << 31))  # drawn on every rank, as every step does
-    logits = runner.model.compute_logits(rows)  # the whole vocabulary on rank 0 (gathered), None elsewhere
-    packed_len = len(lay.out_rows) + len(lay.counts)
-    if tp_rank() != 0:
-        packed = broadcast_from_rank0(torch.empty(packed_len, dtype=torch.int64, device=runner.device))
-        _feed(runner, hb, slots_dev, packed)
-        prompt_logprobs_of(runner, hidden, prompt)  # a collective under tensor parallelism
-        return no_tokens(step.step_id)
-    masked = step.mask_rows is not None and len(step.mask_rows) > 0
-
-    def pick(masks: np.ndarray | None) -> PendingTokens:
-        to_dev = runner.to_dev
-        tokens = torch.empty(len(lay.out_rows), dtype=torch.int64, device=runner.device)
-        accepted = torch.zeros(len(lay.counts), dtype=torch.int64, device=runner.device)
-        if len(lay.plain):  # ordinary rows: exactly the sampling of a step without drafts
-            plain_slots = hb.sample_slots[lay.plain]
-            st = state.tensors(plain_slots, hb.sample_positions[lay.plain])
-            if masked and masks is not None:
-                words = masks.reshape(len(step.mask_rows), -1)
-                st.allowed = (to_dev(_plain_mask_rows(lay, step.mask_rows)), to_dev(words, torch.int32))
-            plain_dev = to_dev(lay.plain_pos)
-            picked = sample(logits[plain_dev], st, runner.generator, noise_seed)
-            if state.any_controls:
-                state.after_sample(st, plain_slots, slots_dev[to_dev(lay.plain)], picked)
-            tokens[plain_dev] = picked
-        if len(lay.verify):
-            vpos = to_dev(lay.verify_pos)
-            st = state.tensors(lay.out_slots[lay.verify_pos], lay.out_positions[lay.verify_pos])
-            grid = (len(lay.verify), int(lay.drafts.max()) + 1)
-            owner = to_dev(lay.owner)
-            emitted, num = verify(
-                logits[vpos], st, to_dev(lay.verify_drafts), owner, to_dev(lay.offset), grid, runner.generator
-            )
-            tokens[vpos] = emitted
-            accepted[to_dev(lay.verify)] = num
-            if state.any_controls:
-                kept = to_dev(lay.offset) <= num[owner]
-                state.after_verify(lay.out_slots[lay.verify_pos], emitted, kept)
-        packed = broadcast_from_rank0(torch.cat([tokens, accepted]))
-        _feed(runner, hb, slots_dev, packed)
-        prompt_result = prompt_logprobs_of(runner, hidden, prompt)
-        lp, entries = None, None
-        num_logprobs = state.num_logprobs[lay.out_slots] if state.any_controls else None
-        raw = raw_logprobs(logits, num_logprobs, to_dev) if num_logprobs is not None else None
-        if raw is not None:  # every position's token and top N; the host keeps the emitted ones
-            lp = gather_logprobs(*raw, num_logprobs, tokens, to_dev)
-            entries = np.where(num_logprobs >= 0, num_logprobs + 1, 0)
-        compaction = VerifyCompaction(lay.counts, entries)
-        return runner.results.pending(step.step_id, packed, *(lp or ()), prompt=prompt_result, verify=compaction)
-
-    if masked and step.token_masks is None:
-        return AwaitingMasks(step.step_id, pick)
-    return pick(step.token_masks)
-
-
 def _plain_mask_rows(lay: VerifyLayout, mask_rows: np.ndarray) -> np.ndarray:
     """Structured outputs' rows (among the step's sampled rows) as rows among its ordinary ones."""
     index = np.full(len(lay.counts), -1, dtype=np.int64)
@@ -161,23 +76,84 @@ def _plain_mask_rows(lay: VerifyLayout, mask_rows: np.ndarray) -> np.ndarray:
     return rows
 
 
-def _feed(runner: ModelRunner, hb: HostBatch, slots_dev: torch.Tensor, packed: torch.Tensor) -> None:
-    """Every rank: each sampled row's last emitted token becomes its slot's next input, and the accepted counts
-    wait (on the device) until the next step needs the computed lengths (``settle``)."""
-    lay = hb.verify
-    accepted = packed[len(lay.out_rows) :]
-    first = runner.to_dev(np.cumsum(lay.counts) - lay.counts)
-    runner.last_tokens[slots_dev] = packed[first + accepted]
-    runner.unsettled = (hb.sample_slots[lay.verify], lay.drafts[lay.verify], accepted[runner.to_dev(lay.verify)])
+class SpeculativeSteps:
+    """ModelRunner's verify steps (a mixin: ``self`` is the runner, which also brings StepSampling)."""
 
+    def launch_verify(
+        self, step: StepCommand, hb: HostBatch, hidden: torch.Tensor, rows: torch.Tensor, slots_dev, prompt
+    ) -> PendingTokens | AwaitingMasks:
+        """Sample a step with verify rows from the hidden states of its output positions (``rows``)."""
+        lay, state = hb.verify, self.sampling
+        noise_seed = int(self.noise_seeds.integers(1 << 31))  # drawn on every rank, as every step does
+        logits = self.model.compute_logits(rows)  # the whole vocabulary on rank 0 (gathered), None elsewhere
+        packed_len = len(lay.out_rows) + len(lay.counts)
+        if tp_rank() != 0:
+            packed = broadcast_from_rank0(torch.empty(packed_len, dtype=torch.int64, device=self.device))
+            self._feed(hb, slots_dev, packed)
+            self.prompt_logprobs_of(hidden, prompt)  # a collective under tensor parallelism
+            return no_tokens(step.step_id)
+        masked = step.mask_rows is not None and len(step.mask_rows) > 0
 
-def settle(runner: ModelRunner) -> None:
-    """Before the next step: each verify row's slot computed 1 + d tokens but keeps 1 + a (its KV at the rejected
-    positions is overwritten later); min_tokens advance by the tokens emitted. Waits for the verify step's
-    result (the host lays out the next step's positions from these lengths)."""
-    slots, drafts, accepted = runner.unsettled
-    runner.unsettled = None
-    num = accepted.cpu().numpy()
-    runner.num_computed[slots] -= drafts - num
-    if tp_rank() == 0 and runner.sampling.any_controls:
-        runner.sampling.advance_min_tokens(slots, num + 1)
+        def pick(masks: np.ndarray | None) -> PendingTokens:
+            to_dev = self.to_dev
+            tokens = torch.empty(len(lay.out_rows), dtype=torch.int64, device=self.device)
+            accepted = torch.zeros(len(lay.counts), dtype=torch.int64, device=self.device)
+            if len(lay.plain):  # ordinary rows: exactly the sampling of a step without drafts
+                plain_slots = hb.sample_slots[lay.plain]
+                st = state.tensors(plain_slots, hb.sample_positions[lay.plain])
+                if masked and masks is not None:
+                    words = masks.reshape(len(step.mask_rows), -1)
+                    st.allowed = (to_dev(_plain_mask_rows(lay, step.mask_rows)), to_dev(words, torch.int32))
+                plain_dev = to_dev(lay.plain_pos)
+                picked = sample(logits[plain_dev], st, self.generator, noise_seed)
+                if state.any_controls:
+                    state.after_sample(st, plain_slots, slots_dev[to_dev(lay.plain)], picked)
+                tokens[plain_dev] = picked
+            if len(lay.verify):
+                vpos = to_dev(lay.verify_pos)
+                st = state.tensors(lay.out_slots[lay.verify_pos], lay.out_positions[lay.verify_pos])
+                grid = (len(lay.verify), int(lay.drafts.max()) + 1)
+                owner = to_dev(lay.owner)
+                emitted, num = verify(
+                    logits[vpos], st, to_dev(lay.verify_drafts), owner, to_dev(lay.offset), grid, self.generator
+                )
+                tokens[vpos] = emitted
+                accepted[to_dev(lay.verify)] = num
+                if state.any_controls:
+                    kept = to_dev(lay.offset) <= num[owner]
+                    state.after_verify(lay.out_slots[lay.verify_pos], emitted, kept)
+            packed = broadcast_from_rank0(torch.cat([tokens, accepted]))
+            self._feed(hb, slots_dev, packed)
+            prompt_result = self.prompt_logprobs_of(hidden, prompt)
+            lp, entries = None, None
+            num_logprobs = state.num_logprobs[lay.out_slots] if state.any_controls else None
+            raw = raw_logprobs(logits, num_logprobs, to_dev) if num_logprobs is not None else None
+            if raw is not None:  # every position's token and top N; the host keeps the emitted ones
+                lp = gather_logprobs(*raw, num_logprobs, tokens, to_dev)
+                entries = np.where(num_logprobs >= 0, num_logprobs + 1, 0)
+            compaction = VerifyCompaction(lay.counts, entries)
+            return self.results.pending(step.step_id, packed, *(lp or ()), prompt=prompt_result, verify=compaction)
+
+        if masked and step.token_masks is None:
+            return AwaitingMasks(step.step_id, pick)
+        return pick(step.token_masks)
+
+    def _feed(self, hb: HostBatch, slots_dev: torch.Tensor, packed: torch.Tensor) -> None:
+        """Every rank: each sampled row's last emitted token becomes its slot's next input, and the accepted counts
+        wait (on the device) until the next step needs the computed lengths (``settle``)."""
+        lay = hb.verify
+        accepted = packed[len(lay.out_rows) :]
+        first = self.to_dev(np.cumsum(lay.counts) - lay.counts)
+        self.last_tokens[slots_dev] = packed[first + accepted]
+        self.unsettled = (hb.sample_slots[lay.verify], lay.drafts[lay.verify], accepted[self.to_dev(lay.verify)])
+
+    def settle(self) -> None:
+        """Before the next step: each verify row's slot computed 1 + d tokens but keeps 1 + a (its KV at the rejected
+        positions is overwritten later); min_tokens advance by the tokens emitted. Waits for the verify step's
+        result (the host lays out the next step's positions from these lengths)."""
+        slots, drafts, accepted = self.unsettled
+        self.unsettled = None
+        num = accepted.cpu().numpy()
+        self.num_computed[slots] -= drafts - num
+        if tp_rank() == 0 and self.sampling.any_controls:
+            self.sampling.advance_min_tokens(slots, num + 1)
