@@ -129,8 +129,12 @@ class EngineConfig:
         from coordinator.model_source import ModelSourceError, resolve_sources
 
         try:
-            resolve_sources(self)  # Hub ids become local directories here, once (before torch loads for the
-            # device default, so a bad id is reported at once): the workers get a directory
+            # Hub ids become local directories here, once (before torch loads for the device default, so a bad id
+            # is reported at once): the workers get a directory
+            self.model, self.tokenizer = resolve_sources(
+                self.model, self.tokenizer, self.revision, self.tokenizer_revision, self.download_dir,
+                self.trust_remote_code,
+            )  # fmt: skip
         except ModelSourceError as e:
             raise EngineArgError(e.name, str(e)) from None
         if not self.device:

@@ -26,7 +26,7 @@ from coordinator.scheduler import ScheduledBatch, Scheduler
 from coordinator.sequence import SeqStatus, Sequence
 from coordinator.spec_schedule import Speculator
 from coordinator.speculative import SpeculativeConfig, SpeculativeConfigError, check_startable
-from coordinator.step_apply import apply_result
+from coordinator.step_apply import ResultApplier
 from coordinator.structured_outputs import Grammars
 from coordinator.worker_group import WorkerGroup
 from model.config import ModelConfig
@@ -49,7 +49,7 @@ def _setup_logging() -> None:
         root.setLevel(logging.INFO)
 
 
-class Engine:
+class Engine(ResultApplier):
     def __init__(self, cfg: EngineConfig) -> None:
         from transformers import AutoTokenizer
 
@@ -209,7 +209,7 @@ class Engine:
         return [out for seq in failed if (out := self.abort(seq.request_id)) is not None]
 
     def _apply(self, batch: ScheduledBatch, result: StepResult) -> list[StepOutput]:
-        return apply_result(self, batch, result)
+        return self.apply_result(batch, result)
 
     # ---- state -------------------------------------------------------------------------------------------
 

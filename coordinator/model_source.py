@@ -12,10 +12,6 @@ import contextlib
 import json
 import logging
 from pathlib import Path
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from coordinator.config import EngineConfig
 
 log = logging.getLogger("nanoserve.model_source")
 
@@ -47,18 +43,20 @@ class ModelSourceError(ValueError):
         self.name = name
 
 
-def resolve_sources(cfg: EngineConfig) -> None:
-    """Replace ``cfg.model`` and ``cfg.tokenizer`` (each when given) by their local directories; a name that
-    cannot be resolved is ModelSourceError, its ``name`` the field (EngineConfig refuses it by that name)."""
-    if cfg.trust_remote_code:
+def resolve_sources(
+    model: str, tokenizer: str, revision: str, tokenizer_revision: str, download_dir: str, trust_remote_code: bool
+) -> tuple[str, str]:
+    """``model`` and ``tokenizer`` (each when given) as local directories; a name that cannot be resolved is
+    ModelSourceError, its ``name`` the engine argument (EngineConfig refuses it by that name)."""
+    if trust_remote_code:
         log.info("trust_remote_code is accepted, but nanoserve never runs a checkpoint's own code")
-    for what, revision in ((MODEL, cfg.revision), (TOKENIZER, cfg.tokenizer_revision)):
-        name = getattr(cfg, what)
-        if name:
-            try:
-                setattr(cfg, what, resolve(name, revision, cfg.download_dir, what))
-            except ModelSourceError as e:
-                raise ModelSourceError(f"{what}: {e}", what) from None
+    out = []
+    for what, name, rev in ((MODEL, model, revision), (TOKENIZER, tokenizer, tokenizer_revision)):
+        try:
+            out.append(resolve(name, rev, download_dir, what) if name else name)
+        except ModelSourceError as e:
+            raise ModelSourceError(f"{what}: {e}", what) from None
+    return out[0], out[1]
 
 
 def resolve(name: str, revision: str = "", cache_dir: str = "", what: str = MODEL) -> str:

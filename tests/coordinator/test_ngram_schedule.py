@@ -19,7 +19,7 @@ from coordinator.scheduler import ScheduledBatch, Scheduler
 from coordinator.sequence import Sequence
 from coordinator.spec_schedule import MAX_BACKOFF, Speculator
 from coordinator.speculative import SpeculativeConfig
-from coordinator.step_apply import apply_result
+from coordinator.step_apply import ResultApplier
 from protocol.messages import StepResult
 from protocol.sampling_params import SamplingParams
 from tests.support.scheduler_driver import apply_slot_updates, check_invariants
@@ -131,7 +131,7 @@ def run(
             in_flight.append((batch, workers.run(batch)))
         check_invariants(sched)
         if in_flight and (len(in_flight) > async_depth or batch is None):
-            for out in apply_result(engine, *in_flight.popleft()):
+            for out in ResultApplier.apply_result(engine, *in_flight.popleft()):
                 assert out.finish_reason == "length"
                 done[out.request_id] = out.token_ids
             check_invariants(sched)

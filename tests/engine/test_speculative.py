@@ -84,7 +84,7 @@ class _Rows:
 
     def __init__(self, monkeypatch) -> None:
         self.rows: dict[str, list[tuple[bool, list[int]]]] = {}
-        apply = coordinator.engine.apply_result
+        apply = coordinator.engine.Engine.apply_result
 
         def wrapped(engine, batch, result):
             tokens, pos = result.token_ids.tolist(), 0
@@ -95,7 +95,7 @@ class _Rows:
                 pos += 1 + a
             return apply(engine, batch, result)
 
-        monkeypatch.setattr(coordinator.engine, "apply_result", wrapped)
+        monkeypatch.setattr(coordinator.engine.Engine, "apply_result", wrapped)
 
     def ended_in_verify_row(self, request_id: str, output: list[int]) -> int:
         """How many of its last verify row's tokens were dropped after its end (-1: it did not end in one)."""
