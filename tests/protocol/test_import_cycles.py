@@ -26,16 +26,9 @@ def _modules(root: Path) -> dict[str, Path]:
 
 
 def _runtime_nodes(tree: ast.AST):
-    """Every node of ``tree`` except those under ``if TYPE_CHECKING:`` (never executed, so never a cycle)."""
-    stack = [tree]
-    while stack:
-        node = stack.pop()
-        yield node
-        for child in ast.iter_child_nodes(node):
-            if isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test):
-                stack.extend(child.orelse)
-            else:
-                stack.append(child)
+    """Every node of ``tree``, ``if TYPE_CHECKING:`` blocks included: a circle of type hints is one a reader follows
+    too (a helper module that needs its caller's type takes a mixin's ``self`` or a Protocol instead)."""
+    return ast.walk(tree)
 
 
 def _imported(node: ast.AST, module: str, is_package: bool) -> list[str]:
