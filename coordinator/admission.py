@@ -75,10 +75,6 @@ class Admission:
         params = self.default_params() if params is None else params
         if not isinstance(params, SamplingParams):
             raise RequestError("sampling_params must be a SamplingParams")
-        try:
-            params.validate()  # here for the in-process LLM too: the dataclass is mutable after construction
-        except ValueError as e:
-            raise RequestError(str(e)) from None
         if params.n != 1:
             raise RequestError(f"n must be 1 per engine request (LLM.generate and the HTTP API send n), got {params.n}")
         whole = params.truncate_prompt_tokens is None  # else a prompt too long is cut, not refused

@@ -127,6 +127,11 @@ class Engine(ResultApplier):
     ) -> str:
         """Prepare (coordinator/admission.py) and queue a request; returns its id (RequestError naming the problem:
         nothing queued). A streamed request gets a StepOutput every step it gains tokens in, others one at the end."""
+        if isinstance(params, SamplingParams):  # the in-process entry: the record may have changed since it was built
+            try:  # (a client's records are checked where they arrive: coordinator/client_frames.py)
+                params.validate()
+            except ValueError as e:
+                raise RequestError(str(e)) from None
         return self.add_admitted(*self.admit(prompt, params), request_id, stream)
 
     def admit(self, prompt: str | list[int] | ChatPrompt, params: SamplingParams | None) -> Prepared:
