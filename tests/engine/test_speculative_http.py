@@ -55,10 +55,8 @@ def test_server_with_speculation_serves_the_same_text_and_counts_drafts(tmp_path
 
 def test_bad_config_refused_by_the_flag(tiny_tied):
     bad = json.dumps({**SPEC, "prompt_lookup_min": 9})
-    out = subprocess.run(
-        [sys.executable, str(ROOT / "launch.py"), "--model", str(tiny_tied), "--speculative-config", bad],
-        cwd=ROOT, capture_output=True, text=True, timeout=START_S,
-    )  # fmt: skip
+    cmd = [sys.executable, str(ROOT / "launch.py"), "--port", "0", "--model", str(tiny_tied)]  # 0: never taken
+    out = subprocess.run([*cmd, "--speculative-config", bad], cwd=ROOT, capture_output=True, text=True, timeout=START_S)
     assert out.returncode == 2
     assert (
         "--speculative-config" in out.stderr and "prompt_lookup_min (9) must be <= prompt_lookup_max (3)" in out.stderr
