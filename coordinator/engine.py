@@ -32,7 +32,6 @@ from coordinator.worker_group import WorkerGroup
 from model.config import ModelConfig
 from protocol.client_messages import ChatPrompt, Detokenize, DetokenizeReply, Tokenize, TokenizeReply
 from protocol.errors import EngineDeadError, RequestError
-from protocol.messages import StepResult
 from protocol.outputs import StepOutput
 from protocol.sampling_params import SamplingParams
 
@@ -190,7 +189,7 @@ class Engine(ResultApplier):
         if batch is not None and self.num_constrained:  # bitmasks need every earlier token
             self.grammars.add_masks(batch, later=bool(self._in_flight))
         if not self.config.async_scheduling:
-            return outputs + (self._apply(batch, self.workers.run_step(batch.step)) if batch is not None else [])
+            return outputs + (self.apply_result(batch, self.workers.run_step(batch.step)) if batch is not None else [])
         if batch is not None:
             self.workers.send_step(batch.step)
             self._in_flight.append(batch)
@@ -201,7 +200,7 @@ class Engine(ResultApplier):
 
     def _read_oldest(self) -> list[StepOutput]:
         done = self._in_flight.popleft()
-        outputs = self._apply(done, self.workers.recv_result(done.step.step_id))
+        outputs = self.apply_result(done, self.workers.recv_result(done.step.step_id))
         if (due := self.grammars.due_masks(self._in_flight)) is not None:
             self.workers.send_masks(due)
         return outputs
@@ -212,9 +211,6 @@ class Engine(ResultApplier):
         for seq in ready:
             self.scheduler.add(seq)
         return [out for seq in failed if (out := self.abort(seq.request_id)) is not None]
-
-    def _apply(self, batch: ScheduledBatch, result: StepResult) -> list[StepOutput]:
-        return self.apply_result(batch, result)
 
     # ---- state -------------------------------------------------------------------------------------------
 
