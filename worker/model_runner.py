@@ -147,24 +147,25 @@ class ModelRunner(StepSampling, SpeculativeSteps):
             sample_positions=sample_positions,
         )
         if step.draft_counts is not None:
-            add_verify_rows(hb, step)
+            add_verify_rows(hb, step, self.cfg.max_num_seqs)
         return hb
 
     def device_meta(self, hb: HostBatch) -> AttentionMetadata:
         n_pre = hb.num_prefills
+        decode_slots, decode_lens = hb.decode_rows()
         meta = AttentionMetadata(
             slot_mapping=self.to_dev(hb.slot_mapping),
             num_prefill_tokens=int(hb.cu[n_pre]),
             num_prefills=n_pre,
-            num_decodes=len(hb.slots) - n_pre,
+            num_decodes=len(decode_slots),
         )
         if n_pre:
             tables = self.block_tables[hb.slots[:n_pre], : hb.width]
             self.set_prefill_meta(meta, hb.q_lens[:n_pre], hb.seq_lens[:n_pre], tables)
         if meta.num_decodes:
-            meta.decode_seq_lens = self.to_dev(hb.seq_lens[n_pre:], torch.int32)
-            meta.decode_block_tables = self.to_dev(self.block_tables[hb.slots[n_pre:], : hb.width], torch.int32)
-            meta.max_decode_seq_len = int(hb.seq_lens[n_pre:].max())
+            meta.decode_seq_lens = self.to_dev(decode_lens, torch.int32)
+            meta.decode_block_tables = self.to_dev(self.block_tables[decode_slots, : hb.width], torch.int32)
+            meta.max_decode_seq_len = int(decode_lens.max())
         return meta
 
     def _input_ids(self, step: StepCommand, hb: HostBatch, sample_slots: torch.Tensor | None = None) -> torch.Tensor:
@@ -183,10 +184,11 @@ class ModelRunner(StepSampling, SpeculativeSteps):
 
     def _forward(self, step: StepCommand, hb: HostBatch, sample_slots: torch.Tensor | None = None) -> torch.Tensor:
         input_ids = self._input_ids(step, hb, sample_slots)
-        # verify rows are multi-token rows (num_prefills > 0): they never replay a decode graph
-        if self.graphs is not None and hb.num_prefills == 0 and len(hb.slots) <= self.graphs.max_batch:
-            tables = self.block_tables[hb.slots, : hb.width]
-            return self.graphs.run(self.stager, input_ids, hb.positions, hb.slot_mapping, hb.seq_lens, tables)
+        # verify rows replay a decode graph when laid out as one decode row per token (worker/speculative.py)
+        if self.graphs is not None and hb.num_prefills == 0 and len(input_ids) <= self.graphs.max_batch:
+            decode_slots, decode_lens = hb.decode_rows()
+            tables = self.block_tables[decode_slots, : hb.width]
+            return self.graphs.run(self.stager, input_ids, hb.positions, hb.slot_mapping, decode_lens, tables)
         return self.run_model(input_ids, hb.positions, self.device_meta(hb))
 
     def run_model(self, input_ids: torch.Tensor, positions: np.ndarray, meta: AttentionMetadata) -> torch.Tensor:

@@ -24,13 +24,19 @@ from worker.sampler import sample
 from worker.step_layout import HostBatch, VerifyLayout
 
 
-def add_verify_rows(hb: HostBatch, step: StepCommand) -> None:
-    """A step with drafts: its layout, and logits at every output position (``sample_idx``)."""
+def add_verify_rows(hb: HostBatch, step: StepCommand, max_decode_rows: int) -> None:
+    """A step with drafts: its layout, and logits at every output position (``sample_idx``). Without a prefill
+    chunk and with at most ``max_decode_rows`` tokens, each token is attended as a decode row of its own (context:
+    up to its position, through its sequence's block table), so the step replays a whole-forward decode graph:
+    every layer stores the step's K/V before it attends, so a draft sees the drafts before it."""
     sampled = np.arange(len(hb.slots))
     if len(step.skip_sample_rows):
         sampled = np.delete(sampled, step.skip_sample_rows)
     hb.verify = verify_layout(step, sampled, hb.cu, hb.positions)
     hb.sample_idx = hb.verify.out_rows
+    if len(hb.positions) <= max_decode_rows and (step.prefill_num_tokens == step.draft_counts + 1).all():
+        hb.token_rows = (np.repeat(hb.slots, hb.q_lens), hb.positions + 1)
+        hb.num_prefills = 0
 
 
 def verify_layout(step: StepCommand, sampled: np.ndarray, cu: np.ndarray, positions: np.ndarray) -> VerifyLayout:

@@ -44,3 +44,11 @@ class HostBatch:
     sample_slots: np.ndarray
     sample_positions: np.ndarray
     verify: VerifyLayout | None = None  # a step with draft tokens (speculative decoding): its output positions
+    # a step of verify and decode rows only, attended as one decode row per token: (slot, context length) of each
+    token_rows: tuple[np.ndarray, np.ndarray] | None = None
+
+    def decode_rows(self) -> tuple[np.ndarray, np.ndarray]:
+        """The (slot, context length) of each decode row the attention reads for."""
+        if self.token_rows is not None:
+            return self.token_rows
+        return self.slots[self.num_prefills :], self.seq_lens[self.num_prefills :]

@@ -13,6 +13,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+from kernels.attention import AttentionMetadata
+from model.context import forward_context
 from protocol.codec import decode, encode
 from protocol.messages import StepCommand
 from tests.support.builders import i32, make_step, worker_config
@@ -113,20 +115,43 @@ def test_a_mixed_step_of_chunks_verify_rows_and_decodes(tiny_untied, oracle):
     assert r.num_computed[[0, 1, 2, 3]].tolist() == [PROMPT_LEN + 4, 30, 12 + 2, 17 + 3]
 
 
-def test_a_verify_step_never_replays_a_decode_graph(tiny_untied, oracle):
+def test_a_verify_step_replays_the_decode_graph_one_row_per_token(tiny_untied, oracle):
+    """Without a prefill chunk, a verify row's tokens are decode rows of their own: each attends up to its own
+    position through the sequence's block table, so the step fits a whole-forward decode graph."""
     prompt, greedy, _ = oracle[0]
     r = runner(tiny_untied)
     r.execute(wire(make_step([start(0, prompt)])))
+    calls = []
 
-    class Refusing:  # a decode graph that may not run
+    class Recording:  # stands in for the decode graph: records its rows and runs them eagerly as decode rows
         max_batch = 8
 
-        def run(self, *args):
-            raise AssertionError("a verify step replayed a decode graph")
+        def run(self, stager, ids, positions, slot_mapping, seq_lens, tables):
+            calls.append((positions.copy(), seq_lens.copy(), tables.copy()))
+            meta = AttentionMetadata(
+                slot_mapping=r.to_dev(slot_mapping),
+                num_prefill_tokens=0,
+                num_prefills=0,
+                num_decodes=len(ids),
+                decode_seq_lens=r.to_dev(seq_lens, torch.int32),
+                decode_block_tables=r.to_dev(tables, torch.int32),
+                max_decode_seq_len=int(seq_lens.max()),
+            )
+            with forward_context(meta, r.backend):
+                return r.model(ids, r.to_dev(positions))
 
-    r.graphs = Refusing()
-    done = r.launch(wire(make_step([dict(slot=0, tokens=greedy[:2])], 1), [1]))
-    assert done.wait().tolist() == greedy[1:3]
+    r.graphs = Recording()
+    done = r.launch(wire(make_step([dict(slot=0, tokens=greedy[:3])], 1), [2]))
+    assert done.wait().tolist() == greedy[1:4]
+    positions, lens, tables = calls[0]
+    assert positions.tolist() == [PROMPT_LEN, PROMPT_LEN + 1, PROMPT_LEN + 2]
+    assert lens.tolist() == (positions + 1).tolist()
+    assert (tables == tables[0]).all() and tables.shape[0] == 3
+    # a step with a prefill chunk keeps its verify rows as multi-token rows: no decode graph
+    r.execute(wire(make_step([dict(slot=0, tokens=[-1])], 2)))
+    done = r.launch(wire(make_step([start(1, oracle[1][0]), dict(slot=0, tokens=greedy[4:6])], 3), [0, 1]))
+    assert done.wait().tolist() == [oracle[1][1][0], *greedy[5:7]]
+    assert len(calls) == 2  # the plain decode step above, not the mixed one
 
 
 def test_sampled_verify_rows_emit_1_plus_accepted_tokens_and_a_seed_repeats_them(tiny_untied, oracle):
