@@ -15,6 +15,7 @@ import numpy as np
 from coordinator.ngram import known_tokens, propose_batch
 from coordinator.sequence import Sequence
 from coordinator.speculative import SpecStats, SpeculativeConfig
+from settings.env import settings
 
 # Steps between tries at most: a failing sequence leaves the async overlap once per this many tokens at most.
 MAX_BACKOFF = 64
@@ -26,6 +27,7 @@ class Speculator:
         self.cfg = cfg
         self.max_model_len = max_model_len
         self.stats = SpecStats()
+        self.accept_all = settings().bench_accept_drafts  # benchmark only: the ceiling, every try drafts
 
     def eligible(self, seq: Sequence) -> bool:
         """Decoding with controls the worker applies per position alone, past min_tokens, and room for a draft."""
@@ -59,7 +61,7 @@ class Speculator:
         lo, hi, k = cfg.prompt_lookup_min, cfg.prompt_lookup_max, cfg.num_speculative_tokens
         if probe:
             known = [known_tokens(s, s.num_known_tokens) for s in probe]
-            found = propose_batch(known, [k] * len(probe), lo, hi)
+            found = self.propose(known, [k] * len(probe), lo, hi)
             for seq, d in zip(probe, found):
                 if len(d):
                     held.add(seq)
@@ -70,7 +72,7 @@ class Speculator:
             # 1 + d tokens come back at most: d <= max_tokens left - 1, and the last position < max_model_len
             caps = [min(k, s.max_num_tokens - s.num_tokens - 1, self.max_model_len - s.num_tokens) for s in ready]
             known = [known_tokens(s, s.num_tokens) for s in ready]
-            for seq, d in zip(ready, propose_batch(known, caps, lo, hi)):
+            for seq, d in zip(ready, self.propose(known, caps, lo, hi)):
                 if len(d):
                     drafts[seq] = d
                 elif seq.spec_held:
@@ -79,6 +81,12 @@ class Speculator:
                     seq.spec_next_try = step_id + CHEAP_RETRY
                 seq.spec_held = False
         return drafts, held
+
+    def propose(self, known: list[np.ndarray], caps: list[int], lo: int, hi: int) -> list[np.ndarray]:
+        found = propose_batch(known, caps, lo, hi)
+        if self.accept_all:  # benchmark only: where no n-gram matches, the last token repeated
+            found = [d if len(d) else np.full(max(cap, 0), t[-1], np.int32) for d, t, cap in zip(found, known, caps)]
+        return found
 
     @staticmethod
     def backoff(seq: Sequence, step_id: int) -> None:

@@ -1,6 +1,7 @@
 """Every environment variable nanoserve reads, in one typed place (the README's table lists them all).
 
-Switches share one polarity: a feature is on unless its variable is "0". Values are read at call time, never at
+Switches share one polarity: a feature is on unless its variable is "0" (the one exception, a benchmark-only
+switch, is off unless "1"). Values are read at call time, never at
 import, so a test or a launcher can set a variable before the code that uses it runs; hot paths cache what they
 read (kernels/pdl.py per device). A performance switch lives only while its experiment is open: once the log
 (docs/PERFORMANCE_LOG.md) names the winner, the winner is the code and the switch goes. What remains are operators'
@@ -18,6 +19,11 @@ PREFIX = "NANOSERVE_"
 
 def _switch(name: str) -> bool:
     return os.environ.get(PREFIX + name, "1").strip() != "0"
+
+
+def _flag(name: str) -> bool:
+    """An opt-in switch (benchmark only): on when the variable is "1"."""
+    return os.environ.get(PREFIX + name, "0").strip() == "1"
 
 
 def _text(name: str) -> str | None:
@@ -42,6 +48,9 @@ class Settings:
     # NANOSERVE_LT_TUNE=0: skip the start-up choice of cuBLASLt algorithms. Kept as a start-up knob: the choice costs
     # 6-17 s a rank for +0.3-0.7% of W1 (log 16d), worth skipping for a quick start
     lt_tune: bool
+    # NANOSERVE_BENCH_ACCEPT_DRAFTS=1 (off unless "1": benchmark only, outputs are wrong): every sequence gets a
+    # draft each try and workers accept every draft, so speculative decoding runs at its ceiling
+    bench_accept_drafts: bool
     triton_interpret: bool  # TRITON_INTERPRET=1: Triton kernels run on CPU tensors (tests)
 
 
@@ -56,6 +65,7 @@ def settings() -> Settings:
         symm_mem=_switch("SYMM_MEM"),
         pdl=_switch("PDL"),
         lt_tune=_switch("LT_TUNE"),
+        bench_accept_drafts=_flag("BENCH_ACCEPT_DRAFTS"),
         triton_interpret=os.environ.get("TRITON_INTERPRET", "0") == "1",
     )
 

@@ -17,6 +17,7 @@ from model.fp8 import parse_kv_cache_dtype
 from model.layers import PagedAttention
 from model.loader import load_model
 from protocol.messages import StepCommand, WorkerConfig
+from settings.env import settings
 from worker.cuda_graphs import DecodeGraphs, PrefillGraphs
 from worker.logprobs import PromptLogprobs
 from worker.results import AwaitingMasks, PendingTokens, ResultRing, no_tokens
@@ -55,6 +56,7 @@ class ModelRunner(StepSampling, SpeculativeSteps):
         self.sampling = SamplingState(n, self.model_config.vocab_size, cfg.eos_token_ids, device, self.to_dev)
         self.prompt_logprobs = PromptLogprobs()
         self.unsettled: tuple | None = None  # the last verify step's accepted counts, until the next step
+        self.accept_all_drafts = settings().bench_accept_drafts  # benchmark only: speculation's ceiling
 
     # ---- KV pool (sized by worker/startup.py) -----------------------------------------------------------
 

@@ -51,13 +51,15 @@ def verify(
     offset: torch.Tensor,
     grid_shape: tuple[int, int],
     generator: torch.Generator | None = None,
+    accept_all: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Accept or reject the drafts of every verify row at once.
 
     ``logits`` [P, vocab]: every position of every verify row; ``st``: the controls of each position (as the
     normal sampler's per row); ``drafts`` int64 [P]: the draft scored at each position, -1 at a row's last one;
     ``owner``/``offset`` int64 [P]: each position's verify row and its index j in that row; ``grid_shape``:
-    (verify rows, 1 + the largest d), from the host.
+    (verify rows, 1 + the largest d), from the host; ``accept_all``: benchmark only (NANOSERVE_BENCH_ACCEPT_DRAFTS),
+    every draft is kept.
 
     Returns (tokens [P], num_accepted [verify rows]): at position j of row r, the token emitted there if j <= a_r
     (draft j for j < a_r, the target's own token at j = a_r); later positions hold the target's would-be token."""
@@ -78,6 +80,8 @@ def verify(
         greedy = st.temperature == 0
         accept = has_draft & torch.where(greedy, drafts == target, sampled_accept)
         own = torch.where(greedy, target, sampled_own)
+    if accept_all:
+        accept = has_draft
     # [rows, 1 + max d]: padding stays False, so the leading run of True is the accepted count
     grid = torch.zeros(grid_shape, dtype=torch.long, device=drafts.device)
     grid[owner, offset] = accept.long()

@@ -120,8 +120,9 @@ class SpeculativeSteps:
                 st = state.tensors(lay.out_slots[lay.verify_pos], lay.out_positions[lay.verify_pos])
                 grid = (len(lay.verify), int(lay.drafts.max()) + 1)
                 owner = to_dev(lay.owner)
+                drafts = to_dev(lay.verify_drafts)
                 emitted, num = verify(
-                    logits[vpos], st, to_dev(lay.verify_drafts), owner, to_dev(lay.offset), grid, self.generator
+                    logits[vpos], st, drafts, owner, to_dev(lay.offset), grid, self.generator, self.accept_all_drafts
                 )
                 tokens[vpos] = emitted
                 accepted[to_dev(lay.verify)] = num

@@ -196,3 +196,19 @@ def test_config_refused_by_key_and_eagle3_not_yet(tiny_tied):
     eagle = {"method": "eagle3", "model": str(tiny_tied), "num_speculative_tokens": 3}
     with pytest.raises(EngineArgError, match=r"method 'eagle3' is not available yet"):
         LLM(str(tiny_tied), speculative_config=eagle)
+
+
+def test_the_benchmark_switch_accepts_every_draft(tiny_tied, monkeypatch):
+    """NANOSERVE_BENCH_ACCEPT_DRAFTS=1 (speculation's ceiling, benchmark only): every try drafts k tokens, every
+    draft is kept, so a sequence takes about one step per k + 1 tokens."""
+    monkeypatch.setenv("NANOSERVE_BENCH_ACCEPT_DRAFTS", "1")
+    with LLM(str(tiny_tied), max_model_len=200, num_kv_blocks=64, block_size=8, speculative_config=SPEC) as llm:
+        before = llm.stats()
+        out = llm.generate([_prompts()[1]], SamplingParams(temperature=0, max_tokens=41, ignore_eos=True))
+        stats = llm.stats()
+    assert len(out[0].outputs[0].token_ids) == 41
+    drafted = stats["spec_decode_num_draft_tokens"] - before["spec_decode_num_draft_tokens"]
+    assert (
+        drafted > 0 and stats["spec_decode_num_accepted_tokens"] - before["spec_decode_num_accepted_tokens"] == drafted
+    )
+    assert stats["steps"] - before["steps"] <= 41 // 4 + 4

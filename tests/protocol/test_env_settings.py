@@ -49,7 +49,7 @@ def test_settings_are_read_at_call_time_not_at_import():
 def variables_read(root: Path = ROOT) -> set[str]:
     """Every NANOSERVE_* variable the code reads: settings/env.py's, and the tests' own timeout scale."""
     env = (root / "settings" / "env.py").read_text()
-    names = {PREFIX + n for n in re.findall(r'_(?:switch|text)\("([A-Z0-9_]+)"\)', env)}
+    names = {PREFIX + n for n in re.findall(r'_(?:switch|flag|text)\("([A-Z0-9_]+)"\)', env)}
     return names | set(
         re.findall(r'"(NANOSERVE_[A-Z0-9_]+)"', (root / "tests" / "support" / "timeouts.py").read_text())
     )
