@@ -89,6 +89,7 @@ def engine_args(args, device: str, load_format: str) -> dict:
         "attention_backend": args.attention_backend,
         "quantization": args.quantization,
         "kv_cache_dtype": args.kv_cache_dtype,
+        "speculative_config": args.speculative_config,
     }
     kw.update({k: v for k, v in optional.items() if v is not None})
     return kw

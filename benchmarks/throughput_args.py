@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 
 from benchmarks.shapes import SHAPES
 from coordinator.config import ATTENTION_BACKENDS, DTYPES
@@ -43,6 +44,11 @@ def parse_args(argv=None, doc: str = "") -> argparse.Namespace:
     p.add_argument("--attention-backend", choices=ATTENTION_BACKENDS, help="engine argument (default: auto)")
     p.add_argument("--quantization", choices=["fp8"], help="FP8 linear layers (a 16-bit model quantized at load)")
     p.add_argument("--kv-cache-dtype", choices=["auto", "fp8"], help="fp8: an e4m3 KV cache")
+    p.add_argument(
+        "--speculative-config",
+        type=json.loads,
+        help='JSON, e.g. \'{"method": "ngram", "num_speculative_tokens": 3}\' (with NANOSERVE_BENCH_ACCEPT_DRAFTS=1: the ceiling)',
+    )
     p.add_argument("--structured-outputs", help="W1/W2: every request under this constraint (JSON, e.g. a regex)")
     p.add_argument("--scale", type=int, help="divide all workload lengths by S (default 8 for --shape tiny, else 1)")
     p.add_argument("--hbm-tbs", type=float, help="use this bandwidth (TB/s) instead of measuring")
