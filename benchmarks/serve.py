@@ -4,6 +4,7 @@
         [--num-prompts N] [--request-rate R|inf] [--max-concurrency N] [--random-input-len 1024]
         [--random-output-len 128] [--random-range-ratio 0.0] [--temperature 0.6] [--scale S]
         [--max-token-id N] [--api-key KEY] [--seed 0]
+    python -m benchmarks.serve --sweep [--offline-tok-s T] [--loads 0.25 0.5 0.75 1] [--sweep-seconds S] [--out F]
 
 Every request is a streaming completion (``stream: true``, ``ignore_eos: true``, ``stream_options.include_usage``)
 whose prompt is a list of token ids, so no tokenizer is needed and any server that takes token-id prompts can be
@@ -18,7 +19,13 @@ Reports request throughput, output tok/s, total tok/s, and TTFT, TPOT (per reque
 tokens - 1)) and ITL (gaps between streamed events) mean/p50/p99 in ms; the LAST line is one JSON object. When the
 server exposes vLLM's ``*:time_to_first_token_seconds`` histogram at ``/metrics`` (vLLM's and nanoserve's do), it
 also reports the server's own mean TTFT over the run (``server_ttft_mean_ms``): what HTTP and this client add to a
-first token is the difference.
+first token is the difference. The client is benchmarks/http_client.py (asyncio streams, keep-alive): its own
+cost counts in every TTFT, and it is the cheapest measured (benchmarks/client_overhead.py); each event is timed
+when its line arrives, before it is parsed.
+
+``--sweep``: the latency-under-load curve (benchmarks/serve_sweep.py): W1-shaped requests at fractions of a
+capacity (``--offline-tok-s``, offline W1's output tok/s, else measured here at rate=inf), TTFT/ITL/TPOT p50 and p99
+and goodput per load, one JSON (``--out``); benchmarks/plot_latency.py draws it.
 """
 
 from __future__ import annotations
@@ -34,6 +41,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from benchmarks.http_client import HttpClient
+from benchmarks.serve_sweep import add_sweep_args, main_sweep
 from benchmarks.workloads import w1_requests
 
 MAX_PROMPT_ID = 10000  # W1's ids are randint(0, 10000), and so are the random dataset's
@@ -66,19 +75,19 @@ def build_requests(args) -> list[tuple[list[int], int]]:
     return reqs
 
 
-async def one_request(session, url: str, body: dict, headers: dict) -> Result:
+async def one_request(client: HttpClient, path: str, body: dict) -> Result:
     res = Result(prompt_tokens=len(body["prompt"]))
     t0 = time.perf_counter()
     last = None
     try:
-        async with session.stream("POST", url, json=body, headers=headers) as resp:
-            if resp.status_code != 200:
-                res.error = f"HTTP {resp.status_code}: {(await resp.aread()).decode()[:200]}"
+        async with client.stream("POST", path, body) as resp:
+            if resp.status != 200:
+                res.error = f"HTTP {resp.status}: {(await resp.read()).decode(errors='replace')[:200]}"
                 return res
-            async for raw in resp.aiter_lines():  # one server-sent-events line at a time
-                line = raw.strip()
-                if not line.startswith("data: ") or line == "data: [DONE]":
+            async for line in resp.lines():  # one server-sent-events line at a time
+                if not line.startswith(b"data: ") or line == b"data: [DONE]":
                     continue
+                now = time.perf_counter()  # before the parse: the client's own work is not the server's time
                 chunk = json.loads(line[6:])
                 if "error" in chunk:
                     res.error = str(chunk["error"])[:200]
@@ -87,7 +96,6 @@ async def one_request(session, url: str, body: dict, headers: dict) -> Result:
                     res.output_tokens = chunk["usage"]["completion_tokens"]
                 if not chunk.get("choices"):
                     continue
-                now = time.perf_counter()
                 if last is None:
                     res.ttft = now - t0
                 else:
@@ -103,12 +111,12 @@ async def one_request(session, url: str, body: dict, headers: dict) -> Result:
 _TTFT_METRIC = "time_to_first_token_seconds"
 
 
-async def server_ttft_totals(session, base_url: str, headers: dict) -> tuple[float, float] | None:
+async def server_ttft_totals(client: HttpClient) -> tuple[float, float] | None:
     """(sum of seconds, count) of the server's time-to-first-token histogram over all its label sets; None when
     the server has no such metric (parsed by hand: the load generator needs no Prometheus library)."""
     try:
-        resp = await session.get(base_url.rsplit("/v1", 1)[0] + "/metrics", headers=headers)
-        text = resp.text if resp.status_code == 200 else ""
+        status, body = await client.request("GET", "/metrics")
+        text = body.decode() if status == 200 else ""
     except Exception:  # no /metrics: the report just lacks the server's view
         return None
     totals, found = [0.0, 0.0], False
@@ -121,14 +129,13 @@ async def server_ttft_totals(session, base_url: str, headers: dict) -> tuple[flo
     return (totals[0], totals[1]) if found else None
 
 
-async def vocab_limit(session, base_url: str, model: str, headers: dict, want: int) -> int:
+async def vocab_limit(client: HttpClient, model: str, want: int) -> int:
     """The largest id <= ``want`` the server's vocabulary holds: ``/detokenize`` refuses (4xx) an id past it, so a
     binary search finds the edge in ~14 requests. A server without the route (or that decodes any id) gets ``want``."""
-    url = base_url.rsplit("/v1", 1)[0] + "/detokenize"
 
     async def known(token: int) -> bool:
-        r = await session.post(url, json={"model": model, "tokens": [token]}, headers=headers)
-        return r.status_code == 200
+        status, _ = await client.request("POST", "/detokenize", {"model": model, "tokens": [token]})
+        return status == 200
 
     if not await known(0) or await known(want):
         return want
@@ -139,50 +146,70 @@ async def vocab_limit(session, base_url: str, model: str, headers: dict, want: i
     return lo
 
 
+def split_base_url(base_url: str) -> tuple[str, str]:
+    """(the server's root URL, the API's path): ``http://h:p/v1`` -> (``http://h:p``, ``/v1``)."""
+    root = base_url.rstrip("/").rsplit("/v1", 1)[0]
+    return root, base_url.rstrip("/")[len(root) :]
+
+
+async def prepare(client: HttpClient, api: str, args) -> str:
+    """The model name to send; ``args.max_token_id`` learnt from the server when not given."""
+    model = args.model
+    if model is None:
+        status, body = await client.request("GET", api + "/models")
+        if status != 200:
+            sys.exit(f"GET {api}/models: HTTP {status}")
+        model = json.loads(body)["data"][0]["id"]
+    if args.max_token_id is None:
+        args.max_token_id = await vocab_limit(client, model, MAX_PROMPT_ID)
+        print(f"prompt ids    0..{args.max_token_id} (the server's vocabulary, by /detokenize)", flush=True)
+    return model
+
+
+def bodies_for(reqs: list[tuple[list[int], int]], model: str, args) -> list[dict]:
+    return [
+        {
+            "model": model, "prompt": [t % (args.max_token_id + 1) for t in p], "max_tokens": n,
+            "temperature": args.temperature, "stream": True, "stream_options": {"include_usage": True},
+            "ignore_eos": True,
+        }
+        for p, n in reqs
+    ]  # fmt: skip
+
+
+async def send_all(
+    client: HttpClient, path: str, bodies: list[dict], rate: float, concurrency: int | None, seed: int
+) -> tuple[list[Result], float]:
+    """Every body at Poisson arrivals of ``rate`` requests/s (inf: at once), at most ``concurrency`` in flight;
+    the results in order and the seconds from the first send to the last end."""
+    gate = asyncio.Semaphore(concurrency or len(bodies) or 1)
+    rng = np.random.default_rng(seed)
+
+    async def gated(body: dict) -> Result:
+        async with gate:
+            return await one_request(client, path, body)
+
+    tasks = []
+    t0 = time.perf_counter()
+    for body in bodies:
+        tasks.append(asyncio.create_task(gated(body)))
+        if math.isfinite(rate):
+            await asyncio.sleep(rng.exponential(1.0 / rate))
+    results = await asyncio.gather(*tasks)
+    return results, time.perf_counter() - t0
+
+
 async def run(args, reqs: list[tuple[list[int], int]]) -> tuple[list[Result], float, float | None]:
-    # httpx (the [test] extra's): on the H200 host it added ~1.5 ms to each TTFT against aiohttp (log 38c)
-    try:
-        import httpx
-    except ImportError:
-        sys.exit("benchmarks/serve.py needs httpx: pip install httpx (or the checkout's -e '.[test]')")
+    root, api = split_base_url(args.base_url)
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
-    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)  # --max-concurrency is the gate
-    timeout = httpx.Timeout(None, connect=60)
-    async with httpx.AsyncClient(limits=limits, timeout=timeout) as session:
-        model = args.model
-        if model is None:
-            r = await session.get(args.base_url + "/models", headers=headers)
-            r.raise_for_status()
-            model = r.json()["data"][0]["id"]
-        if args.max_token_id is None:
-            args.max_token_id = await vocab_limit(session, args.base_url, model, headers, MAX_PROMPT_ID)
-            print(f"prompt ids    0..{args.max_token_id} (the server's vocabulary, by /detokenize)", flush=True)
-        reqs = [([t % (args.max_token_id + 1) for t in p], n) for p, n in reqs]
-        url = args.base_url + "/completions"
-        bodies = [
-            {
-                "model": model, "prompt": p, "max_tokens": n, "temperature": args.temperature, "stream": True,
-                "stream_options": {"include_usage": True}, "ignore_eos": True,
-            }
-            for p, n in reqs
-        ]  # fmt: skip
-        gate = asyncio.Semaphore(args.max_concurrency or len(bodies))
-        rng = np.random.default_rng(args.seed)
-
-        async def gated(body: dict) -> Result:
-            async with gate:
-                return await one_request(session, url, body, headers)
-
-        before = await server_ttft_totals(session, args.base_url, headers)
-        tasks = []
-        t0 = time.perf_counter()
-        for body in bodies:
-            tasks.append(asyncio.create_task(gated(body)))
-            if math.isfinite(args.request_rate):
-                await asyncio.sleep(rng.exponential(1.0 / args.request_rate))
-        results = await asyncio.gather(*tasks)
-        seconds = time.perf_counter() - t0
-        after = await server_ttft_totals(session, args.base_url, headers)
+    async with HttpClient(root, headers) as client:
+        model = await prepare(client, api, args)
+        bodies = bodies_for(reqs, model, args)
+        before = await server_ttft_totals(client)
+        results, seconds = await send_all(
+            client, api + "/completions", bodies, args.request_rate, args.max_concurrency, args.seed
+        )
+        after = await server_ttft_totals(client)
         server_ttft = None
         if before is not None and after is not None and after[1] > before[1]:
             server_ttft = (after[0] - before[0]) / (after[1] - before[1])
@@ -242,11 +269,15 @@ def parse_args(argv=None) -> argparse.Namespace:
         help=f"prompt ids wrap above this (default: the server's vocabulary, at most {MAX_PROMPT_ID})",
     )
     p.add_argument("--seed", type=int, default=0, help="random dataset and arrival times")
+    add_sweep_args(p)
     return p.parse_args(argv)
 
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
+    if args.sweep:
+        res = main_sweep(args)
+        return {"failed": sum(s["failed"] for s in res["loads"])}
     reqs = build_requests(args)
     results, seconds, server_ttft = asyncio.run(run(args, reqs))
     s = summarize(results, seconds, args, server_ttft)
