@@ -251,6 +251,7 @@ class EngineConfig:
             "eos_token_ids": eos_token_ids,
             "num_kv_blocks": self.num_kv_blocks or -1,  # the worker's "size from memory"
             "dist_init_method": "",  # the rendezvous from the environment (torchrun) unless a spawner sets one
+            "draft_model": "",  # the engine's: an EAGLE-3 draft once resolved and checked (coordinator/speculative.py)
         }
         return WorkerConfig(
             **{

@@ -10,6 +10,7 @@ thread-safe) / ``shutdown``."""
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import itertools
 import logging
@@ -49,7 +50,8 @@ def _setup_logging() -> None:
 
 
 class Engine(ResultApplier):
-    def __init__(self, cfg: EngineConfig) -> None:
+    def __init__(self, cfg: EngineConfig, workers: WorkerGroup | None = None) -> None:
+        """``workers``: spawned early by the caller (nanoserve/serve.py: they import while this process does)."""
         from transformers import AutoTokenizer
 
         if not cfg.model:
@@ -69,12 +71,13 @@ class Engine(ResultApplier):
         mc = self.model_config
         self.max_model_len = cfg.max_model_len
         mc.check_max_model_len(self.max_model_len)
-        self.speculative = _speculative(cfg)  # before any process starts: a method not available yet is refused
+        self.speculative = _speculative(cfg, mc)  # before any process starts: a draft that does not fit is refused
         self.vocab_size = mc.vocab_size
         self.eos_token_ids = eos_token_ids(mc.eos_token_id, self.tokenizer)
         eos_ids = sorted(t for t in self.eos_token_ids if 0 <= t < self.vocab_size)
-        self.workers = WorkerGroup(
-            cfg.worker_config(self.max_model_len, eos_ids),
+        worker_cfg = cfg.worker_config(self.max_model_len, eos_ids)
+        self.workers = (WorkerGroup if workers is None else workers.adopt)(
+            dataclasses.replace(worker_cfg, draft_model=_draft_dir(self.speculative)),
             cfg.tensor_parallel_size,
             external=cfg.external_workers,
             address=cfg.worker_address,
@@ -271,12 +274,15 @@ class Engine(ResultApplier):
             gc.unfreeze()  # let the interpreter's last collection reach the start-up objects again
 
 
-def _speculative(cfg: EngineConfig) -> SpeculativeConfig | None:
+def _draft_dir(spec: SpeculativeConfig | None) -> str:
+    return spec.model if spec is not None and spec.method == "eagle3" else ""
+
+
+def _speculative(cfg: EngineConfig, target: ModelConfig) -> SpeculativeConfig | None:
     if cfg.speculative_config is None:
         return None
     try:
-        spec = SpeculativeConfig.from_dict(cfg.speculative_config)
-        check_startable(spec)
+        spec = check_startable(SpeculativeConfig.from_dict(cfg.speculative_config), target, cfg.download_dir)
     except SpeculativeConfigError as e:
         raise EngineArgError("speculative_config", str(e)) from None
     return spec

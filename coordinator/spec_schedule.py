@@ -6,7 +6,10 @@ with tokens in flight first probes the known tokens (numpy only, no cost to the 
 is retried CHEAP_RETRY steps later; one that finds a match holds the sequence back until its in-flight tokens are
 known, and the proposal then made is verified. A costly failure (held for nothing, or no draft accepted) waits 1, 2,
 4 .. MAX_BACKOFF steps before the next try, decoding asynchronously meanwhile; any accepted draft resets the back-off
-(it paid: try again at once)."""
+(it paid: try again at once).
+
+EAGLE-3 drafts are made on the workers: a try holds the sequence until its in-flight tokens are known, then sends a
+verify row of DRAFT_PLACEHOLDER tokens that the workers fill; the same back-off applies."""
 
 from __future__ import annotations
 
@@ -15,6 +18,7 @@ import numpy as np
 from coordinator.ngram import known_tokens, propose_batch
 from coordinator.sequence import Sequence
 from coordinator.speculative import SpecStats, SpeculativeConfig
+from protocol.messages import DRAFT_PLACEHOLDER
 from settings.env import settings
 
 # Steps between tries at most: a failing sequence leaves the async overlap once per this many tokens at most.
@@ -59,6 +63,8 @@ class Speculator:
             if not seq.verify_drafts and seq.spec_next_try <= step_id and self.eligible(seq):
                 (probe if seq.num_pending else ready).append(seq)
         lo, hi, k = cfg.prompt_lookup_min, cfg.prompt_lookup_max, cfg.num_speculative_tokens
+        if cfg.method == "eagle3":
+            return self.plan_on_workers(ready, probe), held.union(probe)
         if probe:
             known = [known_tokens(s, s.num_known_tokens) for s in probe]
             found = self.propose(known, [k] * len(probe), lo, hi)
@@ -69,8 +75,7 @@ class Speculator:
                 else:
                     seq.spec_next_try = step_id + CHEAP_RETRY
         if ready:
-            # 1 + d tokens come back at most: d <= max_tokens left - 1, and the last position < max_model_len
-            caps = [min(k, s.max_num_tokens - s.num_tokens - 1, self.max_model_len - s.num_tokens) for s in ready]
+            caps = [min(k, *self.caps(s)) for s in ready]
             known = [known_tokens(s, s.num_tokens) for s in ready]
             for seq, d in zip(ready, self.propose(known, caps, lo, hi)):
                 if len(d):
@@ -81,6 +86,23 @@ class Speculator:
                     seq.spec_next_try = step_id + CHEAP_RETRY
                 seq.spec_held = False
         return drafts, held
+
+    def plan_on_workers(self, ready: list[Sequence], probe: list[Sequence]) -> dict[Sequence, np.ndarray]:
+        """EAGLE-3: placeholders for the drafts the workers make, for every sequence whose tokens are all known;
+        the others are held until theirs are."""
+        for seq in probe:
+            seq.spec_held = True
+        drafts = {}
+        for seq in ready:
+            cap = min(self.cfg.num_speculative_tokens, *self.caps(seq))
+            if cap > 0:
+                drafts[seq] = np.full(cap, DRAFT_PLACEHOLDER, np.int32)
+            seq.spec_held = False
+        return drafts
+
+    def caps(self, seq: Sequence) -> tuple[int, int]:
+        """1 + d tokens come back at most: d <= max_tokens left - 1, and the last position < max_model_len."""
+        return seq.max_num_tokens - seq.num_tokens - 1, self.max_model_len - seq.num_tokens
 
     def propose(self, known: list[np.ndarray], caps: list[int], lo: int, hi: int) -> list[np.ndarray]:
         found = propose_batch(known, caps, lo, hi)

@@ -2,12 +2,13 @@
 ``LLM(speculative_config=...)``), checked key by key, and the engine's counters of drafts and acceptance.
 
 n-gram drafts are proposed in the coordinator (coordinator/ngram.py, scheduled by coordinator/spec_schedule.py) and
-verified by the workers in one target forward of 1 + d positions per sequence. EAGLE-3 is parsed and checked here
-but refused at start: its draft model does not run on the workers yet."""
+verified by the workers in one target forward of 1 + d positions per sequence. EAGLE-3 drafts are made on the workers
+(worker/eagle_drafter.py); its draft checkpoint is found and checked against the target here, before any worker
+starts (model/eagle3_config.py)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -83,13 +84,20 @@ def _int(raw: dict, key: str, default: int | None, low: int) -> int:
     return value
 
 
-def check_startable(cfg: SpeculativeConfig) -> None:
-    """What this build can run; SpeculativeConfigError (naming the method) for what it cannot yet."""
-    if cfg.method != "ngram":
-        raise SpeculativeConfigError(
-            f"speculative_config.method {cfg.method!r} is not available yet (its draft model does not run on the "
-            "workers); use method 'ngram'"
-        )
+def check_startable(cfg: SpeculativeConfig, target, download_dir: str = "") -> SpeculativeConfig:
+    """The config ready to run with ``target`` (a ModelConfig): an EAGLE-3 draft named by a Hub id becomes its local
+    directory, and its checkpoint must fit the target; SpeculativeConfigError names the field that does not."""
+    if cfg.method != "eagle3":
+        return cfg
+    from coordinator.model_source import ModelSourceError, resolve
+    from model.eagle3_config import Eagle3CheckpointError, read_eagle3
+
+    try:
+        directory = resolve(cfg.model, "", download_dir)
+        read_eagle3(directory, target)
+    except (ModelSourceError, Eagle3CheckpointError, FileNotFoundError) as e:
+        raise SpeculativeConfigError(f"speculative_config.model: {e}") from None
+    return replace(cfg, model=directory)
 
 
 @dataclass(slots=True)

@@ -103,6 +103,14 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp_front = getattr(mlp, "norm_and_forward", None)  # an MLP that may take its norm into its own kernels
+        # EAGLE-3 (worker/eagle_drafter.py): static buffers [rows, hidden] that receive the residual stream entering
+        # this layer; static so that a captured CUDA graph writes the same memory on every replay
+        self.aux_outs: tuple[torch.Tensor, ...] = ()
+
+    def capture(self, residual: torch.Tensor) -> None:
+        """Copy the stream entering this layer (the embedding for layer 0) into its auxiliary buffers, if any."""
+        for out in self.aux_outs:
+            out[: residual.shape[0]].copy_(residual)
 
     def forward(self, positions, hidden, residual):
         """``hidden``: the embedding (first layer, no residual yet) or the previous layer's MLP output as this
@@ -115,6 +123,7 @@ class DecoderLayer(nn.Module):
                 hidden, residual = self.input_layernorm.forward_partial(hidden, residual)
             fused = self.self_attn.qkv_proj(hidden), residual
         qkv, residual = fused
+        self.capture(residual)
         hidden = self.self_attn(positions, qkv)
         if self.mlp_front is not None and (out := self.mlp_front(self.post_attention_layernorm, hidden, residual)):
             return out

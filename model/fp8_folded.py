@@ -73,6 +73,7 @@ def layer_forward(
     attn, qkv, o, gate_up, down = layer.self_attn, *_linears(layer)
     norm = layer.input_layernorm
     x_q, x_s, residual = fused.rmsnorm_quantized(hidden, norm.weight, norm.eps, residual)
+    layer.capture(residual)
     dtype = residual.dtype
     a = attn.attend(positions, _product(x_q, qkv, dtype), (x_s, qkv.weight_scale))
     a_q, a_s = quantize_rows(a, None)

@@ -11,7 +11,10 @@ from protocol.sampling_params import SamplingParams
 # 4: SamplingParams.logit_bias / prompt_logprobs, StepResult's prompt logprobs; 5: SamplingParams.truncate_prompt_tokens
 # 6: SamplingParams.structured_outputs, StepCommand's token masks; 7: StepMasks; 8: worker authentication
 # (WorkerHello.nonce, AuthChallenge, AuthResponse); 9: SamplingParams travels sparse (its non-default fields by name)
-PROTOCOL_VERSION = 10
+PROTOCOL_VERSION = 11  # 11: WorkerConfig.draft_model, DRAFT_PLACEHOLDER
+# StepCommand.token_ids: -1 is the token this worker sampled last for the slot (async scheduling); DRAFT_PLACEHOLDER
+# marks a verify row's draft position that the worker fills from its own draft model (EAGLE-3)
+DRAFT_PLACEHOLDER = -2
 
 
 # ---- coordinator <-> worker --------------------------------------------------------------------------
@@ -76,6 +79,7 @@ class WorkerConfig:
     eos_token_ids: list[int]  # masked (unless ignore_eos) while a sequence's min_tokens are pending
     quantization: str = ""  # "fp8": quantize a 16-bit checkpoint's linear layers at load (model/fp8_linear.py)
     kv_cache_dtype: str = "auto"  # "auto" = dtype; "fp8": the KV pool stores e4m3
+    draft_model: str = ""  # speculative decoding with EAGLE-3: the draft checkpoint's directory, "" = none
 
 
 @record(3)

@@ -18,6 +18,7 @@ from model.layers import PagedAttention
 from model.loader import load_model
 from protocol.messages import StepCommand, WorkerConfig
 from settings.env import settings
+from worker import lazy_zeros
 from worker.cuda_graphs import DecodeGraphs, PrefillGraphs
 from worker.logprobs import PromptLogprobs
 from worker.results import AwaitingMasks, PendingTokens, ResultRing, no_tokens
@@ -57,6 +58,12 @@ class ModelRunner(StepSampling, SpeculativeSteps):
         self.prompt_logprobs = PromptLogprobs()
         self.unsettled: tuple | None = None  # the last verify step's accepted counts, until the next step
         self.accept_all_drafts = settings().bench_accept_drafts  # benchmark only: speculation's ceiling
+        self.step_ids: torch.Tensor | None = None  # the last forward's input ids (the EAGLE-3 draft reads them)
+        self.drafter = None  # EAGLE-3 drafts (worker/eagle_drafter.py), when the coordinator named a draft model
+        if cfg.draft_model:
+            from worker.eagle_drafter import EagleDrafter
+
+            self.drafter = EagleDrafter(self, cfg.draft_model)
 
     # ---- KV pool (sized by worker/startup.py) -----------------------------------------------------------
 
@@ -64,14 +71,16 @@ class ModelRunner(StepSampling, SpeculativeSteps):
     def kv_block_bytes(self) -> int:
         layer = self.attn_layers[0]
         per_token = 2 * layer.num_kv_heads * layer.head_dim * self.kv_dtype.itemsize
-        return per_token * self.block_size * len(self.attn_layers)
+        return per_token * self.block_size * len(self.attn_layers) + (self.drafter.block_bytes if self.drafter else 0)
 
     def allocate_kv(self, num_blocks: int) -> None:
         layer = self.attn_layers[0]
         shape = (len(self.attn_layers), 2, num_blocks, self.block_size, layer.num_kv_heads, layer.head_dim)
-        self.kv_cache = torch.zeros(shape, dtype=self.kv_dtype, device=self.device)
+        self.kv_cache = lazy_zeros.zeros(shape, self.kv_dtype, self.device)  # CPU: pages committed as written
         for i, attn in enumerate(self.attn_layers):
             attn.k_cache, attn.v_cache = self.kv_cache[i, 0], value_cache(self.kv_cache[i, 1])
+        if self.drafter is not None:
+            self.drafter.allocate(num_blocks)
         self.num_blocks = num_blocks
 
     # ---- one step --------------------------------------------------------------------------------------
@@ -175,17 +184,19 @@ class ModelRunner(StepSampling, SpeculativeSteps):
         scheduling sends the step before the coordinator knows that token). ``sample_slots``: the step's sampled
         slots already on the device; in a decode-only step of placeholders only (async decoding's steady state)
         they are the rows' slots, and the ids are one gather from them, no copy."""
-        placeholders = step.token_ids < 0
+        placeholders = step.token_ids == -1
         if sample_slots is not None and len(hb.sample_slots) == len(step.token_ids) and placeholders.all():
             return self.last_tokens[sample_slots]
         ids = self.to_dev(step.token_ids)
         if placeholders.any():
             token_slots = self.to_dev(np.repeat(hb.slots, hb.q_lens))
-            ids = torch.where(ids < 0, self.last_tokens[token_slots], ids)
+            ids = torch.where(ids == -1, self.last_tokens[token_slots], ids)
+        if self.drafter is not None and step.draft_counts is not None:  # EAGLE-3: this worker's drafts go in
+            ids = self.drafter.fill(step, hb, ids)
         return ids
 
     def _forward(self, step: StepCommand, hb: HostBatch, sample_slots: torch.Tensor | None = None) -> torch.Tensor:
-        input_ids = self._input_ids(step, hb, sample_slots)
+        input_ids = self.step_ids = self._input_ids(step, hb, sample_slots)
         # verify rows replay a decode graph when laid out as one decode row per token (worker/speculative.py)
         if self.graphs is not None and hb.num_prefills == 0 and len(input_ids) <= self.graphs.max_batch:
             decode_slots, decode_lens = hb.decode_rows()
@@ -212,6 +223,8 @@ class ModelRunner(StepSampling, SpeculativeSteps):
         prompt_rows = self.prompt_logprobs.rows(hb.slots, hb.cu, hb.positions)  # None unless a sequence asks
         if len(hb.sample_idx) == 0:  # partial prefill chunks only
             hidden = self._forward(step, hb)
+            if self.drafter is not None:
+                self.drafter.catch_up(hb, self.step_ids, hb.sample_idx, None, None)
             prompt = self.prompt_logprobs_of(hidden, prompt_rows)
             if prompt is None:
                 return no_tokens(step.step_id)
@@ -226,8 +239,14 @@ class ModelRunner(StepSampling, SpeculativeSteps):
         sampled = self.sample_rows(rows, hb, slots_dev, step)
         if callable(sampled):  # the bitmasks are still to come
             return AwaitingMasks(
-                step.step_id, lambda masks: self.step_results(hb, slots_dev, hidden, prompt_rows, step, sampled(masks))
+                step.step_id, lambda masks: self._results(hb, slots_dev, hidden, prompt_rows, step, sampled(masks))
             )
+        return self._results(hb, slots_dev, hidden, prompt_rows, step, sampled)
+
+    def _results(self, hb: HostBatch, slots_dev, hidden, prompt_rows, step: StepCommand, sampled) -> PendingTokens:
+        if self.drafter is not None:  # the sampled tokens are known on every rank: the draft catches up
+            last = self.to_dev(hb.sample_idx)
+            self.drafter.catch_up(hb, self.step_ids, hb.sample_idx, sampled[0], last)
         return self.step_results(hb, slots_dev, hidden, prompt_rows, step, sampled)
 
     def execute(self, step: StepCommand) -> np.ndarray:

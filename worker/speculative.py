@@ -120,7 +120,7 @@ class SpeculativeSteps:
                 st = state.tensors(lay.out_slots[lay.verify_pos], lay.out_positions[lay.verify_pos])
                 grid = (len(lay.verify), int(lay.drafts.max()) + 1)
                 owner = to_dev(lay.owner)
-                drafts = to_dev(lay.verify_drafts)
+                drafts = to_dev(lay.verify_drafts) if self.drafter is None else self._filled_drafts(lay)
                 emitted, num = verify(
                     logits[vpos], st, drafts, owner, to_dev(lay.offset), grid, self.generator, self.accept_all_drafts
                 )
@@ -145,14 +145,26 @@ class SpeculativeSteps:
             return AwaitingMasks(step.step_id, pick)
         return pick(step.token_masks)
 
+    def _filled_drafts(self, lay: VerifyLayout) -> torch.Tensor:
+        """The draft scored at each verify position as the forward read it (EAGLE-3: filled on this worker, the
+        step command holds placeholders), -1 at a row's last position."""
+        has = lay.verify_drafts != -1
+        rows = np.where(has, lay.out_rows[lay.verify_pos] + 1, 0)
+        return torch.where(self.to_dev(has.astype(np.int64)) > 0, self.step_ids[self.to_dev(rows)], -1)
+
     def _feed(self, hb: HostBatch, slots_dev: torch.Tensor, packed: torch.Tensor) -> None:
         """Every rank: each sampled row's last emitted token becomes its slot's next input, and the accepted counts
-        wait (on the device) until the next step needs the computed lengths (``settle``)."""
+        wait (on the device) until the next step needs the computed lengths (``settle``). With EAGLE-3 the draft
+        then catches up over the step's tokens (worker/eagle_drafter.py)."""
         lay = hb.verify
-        accepted = packed[len(lay.out_rows) :]
+        num_out = len(lay.out_rows)
+        accepted = packed[num_out:]
         first = self.to_dev(np.cumsum(lay.counts) - lay.counts)
         self.last_tokens[slots_dev] = packed[first + accepted]
         self.unsettled = (hb.sample_slots[lay.verify], lay.drafts[lay.verify], accepted[self.to_dev(lay.verify)])
+        if self.drafter is not None:  # each row's last emitted token: the row's position a
+            last = self.to_dev(lay.out_rows)[first + accepted]
+            self.drafter.catch_up(hb, self.step_ids, lay.out_rows, packed[:num_out], last)
 
     def settle(self) -> None:
         """Before the next step: each verify row's slot computed 1 + d tokens but keeps 1 + a (its KV at the rejected

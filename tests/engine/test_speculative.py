@@ -2,7 +2,7 @@
 for token the output without it, for every model family (tiny random checkpoints: greedy random models fall into
 loops, so drafts do get accepted, and every test asserts that some were), at tensor-parallel size 2 (gloo), in a
 tight engine (preemption, prefix-cache hits, chunked prefill); stops, max_tokens, n > 1, logprobs and structured
-outputs against an engine without speculation; the config refused by key; eagle3 refused at start.
+outputs against an engine without speculation; the config refused by key (EAGLE-3: test_speculative_eagle3.py).
 
 The reference inside one engine: ``min_tokens == max_tokens`` with ``ignore_eos`` changes no greedy token (no stop
 id is given, and EOS is not masked under ignore_eos) but gets no drafts (proposals start once min_tokens are out)."""
@@ -187,14 +187,15 @@ def test_a_verify_rows_sequence_is_scheduled_again_at_once(tmp_path):
     assert after["steps"] - before["steps"] < 0.6 * 40
 
 
-def test_config_refused_by_key_and_eagle3_not_yet(tiny_tied):
+def test_config_refused_by_key(tiny_tied):
     with pytest.raises(EngineArgError, match=r"speculative_config\.prompt_lookup_mn: unknown key") as e:
         LLM(str(tiny_tied), speculative_config={**SPEC, "prompt_lookup_mn": 2})
     assert e.value.name == "speculative_config"
     with pytest.raises(EngineArgError, match=r"speculative_config\.num_speculative_tokens must be an integer >= 1"):
         LLM(str(tiny_tied), speculative_config={**SPEC, "num_speculative_tokens": -1})
+    # eagle3 (tests/engine/test_speculative_eagle3.py): a target checkpoint is no draft
     eagle = {"method": "eagle3", "model": str(tiny_tied), "num_speculative_tokens": 3}
-    with pytest.raises(EngineArgError, match=r"method 'eagle3' is not available yet"):
+    with pytest.raises(EngineArgError, match=r"speculative_config\.model: .* is not an EAGLE-3 draft"):
         LLM(str(tiny_tied), speculative_config=eagle)
 
 
