@@ -1,22 +1,28 @@
-"""Build a model on its target device and dtype and fill it from safetensors (or with random weights)."""
+"""Build a model on its target device and dtype and fill it from safetensors (or with random weights).
+
+Loading reads each file's header (model/safetensors_reader.py), plans where every tensor goes and which of its rows
+this rank needs (model/checkpoint_plan.py), then streams those bytes in file order to the device
+(model/weight_stream.py) and hands each tensor to its parameter's ``weight_loader``."""
 
 from __future__ import annotations
 
 import json
-import re
+from collections.abc import Iterator
+from contextlib import closing
+from itertools import groupby
 from pathlib import Path
 
 import torch
 from safetensors import safe_open
 from torch import nn
 
+from model.checkpoint_plan import CheckpointPlan, Target, rows
 from model.config import ModelConfig
 from model.fp8 import resolve_quantization
 from model.fp8_linear import prepare_checkpoint_params, quantize_loaded
 from model.registry import model_class
-
-# a per-expert checkpoint tensor: "<prefix>.experts.<expert>.<projection>.weight"
-_EXPERT_TENSOR = re.compile(r"\.experts\.(\d+)\.(\w+)\.weight$")
+from model.safetensors_reader import read_header
+from model.weight_stream import Piece, stream
 
 
 def checkpoint_files(model_dir: Path) -> list[Path]:
@@ -46,77 +52,70 @@ def build_model(cfg: ModelConfig, device: torch.device, dtype: torch.dtype) -> n
     return model
 
 
-def load_weights(model: nn.Module, model_dir: str | Path) -> None:
-    """Copy every checkpoint tensor through its parameter's weight_loader; error on any gap."""
+READERS = ("auto", "staged", "mmap", "safetensors")
+
+
+def load_weights(model: nn.Module, model_dir: str | Path, reader: str = "auto") -> None:
+    """Copy every checkpoint tensor through its parameter's weight_loader; error on any gap. ``reader``: ours
+    (model/weight_stream.py: only this rank's bytes, in file order), "staged" (a reader thread and staging copies,
+    "auto" on CUDA) or "mmap" (views of the mapped file, "auto" on the CPU); or "safetensors" (its own
+    ``get_tensor``, whole tensors: the reference the tests and benchmarks/load_weights.py compare against)."""
+    if reader not in READERS:
+        raise ValueError(f"reader: unsupported value {reader!r}; choose one of {', '.join(READERS)}")
     model_dir = Path(model_dir)
-    params = dict(model.named_parameters(remove_duplicate=False))
-    mapping = getattr(model, "packed_modules_mapping", {})
-    # projection -> stacked parameter, for models whose experts live in one parameter per projection kind
-    experts = getattr(model, "expert_params_mapping", {})
-    expected = {(name, shard) for name, shard in _expected_pieces(model, params, mapping)}
+    plan = CheckpointPlan(model)
+    pieces = plan_pieces(plan, checkpoint_files(model_dir))
+    device = next(model.parameters()).device
+    if reader == "safetensors":
+        tensors = _safetensors_tensors(pieces)
+    else:
+        tensors = stream(pieces, device, staged=None if reader == "auto" else reader == "staged")
     loaded: set[tuple[str, object]] = set()
-    tied = getattr(model.config, "tie_word_embeddings", False)
-    for file in checkpoint_files(model_dir):
-        with safe_open(str(file), framework="pt", device="cpu") as f:
-            for ckpt_name in f.keys():
-                if "rotary_emb.inv_freq" in ckpt_name or (tied and ckpt_name == "lm_head.weight"):
-                    continue
-                name, shard = ckpt_name, None
-                expert = _EXPERT_TENSOR.search(ckpt_name) if experts else None
-                if expert is not None and expert[2] in experts:
-                    name = f"{ckpt_name[: expert.start()]}.experts.{experts[expert[2]]}"
-                    shard = (int(expert[1]), expert[2])
-                else:
-                    for src, (dst, shard_id) in mapping.items():
-                        if f".{src}." in ckpt_name:
-                            name, shard = ckpt_name.replace(f".{src}.", f".{dst}."), shard_id
-                            break
-                param = params.get(name)
-                if param is None:
-                    continue  # tensors we do not use (e.g. extra heads) are ignored
-                loader = getattr(param, "weight_loader", None)
-                try:
-                    tensor = f.get_tensor(ckpt_name)
-                    if tensor.dtype == torch.float8_e4m3fn and param.dtype != tensor.dtype:
-                        raise ValueError("float8 weights need an fp8 quantization_config in config.json")
-                    if loader is None:
-                        if param.shape != tensor.shape:
-                            have, want = tuple(tensor.shape), tuple(param.shape)
-                            raise ValueError(f"shape mismatch: checkpoint has {have}, model expects {want}")
-                        param.data.copy_(tensor)
-                    elif shard is None:
-                        loader(param, tensor)
-                    else:
-                        loader(param, tensor, shard)
-                except ValueError as e:
-                    raise ValueError(f"{file.name}: tensor {ckpt_name!r}: {e}") from None
-                loaded.add((name, shard))
-    missing = sorted(expected - loaded, key=str)
+    with closing(tensors):
+        for piece, tensor in tensors:
+            _load_one(piece, tensor)
+            loaded.add(piece.target.key)
+    missing = sorted(set(plan.expected()) - loaded, key=str)
     if missing:
-        names = [_checkpoint_name(n, s, mapping) for n, s in missing]
+        names = [plan.checkpoint_name(key) for key in missing]
         raise ValueError(f"checkpoint {model_dir} is missing tensors: {', '.join(names[:8])}")
 
 
-def _expected_pieces(model, params, mapping):
-    tied = getattr(model.config, "tie_word_embeddings", False)
-    for name in params:
-        if tied and name == "lm_head.weight":
-            continue
-        own = getattr(params[name], "checkpoint_shards", None)  # stacked experts: (expert, projection) each
-        if own is not None:
-            yield from ((name, s) for s in own)
-            continue
-        shards = [shard for src, (dst, shard) in mapping.items() if f".{dst}." in name]
-        yield from ((name, s) for s in shards) if shards else [(name, None)]
+def plan_pieces(plan: CheckpointPlan, files: list[Path]) -> list[Piece]:
+    """The tensors of ``files`` that the model takes, in file order, each with the rows this rank reads."""
+    pieces = []
+    for file in files:
+        for entry in read_header(file):
+            target = plan.target(entry.name)
+            if target is not None:
+                pieces.append(Piece(file, entry, *rows(target, entry), target))
+    return pieces
 
 
-def _checkpoint_name(name: str, shard: object, mapping: dict) -> str:
-    if isinstance(shard, tuple):  # (expert, projection) of a stacked expert parameter "<prefix>.experts.<param>"
-        return f"{name.rsplit('.', 1)[0]}.{shard[0]}.{shard[1]}.weight"
-    for src, (dst, shard_id) in mapping.items():
-        if f".{dst}." in name and shard_id == shard:
-            return name.replace(f".{dst}.", f".{src}.")
-    return name
+def _load_one(piece: Piece, tensor: torch.Tensor) -> None:
+    target: Target = piece.target
+    param, loader, shard = target.param, target.loader, target.key[1]
+    try:
+        if tensor.dtype == torch.float8_e4m3fn and param.dtype != tensor.dtype:
+            raise ValueError("float8 weights need an fp8 quantization_config in config.json")
+        if loader is None:
+            if param.shape != tensor.shape:
+                have, want = tuple(tensor.shape), tuple(param.shape)
+                raise ValueError(f"shape mismatch: checkpoint has {have}, model expects {want}")
+            param.data.copy_(tensor)
+        elif shard is None:
+            loader(param, tensor)
+        else:
+            loader(param, tensor, shard)
+    except ValueError as e:
+        raise ValueError(f"{piece.path.name}: tensor {piece.entry.name!r}: {e}") from None
+
+
+def _safetensors_tensors(pieces: list[Piece]) -> Iterator[tuple[Piece, torch.Tensor]]:
+    for path, group in groupby(pieces, key=lambda p: p.path):
+        with safe_open(str(path), framework="pt", device="cpu") as f:
+            for piece in group:
+                yield piece, f.get_tensor(piece.entry.name)
 
 
 def init_dummy_weights(model: nn.Module, seed: int = 0) -> None:
@@ -136,9 +135,10 @@ def load_model(
     load_format: str = "auto",
     seed: int = 0,
     quantization: str = "",
+    reader: str = "auto",
 ) -> nn.Module:
     """``quantization``: "fp8" quantizes a 16-bit checkpoint's linear layers at load; an FP8 checkpoint loads as
-    stored either way (model/fp8_linear.py)."""
+    stored either way (model/fp8_linear.py). ``reader``: see ``load_weights``."""
     cfg = ModelConfig.from_pretrained(model_dir)
     fp8 = resolve_quantization(cfg.quantization, quantization)
     model = build_model(cfg, device, dtype)
@@ -147,7 +147,7 @@ def load_model(
     elif load_format == "auto":
         if fp8 is not None and cfg.quantization is not None:
             prepare_checkpoint_params(model, fp8)
-        load_weights(model, model_dir)
+        load_weights(model, model_dir, reader)
     else:
         raise ValueError(f"load_format: unsupported value {load_format!r}; choose auto or dummy")
     if fp8 is not None and (load_format == "dummy" or cfg.quantization is None):
