@@ -29,6 +29,7 @@ from model.safetensors_reader import TensorEntry
 
 CHUNK = 16 << 20  # one pinned buffer: dd's own block size, large enough for the disk to stream
 DEPTH = 8  # pinned buffers in flight
+READ_AHEAD = 64 << 20  # staged: bytes the kernel is asked to read beyond the read in progress (0: its own readahead)
 UNREAD_FILL: int | None = None  # tests set a byte here: the staged rows a rank does not read hold it, not stale data
 PREFETCH = 256 << 20  # CPU: bytes the kernel reads ahead of the tensor being loaded
 _DONE = object()
@@ -58,14 +59,37 @@ class _Stopped(Exception):
     pass
 
 
+class _ReadAhead:
+    """Asks the kernel for the planned bytes up to ``READ_AHEAD`` beyond the read in progress (``WILLNEED`` queues
+    the reads and returns): with requests in flight past the one being copied, a fast disk never waits on us."""
+
+    def __init__(self, pieces: list[Piece]) -> None:
+        self.pieces, self.j, self.off, self.pos = pieces, 0, 0, 0  # next piece, offset in it, plan position
+
+    def start_file(self, i: int, pos: int) -> None:
+        if self.j < i:  # the previous file's tail was never asked for: skip it
+            self.j, self.off, self.pos = i, 0, pos
+
+    def until(self, fd: int, path: Path, limit: int) -> None:
+        while self.j < len(self.pieces) and self.pos < limit and self.pieces[self.j].path == path:
+            p = self.pieces[self.j]
+            n = min(p.nbytes - self.off, limit - self.pos, CHUNK)
+            if n > 0:
+                os.posix_fadvise(fd, p.entry.start + p.byte_lo + self.off, n, os.POSIX_FADV_WILLNEED)
+            self.off, self.pos = self.off + n, self.pos + n
+            if self.off >= p.nbytes:
+                self.j, self.off = self.j + 1, 0
+
+
 class _Reader(threading.Thread):
     def __init__(self, pieces: list[Piece], free: queue.Queue, ready: queue.Queue) -> None:
         super().__init__(name="nanoserve-weight-reader", daemon=True)
         self.pieces, self.free, self.ready = pieces, free, ready
         self.stop = threading.Event()
+        self.ahead = _ReadAhead(pieces)
 
     def run(self) -> None:
-        fd, path = -1, None
+        fd, path, pos = -1, None, 0
         try:
             for i, piece in enumerate(self.pieces):
                 if piece.path != path:
@@ -73,7 +97,9 @@ class _Reader(threading.Thread):
                         os.close(fd)
                     fd, path = os.open(piece.path, os.O_RDONLY), piece.path
                     os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)  # a larger readahead window
-                self._read_chunks(fd, i, piece)
+                    self.ahead.start_file(i, pos)
+                self._read_chunks(fd, i, piece, pos)
+                pos += piece.nbytes
             self.ready.put(_DONE)
         except _Stopped:
             pass
@@ -91,13 +117,15 @@ class _Reader(threading.Thread):
                 if self.stop.is_set():
                     raise _Stopped from None
 
-    def _read_chunks(self, fd: int, i: int, piece: Piece) -> None:
+    def _read_chunks(self, fd: int, i: int, piece: Piece, pos: int) -> None:
         start, n = piece.entry.start + piece.byte_lo, piece.nbytes
         for off in range(0, n, CHUNK) if n else [0]:
+            m = min(CHUNK, n - off)
+            if READ_AHEAD:
+                self.ahead.until(fd, piece.path, pos + off + m + READ_AHEAD)
             buf, event = self._take()
             if event is not None:
                 event.synchronize()  # its last copy to the device is done
-            m = min(CHUNK, n - off)
             _pread(fd, buf.numpy()[:m], start + off, piece)
             self.ready.put((i, buf, off, m, off + m >= n))
 

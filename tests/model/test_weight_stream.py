@@ -36,6 +36,7 @@ def poison_unread_rows(monkeypatch):
     monkeypatch.setattr(weight_stream, "UNREAD_FILL", 0xFF)
     monkeypatch.setattr(weight_stream, "CHUNK", 4096)  # tensors span many chunks and buffers are reused
     monkeypatch.setattr(weight_stream, "PREFETCH", 8192)
+    monkeypatch.setattr(weight_stream, "READ_AHEAD", 3 * 4096)
 
 
 @pytest.fixture
@@ -110,6 +111,40 @@ def test_tp2_ranks_bit_equal_and_read_only_their_rows(checkpoints, name, reader,
         read = sum(p.nbytes for p in plan_pieces(CheckpointPlan(model), checkpoint_files(model_dir)))
         # column-parallel rows (q/k/v, gate/up, vocabulary, experts' gate/up) are read in halves; the rest whole
         assert read < 0.8 * total, (rank, read, total)
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_read_ahead_asks_for_exactly_the_planned_bytes(checkpoints, rank, tp2, monkeypatch):
+    """The kernel is asked (WILLNEED) for every byte this rank reads and for no byte of the other rank's rows."""
+    import os
+
+    model_dir = checkpoints("llama")  # several files
+    tp2(rank)
+    model = _load(model_dir, torch.float32, "safetensors")
+    pieces = plan_pieces(CheckpointPlan(model), checkpoint_files(model_dir))
+    asked: dict[int, set[int]] = {}
+    paths: dict[int, Path] = {}
+    real_open, real_advise = os.open, os.posix_fadvise
+
+    def track_open(path, *args):
+        fd = real_open(path, *args)
+        paths[fd] = Path(path)
+        return fd
+
+    def track_advise(fd, offset, length, advice):
+        if advice == os.POSIX_FADV_WILLNEED:
+            asked.setdefault(paths[fd], set()).update(range(offset, offset + length))
+        real_advise(fd, offset, length, advice)
+
+    monkeypatch.setattr(weight_stream.os, "open", track_open)
+    monkeypatch.setattr(weight_stream.os, "posix_fadvise", track_advise)
+    with closing(weight_stream.stream(pieces, CPU, staged=True)) as tensors:
+        assert sum(1 for _ in tensors) == len(pieces)
+    planned: dict[Path, set[int]] = {}
+    for p in pieces:
+        start = p.entry.start + p.byte_lo
+        planned.setdefault(p.path, set()).update(range(start, start + p.nbytes))
+    assert asked == planned
 
 
 def test_sharded_checkpoint_reads_every_file(checkpoints):
