@@ -42,7 +42,7 @@ PROBE_AFTER_DROP_S = 5.0  # how long a dropped connection is checked against eac
 class WorkerGroup(WorkerAdmission):
     def __init__(
         self,
-        worker_config: WorkerConfig,
+        worker_config: WorkerConfig | None,  # None: spawn only; ``adopt`` does the handshake later
         world_size: int,
         external: bool = False,
         address: str = "",
@@ -78,12 +78,28 @@ class WorkerGroup(WorkerAdmission):
             else:
                 self.address = f"ipc://{self.tmpdir}/workers"
                 self._bind(self.address)
-                worker_config.dist_init_method = f"file://{self.tmpdir}/dist-store"
                 self._spawn()
+            if worker_config is not None:
+                self._handshake(worker_config, start_timeout_s)
+        except BaseException:
+            self.shutdown()
+            raise
+
+    def adopt(
+        self, worker_config: WorkerConfig, world_size: int, external: bool = False, address: str = "",
+        start_timeout_s: float = 120.0, step_timeout_s: float = 600.0, secret: str = "",
+    ) -> WorkerGroup:  # fmt: skip
+        """The handshake of a group spawned without a config (its workers imported torch meanwhile), for an engine
+        whose arguments (the constructor's) must be those it was spawned with."""
+        try:
+            if (world_size, external, secret) != (self.world_size, False, self.secret) or not self.procs:
+                raise ValueError("the workers spawned early do not match the engine's arguments")
+            self.step_timeout_s = step_timeout_s
             self._handshake(worker_config, start_timeout_s)
         except BaseException:
             self.shutdown()
             raise
+        return self
 
     def _bind(self, address: str) -> None:
         try:
@@ -182,6 +198,8 @@ class WorkerGroup(WorkerAdmission):
     # ---- start-up ----------------------------------------------------------------------------------------
 
     def _handshake(self, worker_config: WorkerConfig, timeout_s: float) -> None:
+        if self.procs:  # ours: they meet in our private dir (torchrun's use its environment)
+            worker_config.dist_init_method = f"file://{self.tmpdir}/dist-store"
         self._admit_workers(time.monotonic() + timeout_s)
         self._broadcast(encode(worker_config))
         ready = self._gather(WorkerReady, timeout_s, "weights loaded (WorkerReady)")

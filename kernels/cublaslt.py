@@ -250,3 +250,20 @@ def matmul(p: Problem, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, algo
         ctypes.c_void_p(torch.cuda.current_stream(out.device).cuda_stream),
     )
     return out
+
+
+def version() -> int:
+    """The loaded cuBLASLt's version (an algorithm stored by kernels/tune_cache.py is only valid for the same one)."""
+    _init()
+    _lib.cublasLtGetVersion.restype = ctypes.c_size_t
+    return int(_lib.cublasLtGetVersion())
+
+
+def check(p: Problem, algo: Algo) -> bool:
+    """Whether the library accepts ``algo`` for the product ``p`` within our workspace (an algorithm read back)."""
+    _init()
+    result = _HeuristicResult()
+    status = _lib.cublasLtMatmulAlgoCheck(
+        _handle, p.desc, p.a_layout, p.b_layout, p.c_layout, p.c_layout, ctypes.byref(algo), ctypes.byref(result)
+    )
+    return status == 0 and result.workspace_size <= WORKSPACE_BYTES

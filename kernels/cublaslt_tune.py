@@ -1,17 +1,21 @@
 """The start-up choice among cuBLASLt's algorithms for the decode graphs' bf16 products (kernels/cublaslt.py runs
 them): each weight shape and row count timed under torch's matmul and every candidate, the fastest kept where it
-wins by ``min_gain``; CUDA graphs captured afterwards run it (model/linear.py asks ``chosen_algo``)."""
+wins by ``min_gain``; CUDA graphs captured afterwards run it (model/linear.py asks ``chosen_algo``). The choices
+are kept across starts (kernels/tune_cache.py): a second start on the same GPU, driver and code times nothing."""
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 import torch.nn.functional as F
 
-from kernels.cublaslt import Algo, algo_config, candidates, lt_linear, problem, with_split_k
+from kernels.cublaslt import Algo, algo_config, candidates, check, lt_linear, problem, with_split_k
 from kernels.graph_timing import graph_replay_us
+from kernels.tune_cache import TuneCache, code_hash, cuda_device_key
 
 # (rows, n, k, dtype) -> the algorithm CUDA graphs capture for that product (filled by ``tune``)
 _chosen: dict[tuple[int, int, int, torch.dtype], Algo] = {}
@@ -56,36 +60,78 @@ def tune(
     rows: Iterable[int],
     min_gain: float = 0.02,
     skip: Callable[[torch.Tensor, torch.Tensor], bool] | None = None,
+    cache: TuneCache | None = None,
 ) -> list[TunedProduct]:
     """For each weight shape (n, k) and row count, time torch's matmul and cuBLASLt's candidates (the first two also
     with other split-K counts) over that shape's weights (one per layer: more than the L2 holds, as a decode step
     reads them) in a CUDA graph; where a candidate is ``min_gain`` faster and matches torch's result, graphs captured
     later run it.
-    ``skip(x, w)``: products another kernel takes."""
+    ``skip(x, w)``: products another kernel takes. ``cache``: choices stored by an earlier start (kernels/tune_cache.py,
+    keyed by ``cache_key``), each checked by the library and against torch's result before it is used; the products
+    it lacks are timed and stored."""
     records = []
     for (n, k), ws in weights.items():
-        dtype, device = ws[0].dtype, ws[0].device
+        dtype = ws[0].dtype
         for m in rows:
-            x = torch.randn(m, k, device=device, dtype=dtype)
+            x = torch.randn(m, k, device=ws[0].device, dtype=dtype)
             if skip is not None and skip(x, ws[0]):
                 continue
-            ref = F.linear(x, ws[0]).float()
-            tol = 1e-2 * ref.abs().max().item() + 1e-3
-            torch_us = _graph_us(F.linear, x, ws)
-            best = (torch_us, None)
-            p = problem(m, n, k, dtype)
-            algos = with_split_k(p, candidates(p))
-            for algo in algos:
-                if (lt_linear(x, ws[0], algo).float() - ref).abs().max().item() > tol:
-                    continue
-                us = _graph_us(lambda x, w, algo=algo: lt_linear(x, w, algo), x, ws)
-                if us < best[0]:
-                    best = (us, algo)
-            won = best[1] is not None and best[0] < torch_us * (1 - min_gain)
-            if won:
-                _chosen[m, n, k, dtype] = best[1]
-            records.append(TunedProduct(m, n, k, len(ws), torch_us, best[0], algo_config(best[1]) if won else None))
+            name = f"{m}x{n}x{k} {str(dtype).removeprefix('torch.')} layers={len(ws)} min_gain={min_gain}"
+            timed = partial(_time_product, x, ws, min_gain)
+            entry = timed() if cache is None else cache.lookup(name, timed, partial(_usable, x=x, w=ws[0]))
+            algo = _algo_of(entry)
+            if algo is not None:
+                _chosen[m, n, k, dtype] = algo
+            config = algo_config(algo) if algo is not None else None
+            records.append(TunedProduct(m, n, k, len(ws), entry["torch_us"], entry["best_us"], config))
+    if cache is not None:
+        cache.save()
     return records
+
+
+def cache_key(device: torch.device) -> dict[str, str]:
+    """What the choices depend on: the GPU, driver, torch and CUDA, cuBLASLt's version and this code's."""
+    from kernels import cublaslt, graph_timing
+
+    modules = [sys.modules[__name__], cublaslt, graph_timing]
+    return {**cuda_device_key(device), "cublaslt": str(cublaslt.version()), "code": code_hash(modules)}
+
+
+def _time_product(x: torch.Tensor, ws: list[torch.Tensor], min_gain: float) -> dict:
+    """Torch's matmul and every candidate timed for ``x @ w.T`` over ``ws``: the stored entry of the product,
+    {"torch_us", "best_us", "algo": the winner's bytes in hex, or None where torch's matmul stays}."""
+    m, k = x.shape
+    ref = F.linear(x, ws[0]).float()
+    tol = 1e-2 * ref.abs().max().item() + 1e-3
+    torch_us = _graph_us(F.linear, x, ws)
+    best = (torch_us, None)
+    p = problem(m, ws[0].shape[0], k, x.dtype)
+    for algo in with_split_k(p, candidates(p)):
+        if (lt_linear(x, ws[0], algo).float() - ref).abs().max().item() > tol:
+            continue
+        us = _graph_us(lambda x, w, algo=algo: lt_linear(x, w, algo), x, ws)
+        if us < best[0]:
+            best = (us, algo)
+    won = best[1] is not None and best[0] < torch_us * (1 - min_gain)
+    return {"torch_us": torch_us, "best_us": best[0], "algo": bytes(best[1]).hex() if won else None}
+
+
+def _algo_of(entry: dict) -> Algo | None:
+    return None if entry["algo"] is None else Algo.from_buffer_copy(bytes.fromhex(entry["algo"]))
+
+
+def _usable(entry: dict, *, x: torch.Tensor, w: torch.Tensor) -> bool:
+    """A stored entry is used only if well formed, accepted by the library for this product and, run once, within
+    the tuner's tolerance of torch's result (a damaged file costs a re-timing, never a wrong product)."""
+    if not all(isinstance(entry[f], float | int) for f in ("torch_us", "best_us")):
+        return False
+    algo = _algo_of(entry)  # ValueError on a bad hex string or length: the cache recomputes
+    if algo is None:
+        return True
+    if not check(problem(x.shape[0], w.shape[0], x.shape[1], x.dtype), algo):
+        return False
+    ref = F.linear(x, w).float()
+    return (lt_linear(x, w, algo).float() - ref).abs().max().item() <= 1e-2 * ref.abs().max().item() + 1e-3
 
 
 def summary(records: list[TunedProduct]) -> str:

@@ -1,7 +1,12 @@
 """Serving, for ``python launch.py`` and ``nanoserve serve``: bind the ZMQ port (and the HTTP one), start the engine
 and its workers, run the HTTP front-end as a child process, serve until a signal, and exit 0 only when asked to stop
 (1 when a worker or the front-end dies). ``--prompt`` prints completions and exits without serving. The command
-line is nanoserve/serve_args.py's; see docs/SERVING.md."""
+line is nanoserve/serve_args.py's; see docs/SERVING.md.
+
+Start-up order, for a fast start: the arguments are checked (torch-free), then the workers are spawned, and only then
+does this process load torch and transformers (the device default, the engine, the tokenizer), so both sides' imports
+(1-2 s each) run at once. Once it listens it logs one line of its start-up phases (settings/startup_phases.py), after
+each worker's own."""
 
 from __future__ import annotations
 
@@ -17,6 +22,7 @@ from openai_server.child import HttpFrontEnd, bind_http
 from settings.cli_logging import configure_logging
 from settings.env import settings
 from settings.loopback import key_refusal
+from settings.startup_phases import PHASES
 
 log = logging.getLogger("nanoserve.launch")
 
@@ -44,6 +50,40 @@ def _warn_oversubscribed(cfg: EngineConfig) -> None:
 
 def _graceful_exit(signum, frame):
     raise SystemExit(0)  # during start-up: unwinds through the engine's cleanup (workers stopped, files removed)
+
+
+def _config_and_workers(kwargs: dict):
+    """(the engine's config, its workers spawned early or None): every argument is checked with the device left to
+    "cpu" (torch-free), the workers are spawned, and the config is made again with the real device default, whose
+    torch import then runs beside theirs. External (torchrun) workers are not ours to spawn."""
+    probe = EngineConfig.from_kwargs(**{**kwargs, "device": kwargs.get("device") or "cpu"})
+    PHASES.mark("config")
+    if probe.external_workers:
+        return (probe if kwargs.get("device") else EngineConfig.from_kwargs(**kwargs)), None
+    from coordinator.worker_group import WorkerGroup  # zmq only
+
+    workers = WorkerGroup(None, probe.tensor_parallel_size, secret=probe.worker_secret)
+    PHASES.mark("spawn workers")
+    try:
+        if kwargs.get("device"):
+            return probe, workers
+        # the sources resolved once (a Hub id is a directory now): the second pass only picks the device
+        return EngineConfig.from_kwargs(**{**kwargs, "model": probe.model, "tokenizer": probe.tokenizer}), workers
+    except BaseException:
+        _discard(workers)
+        raise
+
+
+def _discard(workers) -> None:
+    """Stop workers spawned early that no engine adopted: none was configured (no device, no collective), so they
+    are killed at once rather than waited for."""
+    for proc in workers.procs:
+        if proc.poll() is None:
+            proc.kill()
+    try:
+        workers.shutdown()
+    except Exception as e:  # already shut down by a failed adoption: nothing left to release
+        log.debug("discarding early workers: %s", e)
 
 
 def _offline(args, kwargs) -> int:
@@ -91,13 +131,19 @@ def main(argv: list[str] | None = None, command: str = "launch") -> int:
             if server is not None:
                 server.close(0)
             return 1
-    engine = None
+    engine = early = None
+    PHASES.mark("imports + bind")
     try:
-        cfg = EngineConfig.from_kwargs(**kwargs)
-        _warn_oversubscribed(cfg)
         if args.prompt:
+            cfg = EngineConfig.from_kwargs(**kwargs)
+            _warn_oversubscribed(cfg)
             return _offline(args, kwargs)
+        cfg, early = _config_and_workers(kwargs)
+        _warn_oversubscribed(cfg)
+        PHASES.mark("device default")
         from coordinator.engine import Engine
+
+        PHASES.mark("engine imports")
 
         if cfg.external_workers:
             log.info(
@@ -106,8 +152,10 @@ def main(argv: list[str] | None = None, command: str = "launch") -> int:
                 cfg.tensor_parallel_size,
                 cfg.worker_address,
             )
-        engine = Engine(cfg)
+        engine = Engine(cfg, early)
+        PHASES.mark("engine: tokenizer + workers")
         server.install_signal_handlers()  # from here on a signal drains the requests in flight (a second: aborts)
+        print(PHASES.line("coordinator"), file=sys.stderr, flush=True)  # benchmarks/startup.py reads it
         print(f"nanoserve listening on {server.address}", flush=True)
         log.info(
             "model %s, max_model_len %d, %d KV blocks", cfg.model, engine.max_model_len, engine.block_manager.num_blocks
@@ -137,6 +185,8 @@ def main(argv: list[str] | None = None, command: str = "launch") -> int:
             http_sock.close()
         if engine is not None:
             engine.shutdown()
+        elif early is not None:
+            _discard(early)
         if server is not None:
             server.close()
     return 0

@@ -1,5 +1,6 @@
 """``python -m worker --coordinator ADDR``: one worker process; under torchrun, rank and world size come from its
-environment. Parses the flags, ties the process's life to its parent's, and turns every ending into an exit code."""
+environment. Parses the flags, ties the process's life to its parent's, loads torch and the worker's modules (while
+a coordinator that spawned us early still loads its own), and turns every ending into an exit code."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import traceback
 
 from protocol.messages import WorkerError
 from settings.env import distributed_env, settings
+from settings.startup_phases import PHASES  # its clock counts from the process's start
 from worker.handshake import Refused
 from worker.worker import CoordinatorGone, CoordinatorUnreachable, Worker
 
@@ -23,6 +25,17 @@ def _die_with_parent() -> None:
         libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except OSError:
         pass
+
+
+def _load_modules() -> None:
+    """What every worker imports before its first step (torch, Triton, the model code): ~1-2 s, done before the
+    handshake, so it overlaps the coordinator's own imports when it spawns us first (nanoserve/serve.py)."""
+    import torch  # noqa: F401
+
+    import worker.model_runner  # noqa: F401
+    import worker.startup  # noqa: F401
+
+    PHASES.mark("imports")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -61,6 +74,7 @@ def main(argv: list[str] | None = None) -> int:
         _die_with_parent()
         if os.getppid() != args.parent_pid:
             return 1
+    _load_modules()
     secret = settings().worker_secret  # from the environment only: argv is readable by any local user
     worker = Worker(args.coordinator, rank, world, local, args.parent_pid, args.connect_timeout, secret)
     code = 1

@@ -1,6 +1,8 @@
 """What a worker does once, before its first step: size the KV pool (on CUDA by profiling the largest prefill the
 limits allow), then, once the coordinator has fixed the pool, allocate it, compile the data-dependent kernels,
-pick cuBLASLt algorithms for the decode graphs' products, capture the CUDA graphs and warm the prefill path."""
+pick cuBLASLt algorithms for the decode graphs' products (stored across starts: kernels/tune_cache.py), capture the
+CUDA graphs and warm the prefill path. Each part's seconds go to this process's start-up phases
+(settings/startup_phases.py), which the worker reports at ready."""
 
 from __future__ import annotations
 
@@ -16,8 +18,10 @@ from kernels.attention import AttentionMetadata
 from kernels.decode_gemm import decode_linear_tiles
 from kernels.sampling import warmup as sampling_warmup
 from kernels.triton_attention import TritonAttentionBackend
+from kernels.tune_cache import TuneCache
 from model.linear import LinearBase
 from settings.env import settings
+from settings.startup_phases import PHASES
 from worker.cuda_graphs import DecodeGraphs, PrefillGraphs, batch_buckets
 from worker.model_runner import ModelRunner
 
@@ -35,10 +39,19 @@ def available_kv_blocks(runner: ModelRunner) -> int:
 
 def prepare_for_steps(runner: ModelRunner, num_blocks: int) -> None:
     """The coordinator fixed the pool (the minimum over ranks): allocate it and get every kernel and graph ready."""
-    runner.allocate_kv(num_blocks)
-    warmup_kernels(runner)
-    capture_graphs(runner)
-    warm_prefill_pool(runner)
+    with PHASES.phase("kv alloc"):
+        runner.allocate_kv(num_blocks)
+        _sync(runner)
+    with PHASES.phase("kernel warmup"):
+        warmup_kernels(runner)
+    capture_graphs(runner)  # books "gemm tuning", "decode graphs" and "prefill graphs"
+    with PHASES.phase("prefill warmup"):
+        warm_prefill_pool(runner)
+
+
+def _sync(runner: ModelRunner) -> None:
+    if runner.device.type == "cuda":  # so a phase's time is its device work, not the next phase's
+        torch.cuda.synchronize(runner.device)
 
 
 # ---- KV sizing -------------------------------------------------------------------------------------------
@@ -111,7 +124,8 @@ def warmup_kernels(runner: ModelRunner) -> None:
 
 def tune_decode_gemms(runner: ModelRunner) -> None:
     """Choose cuBLASLt algorithms for the layer products at each decode graph's row count, where one beats
-    torch's pick (kernels/cublaslt_tune.py). NANOSERVE_LT_TUNE=0 keeps torch's matmul (a faster start)."""
+    torch's pick (kernels/cublaslt_tune.py): 6-17 s a rank the first time, read back from the cache dir
+    (kernels/tune_cache.py) after that. NANOSERVE_LT_TUNE=0 keeps torch's matmul."""
     if not settings().lt_tune or runner.dtype not in (torch.bfloat16, torch.float16):
         return
     weights: dict[tuple[int, int], list[torch.Tensor]] = {}
@@ -119,14 +133,20 @@ def tune_decode_gemms(runner: ModelRunner) -> None:
         if isinstance(module, LinearBase) and module.bias is None and module.quant is None:
             weights.setdefault(tuple(module.weight.shape), []).append(module.weight)
     start = time.perf_counter()
+    cache = TuneCache("cublaslt", cublaslt_tune.cache_key(runner.device))
     with torch.inference_mode():
         records = cublaslt_tune.tune(
-            weights, batch_buckets(runner.cfg.max_num_seqs), skip=lambda x, w: decode_linear_tiles(x, w) is not None
+            weights,
+            batch_buckets(runner.cfg.max_num_seqs),
+            skip=lambda x, w: decode_linear_tiles(x, w) is not None,
+            cache=cache,
         )
     torch.cuda.synchronize(runner.device)
     if tp_rank() == 0:  # what the tuning predicts for a step's layer products, per row count
         took = time.perf_counter() - start
-        print(f"nanoserve[gemm tuning] ({took:.1f} s): {cublaslt_tune.summary(records)}", file=sys.stderr, flush=True)
+        stored = f"{cache.hits} of {cache.hits + cache.misses} read from {cache.path}"
+        summary = cublaslt_tune.summary(records)
+        print(f"nanoserve[gemm tuning] ({took:.1f} s, {stored}): {summary}", file=sys.stderr, flush=True)
 
 
 def capture_graphs(runner: ModelRunner) -> None:
@@ -135,7 +155,8 @@ def capture_graphs(runner: ModelRunner) -> None:
     cfg = runner.cfg
     if runner.device.type != "cuda" or cfg.enforce_eager:
         return
-    tune_decode_gemms(runner)
+    with PHASES.phase("gemm tuning"):
+        tune_decode_gemms(runner)
     runner.graphs = DecodeGraphs(
         runner.model,
         runner.backend,
@@ -146,6 +167,7 @@ def capture_graphs(runner: ModelRunner) -> None:
         dtype=runner.dtype,
         device=runner.device,
     )
+    PHASES.mark("decode graphs")
     # Prefill pieces replay attention with the Triton backend's ``out`` argument. Under tensor parallelism
     # their prefill-sized all-reduces would be NCCL collectives inside graphs, not yet checked on the device;
     # TP prefill steps are device-bound anyway, so graphs would save little there.
@@ -154,6 +176,7 @@ def capture_graphs(runner: ModelRunner) -> None:
         runner.prefill_graphs = PrefillGraphs(
             runner.model, cfg.max_num_batched_tokens, attn.num_heads, attn.head_dim, runner.dtype, runner.device
         )
+        PHASES.mark("prefill graphs")
 
 
 def warm_prefill_pool(runner: ModelRunner) -> None:

@@ -30,6 +30,7 @@ from protocol.messages import (
 from protocol.transport import WatchedSocket
 from protocol.worker_auth import new_nonce
 from settings.env import distributed_env, settings
+from settings.startup_phases import PHASES
 from worker.handshake import Refused, authenticate, exit_when_orphaned
 
 POLL_MS = 1000
@@ -122,7 +123,9 @@ class Worker:
             return 1
         if not isinstance(cfg, WorkerConfig):
             raise ProtocolError(f"expected WorkerConfig, got {type(cfg).__name__}")
+        PHASES.mark("wait config")
         device = self._init_device_and_group(cfg)
+        PHASES.mark("device + dist init")
         from comm.parallel import set_tp
         from worker import startup
         from worker.model_runner import ModelRunner
@@ -138,7 +141,9 @@ class Worker:
             tokens = max(cfg.max_num_batched_tokens, cfg.max_num_seqs)
             init_custom_all_reduce(tokens * mc.hidden_size * dtype.itemsize, dtype, device)
         self.runner = ModelRunner(cfg, device)
+        PHASES.mark("weights")
         blocks = startup.available_kv_blocks(self.runner)
+        PHASES.mark("kv sizing")
         name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
         self.send(WorkerReady(self.rank, blocks, self.runner.kv_block_bytes, name))
         alloc = self.recv()
@@ -146,6 +151,7 @@ class Worker:
             return 0
         if not isinstance(alloc, AllocateKV):
             raise ProtocolError(f"expected AllocateKV, got {type(alloc).__name__}")
+        PHASES.mark("wait alloc")
         startup.prepare_for_steps(self.runner, alloc.num_blocks)
         trace_path = settings().step_trace
         if trace_path and self.rank == 0 and device.type == "cuda":
@@ -157,6 +163,7 @@ class Worker:
         gc.collect()
         gc.freeze()
         threading.Thread(target=exit_when_orphaned, args=(self,), name="orphan-watchdog", daemon=True).start()
+        print(PHASES.line(f"rank {self.rank}"), file=sys.stderr, flush=True)  # benchmarks/startup.py reads it
         self.send(WorkerAck(self.rank, "kv_allocated"))
         return self.step_loop()
 
