@@ -39,7 +39,7 @@ SHARED_NAMES = {
 }
 # flags whose default is SamplingParams' own (the CLIs share them by reading the record, not by repeating it)
 SAMPLING_FLAGS = {"max_tokens", "temperature", "top_p", "top_k", "min_p"}
-WORKER_ONLY = {"max_model_len", "eos_token_ids", "dist_init_method"}  # derived by the engine, not engine arguments
+WORKER_ONLY = {"max_model_len", "eos_token_ids", "dist_init_method", "draft_model"}  # derived by the engine
 
 
 def _constant(node: ast.AST) -> object:
