@@ -1,7 +1,7 @@
-"""On CUDA: n-gram speculation through the real engine with CUDA graphs (a step of verify and decode rows replays
-the decode graph, one row per token) and the Triton kernels. float32: greedy tokens with speculation equal HF's and
-the engine's own without it, eager and with graphs, for a dense and a MoE family, with drafts accepted (tiny
-loopy checkpoints, as in tests/engine/test_speculative.py)."""
+"""On CUDA: n-gram and EAGLE-3 speculation through the real engine with CUDA graphs (a step of verify and decode
+rows replays the decode graph, one row per token) and the Triton kernels. float32: greedy tokens with speculation
+equal HF's and the engine's own without it, eager and with graphs, for a dense and a MoE family, with drafts accepted
+(tiny loopy checkpoints, as in tests/engine/test_speculative.py); EAGLE-3's drafts equal a reference's."""
 
 from __future__ import annotations
 
@@ -36,3 +36,42 @@ def test_float32_greedy_with_drafts_equals_hf_on_cuda(tmp_path, family, enforce_
         stats = llm.stats()
     assert got == expected
     assert stats["spec_decode_num_accepted_tokens"] > 0, stats
+
+
+@pytest.mark.parametrize("enforce_eager", [True, False])
+def test_eagle3_drafts_on_cuda(tmp_path, monkeypatch, enforce_eager):
+    """EAGLE-3 on CUDA, eager and with graphs (the target's three states land in the static buffer the decode
+    graphs write on replay): a copy draft on a repeating target is exact and accepted; with every draft kept, the
+    output is the independent reference's (HF hidden states, a dense draft layer)."""
+    from model.tiny import TinySpec
+    from tests.support.eagle3_reference import run_accepting_all
+    from tests.support.tiny_eagle3 import DraftSpec, write_tiny_eagle3
+
+    eng = dict(GPU_ENGINE, max_model_len=128, max_num_seqs=16, enforce_eager=enforce_eager)
+    target = write_tiny_checkpoint(
+        tmp_path / "t", TinySpec(tie_word_embeddings=True, seed=1, std=0.02, num_hidden_layers=4)
+    )
+    draft = write_tiny_eagle3(tmp_path / "d", target, DraftSpec(copy=True, aux_layer_ids=[0, 2, 3]))
+    eagle = {"method": "eagle3", "model": str(draft), "num_speculative_tokens": 3}
+    prompts = _prompts(500)
+    expected = hf_greedy(target, prompts, 40)
+    with LLM(str(target), **eng, speculative_config=eagle) as llm:
+        got = [
+            c.token_ids
+            for c in llm.generate(
+                prompts, SamplingParams(temperature=0, max_tokens=40, ignore_eos=True), use_tqdm=False
+            )
+        ]
+        stats = llm.stats()
+    assert got == expected
+    assert stats["spec_decode_num_accepted_tokens"] > 0.5 * stats["spec_decode_num_draft_tokens"], stats
+
+    monkeypatch.setenv("NANOSERVE_BENCH_ACCEPT_DRAFTS", "1")
+    llama = dataclasses.replace(FAMILIES["llama"], num_hidden_layers=4)
+    target = write_tiny_checkpoint(tmp_path / "t2", llama)
+    draft = write_tiny_eagle3(tmp_path / "d2", target, DraftSpec(draft_vocab_size=400, std=0.3))
+    eagle["model"] = str(draft)
+    prompt = _prompts(500)[1]
+    with LLM(str(target), **eng, async_scheduling=False, speculative_config=eagle) as llm:
+        out = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=24, ignore_eos=True), use_tqdm=False)
+    assert out[0].outputs[0].token_ids == run_accepting_all(target, draft, prompt, 24, 3, (2, 2, 1))
