@@ -122,7 +122,8 @@ class EngineConfig:
     speculative_config: dict | None = _arg(
         None,
         'speculative decoding, as vLLM\'s: {"method": "ngram", "num_speculative_tokens": K, '
-        '"prompt_lookup_min": N, "prompt_lookup_max": M, "disable_by_batch_size": B}; unset = off',
+        '"prompt_lookup_min": N, "prompt_lookup_max": M, "disable_by_batch_size": B}, or {"method": "eagle3", '
+        '"model": DRAFT_DIR_OR_HUB_ID, "num_speculative_tokens": K}; unset = off',
     )
 
     def __post_init__(self) -> None:
