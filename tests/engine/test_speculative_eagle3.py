@@ -179,3 +179,40 @@ def test_eagle3_refuses_ngram_keys_and_needs_a_model(tiny_tied):
         LLM(str(tiny_tied), speculative_config={"method": "eagle3", "num_speculative_tokens": 2})
     with pytest.raises(EngineArgError, match=r"speculative_config\.model: "):
         LLM(str(tiny_tied), speculative_config=_eagle("/nonexistent/draft-dir"))
+
+
+def test_stops_lengths_n_and_logprobs_as_without(repeating):
+    """Through the copy draft's accepted runs: a stop string ends a request inside a run, max_tokens is never passed,
+    n > 1 and logprobs (an accepted token's equals the non-speculative one) as without speculation."""
+    target, draft = repeating
+    g = dict(temperature=0, ignore_eos=True)
+    prompts = _prompts(500)
+    with LLM(str(target), **ENGINE) as llm:
+        repeated = [
+            llm.tokenizer.decode(o.outputs[0].token_ids[3:6])
+            for o in llm.generate(prompts, SamplingParams(**g, max_tokens=8), False)
+        ]
+        batch, params = [], []
+        for prompt, text in zip(prompts, repeated):
+            batch += [prompt] * 5
+            params += [
+                SamplingParams(**g, max_tokens=30, stop=[text]),
+                SamplingParams(**g, max_tokens=6),
+                SamplingParams(**g, max_tokens=11),
+                SamplingParams(**g, max_tokens=9, n=2),
+                SamplingParams(**g, max_tokens=14, logprobs=2),
+            ]
+        want = llm.generate(batch, params, use_tqdm=False)
+    with LLM(str(target), **ENGINE, speculative_config=_eagle(draft)) as llm:
+        got = llm.generate(batch, params, use_tqdm=False)
+        stats = llm.stats()
+    assert stats["spec_decode_num_accepted_tokens"] > 0
+    for w, o, p in zip(want, got, params):
+        for wo, go in zip(w.outputs, o.outputs, strict=True):
+            assert (go.token_ids, go.text, go.finish_reason, go.stop_reason) == (
+                wo.token_ids, wo.text, wo.finish_reason, wo.stop_reason,
+            ), p  # fmt: skip
+            if p.logprobs:
+                assert [list(d) for d in go.logprobs] == [list(d) for d in wo.logprobs]
+                for dg, dw in zip(go.logprobs, wo.logprobs):
+                    assert all(dg[t].logprob == pytest.approx(dw[t].logprob, abs=1e-4) for t in dw)
