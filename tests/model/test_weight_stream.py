@@ -78,8 +78,8 @@ def assert_same_bits(model_dir: Path, dtype: torch.dtype, reader: str, quantizat
         assert torch.equal(got[name], ref[name]), name
 
 
-def _load(model_dir: Path, dtype: torch.dtype, reader: str, quantization: str = ""):
-    return load_model(model_dir, CPU, dtype, quantization=quantization, reader=reader)
+def _load(model_dir: Path, dtype: torch.dtype, reader: str, quantization: str = "", device: torch.device = CPU):
+    return load_model(model_dir, device, dtype, quantization=quantization, reader=reader)
 
 
 # ---- the same bits as safetensors' own reader ------------------------------------------------------------------
@@ -173,6 +173,22 @@ def test_load_model_default_reader_is_ours(checkpoints):
         load_weights(build_model(ModelConfig.from_pretrained(model_dir), CPU, torch.float32), model_dir, "fast")
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["qwen3", "moe", "fp8", "bf16"])
+def test_gpu_pinned_async_copies_bit_equal(checkpoints, name, tp2):
+    """CUDA's own path (pinned buffers reused after their copy's event, copies on the stream, cuts on the device)
+    at TP 1 and as each TP 2 rank, into bf16 and float32 models."""
+    model_dir, cuda = checkpoints(name), torch.device("cuda")
+    for rank, size in ((0, 1), (0, 2), (1, 2)):
+        set_tp(rank, size)
+        for dtype in (torch.float32, torch.bfloat16):
+            ref = params_bytes(_load(model_dir, dtype, "safetensors", device=cuda))
+            got = params_bytes(_load(model_dir, dtype, "auto", device=cuda))
+            assert got.keys() == ref.keys()
+            for n in ref:
+                assert torch.equal(got[n], ref[n]), (rank, size, dtype, n)
+
+
 # ---- truncated and corrupt files ---------------------------------------------------------------------------------
 
 
@@ -186,7 +202,7 @@ def _last_tensor(path: Path):
     return max(read_header(path), key=lambda e: e.start)
 
 
-@pytest.mark.parametrize("reader", [*OURS, "auto"])
+@pytest.mark.parametrize("reader", [*OURS, "auto", "safetensors"])
 def test_truncated_file_names_file_and_tensor(checkpoints, tmp_path, reader):
     d = _copy(checkpoints("qwen3"), tmp_path / "m")
     f = d / "model.safetensors"
