@@ -94,9 +94,10 @@ def test_bit_equal_to_safetensors(checkpoints, name, reader):
 @pytest.mark.parametrize("reader", OURS)
 @pytest.mark.parametrize("name", ["qwen3", "bf16"])
 def test_bit_equal_into_16_bit_models(checkpoints, name, reader):
-    """A float32 checkpoint cast to bf16 at load (the copy rounds), and bf16 into fp16."""
+    """A float32 checkpoint cast to bf16 at load (the copy rounds), bf16 into fp16, and quantized to FP8 at load."""
     assert_same_bits(checkpoints(name), torch.bfloat16, reader)
     assert_same_bits(checkpoints(name), torch.float16, reader)
+    assert_same_bits(checkpoints(name), torch.bfloat16, reader, quantization="fp8")
 
 
 @pytest.mark.parametrize("reader", OURS)
@@ -181,12 +182,13 @@ def test_gpu_pinned_async_copies_bit_equal(checkpoints, name, tp2):
     model_dir, cuda = checkpoints(name), torch.device("cuda")
     for rank, size in ((0, 1), (0, 2), (1, 2)):
         set_tp(rank, size)
-        for dtype in (torch.float32, torch.bfloat16):
-            ref = params_bytes(_load(model_dir, dtype, "safetensors", device=cuda))
-            got = params_bytes(_load(model_dir, dtype, "auto", device=cuda))
+        online_fp8 = [(torch.bfloat16, "fp8")] if name in ("qwen3", "bf16") else []
+        for dtype, quant in [(torch.float32, ""), (torch.bfloat16, ""), *online_fp8]:
+            ref = params_bytes(_load(model_dir, dtype, "safetensors", quant, cuda))
+            got = params_bytes(_load(model_dir, dtype, "auto", quant, cuda))
             assert got.keys() == ref.keys()
             for n in ref:
-                assert torch.equal(got[n], ref[n]), (rank, size, dtype, n)
+                assert torch.equal(got[n], ref[n]), (rank, size, dtype, quant, n)
 
 
 # ---- truncated and corrupt files ---------------------------------------------------------------------------------
