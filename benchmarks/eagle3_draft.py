@@ -1,0 +1,87 @@
+"""Write a random-weight EAGLE-3 draft in the public layout for a real target shape (benchmarks/shapes.py), as the
+drafts published for Llama-3.1-8B-Instruct and Qwen3-8B are laid out: one layer of the target's attention shape,
+``fc`` over 3 x hidden, a 32,000-token draft vocabulary with ``d2t``, no embedding (the target's is shared).
+
+    python -m benchmarks.eagle3_draft qwen3-8b     # prints the draft's directory
+
+Random weights accept next to nothing: this measures what drafting costs (acceptance 0, or every draft kept with
+NANOSERVE_BENCH_ACCEPT_DRAFTS=1), never what it gains. Cached under ``$NANOSERVE_CACHE/eagle3/NAME``."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+from benchmarks.shapes import SHAPES
+from settings.env import settings
+
+DRAFT_VOCAB = 32000
+
+
+def write_draft(name: str) -> Path:
+    target = SHAPES[name]
+    out = settings().cache_dir / "eagle3" / name
+    done = out / "complete"
+    if done.is_file():
+        return out
+    out.mkdir(parents=True, exist_ok=True)
+    h, vocab, inter = target["hidden_size"], target["vocab_size"], target["intermediate_size"]
+    heads, kv = target["num_attention_heads"], target["num_key_value_heads"]
+    hd = target.get("head_dim") or h // heads
+    gen = torch.Generator().manual_seed(0)
+
+    def rand(*shape: int) -> torch.Tensor:
+        return (torch.randn(*shape, generator=gen) * 0.02).to(torch.bfloat16)
+
+    draft_vocab = min(DRAFT_VOCAB, vocab)
+    chosen = torch.randperm(vocab, generator=gen)[:draft_vocab].sort().values
+    p = "midlayer."
+    tensors = {
+        "fc.weight": rand(h, 3 * h),
+        "norm.weight": torch.ones(h, dtype=torch.bfloat16),
+        "lm_head.weight": rand(draft_vocab, h),
+        f"{p}hidden_norm.weight": torch.ones(h, dtype=torch.bfloat16),
+        f"{p}input_layernorm.weight": torch.ones(h, dtype=torch.bfloat16),
+        f"{p}post_attention_layernorm.weight": torch.ones(h, dtype=torch.bfloat16),
+        f"{p}self_attn.q_proj.weight": rand(heads * hd, 2 * h),
+        f"{p}self_attn.k_proj.weight": rand(kv * hd, 2 * h),
+        f"{p}self_attn.v_proj.weight": rand(kv * hd, 2 * h),
+        f"{p}self_attn.o_proj.weight": rand(h, heads * hd),
+        f"{p}mlp.gate_proj.weight": rand(inter, h),
+        f"{p}mlp.up_proj.weight": rand(inter, h),
+        f"{p}mlp.down_proj.weight": rand(h, inter),
+        "d2t": chosen - torch.arange(draft_vocab),
+        "t2d": torch.zeros(vocab, dtype=torch.bool).index_fill_(0, chosen, True),
+    }
+    save_file(tensors, str(out / "model.safetensors"))
+    rope = {k: target[k] for k in ("rope_theta", "rope_scaling", "rope_parameters") if k in target}
+    config = {
+        "architectures": ["LlamaForCausalLMEagle3"],
+        "model_type": "llama",
+        "hidden_size": h,
+        "intermediate_size": inter,
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv,
+        "head_dim": hd,
+        "num_hidden_layers": 1,
+        "rms_norm_eps": target.get("rms_norm_eps", 1e-6),
+        "max_position_embeddings": target.get("max_position_embeddings", 8192),
+        "vocab_size": vocab,
+        "draft_vocab_size": draft_vocab,
+        "torch_dtype": "bfloat16",
+        **rope,
+    }
+    layers = target["num_hidden_layers"]
+    if layers < 4:  # vLLM's default layers (2, L // 2, L - 3) need 4
+        config["eagle_aux_hidden_state_layer_ids"] = [0, layers // 2, layers - 1]
+    (out / "config.json").write_text(json.dumps(config, indent=1))
+    done.write_text("ok\n")
+    return out
+
+
+if __name__ == "__main__":
+    print(write_draft(sys.argv[1] if len(sys.argv) > 1 else "qwen3-8b"))
