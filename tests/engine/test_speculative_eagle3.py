@@ -61,7 +61,9 @@ def test_greedy_unchanged_with_random_drafts(name, tmp_path):
     # 4 layers: the default aux layers (2, L // 2, L - 3) apply; a draft vocabulary of 300 of the 509 ids (d2t)
     target_spec = dataclasses.replace(FAMILIES[name], std=LOOPY_STD, num_hidden_layers=4)
     target = write_tiny_checkpoint(tmp_path / "t", target_spec)
-    draft = write_tiny_eagle3(tmp_path / "d", target, DraftSpec(draft_vocab_size=300, embed=name == "qwen3"))
+    # the Qwen3 draft: its own embedding, and its layer named model.layers.0.* (as converted checkpoints name it)
+    own = dict(embed=True, layer_prefix="model.layers.0.") if name == "qwen3" else {}
+    draft = write_tiny_eagle3(tmp_path / "d", target, DraftSpec(draft_vocab_size=300, **own))
     with LLM(str(target), **ENGINE, speculative_config=_eagle(draft)) as llm:
         _spec_vs_plain(llm, _prompts(500))
 
