@@ -208,6 +208,8 @@ def main() -> None:
     dd_cold = total / dd_seconds(files) / 1e9
     dd_warm = files[0].stat().st_size / dd_seconds(files[:1]) / 1e9
     print(f"dd bs=16M: {dd_cold:.2f} GB/s cold, {dd_warm:.2f} GB/s warm (the eviction works if cold is well below)")
+    if dd_cold > 0.7 * dd_warm:
+        print("EVICTION DID NOT TAKE (cold dd as fast as warm): the figures below are page-cache speeds, not disk")
 
     device = torch.device(args.device)
     start = time.perf_counter()
