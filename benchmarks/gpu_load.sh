@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# One device call (~100-200 s): the loader's GPU tests, then how fast a Qwen3-8B-shaped checkpoint (16.4 GB bf16 in
-# 5 files, written once to the local disk, the write timed) loads against `dd bs=16M` on the same files, page cache
-# evicted before each: ours (auto: pinned buffers + async copies), safetensors' own reader (the old path), ours
-# without asking the kernel to read ahead, and TP=2 ranks each reading its own shard. Measures the disk on Qwen3-0.6B first and falls back to it
-# (saying so) when the 8B shape would not fit the time. Logs in $OUT.
+# One device call (~100-200 s): the loader's GPU tests, then how fast a Qwen3-8B-shaped checkpoint (16.4 GB bf16
+# in 5 files, written once to the local disk, the write timed) loads against `dd bs=16M` on the same files, page
+# cache evicted before each: ours (auto: pinned buffers + async copies), safetensors' own reader (the old path),
+# ours without asking the kernel to read ahead, and TP=2 ranks each reading its own shard. Measures the disk on
+# Qwen3-0.6B first and falls back to it (saying so) when the 8B shape would not fit the time. Logs in $OUT.
 set -o pipefail
 if ls .whl/*.whl >/dev/null 2>&1; then  # the tests import nanoserve (pyzmq): the lead's carried wheels
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
