@@ -27,6 +27,7 @@ from model.context import forward_context
 from model.eagle3 import load_eagle3
 from model.eagle3_config import read_eagle3
 from protocol.messages import DRAFT_PLACEHOLDER, StepCommand
+from worker import lazy_zeros
 from worker.step_layout import HostBatch
 
 
@@ -60,7 +61,7 @@ class EagleDrafter:
     def allocate(self, num_blocks: int) -> None:
         r, a = self.runner, self.attn
         shape = (2, num_blocks, r.block_size, a.num_kv_heads, a.head_dim)
-        self.kv = torch.zeros(shape, dtype=r.kv_dtype, device=r.device)
+        self.kv = lazy_zeros.zeros(shape, r.kv_dtype, r.device)  # CPU: pages committed as written
         a.k_cache, a.v_cache = self.kv[0], value_cache(self.kv[1])
 
     # ---- after a step: the draft's K/V over the step's tokens, and each sampled row's first draft --------------
