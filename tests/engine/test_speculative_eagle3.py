@@ -1,9 +1,9 @@
 """EAGLE-3 speculative decoding end to end through real worker processes, with tiny draft checkpoints written in the
 public layout (tests/support/tiny_eagle3.py): greedy output with drafts is token for token the output without them
 (Llama and Qwen3 targets, random drafts that accept next to nothing; a "copy" draft that does get accepted; tensor
-parallelism 2 on gloo; a tight engine), the drafts the workers make are those of an independent EAGLE-3 reference
-over HF transformers' hidden states, seeded sampling stays reproducible, and a draft that does not fit its target is
-refused at start, by name."""
+parallelism 2 on gloo; a tight engine; stops, lengths, n and logprobs), the drafts the workers make are those of an
+independent EAGLE-3 reference over HF transformers' hidden states (Llama, Qwen3 and Qwen3-MoE targets), seeded
+sampling stays reproducible, and a draft that does not fit its target is refused at start, by name."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ from tests.model.test_families import FAMILIES
 from tests.support.eagle3_reference import run_accepting_all
 from tests.support.oracle import prompts_with_shared_prefixes
 from tests.support.tiny_eagle3 import DraftSpec, write_tiny_eagle3
+from tests.support.tiny_moe import TinyMoeSpec, write_tiny_moe_checkpoint
 
 K = 3
 ENGINE = dict(max_model_len=128, num_kv_blocks=64, block_size=8)
@@ -97,14 +98,16 @@ def test_greedy_unchanged_tight_engine(repeating):
     assert stats["spec_decode_num_accepted_tokens"] > 0
 
 
-@pytest.mark.parametrize("name", ["llama", "qwen3"])
+@pytest.mark.parametrize("name", ["llama", "qwen3", "qwen3_moe"])
 def test_drafts_are_the_reference_eagle3s(name, tmp_path, monkeypatch):
     """Every draft kept (the benchmark switch): the output is the drafts themselves and the target's bonus tokens,
     which the reference (HF hidden states, a dense draft layer) reproduces token for token."""
     monkeypatch.setenv("NANOSERVE_BENCH_ACCEPT_DRAFTS", "1")
-    layers, aux = (4, None) if name == "llama" else (2, [0, 1, 1])
-    target_spec = dataclasses.replace(FAMILIES[name], num_hidden_layers=layers)
-    target = write_tiny_checkpoint(tmp_path / "t", target_spec)
+    layers, aux = {"llama": (4, None), "qwen3": (2, [0, 1, 1]), "qwen3_moe": (3, [1, 2, 0])}[name]
+    if name == "qwen3_moe":
+        target = write_tiny_moe_checkpoint(tmp_path / "t", TinyMoeSpec())
+    else:
+        target = write_tiny_checkpoint(tmp_path / "t", dataclasses.replace(FAMILIES[name], num_hidden_layers=layers))
     draft = write_tiny_eagle3(tmp_path / "d", target, DraftSpec(draft_vocab_size=400, aux_layer_ids=aux, std=0.3))
     prompt = np.random.default_rng(9).integers(0, 509, 21).tolist()
     with LLM(str(target), **ENGINE, async_scheduling=False, speculative_config=_eagle(draft)) as llm:
