@@ -61,3 +61,32 @@ def test_bad_config_refused_by_the_flag(tiny_tied):
     assert (
         "--speculative-config" in out.stderr and "prompt_lookup_min (9) must be <= prompt_lookup_max (3)" in out.stderr
     )
+
+
+def test_server_with_eagle3_drafts(tmp_path):
+    """--speculative-config '{"method": "eagle3", "model": DIR, ...}': the workers' drafts (a copy draft on a repeating
+    target, tests/support/tiny_eagle3.py) serve the text of a plain engine, and are counted; a draft that is no draft
+    is refused by the flag before anything starts."""
+    from model.tiny import TinySpec
+    from nanoserve import LLM, SamplingParams
+    from tests.support.tiny_eagle3 import DraftSpec, write_tiny_eagle3
+
+    target = write_tiny_checkpoint(
+        tmp_path / "t", TinySpec(tie_word_embeddings=True, seed=1, std=0.02, num_hidden_layers=4)
+    )
+    draft = write_tiny_eagle3(tmp_path / "d", target, DraftSpec(copy=True, aux_layer_ids=[0, 2, 3]))
+    prompts = [[5, 77, 301, 12], [400, 3, 3, 250, 18, 91]]
+    with LLM(str(target), max_model_len=256) as llm:
+        params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+        want = [o.outputs[0].text for o in llm.generate(prompts, params, use_tqdm=False)]
+    eagle = {"method": "eagle3", "model": str(draft), "num_speculative_tokens": 3}
+    flag = ("--speculative-config", json.dumps(eagle))
+    with HttpServer(target, tmp_path / "spec.log", "--served-model-name", "m", *flag) as server:
+        assert [_text(server, p, False) for p in prompts] == want
+        assert [_text(server, p, True) for p in prompts] == want
+        accepted = metric(server, "nanoserve:spec_decode_num_accepted_tokens_total")
+    assert accepted > 0
+    cmd = [sys.executable, str(ROOT / "launch.py"), "--port", "0", "--model", str(target)]  # 0: never taken
+    bad = json.dumps({**eagle, "model": str(target)})
+    out = subprocess.run([*cmd, "--speculative-config", bad], cwd=ROOT, capture_output=True, text=True, timeout=START_S)
+    assert out.returncode == 2 and "--speculative-config" in out.stderr and "is not an EAGLE-3 draft" in out.stderr
