@@ -29,7 +29,10 @@ from model.safetensors_reader import TensorEntry
 
 CHUNK = 16 << 20  # one pinned buffer: dd's own block size, large enough for the disk to stream
 DEPTH = 8  # pinned buffers in flight
-READ_AHEAD = 64 << 20  # staged: bytes the kernel is asked to read beyond the read in progress (0: its own readahead)
+# staged: bytes the kernel is asked to read (WILLNEED) beyond the read in progress; 0: only its own readahead, as dd
+# has. Off by default: on this project's dev VM, 16 MB preads alone ran at dd's 2.2-2.4 GB/s and with 64 MB asked
+# ahead at 1.2-1.4 GB/s (benchmarks/load_weights.py's "auto:ahead=64" measures it on another disk)
+READ_AHEAD = 0
 UNREAD_FILL: int | None = None  # tests set a byte here: the staged rows a rank does not read hold it, not stale data
 PREFETCH = 256 << 20  # CPU: bytes the kernel reads ahead of the tensor being loaded
 _DONE = object()
