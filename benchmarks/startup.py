@@ -7,8 +7,8 @@ line and each worker rank's), for a cold start and then warm ones.
 No --model or --shape: the embedded default model (on the CPU where there is no GPU). ``--shape`` runs a real
 model's shape with random weights (``--load-format dummy``). The first run is cold for what nanoserve caches
 across starts: unless ``--keep-caches``, every run uses fresh directories for NANOSERVE_CACHE (the cuBLASLt
-choices, kernels/tune_cache.py) and TRITON_CACHE_DIR, shared by the runs, so run 1 fills them and the later runs
-read them. The OS file cache is not dropped (that needs root): run 1 also pays for files read the first time.
+choices, kernels/tune_cache.py) and TRITON_CACHE_DIR, shared by the runs (and removed after them), so run 1
+fills them and the later runs read them. The OS file cache is not dropped (that needs root): run 1 also pays for files read the first time.
 The table lists each phase's seconds per run; the warm column is the median of the runs after the first. The
 LAST line is one JSON object.
 """
@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -167,19 +168,25 @@ def main(argv: list[str] | None = None) -> int:
     work.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH", "")]))
+    caches = None
     if not args.keep_caches:  # fresh and shared by the runs: run 1 fills them (cold), the rest read them (warm)
-        env["NANOSERVE_CACHE"] = str(work / "nanoserve-cache")
-        env["TRITON_CACHE_DIR"] = str(work / "triton-cache")
+        caches = Path(tempfile.mkdtemp(prefix="nanoserve-startup-caches-"))
+        env["NANOSERVE_CACHE"] = str(caches / "nanoserve")
+        env["TRITON_CACHE_DIR"] = str(caches / "triton")
     print(" ".join(cmd), f"(logs in {work})", flush=True)
     results = []
-    for i in range(args.runs):
-        try:
-            results.append(one_start(cmd, env, work / f"run{i + 1}.log", args.timeout))
-        except (RuntimeError, TimeoutError, OSError) as e:
-            print(f"run {i + 1} failed: {e}; its output: {work / f'run{i + 1}.log'}", file=sys.stderr)
-            return 1
-        r = results[-1]
-        print(f"run {i + 1}: ready {r['ready_s']:.2f} s, first token {r['first_token_s']:.2f} s", flush=True)
+    try:
+        for i in range(args.runs):
+            try:
+                results.append(one_start(cmd, env, work / f"run{i + 1}.log", args.timeout))
+            except (RuntimeError, TimeoutError, OSError) as e:
+                print(f"run {i + 1} failed: {e}; its output: {work / f'run{i + 1}.log'}", file=sys.stderr)
+                return 1
+            r = results[-1]
+            print(f"run {i + 1}: ready {r['ready_s']:.2f} s, first token {r['first_token_s']:.2f} s", flush=True)
+    finally:
+        if caches is not None:
+            shutil.rmtree(caches, ignore_errors=True)
     print("\n".join(_table(results)))
     print(json.dumps({"command": cmd, "runs": results}))
     return 0

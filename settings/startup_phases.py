@@ -57,20 +57,22 @@ class StartupPhases:
         return time.perf_counter() - self.started
 
     def line(self, who: str) -> str:
-        """``nanoserve[startup] WHO ready in T s: name s, ...`` (one line, parsed by benchmarks/startup.py)."""
+        """``nanoserve[startup] WHO ready in T s (cpu C s): name s, ...`` (one line, parsed by benchmarks/startup.py).
+        C is the process's own CPU time so far: on a host busy with other work, the wall times grow, it does not."""
         parts = ", ".join(f"{name} {s:.2f}" for name, s in self.seconds.items())
-        return f"{PREFIX} {who} ready in {self.total_s():.2f} s: {parts}"
+        return f"{PREFIX} {who} ready in {self.total_s():.2f} s (cpu {time.process_time():.2f} s): {parts}"
 
 
 def parse_line(line: str) -> tuple[str, float, dict[str, float]] | None:
-    """(who, total seconds, phases) of a ``line`` written by ``StartupPhases.line``, or None."""
+    """(who, total seconds, phases and "cpu") of a ``line`` written by ``StartupPhases.line``, or None."""
     start = line.find(PREFIX)
     if start < 0 or " ready in " not in line:
         return None
-    head, _, tail = line[start + len(PREFIX) :].partition(" s: ")
-    who, _, total = head.strip().rpartition(" ready in ")
+    head, _, tail = line[start + len(PREFIX) :].partition(" s): ")
+    who, _, times = head.strip().rpartition(" ready in ")
     try:
-        phases = {}
+        total, _, cpu = times.partition(" s (cpu ")
+        phases = {"cpu": float(cpu)}
         for part in filter(None, (p.strip() for p in tail.split(","))):
             name, _, value = part.rpartition(" ")
             phases[name] = float(value)
