@@ -99,7 +99,8 @@ class _Reader(threading.Thread):
                     if fd >= 0:
                         os.close(fd)
                     fd, path = os.open(piece.path, os.O_RDONLY), piece.path
-                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)  # a larger readahead window
+                    if hasattr(os, "posix_fadvise"):  # Linux: a larger readahead window (macOS has no fadvise)
+                        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
                     self.ahead.start_file(i, pos)
                 self._read_chunks(fd, i, piece, pos)
                 pos += piece.nbytes
@@ -124,7 +125,7 @@ class _Reader(threading.Thread):
         start, n = piece.entry.start + piece.byte_lo, piece.nbytes
         for off in range(0, n, CHUNK) if n else [0]:
             m = min(CHUNK, n - off)
-            if READ_AHEAD:
+            if READ_AHEAD and hasattr(os, "posix_fadvise"):
                 self.ahead.until(fd, piece.path, pos + off + m + READ_AHEAD)
             buf, event = self._take()
             if event is not None:
