@@ -85,15 +85,19 @@ class _ReadAhead:
 
 
 class _Reader(threading.Thread):
-    def __init__(self, pieces: list[Piece], free: queue.Queue, ready: queue.Queue) -> None:
+    def __init__(self, pieces: list[Piece], device: torch.device, free: queue.Queue, ready: queue.Queue) -> None:
         super().__init__(name="nanoserve-weight-reader", daemon=True)
-        self.pieces, self.free, self.ready = pieces, free, ready
+        self.pieces, self.device, self.free, self.ready = pieces, device, free, ready
         self.stop = threading.Event()
         self.ahead = _ReadAhead(pieces)
 
     def run(self) -> None:
         fd, path, pos = -1, None, 0
         try:
+            if self.device.type == "cuda":
+                # a new thread's current device is 0: without this, its first event wait would create a context
+                # there, memory on another rank's GPU
+                torch.cuda.set_device(self.device)
             for i, piece in enumerate(self.pieces):
                 if piece.path != path:
                     if fd >= 0:
@@ -163,10 +167,12 @@ def stream(
 
 def _stream_staged(pieces: list[Piece], device: torch.device) -> Iterator[tuple[Piece, torch.Tensor]]:
     cuda = device.type == "cuda"
+    if cuda and device.index is None:  # resolved here: the reader thread's own current device is 0
+        device = torch.device("cuda", torch.cuda.current_device())
     free, ready = queue.Queue(), queue.Queue()
     for _ in range(DEPTH):
         free.put((torch.empty(CHUNK, dtype=torch.uint8, pin_memory=cuda), None))
-    reader = _Reader(pieces, free, ready)
+    reader = _Reader(pieces, device, free, ready)
     reader.start()
     staging = None
     try:
