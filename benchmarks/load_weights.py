@@ -75,6 +75,7 @@ def configure(run: str) -> str:
 
 
 DEFAULTS = (weight_stream.CHUNK, weight_stream.READ_AHEAD)
+RANK_WAIT_S = 300.0  # a TP rank that has not built, loaded or answered by then has failed
 
 
 def sync(device: torch.device) -> None:
@@ -104,21 +105,25 @@ def same_bits(a, b) -> list[str]:
 def rank_main(rank: int, tp: int, model_dir: str, run: str, device: str, dtype: str, barrier, results) -> None:
     from comm.parallel import set_tp
 
-    dev = torch.device(device)
-    if dev.type == "cuda":
-        dev = torch.device("cuda", rank % torch.cuda.device_count())
-        torch.cuda.set_device(dev)
-    set_tp(rank, tp)
-    model = build_model(ModelConfig.from_pretrained(model_dir), dev, getattr(torch, dtype))
-    files = files_of(Path(model_dir))
-    reader = configure(run)
-    barrier.wait()  # the parent evicts the page cache, then every rank starts at once
-    barrier.wait()
-    sync(dev)
-    start = time.perf_counter()
-    load_weights(model, model_dir, reader)
-    sync(dev)
-    results.put((rank, planned_bytes(model, files), time.perf_counter() - start))
+    try:
+        dev = torch.device(device)
+        if dev.type == "cuda":
+            dev = torch.device("cuda", rank % torch.cuda.device_count())
+            torch.cuda.set_device(dev)
+        set_tp(rank, tp)
+        model = build_model(ModelConfig.from_pretrained(model_dir), dev, getattr(torch, dtype))
+        files = files_of(Path(model_dir))
+        reader = configure(run)
+        barrier.wait(RANK_WAIT_S)  # the parent evicts the page cache, then every rank starts at once
+        barrier.wait(RANK_WAIT_S)
+        sync(dev)
+        start = time.perf_counter()
+        load_weights(model, model_dir, reader)
+        sync(dev)
+        results.put((rank, planned_bytes(model, files), time.perf_counter() - start))
+    except BaseException:
+        barrier.abort()  # the parent and the other ranks stop waiting
+        raise
 
 
 def tp_rows(args, model_dir: Path, files: list[Path], total: int) -> list[Row]:
@@ -136,10 +141,15 @@ def tp_rows(args, model_dir: Path, files: list[Path], total: int) -> list[Row]:
         ]
         for p in procs:
             p.start()
-        barrier.wait()  # every rank has built its model
-        evict_all(files)
-        barrier.wait()
-        got = sorted(results.get(timeout=600) for _ in procs)
+        try:
+            barrier.wait(RANK_WAIT_S)  # every rank has built its model
+            evict_all(files)
+            barrier.wait(RANK_WAIT_S)
+            got = sorted(results.get(timeout=RANK_WAIT_S) for _ in procs)
+        except Exception as e:
+            for p in procs:
+                p.kill()
+            raise SystemExit(f"a TP rank failed ({type(e).__name__}): see its traceback above") from None
         for p in procs:
             p.join()
         for rank, nbytes, seconds in got:
