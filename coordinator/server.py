@@ -14,7 +14,8 @@ One thread runs one loop:
    malformed frame that names a request gets an ``Error`` reply.
 2. pick up what the tokenizer threads finished: ``engine.add_admitted``, or the reply.
 3. step: when the engine has work, run one ``engine.step()`` and send each of its outputs as a ``Delta``.
-4. when idle, block in ``poll`` for a short while (and check the engine's health now and then).
+4. when idle, block in ``poll`` for a short while (and check the engine's health now and then); a finished
+   tokenizer job, ``stop()`` and ``fail()`` wake it at once (coordinator/loop_wake.py).
 
 Sends never block: ROUTER_MANDATORY is off and every send is non-blocking, so a reply to a vanished client is
 dropped and a slow client only loses replies past its high-water mark; neither stalls the loop.
@@ -40,6 +41,7 @@ from coordinator.client_frames import RateLimitedLog
 from coordinator.client_limits import DEFAULT_CLIENT_HEARTBEAT_TIMEOUT_S, ClientLimits
 from coordinator.client_socket import ClientSocket
 from coordinator.lifecycle import DEFAULT_SHUTDOWN_TIMEOUT_S, Lifecycle
+from coordinator.loop_wake import LoopWake
 from coordinator.request_table import ClientRequest, RequestTable
 from coordinator.server_frames import ClientFrames
 from coordinator.server_stats import ServerStats
@@ -63,8 +65,7 @@ if TYPE_CHECKING:  # the engine pulls in torch; binding the socket must not wait
 
 log = logging.getLogger("nanoserve.server")
 
-IDLE_POLL_MS = 50
-TOKENIZING_POLL_MS = 2  # idle but for the tokenizer threads: look for their results this often
+IDLE_POLL_MS = 50  # the longest idle wait: a frame, a finished tokenizer job, stop() or fail() end it sooner
 HEALTH_CHECK_S = 1.0
 
 
@@ -105,7 +106,8 @@ class Server(ClientFrames):
         self.dead_reason = ""
         self.lifecycle = Lifecycle(shutdown_timeout_s)
         self.failure: str | None = None  # why the loop ended, when it was not asked to: the launcher exits 1
-        self.prompts = TokenizerPool()  # templates and tokenizers, off the loop
+        self.wake = LoopWake(self.socket.sock)
+        self.prompts = TokenizerPool(on_done=self.wake)  # templates and tokenizers, off the loop; a result wakes it
         self._job_ids = itertools.count()
         self._warn = RateLimitedLog()
         self.stats = ServerStats()
@@ -116,11 +118,13 @@ class Server(ClientFrames):
         """Drain, then end the loop (safe from a signal handler); a second call aborts at once
         (coordinator/lifecycle.py)."""
         self.lifecycle.stop()
+        self.wake()
 
     def fail(self, reason: str) -> None:
         """End the loop at once (any thread): in-flight requests get EngineDeadError naming ``reason``, and
         ``failure`` holds it."""
         self.lifecycle.fail(reason)
+        self.wake()
 
     def install_signal_handlers(self) -> None:
         signal.signal(signal.SIGINT, self.stop)
@@ -135,7 +139,7 @@ class Server(ClientFrames):
         last_check = time.monotonic()
         while not self.lifecycle.done(len(self.requests) or len(self.prompts)):  # a Generate job is in both
             if not engine.has_unfinished:
-                self.socket.poll(TOKENIZING_POLL_MS if len(self.prompts) else IDLE_POLL_MS)
+                self.wake.wait(IDLE_POLL_MS)
             self._drain()
             self._check_clients()
             self._pick_up()
@@ -154,6 +158,7 @@ class Server(ClientFrames):
     def close(self, linger_ms: int = 1000) -> None:
         """Close the socket, giving queued replies (e.g. the final Aborted errors) ``linger_ms`` to go out."""
         self.socket.close(linger_ms)
+        self.wake.close()
 
     def _drain(self) -> None:
         for _ in range(self.max_drain):

@@ -30,15 +30,19 @@ class Job:
 
 
 class TokenizerPool:
-    def __init__(self, threads: int = THREADS) -> None:
+    def __init__(self, threads: int = THREADS, on_done: Callable[[Future], None] | None = None) -> None:
         self.threads = threads
+        self.on_done = on_done  # called on the thread that finished a job (the server's loop wake-up)
         self._pool: ThreadPoolExecutor | None = None  # started on the first job
         self._jobs: dict[str, Job] = {}
 
     def submit(self, key: str, context: object, fn: Callable, *args) -> None:
         if self._pool is None:
             self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="tokenize")
-        self._jobs[key] = Job(key, context, self._pool.submit(fn, *args))
+        future = self._pool.submit(fn, *args)
+        if self.on_done is not None:
+            future.add_done_callback(self.on_done)
+        self._jobs[key] = Job(key, context, future)
 
     def cancel(self, key: str) -> bool:
         """Forget a job (cancelled if it has not started); False when there was none."""
