@@ -4,7 +4,13 @@ import warnings
 from pathlib import Path
 
 import pytest
-import torch
+
+# OpenMP threads that finish a parallel region spin for a while before sleeping; on a 2-core host shared by two test
+# processes, their engines' workers and other jobs, the spinners take the cores the others wait for (a tiny
+# model's HF generate went from 1.3 s to 28 s). Read when libgomp loads, so before torch; subprocesses inherit it.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import torch  # noqa: E402
 
 from model.tiny import TinySpec, write_tiny_checkpoint
 
