@@ -1,0 +1,285 @@
+"""Where does a first token's time go between a client and the engine? The same kind of request (128 fresh random
+ids, greedy), one at a time ``--gap`` seconds apart, by every path:
+
+  offline       nanoserve.LLM in this process, max_tokens=1 (W2's TTFT probe)
+  zmq           client.AsyncClient straight to the coordinator, streamed, max_tokens=1 (and 16: ``zmq16``)
+  http          a raw-socket client to ``launch.py --http-port``, streamed (``http``, ``http16``) and not
+                (``http_full``, whose TTFT is the whole response of a 1-token request)
+
+against one coordinator and front-end run with time stamps (benchmarks/trail_hooks.py), so that each streamed
+request also gets its trail: client send, front-end receive, coordinator receive, tokenized, step sent, result
+read, first Delta sent, front-end's Delta, the SSE bytes, client receive. Prints each path's TTFT p50/mean and each
+hop's p50; the last line is JSON.
+
+    python -m benchmarks.ttft_trail [--model DIR] [--requests 100] [--gap 0.1] [--paths offline zmq http ...]
+                                    [-- more launch.py flags]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections import defaultdict
+
+PATHS = ("offline", "zmq", "zmq16", "http", "http16", "http_full")
+MAX_ID = 8000  # inside the embedded model's vocabulary (8192) and any real one
+
+
+def _prompts(n: int, seed: int) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randint(10, MAX_ID) for _ in range(128)] for _ in range(n)]
+
+
+def offline_ttfts(model: str, prompts: list[list[int]], gap: float) -> list[float]:
+    from nanoserve import LLM, SamplingParams
+
+    out = []
+    with LLM(model) as llm:
+        for p in prompts:
+            t0 = time.perf_counter()
+            llm.generate([p], SamplingParams(max_tokens=1, temperature=0), use_tqdm=False)
+            out.append(time.perf_counter() - t0)
+            time.sleep(gap)
+    return out
+
+
+async def zmq_ttfts(address: str, prompts: list[list[int]], gap: float, tokens: int) -> list[tuple[str, float, float]]:
+    """(request id, send time, first delta time) per request."""
+    from client.async_client import AsyncClient
+    from protocol.sampling_params import SamplingParams
+
+    out = []
+    async with AsyncClient(address) as client:
+        for p in prompts:
+            t0 = time.perf_counter()
+            stream = client.stream(p, SamplingParams(max_tokens=tokens, temperature=0, ignore_eos=True))
+            first = None
+            async for _ in stream:
+                first = first or time.perf_counter()
+            out.append((stream.request_id, t0, first))
+            await asyncio.sleep(gap)
+    return out
+
+
+def served_model(port: int) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=60) as r:
+        return json.load(r)["data"][0]["id"]
+
+
+def http_ttfts(port: int, prompts: list[list[int]], gap: float, tokens: int, stream: bool, tag: str):
+    """(trail id, send time, first event time) per request, on one keep-alive connection."""
+    out, model = [], served_model(port)
+    with socket.create_connection(("127.0.0.1", port), timeout=60) as s:
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        for i, p in enumerate(prompts):
+            body = json.dumps({"model": model, "prompt": p, "max_tokens": tokens, "temperature": 0, "stream": stream,
+                               "ignore_eos": True}).encode()  # fmt: skip
+            tid = f"{tag}{i}"
+            head = (
+                f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nx-trail-id: {tid}\r\n"
+                f"Content-Length: {len(body)}\r\n\r\n"
+            )
+            buf, first = b"", None
+            t0 = time.perf_counter()
+            s.sendall(head.encode() + body)
+            while True:
+                data = s.recv(65536)
+                if not data:
+                    raise ConnectionError(f"the server closed the connection: {buf[:300]!r}")
+                buf += data
+                if stream and first is None and b"data: {" in buf:
+                    first = time.perf_counter()
+                if (stream and buf.endswith(b"0\r\n\r\n")) or (not stream and _complete(buf)):
+                    break
+            if not buf.startswith(b"HTTP/1.1 200"):
+                raise RuntimeError(f"request failed: {buf[:300]!r}")
+            out.append((tid, t0, first or time.perf_counter()))
+            time.sleep(gap)
+    return out
+
+
+def _complete(buf: bytes) -> bool:
+    head, sep, body = buf.partition(b"\r\n\r\n")
+    if not sep:
+        return False
+    for line in head.split(b"\r\n"):
+        if line.lower().startswith(b"content-length:"):
+            return len(body) >= int(line.split(b":")[1])
+    return False
+
+
+def start_server(model: str, extra: list[str], trail: str) -> tuple[subprocess.Popen, str, int]:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        http_port = s.getsockname()[1]
+    cmd = [sys.executable, "-m", "benchmarks.trail_hooks", "coordinator", trail, "--", "--port", "0",
+           "--http-port", str(http_port), "--log-level", "warning", *(["--model", model] if model else []),
+           *extra]  # fmt: skip
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+    address = None
+    for line in proc.stdout:  # the listening line, then the front-end's
+        if line.startswith("nanoserve listening on "):
+            address = line.split()[-1]
+        if line.startswith("nanoserve OpenAI API on"):
+            return proc, address, http_port
+    raise RuntimeError(f"the server exited with code {proc.wait()} before it served")
+
+
+def read_trail(path: str) -> tuple[dict, dict]:
+    """(by key: {event: first time}, by event: sorted times of keyless events and per step)."""
+    keyed: dict[str, dict[str, float]] = defaultdict(dict)
+    loose: dict[str, list[tuple[float, str]]] = defaultdict(list)
+    for name in (path, path + ".front"):
+        if not os.path.exists(name):
+            continue
+        for line in open(name):
+            event, key, t = line.split()
+            if event == "map":
+                tid, rid = key.split(":", 1)
+                keyed[tid]["rid"] = rid
+            elif key == "-" or event in ("k_sent", "k_result"):
+                loose[event].append((float(t), key))
+            else:
+                keyed[key].setdefault(event, float(t))
+    for v in loose.values():
+        v.sort()
+    return keyed, loose
+
+
+def _after(loose: list, t: float, before: float | None = None) -> tuple[float, str] | None:
+    for x in loose:
+        if x[0] >= t and (before is None or x[0] <= before):
+            return x
+    return None
+
+
+def _last_before(loose: list, t: float) -> float | None:
+    best = None
+    for x, _ in loose:
+        if x <= t:
+            best = x
+    return best
+
+
+def trail_of(keyed: dict, loose: dict, key: str, t_send: float, t_first: float) -> dict[str, float]:
+    """One request's stamps in path order (those found), client send and receive included."""
+    own = dict(keyed.get(key, {}))
+    rid = own.pop("rid", key)
+    k = keyed.get(rid, {})
+    stamps = {"c_send": t_send}
+    if "f_app" in own:
+        b = _last_before([x for x in loose.get("f_bytes", []) if x[0] >= t_send], own["f_app"])
+        if b is not None:
+            stamps["f_bytes"] = b
+        stamps.update({e: own[e] for e in ("f_app", "f_route", "f_sent") if e in own})
+    stamps.update({e: k[e] for e in ("k_recv", "k_decoded", "k_tokenized", "k_admitted") if e in k})
+    if "k_admitted" in k:
+        step = _after(loose.get("k_step", []), k["k_admitted"])
+        sent = _after(loose.get("k_sent", []), k["k_admitted"])
+        if step:
+            stamps["k_step"] = step[0]
+        if sent:
+            stamps["k_sent"] = sent[0]
+            result = next((x for x in loose.get("k_result", []) if x[1] == sent[1]), None)
+            if result:
+                stamps["k_result"] = result[0]
+    if "k_reply" in k:
+        stamps["k_reply"] = k["k_reply"]
+    if "f_delta" in keyed.get(rid, {}):
+        stamps["f_delta"] = keyed[rid]["f_delta"]
+    if "f_sse" in own:
+        stamps["f_sse"] = own["f_sse"]
+    stamps["c_first"] = t_first
+    return stamps
+
+
+def hops(trails: list[dict[str, float]]) -> dict[str, float]:
+    """p50 in ms of each hop between consecutive stamps (the order of the first trail)."""
+    order = list(trails[0])
+    out = {}
+    for a, b in zip(order, order[1:]):
+        xs = [t[b] - t[a] for t in trails if a in t and b in t]
+        if xs:
+            out[f"{a}->{b}"] = round(statistics.median(xs) * 1e3, 3)
+    return out
+
+
+def _stats(xs: list[float]) -> dict:
+    return {"p50_ms": round(statistics.median(xs) * 1e3, 3), "mean_ms": round(statistics.mean(xs) * 1e3, 3)}
+
+
+def run_paths(a, extra: list[str]) -> tuple[dict[str, list], str]:
+    """Each path's (key, send, first) list, the requests of all paths interleaved in rounds; the trail file."""
+    n, rounds = a.requests, max(1, a.rounds)
+    seeds = {path: 1000 * (i + 1) for i, path in enumerate(PATHS)}
+    got: dict[str, list] = {path: [] for path in a.paths}
+    if "offline" in a.paths:  # before the server starts: nothing else of ours runs meanwhile
+        ttfts = offline_ttfts(a.model, _prompts(n + a.warmup, seeds["offline"]), a.gap)[a.warmup :]
+        got["offline"] = [("-", 0.0, t) for t in ttfts]
+    trail = tempfile.mktemp(prefix="ttft_trail_", suffix=".txt")
+    proc, address, port = start_server(a.model, extra, trail)
+    try:
+        per = -(-n // rounds)
+        for r in range(rounds + 1):  # round 0: the warm-up, left out
+            for path in (p for p in a.paths if p != "offline"):
+                prompts = _prompts(a.warmup if r == 0 else per, seeds[path] + r)
+                tokens = 16 if path.endswith("16") else 1
+                if path.startswith("zmq"):
+                    res = asyncio.run(zmq_ttfts(address, prompts, a.gap, tokens))
+                else:
+                    res = http_ttfts(port, prompts, a.gap, tokens, path != "http_full", f"{path}.{r}.")
+                if r:
+                    got[path] += res
+    finally:
+        proc.send_signal(signal.SIGTERM)  # drains; the trail files are written as the processes exit
+        proc.wait(120)
+    return got, trail
+
+
+def main(argv: list[str] | None = None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
+    p.add_argument("--model", default="", help="a model directory (default: the embedded model)")
+    p.add_argument("--requests", type=int, default=100, help="timed requests per path")
+    p.add_argument("--rounds", type=int, default=4, help="the paths take turns this many times")
+    p.add_argument("--warmup", type=int, default=5, help="untimed requests per path first")
+    p.add_argument("--gap", type=float, default=0.1, help="seconds between a reply and the next request")
+    p.add_argument("--paths", nargs="+", default=list(PATHS), choices=PATHS)
+    p.add_argument("--seed", type=int, default=0)
+    a, extra = p.parse_known_args(argv)
+    extra = [x for x in extra if x != "--"]
+    got, trail = run_paths(a, extra)
+    keyed, loose = read_trail(trail)
+    res: dict = {"requests": a.requests, "gap_s": a.gap}
+    for path, rows in got.items():
+        res[path] = _stats([first - t0 for _, t0, first in rows])
+    for path in ("zmq", "http", "http16", "zmq16"):
+        if got.get(path):
+            trails = [trail_of(keyed, loose, key, t0, first) for key, t0, first in got[path]]
+            res[path]["hops_p50_ms"] = hops(trails)
+    for path in got:
+        print(f"{path:10s} TTFT p50 {res[path]['p50_ms']:8.3f} ms, mean {res[path]['mean_ms']:8.3f} ms")
+    for path in ("zmq", "http"):
+        if "hops_p50_ms" in res.get(path, {}):
+            print(f"{path} hops (p50, ms):")
+            for hop, ms in res[path]["hops_p50_ms"].items():
+                print(f"  {hop:24s} {ms:8.3f}")
+    for name in (trail, trail + ".front"):
+        if os.path.exists(name):
+            os.unlink(name)
+    print(json.dumps(res), flush=True)
+    return res
+
+
+if __name__ == "__main__":
+    main()
