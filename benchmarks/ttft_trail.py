@@ -36,9 +36,9 @@ PATHS = ("offline", "zmq", "zmq16", "http", "http16", "http_full")
 MAX_ID = 8000  # inside the embedded model's vocabulary (8192) and any real one
 
 
-def _prompts(n: int, seed: int) -> list[list[int]]:
+def _prompts(n: int, seed: int, max_id: int = MAX_ID) -> list[list[int]]:
     rng = random.Random(seed)
-    return [[rng.randint(10, MAX_ID) for _ in range(128)] for _ in range(n)]
+    return [[rng.randint(10, max_id) for _ in range(128)] for _ in range(n)]
 
 
 def offline_ttfts(model: str, prompts: list[list[int]], gap: float) -> list[float]:
@@ -225,7 +225,7 @@ def run_paths(a, extra: list[str]) -> tuple[dict[str, list], str]:
     seeds = {path: 1000 * (i + 1) for i, path in enumerate(PATHS)}
     got: dict[str, list] = {path: [] for path in a.paths}
     if "offline" in a.paths:  # before the server starts: nothing else of ours runs meanwhile
-        ttfts = offline_ttfts(a.model, _prompts(n + a.warmup, seeds["offline"]), a.gap)[a.warmup :]
+        ttfts = offline_ttfts(a.model, _prompts(n + a.warmup, seeds["offline"], a.max_id), a.gap)[a.warmup :]
         got["offline"] = [("-", 0.0, t) for t in ttfts]
     trail = tempfile.mktemp(prefix="ttft_trail_", suffix=".txt")
     proc, address, port = start_server(a.model, extra, trail)
@@ -233,7 +233,7 @@ def run_paths(a, extra: list[str]) -> tuple[dict[str, list], str]:
         per = -(-n // rounds)
         for r in range(rounds + 1):  # round 0: the warm-up, left out
             for path in (p for p in a.paths if p != "offline"):
-                prompts = _prompts(a.warmup if r == 0 else per, seeds[path] + r)
+                prompts = _prompts(a.warmup if r == 0 else per, seeds[path] + r, a.max_id)
                 tokens = 16 if path.endswith("16") else 1
                 if path.startswith("zmq"):
                     res = asyncio.run(zmq_ttfts(address, prompts, a.gap, tokens))
@@ -255,7 +255,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--warmup", type=int, default=5, help="untimed requests per path first")
     p.add_argument("--gap", type=float, default=0.1, help="seconds between a reply and the next request")
     p.add_argument("--paths", nargs="+", default=list(PATHS), choices=PATHS)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-id", type=int, default=MAX_ID, help="prompt ids up to this (within the vocabulary)")
     a, extra = p.parse_known_args(argv)
     extra = [x for x in extra if x != "--"]
     got, trail = run_paths(a, extra)
