@@ -8,9 +8,10 @@ No --model or --shape: the embedded default model (on the CPU where there is no 
 model's shape with random weights (``--load-format dummy``). The first run is cold for what nanoserve caches
 across starts: unless ``--keep-caches``, every run uses fresh directories for NANOSERVE_CACHE (the cuBLASLt
 choices, kernels/tune_cache.py) and TRITON_CACHE_DIR, shared by the runs (and removed after them), so run 1
-fills them and the later runs read them. The OS file cache is not dropped (that needs root): run 1 also pays for files read the first time.
-The table lists each phase's seconds per run; the warm column is the median of the runs after the first. The
-LAST line is one JSON object.
+fills them and the later runs read them. The OS file cache is not dropped (that needs root): run 1 also pays for
+files read the first time. The table lists each phase's seconds per run; the warm column is the median of the
+runs after the first; "cpu at ready" is each process's CPU time from /proc (on a busy host the wall times grow,
+it does not). The LAST line is one JSON object.
 """
 
 from __future__ import annotations
@@ -34,7 +35,9 @@ LISTENING = "nanoserve listening on "
 
 
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.startup", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks.startup", description=__doc__.split("\n\n")[0], allow_abbrev=False
+    )
     src = p.add_mutually_exclusive_group()
     src.add_argument("--model", help="model directory (default: the embedded model)")
     src.add_argument("--shape", help="a model shape of benchmarks/shapes.py, with random weights")
@@ -99,6 +102,26 @@ class _Run:
         self.log.close()
 
 
+def _cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) of process ``pid`` so far, from /proc (0.0 where it cannot be read)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                out.append(int(stat.parent.name))
+        except (OSError, ValueError, IndexError):
+            continue
+    return out
+
+
 def _first_token(address: str) -> float:
     """Seconds from sending one request to its first streamed token."""
     from client import Client, SamplingParams
@@ -114,6 +137,8 @@ def one_start(cmd: list[str], env: dict, log: Path, timeout: float) -> dict:
     run = _Run(cmd, env, log)
     try:
         ready, line = run.wait_for(LISTENING, timeout)
+        pid = run.proc.pid  # CPU seconds at ready, from /proc: comparable with a build that reports no phases
+        cpu = {"coordinator": _cpu_s(pid), "workers": sum(_cpu_s(c) for c in _children(pid))}
         ttft = _first_token(line.split(LISTENING, 1)[1].strip())
         first = time.perf_counter() - run.start
     finally:
@@ -127,7 +152,14 @@ def one_start(cmd: list[str], env: dict, log: Path, timeout: float) -> dict:
             phases[who] = {"ready": total, **parts}
         if "nanoserve[gemm tuning]" in text and not tuning:
             tuning = text.split("(", 1)[1].split(")", 1)[0]  # "(12.3 s, 0 of 120 read from ...)"
-    return {"ready_s": ready, "first_token_s": first, "request_ttft_s": ttft, "phases": phases, "gemm_tuning": tuning}
+    return {
+        "ready_s": ready,
+        "first_token_s": first,
+        "request_ttft_s": ttft,
+        "cpu_at_ready_s": cpu,
+        "phases": phases,
+        "gemm_tuning": tuning,
+    }
 
 
 def _table(results: list[dict]) -> list[str]:
@@ -137,6 +169,8 @@ def _table(results: list[dict]) -> list[str]:
         ("wall: launch -> listening", [r["ready_s"] for r in results]),
         ("wall: launch -> first token", [r["first_token_s"] for r in results]),
         ("one request's first token", [r["request_ttft_s"] for r in results]),
+        ("cpu at ready: coordinator", [r["cpu_at_ready_s"]["coordinator"] for r in results]),
+        ("cpu at ready: workers", [r["cpu_at_ready_s"]["workers"] for r in results]),
     ]
     whos = [w for w in cold["phases"] if w == "coordinator"] + sorted(w for w in cold["phases"] if w != "coordinator")
     for who in whos:
