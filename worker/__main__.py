@@ -37,6 +37,11 @@ def _load_modules() -> None:
 
         import worker.model_runner  # noqa: F401
         import worker.startup  # noqa: F401
+
+        # then out of every later collection's reach, while the coordinator still prepares our config: the
+        # full collection at ready (worker/worker.py) walks only what start-up built after this
+        gc.collect()
+        gc.freeze()
     finally:
         gc.enable()
     PHASES.mark("imports")
