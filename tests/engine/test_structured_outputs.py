@@ -6,6 +6,7 @@ schemas are valid; a spec that does not compile is refused naming the field, and
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import threading
@@ -48,13 +49,22 @@ def _grammar(compiler, spec: dict):
     return compiler.compile_grammar(value)
 
 
-def hf_constrained_greedy(model_dir, prompt: list[int], spec: dict, max_tokens: int) -> list[int]:
-    """HF's greedy tokens, each step's logits masked by a fresh xgrammar matcher of ``spec``; ends on EOS."""
+@functools.cache
+def _hf_and_compiler(model_dir: str):
+    """HF's model and tokenizer and an xgrammar compiler over its vocabulary: built once per checkpoint."""
     tok = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    info = xgr.TokenizerInfo.from_huggingface(
+        tok, vocab_size=model.config.vocab_size, stop_token_ids=[tok.eos_token_id]
+    )
+    return tok, model, xgr.GrammarCompiler(info)
+
+
+@functools.cache
+def _constrained_greedy(model_dir: str, prompt: tuple[int, ...], spec_json: str, max_tokens: int) -> tuple[int, ...]:
+    tok, model, compiler = _hf_and_compiler(model_dir)
     vocab = model.config.vocab_size
-    info = xgr.TokenizerInfo.from_huggingface(tok, vocab_size=vocab, stop_token_ids=[tok.eos_token_id])
-    matcher = xgr.GrammarMatcher(_grammar(xgr.GrammarCompiler(info), spec))
+    matcher = xgr.GrammarMatcher(_grammar(compiler, json.loads(spec_json)))
     ids, out = list(prompt), []
     mask = xgr.allocate_token_bitmask(1, vocab)
     with torch.no_grad():
@@ -68,7 +78,13 @@ def hf_constrained_greedy(model_dir, prompt: list[int], spec: dict, max_tokens: 
                 break
             assert matcher.accept_token(token)
             ids.append(token)
-    return out
+    return tuple(out)
+
+
+def hf_constrained_greedy(model_dir, prompt: list[int], spec: dict, max_tokens: int) -> list[int]:
+    """HF's greedy tokens, each step's logits masked by a fresh xgrammar matcher of ``spec``; ends on EOS. Each
+    (checkpoint, prompt, spec) runs once per test process: the tests below ask for the same ones."""
+    return list(_constrained_greedy(str(model_dir), tuple(prompt), json.dumps(spec, sort_keys=True), max_tokens))
 
 
 @pytest.mark.parametrize("async_scheduling", [True, False], ids=["async", "sync"])

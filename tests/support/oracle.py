@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import torch
 from transformers import AutoModelForCausalLM
@@ -16,17 +18,32 @@ def prompts_with_shared_prefixes() -> list[list[int]]:
     return prompts
 
 
+_GREEDY: dict[tuple, list[int]] = {}
+
+
+def _checkpoint_key(model_dir) -> tuple:
+    """The directory and its files' sizes and mtimes: a checkpoint rewritten in place is a new key."""
+    path = Path(model_dir).resolve()
+    return (str(path), *sorted((f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in path.iterdir()))
+
+
 def hf_greedy(model_dir, prompts, max_new_tokens) -> list[list[int]]:
-    hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    hf.generation_config.eos_token_id = None  # run to max_new_tokens without changing the distribution
-    hf.generation_config.repetition_penalty = 1.0  # plain greedy, whatever the checkpoint recommends for sampling
-    outs = []
-    with torch.no_grad():
-        for p in prompts:
-            ids = torch.tensor([p])
-            out = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens, do_sample=False)
-            outs.append(out[0, len(p) :].tolist())
-    return outs
+    """HF's greedy tokens for each prompt; each (checkpoint, prompt, length) is generated once per test process
+    (several tests and parameters compare with the same continuations)."""
+    key = _checkpoint_key(model_dir)
+    todo = [p for p in prompts if (key, tuple(p), max_new_tokens) not in _GREEDY]
+    if todo:
+        hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+        hf.generation_config.eos_token_id = None  # run to max_new_tokens without changing the distribution
+        hf.generation_config.repetition_penalty = 1.0  # plain greedy, whatever the checkpoint recommends
+        with torch.no_grad():
+            for p in todo:
+                ids = torch.tensor([p])
+                out = hf.generate(
+                    ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens, do_sample=False
+                )
+                _GREEDY[key, tuple(p), max_new_tokens] = out[0, len(p) :].tolist()
+    return [list(_GREEDY[key, tuple(p), max_new_tokens]) for p in prompts]
 
 
 def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
