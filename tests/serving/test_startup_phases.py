@@ -8,7 +8,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from settings.startup_phases import parse_line
+from settings.startup_phases import StartupPhases, parse_line
 from tests.support.processes import ROOT, children_of
 from tests.support.server import ENGINE_ARGS, ServerProcess
 from tests.support.timeouts import HANG_S, START_S
@@ -19,6 +19,18 @@ COORDINATOR_PHASES = ["python", "spawn workers", "engine imports", "engine: toke
 
 def _reports(stderr: str) -> dict[str, tuple[float, dict[str, float]]]:
     return {who: (total, phases) for who, total, phases in filter(None, map(parse_line, stderr.splitlines()))}
+
+
+def test_a_phase_line_reads_back():
+    phases = StartupPhases(age_s=0.5)
+    phases.mark("engine: tokenizer + workers")
+    with phases.phase("kv alloc"):
+        pass
+    who, total, parts = parse_line("12:00:00 any prefix " + phases.line("rank 3"))
+    assert who == "rank 3" and total >= 0.5
+    assert list(parts) == ["cpu", "python", "engine: tokenizer + workers", "kv alloc"] and parts["python"] == 0.5
+    for line in ["nanoserve listening on tcp://x", "nanoserve[startup] rank 0 ready in soon s (cpu 1 s): a 1"]:
+        assert parse_line(line) is None
 
 
 def test_every_process_reports_its_phases_at_ready(tiny_tied, tmp_path):
