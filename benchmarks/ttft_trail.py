@@ -12,7 +12,10 @@ read, first Delta sent, front-end's Delta, the SSE bytes, client receive. Prints
 hop's p50; the last line is JSON.
 
     python -m benchmarks.ttft_trail [--model DIR] [--requests 100] [--gap 0.1] [--paths offline zmq http ...]
-                                    [-- more launch.py flags]
+                                    [-- engine flags for both the offline LLM and launch.py]
+    # the device, Qwen3-8B shape at ~1 req/s (~170 s):
+    python -m benchmarks.ttft_trail --model DIR --requests 30 --rounds 3 --gap 1 --paths offline zmq http \
+        -- --load-format dummy --max-model-len 4096
 """
 
 from __future__ import annotations
@@ -41,11 +44,13 @@ def _prompts(n: int, seed: int, max_id: int = MAX_ID) -> list[list[int]]:
     return [[rng.randint(10, max_id) for _ in range(128)] for _ in range(n)]
 
 
-def offline_ttfts(model: str, prompts: list[list[int]], gap: float) -> list[float]:
+def offline_ttfts(model: str, extra: list[str], prompts: list[list[int]], gap: float) -> list[float]:
+    """W2's probe, one prompt at a time: the engine takes the server's engine flags (``extra``) too."""
     from nanoserve import LLM, SamplingParams
+    from nanoserve.serve_args import engine_kwargs, parse_args
 
     out = []
-    with LLM(model) as llm:
+    with LLM(**engine_kwargs(parse_args([*(["--model", model] if model else []), *extra]))) as llm:
         for p in prompts:
             t0 = time.perf_counter()
             llm.generate([p], SamplingParams(max_tokens=1, temperature=0), use_tqdm=False)
@@ -225,7 +230,8 @@ def run_paths(a, extra: list[str]) -> tuple[dict[str, list], str]:
     seeds = {path: 1000 * (i + 1) for i, path in enumerate(PATHS)}
     got: dict[str, list] = {path: [] for path in a.paths}
     if "offline" in a.paths:  # before the server starts: nothing else of ours runs meanwhile
-        ttfts = offline_ttfts(a.model, _prompts(n + a.warmup, seeds["offline"], a.max_id), a.gap)[a.warmup :]
+        prompts = _prompts(n + a.warmup, seeds["offline"], a.max_id)
+        ttfts = offline_ttfts(a.model, extra, prompts, a.gap)[a.warmup :]
         got["offline"] = [("-", 0.0, t) for t in ttfts]
     trail = tempfile.mktemp(prefix="ttft_trail_", suffix=".txt")
     proc, address, port = start_server(a.model, extra, trail)
