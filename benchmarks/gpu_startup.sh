@@ -7,7 +7,7 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 SHAPE=${SHAPE:-qwen3-8b}; RUNS=${RUNS:-2}; OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
-timeout 145 python3 -m benchmarks.startup --shape "$SHAPE" --runs "$RUNS" --timeout 100 --log-dir "$OUT/startup" \
+timeout 135 python3 -m benchmarks.startup --shape "$SHAPE" --runs "$RUNS" --timeout 95 --log-dir "$OUT/startup" \
   -- --max-model-len 4096 $EXTRA > "$OUT/startup.txt" 2>&1
 rc=$?
 echo "benchmarks.startup rc=$rc (logs: $OUT/startup/run*.log)"
