@@ -24,15 +24,23 @@ def offline(tiny_tied):
 
     with LLM(str(tiny_tied), **ENGINE_KWARGS) as llm:
         cache: dict = {}
+        greedy = SamplingParams(temperature=0, max_tokens=48, ignore_eos=True)
+
+        def key(prompt):
+            return prompt if isinstance(prompt, str) else tuple(prompt)
+
+        def prefetch(prompts) -> None:
+            """The outputs of every prompt not computed yet, in one batch (one decode instead of one per prompt)."""
+            todo = list({key(p): p for p in prompts if key(p) not in cache}.values())
+            for p, c in zip(todo, llm.generate(todo, greedy, False) if todo else []):
+                cache[key(p)] = c
 
         def expect(prompt, max_tokens: int = 48):
-            key = prompt if isinstance(prompt, str) else tuple(prompt)
-            if key not in cache:
-                (c,) = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=48, ignore_eos=True), False)
-                cache[key] = c
-            c = cache[key]
+            prefetch([prompt])
+            c = cache[key(prompt)]
             return c.token_ids[:max_tokens], llm.tokenizer.decode(c.token_ids[:max_tokens], skip_special_tokens=True)
 
+        expect.prefetch = prefetch
         expect.llm = llm
         expect.tokenizer = llm.tokenizer
         expect.generate = llm.generate

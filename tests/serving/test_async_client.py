@@ -22,6 +22,7 @@ GREEDY = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
 
 def test_async_client(server, offline):
     prompts = some_prompts(8, seed=9)
+    offline.prefetch(prompts)
 
     async def main():
         async with AsyncClient(server.address) as c:
@@ -109,3 +110,24 @@ def test_cli_client_streams_to_terminal(server, offline):
 
 def test_errors_are_exceptions():
     assert issubclass(EngineDeadError, RuntimeError) and issubclass(RequestError, ValueError)
+
+
+def test_one_client_serves_one_event_loop_after_another(server, offline):
+    """The client's reader follows the running loop: the same AsyncClient answers under a second asyncio.run (its
+    first loop closed), replies still reach their own requests, and a stream left early is aborted there too."""
+    prompts = some_prompts(3, seed=21)
+    offline.prefetch(prompts)
+    client = AsyncClient(server.address, timeout=HANG_S)
+
+    async def batch():
+        outs = await asyncio.gather(*(client.generate(p, GREEDY) for p in prompts))
+        async for _ in client.stream(prompts[0], GREEDY):
+            break  # left after the first delta: aborted on the server
+        return [c.token_ids for c in outs]
+
+    try:
+        want = [offline(p, GREEDY.max_tokens)[0] for p in prompts]
+        assert asyncio.run(batch()) == want
+        assert asyncio.run(batch()) == want
+    finally:
+        client.close()

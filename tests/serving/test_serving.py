@@ -28,6 +28,7 @@ GREEDY = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
 
 def test_stream_equals_generate_equals_offline(server, offline):
     prompts = some_prompts(6)
+    offline.prefetch(prompts)
     with Client(server.address, timeout=HANG_S) as c:
         for prompt in prompts:
             ids, text = offline(prompt, GREEDY.max_tokens)
@@ -65,6 +66,7 @@ def _stop_across_tokens(tokenizer, ids: list[int]) -> tuple[str, int, int] | Non
 
 def test_stop_string_spanning_tokens(server, offline):
     found = None
+    offline.prefetch(some_prompts(16, seed=11))
     for prompt in some_prompts(16, seed=11):
         ids, text = offline(prompt, 40)
         hit = _stop_across_tokens(offline.tokenizer, ids)
@@ -225,6 +227,7 @@ def test_8_clients_x_32_streams(server, offline):
     prompts = some_prompts(16, seed=5)
     lengths = [1, 3, 8, 17, 30, 48]
     jobs = [[(prompts[(c * 7 + i) % 16], lengths[(c + i) % len(lengths)]) for i in range(32)] for c in range(8)]
+    offline.prefetch(prompts)
     expected = {}
     for job in jobs:
         for prompt, n in job:
