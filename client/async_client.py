@@ -1,13 +1,19 @@
-"""asyncio client for a running nanoserve server: one receiver task dispatches replies to per-request queues, so
-any number of requests (from any number of tasks) can be in flight, and a keep-alive task tells the server the
-client is alive while they are. See client/client.py for the protocol."""
+"""asyncio client for a running nanoserve server: a reader on the socket's descriptor dispatches replies to
+per-request queues, so any number of requests (from any number of tasks) can be in flight, and a keep-alive task
+tells the server the client is alive while they are. See client/client.py for the protocol.
+
+The socket is a plain ZMQ socket watched by the event loop (``add_reader``), not pyzmq's asyncio socket: a reply
+then reaches its waiter in one loop turn, without a receive future and a receiver task between them (measured on
+the CPU box: a request's round trip -85..150 us p50 under uvloop, the front-end's loop). Sends never wait (no
+high-water mark), so they need no future either."""
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections import deque
 
-import zmq.asyncio
+import zmq
 
 from client.base import DEFAULT_ADDRESS, _as_dict, _Base, chat_prompt
 from client.liveness import DEFAULT_CONNECT_TIMEOUT_S, KEEPALIVE_S
@@ -20,7 +26,7 @@ __all__ = ["AsyncClient", "AsyncStream"]
 
 
 class AsyncClient(_Base):
-    """asyncio client: one receiver task dispatches replies to per-request queues, so any number of
+    """asyncio client: a reader on the socket dispatches replies to per-request queues, so any number of
     requests (from any number of tasks) can be in flight. Cancelling a task that awaits a request aborts it.
     ``timeout``, ``connect_timeout`` and ``max_message_bytes`` work as in ``Client``."""
 
@@ -32,17 +38,22 @@ class AsyncClient(_Base):
         connect_timeout: float | None = DEFAULT_CONNECT_TIMEOUT_S,
         max_message_bytes: int | None = None,
     ):
-        super().__init__(zmq.asyncio.Context(), address, token, timeout, connect_timeout, max_message_bytes)
+        super().__init__(zmq.Context(), address, token, timeout, connect_timeout, max_message_bytes)
         self._queues: dict[str, asyncio.Queue] = {}
-        self._receiver: asyncio.Task | None = None
+        self._fd = self._sock.getsockopt(zmq.FD)
+        self._loop: asyncio.AbstractEventLoop | None = None  # the loop whose reader watches the socket
+        self._unsent: deque[bytes] = deque()  # frames ZMQ did not take at once (no connection pipe yet)
         self._watcher: asyncio.Task | None = None
         self._keepalive: asyncio.Task | None = None
 
     # ---- plumbing --------------------------------------------------------------------------------------------
 
     def _ensure_receiver(self) -> None:
-        if self._receiver is None or self._receiver.done():
-            self._receiver = asyncio.get_running_loop().create_task(self._receive_loop())
+        loop = asyncio.get_running_loop()
+        if self._loop is not loop:
+            self._remove_reader()
+            loop.add_reader(self._fd, self._on_readable)
+            self._loop = loop
         if self._keepalive is None or self._keepalive.done():
             self._keepalive = asyncio.get_running_loop().create_task(self._keepalive_loop())
         if self._watch.monitor is not None and (self._watcher is None or self._watcher.done()):
@@ -50,16 +61,14 @@ class AsyncClient(_Base):
 
     async def _watch_loop(self) -> None:
         """Follow the connection; while no server has been connected for too long, fail every waiter."""
-        monitor = self._watch.monitor
         while True:
-            if await monitor.poll(500):
-                self._watch.event(await monitor.recv_multipart())
-                continue
+            self._watch.drain()
             err = self._watch.error()
             if err is not None:
                 for q in self._queues.values():
                     if q.empty():
                         q.put_nowait(err)
+            await asyncio.sleep(0.5)
 
     async def _keepalive_loop(self) -> None:
         """A KeepAlive every second while requests are in flight, read or not (the server aborts the requests of a
@@ -71,17 +80,27 @@ class AsyncClient(_Base):
                 if data is not None:
                     self._send_now(data)
 
-    async def _receive_loop(self) -> None:
+    def _on_readable(self) -> None:
+        """Every reply waiting, each to its request's queue: ZMQ's descriptor signals edges, so it is drained."""
+        sock = self._sock
         try:
-            while True:
-                msg, rid = decode_reply(await self._sock.recv())
+            while not sock.closed and sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+                msg, rid = decode_reply(sock.recv(zmq.NOBLOCK))
                 q = self._queues.get(rid)
                 if q is not None:
                     q.put_nowait(msg)
-        except asyncio.CancelledError:
-            raise
+        except zmq.Again:
+            pass
         except Exception as e:  # the socket broke: fail every waiter rather than leave it hanging
             self.fail_all(e)
+
+    def _remove_reader(self) -> None:
+        if self._loop is not None and not self._loop.is_closed():
+            try:
+                self._loop.remove_reader(self._fd)
+            except (RuntimeError, ValueError, OSError):  # the loop or the descriptor is gone already
+                pass
+        self._loop = None
 
     def fail_all(self, error: Exception) -> None:
         """End every request in flight with ``error`` (e.g. the caller knows the server is gone)."""
@@ -90,9 +109,30 @@ class AsyncClient(_Base):
 
     def _send_now(self, data: bytes) -> None:
         """Send without awaiting (ordered with other sends; usable from sync code running in the loop)."""
-        fut = self._sock.send(data)
-        fut.add_done_callback(lambda f: f.cancelled() or f.exception())
+        self._unsent.append(data)
+        self._flush()
         self._last_sent = time.monotonic()
+
+    def _flush(self) -> None:
+        sock = self._sock
+        try:
+            while self._unsent and not sock.closed:
+                sock.send(self._unsent[0], zmq.NOBLOCK)
+                self._unsent.popleft()
+        except zmq.Again:  # no pipe to the server yet: try again shortly
+            self._later(0.001, self._flush)
+        except zmq.ZMQError as e:
+            self._unsent.clear()
+            self.fail_all(e)
+        self._later(0, self._on_readable)  # a send may have taken the descriptor's edge: look for replies now
+
+    def _later(self, delay: float, fn) -> None:
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            try:
+                loop.call_later(delay, fn) if delay else loop.call_soon(fn)
+            except RuntimeError:  # the loop is closing
+                pass
 
     def _open(self, msg) -> tuple[str, asyncio.Queue]:
         data = self._encode(msg)  # a refused message leaves no queue behind
@@ -193,8 +233,7 @@ class AsyncClient(_Base):
     async def abort(self, request_id: str) -> None:
         """As ``Client.abort``."""
         self._ensure_receiver()
-        await self._sock.send(self._encode(self._control(Abort, request_id)))
-        self._last_sent = time.monotonic()
+        self._send_now(self._encode(self._control(Abort, request_id)))
 
     async def health(self) -> dict:
         return await self._call(Health)
@@ -207,16 +246,17 @@ class AsyncClient(_Base):
         return await self._call(Stats)
 
     def close(self) -> None:
-        for task in (self._receiver, self._watcher, self._keepalive):
+        for task in (self._watcher, self._keepalive):
             if task is not None and not task.done():
                 task.cancel()
+        self._remove_reader()
         if not self._sock.closed:
             self._watch.close()
             self._sock.close()
             self._ctx.term()
 
     async def aclose(self) -> None:
-        for task in (self._receiver, self._watcher, self._keepalive):
+        for task in (self._watcher, self._keepalive):
             if task is not None and not task.done():
                 task.cancel()
                 try:
