@@ -77,7 +77,7 @@ def main() -> None:
                 runner.settle()
             runner.num_computed[slots] = a.context
 
-        def plain(i, slots=slots):
+        def plain(i, slots=slots, sid=sid):
             runner.num_computed[slots] = a.context
             runner.execute(decode_step(sid + i, slots))
 
@@ -90,7 +90,7 @@ def main() -> None:
         for k in range(1, a.k + 1):
             rewind()
 
-            def verify(i, slots=slots, k=k):
+            def verify(i, slots=slots, k=k, sid=sid):
                 if runner.unsettled is not None:  # as the next step's launch would, before the positions are reset
                     runner.settle()
                 runner.num_computed[slots] = a.context

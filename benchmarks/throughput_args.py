@@ -47,7 +47,7 @@ def parse_args(argv=None, doc: str = "") -> argparse.Namespace:
     p.add_argument(
         "--speculative-config",
         type=json.loads,
-        help='JSON, e.g. \'{"method": "ngram", "num_speculative_tokens": 3}\' (with NANOSERVE_BENCH_ACCEPT_DRAFTS=1: the ceiling)',
+        help='JSON, e.g. \'{"method": "ngram", "num_speculative_tokens": 3}\'; see README',
     )
     p.add_argument("--structured-outputs", help="W1/W2: every request under this constraint (JSON, e.g. a regex)")
     p.add_argument("--scale", type=int, help="divide all workload lengths by S (default 8 for --shape tiny, else 1)")
