@@ -25,17 +25,18 @@ class HTTPError(Exception):
 class Response:
     status: int
     headers: dict[str, str]
-    _conn: _Connection | None = field(default=None, repr=False)
-    _chunked: bool = False
-    _left: int | None = None  # Content-Length still unread (None: chunked or until the connection closes)
-    _done: bool = False
-    _reusable: bool = True
+    # how the body is framed and where it is read; the client sets them from the head and reads them on release
+    conn: Connection | None = field(default=None, repr=False)
+    chunked: bool = False
+    left: int | None = None  # Content-Length still unread (None: chunked or until the connection closes)
+    done: bool = False  # the body was read to its end
+    reusable: bool = True  # the connection may carry another request once the body is done
 
     async def chunks(self) -> AsyncIterator[bytes]:
         """The body as it arrives (chunk by chunk, as the server sent it)."""
-        reader = self._conn.reader
+        reader = self.conn.reader
         try:
-            if self._chunked:
+            if self.chunked:
                 while True:
                     size = int((await reader.readuntil(b"\r\n")).split(b";", 1)[0], 16)
                     if size == 0:
@@ -44,21 +45,21 @@ class Response:
                         break
                     data = await reader.readexactly(size + 2)
                     yield data[:-2]
-            elif self._left is not None:
-                while self._left:
-                    data = await reader.read(min(self._left, 1 << 16))
+            elif self.left is not None:
+                while self.left:
+                    data = await reader.read(min(self.left, 1 << 16))
                     if not data:
                         raise HTTPError("the connection closed inside the body")
-                    self._left -= len(data)
+                    self.left -= len(data)
                     yield data
             else:  # no length given: the body ends with the connection
-                self._reusable = False
+                self.reusable = False
                 while data := await reader.read(1 << 16):
                     yield data
         except (asyncio.IncompleteReadError, ConnectionError, ValueError, asyncio.LimitOverrunError) as e:
-            self._reusable = False
+            self.reusable = False
             raise HTTPError(f"reading the body: {type(e).__name__}: {e}") from None
-        self._done = True
+        self.done = True
 
     async def lines(self) -> AsyncIterator[bytes]:
         """The body's lines (without their line ends), each as soon as its end arrives: server-sent events."""
@@ -79,7 +80,7 @@ class Response:
 
 
 @dataclass(slots=True)
-class _Connection:
+class Connection:
     reader: asyncio.StreamReader
     writer: asyncio.StreamWriter
 
@@ -98,9 +99,9 @@ class HttpClient:
         host_header = f"[{self.host}]" if ":" in self.host else self.host
         extra = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
         self._head = f"Host: {host_header}:{self.port}\r\n{extra}"
-        self._idle: list[_Connection] = []
+        self._idle: list[Connection] = []
 
-    async def _connect(self) -> _Connection:
+    async def _connect(self) -> Connection:
         while self._idle:
             conn = self._idle.pop()
             if not conn.reader.at_eof() and not conn.writer.is_closing():
@@ -108,13 +109,13 @@ class HttpClient:
             conn.writer.close()
         reader, writer = await asyncio.open_connection(self.host, self.port, limit=1 << 22)
         writer.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        return _Connection(reader, writer)
+        return Connection(reader, writer)
 
     def _release(self, resp: Response) -> None:
-        conn, resp._conn = resp._conn, None
+        conn, resp.conn = resp.conn, None
         if conn is None:
             return
-        if resp._done and resp._reusable:
+        if resp.done and resp.reusable:
             self._idle.append(conn)
         else:
             conn.writer.close()
@@ -156,7 +157,7 @@ class HttpClient:
         await self.aclose()
 
 
-async def _read_head(conn: _Connection) -> Response:
+async def _read_head(conn: Connection) -> Response:
     try:
         raw = await conn.reader.readuntil(b"\r\n\r\n")
     except (asyncio.IncompleteReadError, ConnectionError, asyncio.LimitOverrunError) as e:
@@ -171,8 +172,8 @@ async def _read_head(conn: _Connection) -> Response:
         if sep:
             headers[name.strip().lower()] = value.strip()
     resp = Response(int(parts[1]), headers, conn)
-    resp._chunked = "chunked" in headers.get("transfer-encoding", "").lower()
-    if not resp._chunked and headers.get("content-length", "").isdigit():
-        resp._left = int(headers["content-length"])
-    resp._reusable = headers.get("connection", "").lower() != "close" and parts[0] == "HTTP/1.1"
+    resp.chunked = "chunked" in headers.get("transfer-encoding", "").lower()
+    if not resp.chunked and headers.get("content-length", "").isdigit():
+        resp.left = int(headers["content-length"])
+    resp.reusable = headers.get("connection", "").lower() != "close" and parts[0] == "HTTP/1.1"
     return resp

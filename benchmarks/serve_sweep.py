@@ -28,6 +28,7 @@ import time
 import numpy as np
 
 from benchmarks.http_client import HttpClient
+from benchmarks.serve_requests import Result, bodies_for, one_request, prepare, split_base_url, summarize
 from benchmarks.workloads import fresh, w1_requests
 
 DEFAULT_LOADS = (0.25, 0.5, 0.75, 1.0)
@@ -72,7 +73,7 @@ def _pcts(xs) -> dict:
 
 
 def load_summary(results, seconds: float, load: float, rate: float, args) -> dict:
-    """One load's figures (times in ms); ``results`` are benchmarks/serve.py's ``Result``s."""
+    """One load's figures (times in ms); ``results`` are benchmarks/serve_requests.py's ``Result``s."""
     ok = [r for r in results if r.ok]
     tpots = {id(r): (r.latency - r.ttft) / (r.output_tokens - 1) for r in ok if r.output_tokens > 1}
     good = [
@@ -105,8 +106,6 @@ def load_summary(results, seconds: float, load: float, rate: float, args) -> dic
 async def _send_load(client, path: str, bodies: list[dict], rate: float, args, seed: int):
     """benchmarks/serve.py's ``send_all``, bounded in time: requests still running ``--drain-seconds`` after the last
     arrival are cancelled (their connections close, so the server aborts them) and count as failed."""
-    from benchmarks.serve import Result, one_request
-
     rng = np.random.default_rng(seed)
     tasks = []
     t0 = time.perf_counter()
@@ -125,8 +124,6 @@ async def _send_load(client, path: str, bodies: list[dict], rate: float, args, s
 
 
 async def run_sweep(args) -> dict:
-    from benchmarks.serve import bodies_for, prepare, split_base_url, summarize
-
     root, api = split_base_url(args.base_url)
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
     mean_out = float(np.mean([r.max_tokens for r in w1_requests(args.scale)]))
