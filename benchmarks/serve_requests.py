@@ -109,11 +109,25 @@ def bodies_for(reqs: list[tuple[list[int], int]], model: str, args) -> list[dict
     ]  # fmt: skip
 
 
-def _ms(xs: list[float]) -> dict:
-    if not xs:
+def ms_stats(xs) -> dict:
+    """Mean, p50 and p99 of seconds, in ms (zeros when empty)."""
+    if not len(xs):
         return {"mean": 0.0, "p50": 0.0, "p99": 0.0}
-    a = np.asarray(xs) * 1e3
+    a = np.asarray(xs, dtype=np.float64) * 1e3
     return {"mean": float(a.mean()), "p50": float(np.percentile(a, 50)), "p99": float(np.percentile(a, 99))}
+
+
+def outcome(results: list[Result], seconds: float) -> dict:
+    """How many requests ran, completed and failed (the first error), and the completed ones a second."""
+    ok = sum(r.ok for r in results)
+    return {
+        "num_requests": len(results),
+        "completed": ok,
+        "failed": len(results) - ok,
+        "first_error": next((r.error for r in results if not r.ok), ""),
+        "seconds": seconds,
+        "request_throughput": ok / seconds,
+    }
 
 
 def summarize(results: list[Result], seconds: float, args, server_ttft: float | None = None) -> dict:
@@ -123,17 +137,12 @@ def summarize(results: list[Result], seconds: float, args, server_ttft: float | 
     return {
         "dataset": args.dataset,
         "request_rate": args.request_rate if math.isfinite(args.request_rate) else "inf",
-        "num_requests": len(results),
-        "completed": len(ok),
-        "failed": len(results) - len(ok),
-        "first_error": next((r.error for r in results if not r.ok), ""),
-        "seconds": seconds,
-        "request_throughput": len(ok) / seconds,
+        **outcome(results, seconds),
         "output_tokens": out,
         "output_tok_s": out / seconds,
         "total_tok_s": (out + prompt) / seconds,
-        "ttft_ms": _ms([r.ttft for r in ok]),
-        "tpot_ms": _ms([(r.latency - r.ttft) / (r.output_tokens - 1) for r in ok if r.output_tokens > 1]),
-        "itl_ms": _ms([x for r in ok for x in r.itl]),
+        "ttft_ms": ms_stats([r.ttft for r in ok]),
+        "tpot_ms": ms_stats([(r.latency - r.ttft) / (r.output_tokens - 1) for r in ok if r.output_tokens > 1]),
+        "itl_ms": ms_stats([x for r in ok for x in r.itl]),
         "server_ttft_mean_ms": None if server_ttft is None else server_ttft * 1e3,
     }

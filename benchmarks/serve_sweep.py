@@ -28,7 +28,16 @@ import time
 import numpy as np
 
 from benchmarks.http_client import HttpClient
-from benchmarks.serve_requests import Result, bodies_for, one_request, prepare, split_base_url, summarize
+from benchmarks.serve_requests import (
+    Result,
+    bodies_for,
+    ms_stats,
+    one_request,
+    outcome,
+    prepare,
+    split_base_url,
+    summarize,
+)
 from benchmarks.workloads import fresh, w1_requests
 
 DEFAULT_LOADS = (0.25, 0.5, 0.75, 1.0)
@@ -65,13 +74,6 @@ def load_requests(args, load_index: int, n: int) -> list[tuple[list[int], int]]:
     return out
 
 
-def _pcts(xs) -> dict:
-    if not len(xs):
-        return {"mean": 0.0, "p50": 0.0, "p99": 0.0}
-    a = np.asarray(xs, dtype=np.float64) * 1e3
-    return {"mean": float(a.mean()), "p50": float(np.percentile(a, 50)), "p99": float(np.percentile(a, 99))}
-
-
 def load_summary(results, seconds: float, load: float, rate: float, args) -> dict:
     """One load's figures (times in ms); ``results`` are benchmarks/serve_requests.py's ``Result``s."""
     ok = [r for r in results if r.ok]
@@ -85,16 +87,11 @@ def load_summary(results, seconds: float, load: float, rate: float, args) -> dic
     s = {
         "load": load,
         "rate_req_s": rate,
-        "num_requests": len(results),
-        "completed": len(ok),
-        "failed": len(results) - len(ok),
-        "first_error": next((r.error for r in results if not r.ok), ""),
-        "seconds": seconds,
-        "request_throughput": len(ok) / seconds,
+        **outcome(results, seconds),
         "output_tok_s": out_tokens / seconds,
-        "ttft_ms": _pcts([r.ttft for r in ok]),
-        "itl_ms": _pcts(itl),
-        "tpot_ms": _pcts(list(tpots.values())),
+        "ttft_ms": ms_stats([r.ttft for r in ok]),
+        "itl_ms": ms_stats(itl),
+        "tpot_ms": ms_stats(list(tpots.values())),
         "good_requests": len(good),
         "goodput_req_s": len(good) / seconds,
         "goodput_tok_s": sum(r.output_tokens for r in good) / seconds,
