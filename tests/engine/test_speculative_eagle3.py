@@ -16,6 +16,7 @@ from coordinator.config import EngineArgError
 from model.tiny import TinySpec, write_tiny_checkpoint
 from nanoserve import LLM, SamplingParams
 from tests.engine.test_speculative import LOOPY_STD, _prompts
+from tests.engine.test_speculative import _spec_vs_plain as spec_vs_plain
 from tests.model.test_families import FAMILIES
 from tests.support.eagle3_reference import run_accepting_all
 from tests.support.oracle import prompts_with_shared_prefixes
@@ -31,17 +32,8 @@ def _eagle(draft_dir, **extra) -> dict:
 
 
 def _spec_vs_plain(llm: LLM, prompts, max_tokens: int = 30) -> dict:
-    """Greedy tokens with and without drafts in one engine (min_tokens == max_tokens: no drafts); the stats after."""
-    plain = SamplingParams(temperature=0, max_tokens=max_tokens, min_tokens=max_tokens, ignore_eos=True)
-    want = [o.outputs[0].token_ids for o in llm.generate(prompts, plain, use_tqdm=False)]
-    assert llm.stats()["spec_decode_num_drafts"] == 0
-    spec = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
-    got = [o.outputs[0].token_ids for o in llm.generate(prompts, spec, use_tqdm=False)]
-    assert got == want
-    stats = llm.stats()
-    assert stats["spec_decode_num_draft_tokens"] > 0, stats  # not vacuous: the workers drafted
-    assert stats["kv_blocks_free"] == stats["kv_blocks_total"]
-    return stats
+    """test_speculative.py's check (min_tokens == max_tokens: no drafts), drafts required, not acceptance."""
+    return spec_vs_plain(llm, prompts, max_tokens, accepted=False)
 
 
 @pytest.fixture(scope="module")
