@@ -139,7 +139,7 @@ def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     p.add_argument("--requests", type=int, default=400, help="sequential requests per client and round")
     p.add_argument("--rounds", type=int, default=3, help="rounds of every client, alternating")
-    p.add_argument("--clients", nargs="+", default=list(CLIENTS), choices=list(CLIENTS))
+    p.add_argument("--clients", nargs="+", default=list(CLIENTS), choices=list(CLIENTS), help="the clients timed")
     p.add_argument("--serve", type=int, default=None, help=argparse.SUPPRESS)  # the trivial server's process
     a = p.parse_args(argv)
     if a.serve is not None:

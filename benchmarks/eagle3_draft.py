@@ -10,7 +10,6 @@ NANOSERVE_BENCH_ACCEPT_DRAFTS=1), never what it gains. Cached under ``$NANOSERVE
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import torch
@@ -84,4 +83,8 @@ def write_draft(name: str) -> Path:
 
 
 if __name__ == "__main__":
-    print(write_draft(sys.argv[1] if len(sys.argv) > 1 else "qwen3-8b"))
+    import argparse
+
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
+    p.add_argument("shape", nargs="?", default="qwen3-8b", choices=list(SHAPES), help="the target's shape")
+    print(write_draft(p.parse_args().shape))

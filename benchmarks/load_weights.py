@@ -194,17 +194,19 @@ def write_checkpoint_cached(name: str, shard_gb: float) -> bool:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--shape", default="qwen3-8b")
-    ap.add_argument("--shard-gb", type=float, default=4.0)
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--dtype", default="bfloat16")
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False
+    )
+    ap.add_argument("--shape", default="qwen3-8b", help="the checkpoint's model shape (benchmarks/shapes.py)")
+    ap.add_argument("--shard-gb", type=float, default=4.0, help="the checkpoint's file size (GB a shard)")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="load into it")
+    ap.add_argument("--dtype", default="bfloat16", help="the checkpoint's and the model's dtype")
     ap.add_argument("--runs", default="auto,safetensors", help="comma list of READER[:chunk=MB][:ahead=MB]")
-    ap.add_argument("--tp", type=int, default=1)
+    ap.add_argument("--tp", type=int, default=1, help="also load as each of N tensor-parallel ranks")
     ap.add_argument("--tp-runs", default="auto", help="the runs to repeat with --tp ranks")
     ap.add_argument("--check", action="store_true", help="our first run equals the reference, bit for bit")
-    ap.add_argument("--probe-shape", default="")
-    ap.add_argument("--budget-s", type=float, default=150.0)
+    ap.add_argument("--probe-shape", default="", help="time the disk on this smaller shape first; fall back to it")
+    ap.add_argument("--budget-s", type=float, default=150.0, help="seconds the --shape write and loads may take")
     args = ap.parse_args()
 
     w = pick_shape(args)

@@ -22,6 +22,7 @@ or "-". Events, in a streamed HTTP request's order:
 
 from __future__ import annotations
 
+import argparse
 import atexit
 import contextvars
 import sys
@@ -171,8 +172,12 @@ def hook_frontend() -> None:
 
 
 def main() -> int:
-    role, trail, sep, *rest = sys.argv[1:]
-    assert sep == "--", "usage: python -m benchmarks.trail_hooks coordinator|frontend TRAIL_FILE -- FLAGS"
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
+    p.add_argument("role", choices=["coordinator", "frontend"], help="the process to run with the hooks in")
+    p.add_argument("trail", help="the file its time stamps are written to at exit")
+    p.add_argument("flags", nargs=argparse.REMAINDER, help="--, then the process's own flags")
+    a = p.parse_args()
+    role, trail, rest = a.role, a.trail, a.flags[1:] if a.flags[:1] == ["--"] else a.flags
     atexit.register(_dump, trail)
     if role == "coordinator":
         hook_coordinator(trail)

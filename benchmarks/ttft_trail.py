@@ -260,7 +260,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--rounds", type=int, default=4, help="the paths take turns this many times")
     p.add_argument("--warmup", type=int, default=5, help="untimed requests per path first")
     p.add_argument("--gap", type=float, default=0.1, help="seconds between a reply and the next request")
-    p.add_argument("--paths", nargs="+", default=list(PATHS), choices=PATHS)
+    p.add_argument("--paths", nargs="+", default=list(PATHS), choices=PATHS, help="the ways to the engine timed")
     p.add_argument("--max-id", type=int, default=MAX_ID, help="prompt ids up to this (within the vocabulary)")
     a, extra = p.parse_known_args(argv)
     extra = [x for x in extra if x != "--"]

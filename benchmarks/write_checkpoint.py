@@ -143,9 +143,11 @@ def write_checkpoint(name: str, shard_gb: float = 4.0, out: Path | None = None, 
 if __name__ == "__main__":
     import argparse
 
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("shape")
-    ap.add_argument("--shard-gb", type=float, default=4.0)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False
+    )
+    ap.add_argument("shape", help="the model shape (benchmarks/shapes.py)")
+    ap.add_argument("--shard-gb", type=float, default=4.0, help="GB a safetensors file")
     args = ap.parse_args()
     w = write_checkpoint(args.shape, args.shard_gb)
     print(
