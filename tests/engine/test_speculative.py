@@ -34,6 +34,17 @@ def _prompts(vocab: int = 500) -> list[list[int]]:
     return [rng.integers(0, vocab, n).tolist() for n in (4, 19, 40)]
 
 
+def assert_same_completion(want, got, params: SamplingParams) -> None:
+    """One completion with drafts as without: tokens, text, finish and stop reason, and logprobs (1e-4)."""
+    assert (got.token_ids, got.text, got.finish_reason, got.stop_reason) == (
+        want.token_ids, want.text, want.finish_reason, want.stop_reason,
+    ), params  # fmt: skip
+    if params.logprobs:
+        assert [list(d) for d in got.logprobs] == [list(d) for d in want.logprobs]
+        for dg, dw in zip(got.logprobs, want.logprobs):
+            assert all(dg[t].logprob == pytest.approx(dw[t].logprob, abs=1e-4) for t in dw)
+
+
 def _spec_vs_plain(llm: LLM, prompts: list[list[int]], max_tokens: int = MAX_TOKENS, accepted: bool = True) -> dict:
     """Greedy tokens with and without drafts in one engine; returns the engine's stats after. ``accepted``: some
     drafts must have been accepted (else only drafted: random EAGLE-3 drafts accept next to nothing)."""
@@ -150,14 +161,7 @@ def test_stops_lengths_n_logprobs_and_structured_outputs_as_without(tmp_path, mo
             assert len(o.outputs[0].token_ids) == 25 and o.outputs[0].finish_reason == "length"
             continue
         for wo, go in zip(w.outputs, o.outputs, strict=True):
-            assert (go.token_ids, go.text, go.finish_reason, go.stop_reason) == (
-                wo.token_ids, wo.text, wo.finish_reason, wo.stop_reason,
-            ), p  # fmt: skip
-            if p.logprobs:
-                assert [list(d) for d in go.logprobs] == [list(d) for d in wo.logprobs]
-                for dg, dw in zip(go.logprobs, wo.logprobs):
-                    for t in dw:
-                        assert dg[t].logprob == pytest.approx(dw[t].logprob, abs=1e-4)
+            assert_same_completion(wo, go, p)
     # not vacuous: stop ids and stop strings ended requests inside verify rows (tokens after them dropped), max_tokens
     # was reached by a verify row, a request with logprobs had verify rows, a structured one none
     dropped = {"ids": [], "strings": [], "max_tokens": []}

@@ -15,7 +15,7 @@ import pytest
 from coordinator.config import EngineArgError
 from model.tiny import TinySpec, write_tiny_checkpoint
 from nanoserve import LLM, SamplingParams
-from tests.engine.test_speculative import LOOPY_STD, _prompts
+from tests.engine.test_speculative import LOOPY_STD, _prompts, assert_same_completion
 from tests.engine.test_speculative import _spec_vs_plain as spec_vs_plain
 from tests.model.test_families import FAMILIES
 from tests.support.eagle3_reference import run_accepting_all
@@ -206,10 +206,4 @@ def test_stops_lengths_n_and_logprobs_as_without(repeating):
     assert stats["spec_decode_num_accepted_tokens"] > 0
     for w, o, p in zip(want, got, params):
         for wo, go in zip(w.outputs, o.outputs, strict=True):
-            assert (go.token_ids, go.text, go.finish_reason, go.stop_reason) == (
-                wo.token_ids, wo.text, wo.finish_reason, wo.stop_reason,
-            ), p  # fmt: skip
-            if p.logprobs:
-                assert [list(d) for d in go.logprobs] == [list(d) for d in wo.logprobs]
-                for dg, dw in zip(go.logprobs, wo.logprobs):
-                    assert all(dg[t].logprob == pytest.approx(dw[t].logprob, abs=1e-4) for t in dw)
+            assert_same_completion(wo, go, p)
