@@ -16,6 +16,7 @@ import torch
 from safetensors.torch import save_file
 
 from benchmarks.shapes import SHAPES
+from model.eagle3_config import layer_shapes
 from settings.env import settings
 
 DRAFT_VOCAB = 32000
@@ -38,24 +39,13 @@ def write_draft(name: str) -> Path:
 
     draft_vocab = min(DRAFT_VOCAB, vocab)
     chosen = torch.randperm(vocab, generator=gen)[:draft_vocab].sort().values
-    p = "midlayer."
-    tensors = {
-        "fc.weight": rand(h, 3 * h),
-        "norm.weight": torch.ones(h, dtype=torch.bfloat16),
-        "lm_head.weight": rand(draft_vocab, h),
-        f"{p}hidden_norm.weight": torch.ones(h, dtype=torch.bfloat16),
-        f"{p}input_layernorm.weight": torch.ones(h, dtype=torch.bfloat16),
-        f"{p}post_attention_layernorm.weight": torch.ones(h, dtype=torch.bfloat16),
-        f"{p}self_attn.q_proj.weight": rand(heads * hd, 2 * h),
-        f"{p}self_attn.k_proj.weight": rand(kv * hd, 2 * h),
-        f"{p}self_attn.v_proj.weight": rand(kv * hd, 2 * h),
-        f"{p}self_attn.o_proj.weight": rand(h, heads * hd),
-        f"{p}mlp.gate_proj.weight": rand(inter, h),
-        f"{p}mlp.up_proj.weight": rand(inter, h),
-        f"{p}mlp.down_proj.weight": rand(h, inter),
-        "d2t": chosen - torch.arange(draft_vocab),
-        "t2d": torch.zeros(vocab, dtype=torch.bool).index_fill_(0, chosen, True),
+    shapes = layer_shapes(h, heads * hd, kv * hd, inter, draft_vocab, h)
+    tensors = {  # norms of ones, the rest small, in the layout's order
+        name: torch.ones(shape, dtype=torch.bfloat16) if name.endswith("norm.weight") else rand(*shape)
+        for name, shape in shapes.items()
     }
+    tensors["d2t"] = chosen - torch.arange(draft_vocab)
+    tensors["t2d"] = torch.zeros(vocab, dtype=torch.bool).index_fill_(0, chosen, True)
     save_file(tensors, str(out / "model.safetensors"))
     rope = {k: target[k] for k in ("rope_theta", "rope_scaling", "rope_parameters") if k in target}
     config = {

@@ -52,21 +52,7 @@ class Eagle3Config:
     def expected_tensors(self) -> dict[str, tuple[int, ...]]:
         """Every tensor the draft needs, by its checkpoint name (``midlayer.`` form), and its shape."""
         h, q, kv = self.hidden_size, self.num_attention_heads * self.head_dim, self.num_key_value_heads * self.head_dim
-        shapes = {
-            "fc.weight": (h, 3 * self.target_hidden_size),
-            "norm.weight": (h,),
-            "lm_head.weight": (self.draft_vocab_size, h),
-            f"{LAYER}hidden_norm.weight": (h,),
-            f"{LAYER}input_layernorm.weight": (h,),
-            f"{LAYER}post_attention_layernorm.weight": (h,),
-            f"{LAYER}self_attn.q_proj.weight": (q, 2 * h),
-            f"{LAYER}self_attn.k_proj.weight": (kv, 2 * h),
-            f"{LAYER}self_attn.v_proj.weight": (kv, 2 * h),
-            f"{LAYER}self_attn.o_proj.weight": (h, q),
-            f"{LAYER}mlp.gate_proj.weight": (self.intermediate_size, h),
-            f"{LAYER}mlp.up_proj.weight": (self.intermediate_size, h),
-            f"{LAYER}mlp.down_proj.weight": (h, self.intermediate_size),
-        }
+        shapes = layer_shapes(h, q, kv, self.intermediate_size, self.draft_vocab_size, self.target_hidden_size)
         if self.attention_bias:
             shapes.update({f"{LAYER}self_attn.{p}_proj.bias": (n,) for p, n in (("q", q), ("k", kv), ("v", kv))})
         if self.has_embedding:
@@ -74,6 +60,34 @@ class Eagle3Config:
         if self.has_d2t:
             shapes["d2t"] = (self.draft_vocab_size,)
         return shapes
+
+
+def layer_shapes(
+    hidden: int,
+    q_width: int,
+    kv_width: int,
+    intermediate: int,
+    draft_vocab: int,
+    target_hidden: int,
+    layer: str = LAYER,
+) -> dict[str, tuple[int, ...]]:
+    """The public layout's weights (no biases, embedding or d2t) and their shapes; ``layer``: the layer's prefix."""
+    h = hidden
+    return {
+        "fc.weight": (h, 3 * target_hidden),
+        "norm.weight": (h,),
+        "lm_head.weight": (draft_vocab, h),
+        f"{layer}hidden_norm.weight": (h,),
+        f"{layer}input_layernorm.weight": (h,),
+        f"{layer}post_attention_layernorm.weight": (h,),
+        f"{layer}self_attn.q_proj.weight": (q_width, 2 * h),
+        f"{layer}self_attn.k_proj.weight": (kv_width, 2 * h),
+        f"{layer}self_attn.v_proj.weight": (kv_width, 2 * h),
+        f"{layer}self_attn.o_proj.weight": (h, q_width),
+        f"{layer}mlp.gate_proj.weight": (intermediate, h),
+        f"{layer}mlp.up_proj.weight": (intermediate, h),
+        f"{layer}mlp.down_proj.weight": (h, intermediate),
+    }
 
 
 def our_name(ckpt_name: str) -> str:

@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
+from model.eagle3_config import layer_shapes
 from model.loader import checkpoint_files
 
 
@@ -52,23 +53,12 @@ def write_tiny_eagle3(out_dir: str | Path, target_dir: str | Path, spec: DraftSp
         return torch.randn(*shape, generator=gen) * spec.std
 
     p, inter = spec.layer_prefix, spec.intermediate_size
-    tensors = {
-        "fc.weight": rand(h, 3 * h),
-        "norm.weight": torch.rand(h, generator=gen) + 0.5,
-        "lm_head.weight": rand(draft_vocab, h),
-        f"{p}hidden_norm.weight": torch.rand(h, generator=gen) + 0.5,
-        f"{p}input_layernorm.weight": torch.rand(h, generator=gen) + 0.5,
-        f"{p}post_attention_layernorm.weight": torch.rand(h, generator=gen) + 0.5,
-        f"{p}self_attn.q_proj.weight": rand(heads * head_dim, 2 * h),
-        f"{p}self_attn.k_proj.weight": rand(kv_heads * head_dim, 2 * h),
-        f"{p}self_attn.v_proj.weight": rand(kv_heads * head_dim, 2 * h),
-        f"{p}self_attn.o_proj.weight": rand(h, heads * head_dim),
-        f"{p}mlp.gate_proj.weight": rand(inter, h),
-        f"{p}mlp.up_proj.weight": rand(inter, h),
-        f"{p}mlp.down_proj.weight": rand(h, inter),
-        "d2t": d2t,
-        "t2d": t2d,
+    shapes = layer_shapes(h, heads * head_dim, kv_heads * head_dim, inter, draft_vocab, h, layer=p)
+    tensors = {  # norms around 1, the rest small; drawn in the layout's order
+        name: torch.rand(shape, generator=gen) + 0.5 if name.endswith("norm.weight") else rand(*shape)
+        for name, shape in shapes.items()
     }
+    tensors.update(d2t=d2t, t2d=t2d)
     embedding = _target_embedding(Path(target_dir)).float()
     if spec.embed:
         tensors["embed_tokens.weight"] = embedding.clone()
