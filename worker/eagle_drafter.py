@@ -126,11 +126,8 @@ class EagleDrafter:
         bs = r.block_size
         mapping = r.block_tables[slots, pos // bs].astype(np.int64) * bs + pos % bs
         lens = pos + 1
-        width = -(-int(lens.max()) // bs)
         meta = AttentionMetadata(
             slot_mapping=r.to_dev(mapping), num_prefill_tokens=0, num_prefills=0, num_decodes=len(slots)
         )
-        meta.decode_seq_lens = r.to_dev(lens, torch.int32)
-        meta.decode_block_tables = r.to_dev(r.block_tables[slots, :width], torch.int32)
-        meta.max_decode_seq_len = int(lens.max())
+        r.set_decode_meta(meta, slots, lens, -(-int(lens.max()) // bs))
         return meta

@@ -96,6 +96,12 @@ class ModelRunner(StepSampling, SpeculativeSteps):
         meta.prefill_block_tables = self.to_dev(tables, torch.int32)
         meta.max_seqlen_q, meta.max_seqlen_k = int(q_lens.max()), int(seq_lens.max())
 
+    def set_decode_meta(self, meta: AttentionMetadata, slots: np.ndarray, seq_lens: np.ndarray, width: int) -> None:
+        """One decode row per entry of ``slots``, attending to its first ``seq_lens`` positions."""
+        meta.decode_seq_lens = self.to_dev(seq_lens, torch.int32)
+        meta.decode_block_tables = self.to_dev(self.block_tables[slots, :width], torch.int32)
+        meta.max_decode_seq_len = int(seq_lens.max())
+
     def apply_slot_updates(self, step: StepCommand) -> None:
         """Start new sequences in their slots and append newly allocated blocks (after the last verify step's
         rows have settled to their accepted lengths)."""
@@ -174,9 +180,7 @@ class ModelRunner(StepSampling, SpeculativeSteps):
             tables = self.block_tables[hb.slots[:n_pre], : hb.width]
             self.set_prefill_meta(meta, hb.q_lens[:n_pre], hb.seq_lens[:n_pre], tables)
         if meta.num_decodes:
-            meta.decode_seq_lens = self.to_dev(decode_lens, torch.int32)
-            meta.decode_block_tables = self.to_dev(self.block_tables[decode_slots, : hb.width], torch.int32)
-            meta.max_decode_seq_len = int(decode_lens.max())
+            self.set_decode_meta(meta, decode_slots, decode_lens, hb.width)
         return meta
 
     def _input_ids(self, step: StepCommand, hb: HostBatch, sample_slots: torch.Tensor | None = None) -> torch.Tensor:
