@@ -29,6 +29,7 @@ from coordinator.spec_schedule import Speculator
 from coordinator.speculative import SpeculativeConfig, SpeculativeConfigError, check_startable
 from coordinator.step_apply import ResultApplier
 from coordinator.structured_outputs import Grammars
+from coordinator.tokenizer_loader import load_tokenizer
 from coordinator.worker_group import WorkerGroup
 from model.config import ModelConfig
 from protocol.client_messages import ChatPrompt, Detokenize, DetokenizeReply, Tokenize, TokenizeReply
@@ -52,8 +53,6 @@ def _setup_logging() -> None:
 class Engine(ResultApplier):
     def __init__(self, cfg: EngineConfig, workers: WorkerGroup | None = None) -> None:
         """``workers``: spawned early by the caller (nanoserve/serve.py: they import while this process does)."""
-        from transformers import AutoTokenizer
-
         if not cfg.model:
             from model.tiny import default_model_dir
 
@@ -63,7 +62,7 @@ class Engine(ResultApplier):
         self.config = cfg
         self.model_config = ModelConfig.from_pretrained(cfg.model)  # fails fast, before any process starts
         cfg.fit_model(self.model_config)  # max_model_len resolved in the config itself: one value, reported and kept
-        self.tokenizer = AutoTokenizer.from_pretrained(cfg.tokenizer or cfg.model)
+        self.tokenizer = load_tokenizer(cfg.tokenizer or cfg.model)
         if cfg.chat_template:  # every chat renders through it: LLM.chat, the client's chat and the HTTP API
             self.tokenizer.chat_template = cfg.chat_template
         # for requests that leave them unset (admission applies them)
