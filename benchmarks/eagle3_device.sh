@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# EAGLE-3 on the device, one call (~150 s on an H100/H200): the GPU tests (eager and CUDA graphs: exact, accepted,
-# drafts equal the reference's), then W2 on the Qwen3-8B shape with a random-weight draft in the public layout
+# EAGLE-3 on the device, one call (~170 s on an H100/H200): the GPU tests (eager and CUDA graphs: exact, accepted,
+# drafts equal the reference's; the draft's own graphs replay and draft as the eager drafter), then W2 on the Qwen3-8B shape with a random-weight draft in the public layout
 # (benchmarks/eagle3_draft.py): off / eagle3 k=3 (acceptance ~0: what drafting costs when it fails) / eagle3 k=3 with
 # every draft kept (NANOSERVE_BENCH_ACCEPT_DRAFTS=1, benchmark only: the ceiling, drafting included). Logs in $OUT.
 set -o pipefail
@@ -21,3 +21,4 @@ run off
 run eagle3_k3_random --speculative-config "$SPEC"
 NANOSERVE_BENCH_ACCEPT_DRAFTS=1 run eagle3_k3_ceiling --speculative-config "$SPEC"
 grep -ho '"spec_decode[a-z_]*": [0-9\[\], ]*' "$OUT"/w2_eagle3_*.log | tr '\n' ' '; echo
+echo "draft graph capture (s, per W2 start): $(grep -ho 'draft graphs [0-9.]*' "$OUT"/w2_eagle3_*.log | tr '\n' ' ')"

@@ -79,6 +79,7 @@ class DecodeGraphs:
                     self.outputs[bs] = model(self.input_ids[:bs], self.positions[:bs])
             pool = graph.pool()
             self.graphs[bs] = graph
+        self.pool = pool  # the EAGLE-3 draft's graphs share it (worker/eagle_graphs.py)
         torch.cuda.synchronize(device)
 
     def run(

@@ -15,7 +15,8 @@ computed, the token input being the next one (within a row the step's next input
 emitted there); then each sampled row's first draft and hidden state are kept. A later step's verify row
 [last token, DRAFT_PLACEHOLDER x d] is filled before the target's forward (``fill``): draft 1 is the kept one,
 draft j + 1 comes from one more draft forward at position p0 + j - 1 (p0: the row's first position) on draft j and
-the previous hidden state: decode rows of one token each, whose K/V lands inside the verify row's own blocks."""
+the previous hidden state: decode rows of one token each, whose K/V lands inside the verify row's own blocks. With
+the target's CUDA graphs, both run as graphs of their own at low batch (worker/eagle_graphs.py)."""
 
 from __future__ import annotations
 
@@ -50,6 +51,14 @@ class EagleDrafter:
         n = cfg.max_num_seqs
         self.first = torch.zeros(n, dtype=torch.int64, device=runner.device)
         self.hidden = torch.zeros(n, self.config.hidden_size, dtype=runner.dtype, device=runner.device)
+        self.graphs = None  # CUDA graphs of its forwards at low batch (worker/eagle_graphs.py), once captured
+
+    def capture_graphs(self, pool=None, capture: bool = True) -> None:
+        """After the K/V pool exists; ``pool``: the target's decode graphs' memory pool. ``capture=False``: the
+        same static buffers run eagerly (CPU tests)."""
+        from worker.eagle_graphs import DraftGraphs
+
+        self.graphs = DraftGraphs(self, pool, capture)
 
     # ---- its K/V, parallel to the target's blocks ----------------------------------------------------------
 
@@ -84,12 +93,16 @@ class EagleDrafter:
         nxt = torch.roll(ids, -1)  # within a row, the next input; a chunk's last token's successor is unknown
         if emitted is not None:
             nxt[r.to_dev(out_rows)] = emitted
-        with forward_context(r.device_meta(hb), r.backend):
-            normed, prenorm = self.model(nxt, r.to_dev(hb.positions), self.model.fuse(self.aux[:num]))
+        graphed = self.graphs.catch_up(nxt, hb) if self.graphs is not None else None
+        if graphed is None:
+            with forward_context(r.device_meta(hb), r.backend):
+                normed, prenorm = self.model(nxt, r.to_dev(hb.positions), self.model.fuse(self.aux[:num]))
+        else:
+            tokens, prenorm = graphed  # every token's greedy draft, computed in the graph
         if last_rows is not None and len(last_rows):
             slots = r.to_dev(hb.sample_slots)
             self.hidden[slots] = prenorm[last_rows]
-            self.first[slots] = self.model.greedy(normed[last_rows])
+            self.first[slots] = self.model.greedy(normed[last_rows]) if graphed is None else tokens[last_rows]
 
     # ---- before a step: its verify rows' draft positions ------------------------------------------------------
 
@@ -105,6 +118,9 @@ class EagleDrafter:
             return ids
         d, base = d[rows], hb.cu[rows]
         slots, p0 = hb.slots[rows], hb.positions[base]
+        filled = self.graphs.fill(ids, slots, p0, d, base) if self.graphs is not None else None
+        if filled is not None:
+            return filled
         slots_dev = r.to_dev(slots)
         tokens, hidden = self.first[slots_dev], self.hidden[slots_dev]
         ids = ids.clone()

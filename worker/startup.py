@@ -168,6 +168,9 @@ def capture_graphs(runner: ModelRunner) -> None:
         device=runner.device,
     )
     PHASES.mark("decode graphs")
+    if runner.drafter is not None:  # the EAGLE-3 draft's forwards, in the decode graphs' memory pool
+        runner.drafter.capture_graphs(runner.graphs.pool)
+        PHASES.mark("draft graphs")
     # Prefill pieces replay attention with the Triton backend's ``out`` argument. Under tensor parallelism
     # their prefill-sized all-reduces would be NCCL collectives inside graphs, not yet checked on the device;
     # TP prefill steps are device-bound anyway, so graphs would save little there.
