@@ -87,6 +87,15 @@ def _discard(workers) -> None:
         log.debug("discarding early workers: %s", e)
 
 
+def _front_end(args, kwargs: dict, cfg: EngineConfig, http_sock, server) -> HttpFrontEnd:
+    """The HTTP front-end, spawned before the engine starts: it waits for the engine's first answer as long as the
+    start-up may take (the coordinator's own part, a minute at most, then each of the workers' three handshake
+    waits), and the parent stops it on every way out (the kernel, if the parent dies)."""
+    served_names = args.served_model_name or [served_model_name(kwargs.get("model", ""))]
+    wait_s = 60.0 + 3 * cfg.worker_timeout_s
+    return HttpFrontEnd(args, http_sock, server.address, served_names, server.fail, connect_timeout_s=wait_s)
+
+
 def _offline(args, kwargs) -> int:
     from nanoserve.llm import LLM
     from protocol.sampling_params import SamplingParams
@@ -142,6 +151,10 @@ def main(argv: list[str] | None = None, command: str = "launch") -> int:
         gc.disable()  # start-up allocates much and frees little: collections cost ~10% of the imports' CPU
         cfg, early = _config_and_workers(kwargs)
         _warn_oversubscribed(cfg)
+        # the HTTP front-end's imports run beside ours; it prints its line (http://HOST:PORT/v1) once we answer
+        if http_sock is not None:
+            http_proc = _front_end(args, kwargs, cfg, http_sock, server)
+            http_sock.close()  # the front-end holds it now
         PHASES.mark("device default")
         from coordinator.engine import Engine
         from coordinator.tokenizer_loader import tokenizer_class
@@ -168,10 +181,6 @@ def main(argv: list[str] | None = None, command: str = "launch") -> int:
         log.info(
             "model %s, max_model_len %d, %d KV blocks", cfg.model, engine.max_model_len, engine.block_manager.num_blocks
         )
-        if http_sock is not None:  # it prints its own line (http://HOST:PORT/v1) once it answers
-            served_names = args.served_model_name or [served_model_name(kwargs.get("model", ""))]
-            http_proc = HttpFrontEnd(args, http_sock, server.address, served_names, server.fail)
-            http_sock.close()  # the front-end holds it now
         server.serve(engine)
         if server.failure:  # a child died unasked, or the engine did: a supervisor must see a failure
             log.error("exiting with code 1: %s", server.failure)

@@ -38,14 +38,23 @@ class HttpFrontEnd:
     ``on_exit(reason)`` runs: the service fails too, non-zero, so that a supervisor restarts the whole thing."""
 
     def __init__(
-        self, args, sock: socket.socket, zmq_address: str, served_names: list[str], on_exit: Callable[[str], None]
+        self,
+        args,
+        sock: socket.socket,
+        zmq_address: str,
+        served_names: list[str],
+        on_exit: Callable[[str], None],
+        connect_timeout_s: float = 60.0,
     ) -> None:
+        """``connect_timeout_s``: how long it waits for the coordinator's first answer (spawned before the engine
+        starts, as long as that start-up may take)."""
         host, port = zmq_address.removeprefix("tcp://").rsplit(":", 1)
         local = {"0.0.0.0": "127.0.0.1", "[::]": "[::1]"}.get(host, host)  # a wildcard bind is reached on loopback
         cmd = [
             sys.executable, "-m", "openai_server", "--address", f"tcp://{local}:{port}",
             "--fd", str(sock.fileno()), "--parent-pid", str(os.getpid()), "--served-model-name", *served_names,
             "--log-stats-interval", str(args.log_stats_interval), "--log-level", args.log_level,
+            "--connect-timeout", str(connect_timeout_s),
         ]  # fmt: skip
         cmd += parser_flags_args(args)
         env = dict(os.environ)
