@@ -4,10 +4,12 @@ for its registers, spills, shared memory and the programs an SM holds; and a che
 operands in vectors, not a value at a time.
 
 The build checks in tests/support use it (fp8_sm90_build.py, moe_sm90_build.py, and decode_regs.py: the split
-decode kernel's registers per tiling). Why it matters: a memory-bound kernel's speed follows how many of its
-programs an SM holds at once (a stream decode that needed 168 registers where the split decode needs 118 held 3
-programs per SM instead of 4 and lost, docs/PERFORMANCE_LOG.md log 14e). The local Triton may differ from the
-device's: install that version to a separate target and put it first on PYTHONPATH to count for the device.
+decode kernel's registers per tiling). ``launch_builds`` builds what a host launcher launches instead, with the JIT's
+own specialization of its real arguments, and ``sass_profile`` counts the SASS (attention_sm90_build.py).
+Why it matters: a memory-bound kernel's speed follows how many of its programs an SM holds at once (a stream decode
+that needed 168 registers where the split decode needs 118 held 3 programs per SM instead of 4 and lost,
+docs/PERFORMANCE_LOG.md log 14e). The local Triton may differ from the device's: install that version to a separate
+target and put it first on PYTHONPATH to count for the device.
 """
 
 from __future__ import annotations
@@ -19,8 +21,9 @@ import tempfile
 
 import triton
 from triton.backends.compiler import GPUTarget
-from triton.backends.nvidia.compiler import get_ptxas
+from triton.backends.nvidia.compiler import CUDABackend, get_ptxas
 from triton.compiler import ASTSource
+from triton.runtime.jit import JITFunction, create_function_from_signature
 
 SM90 = GPUTarget("cuda", 90, 32)
 REGS_PER_SM, SMEM_PER_SM, THREADS_PER_SM, PROGRAMS_PER_SM = 65536, 228 * 1024, 2048, 32
@@ -69,13 +72,16 @@ def build_sm90(
         options={"num_warps": num_warps, "num_stages": num_stages, "maxnreg": maxnreg},
     )
     out = {"ptx": kernel.asm["ptx"], "smem": kernel.metadata.shared}
-    if not registers:
-        return out
+    return out | _ptxas_report(out["ptx"], out["smem"], num_warps) if registers else out
+
+
+def _ptxas_report(ptx_text: str, smem: int, num_warps: int) -> dict:
+    """``ptxas -v``'s registers and spill stores for ``ptx_text``, and the programs an SM holds."""
     ptxas = get_ptxas(90)
     with tempfile.TemporaryDirectory() as tmp:
         ptx = os.path.join(tmp, "k.ptx")
         with open(ptx, "w") as f:
-            f.write(kernel.asm["ptx"])
+            f.write(ptx_text)
         cmd = [getattr(ptxas, "path", ptxas), "-v", "--gpu-name=sm_90a", ptx, "-o", os.path.join(tmp, "k.cubin")]
         report = subprocess.run(cmd, capture_output=True, text=True, check=True).stderr
     regs = int(re.search(r"Used (\d+) registers", report).group(1))
@@ -83,11 +89,79 @@ def build_sm90(
     warp_regs = -(-regs * 32 // 256) * 256  # registers are handed out per warp in units of 256
     fit = min(
         REGS_PER_SM // (warp_regs * num_warps),
-        SMEM_PER_SM // (out["smem"] + 1024),  # the driver reserves 1 KB of shared memory per program
+        SMEM_PER_SM // (smem + 1024),  # the driver reserves 1 KB of shared memory per program
         THREADS_PER_SM // (32 * num_warps),
         PROGRAMS_PER_SM,
     )
-    return out | {"regs": regs, "spill": int(spill.group(1)) if spill else 0, "per_sm": fit}
+    return {"regs": regs, "spill": int(spill.group(1)) if spill else 0, "per_sm": fit}
+
+
+def launch_builds(kernels: dict, launch, overrides: dict | None = None) -> dict:
+    """Run ``launch()`` (a host launcher over tensors of any device, "meta" included) with each JIT function in
+    ``kernels`` (a label each) built for sm_90a instead of launched: its specialization comes from the JIT's own
+    binder over the launch's real arguments (divisibility hints, unit strides as constants, tuples element by
+    element), so the build is the one a launch on an H100 compiles, not one from assumed hints. ``overrides``
+    (e.g. ``USE_PDL``/``launch_pdl``, which a CPU tensor turns off) replace launch keywords the kernel takes.
+    Returns {label: build_sm90's dict + "sass" and the specialization: "hinted" (argument paths with the
+    16-divisibility hint) and "constants" ({path: value})}; the last launch of a kernel wins."""
+    backend, builds, saved = CUDABackend(SM90), {}, {}
+
+    def capture(label, fn):
+        def run(*args, grid, warmup, **kwargs):
+            names = {p.name for p in fn.params} | {"num_warps", "num_stages", "num_ctas", "launch_pdl", "maxnreg"}
+            kwargs |= {k: v for k, v in (overrides or {}).items() if k in names}
+            binder = create_function_from_signature(fn.signature, fn.params, backend)
+            bound, spec, options = binder(*args, **kwargs)
+            # what JITFunction.run does before it compiles (Triton 3.6-3.9; a private method of Triton's)
+            options, sig, consts, attrs = JITFunction._pack_args(fn, backend, kwargs, bound, spec, options)
+            kernel = triton.compile(ASTSource(fn, sig, consts, attrs), target=SM90, options=options.__dict__)
+            out = {"ptx": kernel.asm["ptx"], "smem": kernel.metadata.shared, "sass": _sass(kernel.asm["cubin"])}
+            out |= _ptxas_report(out["ptx"], out["smem"], options.num_warps)
+            out |= {"hinted": {path for path, a in attrs.items() if ["tt.divisibility", 16] in a}}
+            builds[label] = out | {"constants": consts, "arg_names": fn.arg_names}
+
+        return run
+
+    try:
+        for label, fn in kernels.items():
+            saved[label] = fn.__dict__.get("run")
+            fn.run = capture(label, fn)
+        launch()
+    finally:
+        for label, fn in kernels.items():
+            if saved[label] is None:
+                del fn.run
+            else:
+                fn.run = saved[label]
+    return builds
+
+
+def _sass(cubin: bytes) -> str:
+    cuobjdump = os.path.join(os.path.dirname(getattr(get_ptxas(90), "path", get_ptxas(90))), "cuobjdump")
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "k.cubin")
+        with open(path, "wb") as f:
+            f.write(cubin)
+        return subprocess.run([cuobjdump, "-sass", path], capture_output=True, text=True, check=True).stdout
+
+
+def sass_profile(sass: str) -> dict:
+    """Counts of a build's SASS: "instrs" in all; "loop" in its longest loop (a backward branch's body: a tile
+    loop's cost per iteration); global loads ("ldg"), async copies into shared memory ("ldgsts") and global stores
+    ("stg"), each with how many move 16 bytes ("ldg_wide", ...); "subword" global loads of 1-2 bytes; "imad_wide"
+    64-bit multiply-adds (address math)."""
+    ins = [(int(m[1], 16), m[2]) for m in re.finditer(r"/\*([0-9a-f]{4,})\*/\s+([^;]*?)\s*;", sass)]
+    loop = 0
+    for addr, op in ins:
+        if (m := re.search(r"\bBRA\s+0x([0-9a-f]+)", op)) and int(m[1], 16) < addr:
+            loop = max(loop, sum(1 for a, _ in ins if int(m[1], 16) <= a <= addr))
+    opcodes = [re.sub(r"^@!?U?P\w+\s+", "", op).split()[0] for _, op in ins]
+    out = {"instrs": len(ins), "loop": loop, "imad_wide": sum(o.startswith("IMAD.WIDE") for o in opcodes)}
+    for kind in ("ldg", "ldgsts", "stg"):
+        ops = [o for o in opcodes if o.startswith(kind.upper() + ".")]
+        out |= {kind: len(ops), kind + "_wide": sum(o.endswith(".128") for o in ops)}
+    out["subword"] = sum(o.startswith("LDG.") and o.endswith((".U8", ".S8", ".U16", ".S16")) for o in opcodes)
+    return out
 
 
 # the most scalar 8/16-bit global or shared loads the build checks accept in a kernel: the KV store's 8 (a token's V

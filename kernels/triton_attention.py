@@ -73,8 +73,8 @@ class TritonAttentionBackend(AttentionBackend):
         # Grid order (kv heads, splits, batch): the programs of one sequence's kv heads run side by side and
         # read the interleaved head slices of the same cache pages together (W1 0.6B +2-4% on an H200).
         self.decode_heads_first = decode_heads_first
-        # CUDA prefill tiling (queries per tile, keys per tile, warps, stages); None = the default below
-        # (benchmarks/attention_kernels.py --sweep-prefill measures the alternatives).
+        # Prefill tiling (queries per tile, keys per tile, warps, stages); None = cuda_prefill_tiles on a GPU
+        # (benchmarks/attention_kernels.py --sweep-prefill measures the alternatives), 16 x 16 in the interpreter.
         self.prefill_tiles = prefill_tiles
 
     # -- store ---------------------------------------------------------------------------------------------------------
@@ -110,13 +110,8 @@ class TritonAttentionBackend(AttentionBackend):
 
         block_d = max(16, triton.next_power_of_2(head_dim))
         pdl = use_pdl(q)
-        if q.is_cuda:
-            # head_dim <= 128: 64 x 64 tiles, 4 warps, 1.24-1.27x faster than 128 x 64 with 8 warps on W1-like
-            # prompts of 100-1,024 tokens (H200); smaller tiles for wide heads (registers).
-            default = (64, 64, 4, 2) if block_d <= 128 else (64, 32, 4, 2)
-            block_m, block_n, num_warps, num_stages = self.prefill_tiles or default
-        else:
-            block_m, block_n, num_warps, num_stages = 16, 16, 1, 1
+        default = self.cuda_prefill_tiles(head_dim) if q.is_cuda else (16, 16, 1, 1)
+        block_m, block_n, num_warps, num_stages = self.prefill_tiles or default
         # max_seqlen_q is a host int: no device sync; programs past a sequence's length exit at once.
         grid = (triton.cdiv(meta.max_seqlen_q, block_m), num_heads, meta.num_prefills)
         _prefill_kernel[grid](
@@ -149,13 +144,27 @@ class TritonAttentionBackend(AttentionBackend):
         )
         return out
 
+    @staticmethod
+    def cuda_prefill_tiles(head_dim: int) -> tuple[int, int, int, int]:
+        """The prefill tiles on a GPU unless ``prefill_tiles`` says otherwise: head_dim <= 128 takes 64 x 64 tiles, 4
+        warps, 1.24-1.27x faster than 128 x 64 with 8 warps on W1-like prompts of 100-1,024 tokens (H200); wider
+        heads smaller tiles (registers)."""
+        return (64, 64, 4, 2) if head_dim <= 128 else (64, 32, 4, 2)
+
     # -- decode --------------------------------------------------------------------------------------------------------
 
     def num_decode_splits(
-        self, batch: int, num_kv_heads: int, max_seq_len: int, device: torch.device, fp8_cache: bool = False
+        self,
+        batch: int,
+        num_kv_heads: int,
+        max_seq_len: int,
+        device: torch.device,
+        fp8_cache: bool = False,
+        sms: int | None = None,
     ) -> int:
-        """Host-only split policy: enough programs to fill the GPU, but splits of >= min_split_tokens."""
-        programs, sms = max(1, batch * num_kv_heads), num_sms(device, cpu=4)
+        """Host-only split policy: enough programs to fill the GPU, but splits of >= min_split_tokens. ``sms``: the
+        GPU's SM count (None: ``device``'s; a build check on the CPU names an H100's)."""
+        programs, sms = max(1, batch * num_kv_heads), sms or num_sms(device, cpu=4)
         if fp8_cache and programs >= self.MID_MIN_PROGRAMS:  # the one-warp regime's target
             wave = self.ONE_WARP_WAVE_PER_SM * sms
             waves = wave // programs if wave // programs > 1 else self.ONE_WARP_WAVES * wave // programs
@@ -220,21 +229,13 @@ class TritonAttentionBackend(AttentionBackend):
         assert num_heads % num_kv_heads == 0 and q.stride(-1) == 1 and out.stride(-1) == 1
         bt = meta.decode_block_tables
         assert bt.stride(-1) == 1
-        narrow = head_dim <= 128
-        one_warp = q.is_cuda and narrow and k_cache.element_size() == 1 and not self.decode_tiles
+        one_warp = q.is_cuda and head_dim <= 128 and k_cache.element_size() == 1 and not self.decode_tiles
         if num_splits is None:
             num_splits = self.num_decode_splits(batch, num_kv_heads, meta.max_decode_seq_len, q.device, one_warp)
 
         if q.is_cuda:
-            # 128-key tiles: 3-4% faster than 64 at batch 256 on an H200; two stages of K and V tiles then take
-            # 128 KB of shared memory at head_dim 128 in 16-bit types (64 keys in fp32). Split programs take 64
-            # keys: the best tiling of the mid regime in the H200 sweeps (see num_decode_splits), and at 1-4
-            # sequences of 200-600 tokens 0.9-3.4 us faster than 128 (split + merge; W2 -1.3%, log 26d).
-            wide = narrow and k_cache.element_size() <= 2 and num_splits == 1
-            tiles = self.decode_tiles or (128 if wide else (64 if narrow else 32), 4, 2)
-            programs, wave = batch * num_kv_heads, self.ONE_WARP_WAVE_PER_SM * num_sms(q.device, cpu=4)
-            if one_warp and programs >= self.MID_MIN_PROGRAMS and 2 * programs * num_splits >= wave:  # half a wave
-                tiles = self.ONE_WARP_TILES
+            sms = num_sms(q.device, cpu=4)
+            tiles = self.cuda_decode_tiles(batch, num_kv_heads, num_splits, head_dim, k_cache.element_size(), sms)
         else:  # the interpreter: one-warp tiles, as the e4m3 regime's (their warps only pick the layout here)
             tiles = self.decode_tiles or (16, 1, 1)
         scales = (scale, k_scale, v_scale)
@@ -242,3 +243,20 @@ class TritonAttentionBackend(AttentionBackend):
             q, k_cache, v_cache, meta.decode_seq_lens, bt, out, scales, num_splits, tiles, self.decode_heads_first
         )
         return out
+
+    def cuda_decode_tiles(
+        self, batch: int, num_kv_heads: int, num_splits: int, head_dim: int, cache_bytes: int, sms: int
+    ) -> tuple[int, ...]:
+        """The decode tiles on a GPU of ``sms`` SMs (``decode_tiles`` unless None), for a cache of ``cache_bytes`` a
+        value. 128-key tiles: 3-4% faster than 64 at batch 256 on an H200; two stages of K and V tiles then take
+        128 KB of shared memory at head_dim 128 in 16-bit types (64 keys in fp32). Split programs take 64 keys: the
+        best tiling of the mid regime in the H200 sweeps (see num_decode_splits), and at 1-4 sequences of 200-600
+        tokens 0.9-3.4 us faster than 128 (split + merge; W2 -1.3%, log 26d)."""
+        if self.decode_tiles:
+            return self.decode_tiles
+        narrow = head_dim <= 128
+        wide = narrow and cache_bytes <= 2 and num_splits == 1
+        programs, wave = batch * num_kv_heads, self.ONE_WARP_WAVE_PER_SM * sms
+        if narrow and cache_bytes == 1 and programs >= self.MID_MIN_PROGRAMS and 2 * programs * num_splits >= wave:
+            return self.ONE_WARP_TILES  # an e4m3 cache from half a wave up
+        return (128 if wide else (64 if narrow else 32), 4, 2)
