@@ -20,9 +20,9 @@ def is_embedded_model(source: str | Path) -> bool:
 
 
 def tokenizer_class(source: str | Path) -> type:
-    """The class whose ``from_pretrained`` loads the tokenizer at ``source`` (imported here: a launcher calls this
-    early so that the import's time counts as its imports')."""
-    if is_embedded_model(source):
+    """The class whose ``from_pretrained`` loads the tokenizer at ``source`` ("": the embedded model's, the engine's
+    default) (imported here: a launcher calls this early so that the import's time counts as its imports')."""
+    if not source or is_embedded_model(source):
         from transformers import PreTrainedTokenizerFast
 
         return PreTrainedTokenizerFast

@@ -158,9 +158,8 @@ def main(argv: list[str] | None = None, command: str = "launch") -> int:
         PHASES.mark("device default")
         from coordinator.engine import Engine
         from coordinator.tokenizer_loader import tokenizer_class
-        from model.tiny import DEFAULT_MODEL_DIR
 
-        tokenizer_class(cfg.tokenizer or cfg.model or DEFAULT_MODEL_DIR)  # the engine's, here: its time is the imports'
+        tokenizer_class(cfg.tokenizer or cfg.model)  # the engine's, here: its time is the imports'
 
         gc.freeze()  # the imports' objects, uncollected (~8k unreachable of ~300k): the engine's collection skips them
         PHASES.mark("engine imports")

@@ -37,6 +37,7 @@ def _same(a, b) -> None:
 
 
 def test_the_embedded_models_tokenizer_is_the_one_autotokenizer_builds():
+    assert tokenizer_class("") is tokenizer_class(DEFAULT_MODEL_DIR) is not AutoTokenizer  # "": the engine's default
     assert is_embedded_model(DEFAULT_MODEL_DIR) and is_embedded_model(str(DEFAULT_MODEL_DIR / ".." / "default_model"))
     _same(load_tokenizer(str(DEFAULT_MODEL_DIR)), AutoTokenizer.from_pretrained(str(DEFAULT_MODEL_DIR)))
 
