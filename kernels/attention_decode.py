@@ -16,6 +16,7 @@ from kernels.attention_store import (
     decode_split,
     dot_dtype_f16,
     dot_operand,
+    exact_dot,
     kernel_scales,
     load_keys_contiguous,
     page_strides,
@@ -110,9 +111,9 @@ def _decode_split_kernel(
             v_mask = per_query(mask_n, KEYS_M) & per_item(mask_d, KEYS_M)
             v = tl.load(v_base + per_query(v_off, KEYS_M), mask=v_mask, other=0.0)
         if KEYS_M:
-            qk = tl.dot(k.to(q.dtype), q) * qk_scale  # [keys, H]
+            qk = exact_dot(k.to(q.dtype), q) * qk_scale  # [keys, H]
         else:
-            qk = tl.dot(q, tl.trans(k.to(q.dtype))) * qk_scale  # [H, keys]
+            qk = exact_dot(q, tl.trans(k.to(q.dtype))) * qk_scale  # [H, keys]
         qk = tl.where(per_item(mask_n, KEYS_M), qk, float("-inf"))
         m_i, l_i, acc = softmax_tile(q, qk, v, m_i, l_i, acc, KEYS_M)
 

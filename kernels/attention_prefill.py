@@ -7,7 +7,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from kernels.attention_store import dot_operand, load_keys_contiguous, slot_offset, softmax_tile
+from kernels.attention_store import dot_operand, exact_dot, load_keys_contiguous, slot_offset, softmax_tile
 from kernels.pdl import pdl_enter
 
 
@@ -94,7 +94,7 @@ def _prefill_kernel(
                 v = tl.trans(load_keys_contiguous(v_base, v_off, mask_d))
             else:
                 v = tl.load(v_base + v_off[:, None], mask=mask_d[None, :], other=0.0)
-            qk = tl.dot(q, tl.trans(k.to(q.dtype))) * qk_scale
+            qk = exact_dot(q, tl.trans(k.to(q.dtype))) * qk_scale
             m_i, l_i, acc = softmax_tile(q, qk, v, m_i, l_i, acc)
 
         for start_n in range(full_end, kv_end, BLOCK_N):
@@ -111,7 +111,7 @@ def _prefill_kernel(
                 v = tl.trans(load_keys_contiguous(v_base, v_off, mask_d))
             else:
                 v = tl.load(v_base + v_off[:, None], mask=kv_mask, other=0.0)
-            qk = tl.dot(q, tl.trans(k.to(q.dtype))) * qk_scale
+            qk = exact_dot(q, tl.trans(k.to(q.dtype))) * qk_scale
             causal = (pos_n[None, :] <= q_pos[:, None]) & mask_n[None, :]
             qk = tl.where(causal, qk, float("-inf"))
             m_i, l_i, acc = softmax_tile(q, qk, v, m_i, l_i, acc)

@@ -222,6 +222,17 @@ def decode_k_tile(
 
 
 @triton.jit
+def exact_dot(a, b):
+    """``tl.dot``, in full float32 for float32 operands: Triton's default there is TF32, whose 10-bit inputs flip
+    near-tie greedy picks against HF's float32 (the EAGLE-3 draft's reference test on CUDA)."""
+    if a.dtype.is_fp32():
+        out = tl.dot(a, b, input_precision="ieee")
+    else:
+        out = tl.dot(a, b)
+    return out
+
+
+@triton.jit
 def softmax_tile(q, qk, v, m_i, l_i, acc, KEYS_M: tl.constexpr = False):
     """One K/V tile of the online softmax: scores ``qk`` (log2 units, masked keys at -inf) update the running max
     ``m_i`` and sum ``l_i`` and add the tile's values to ``acc``, rescaled; the dots in ``q``'s dtype. Tiles are
@@ -233,9 +244,9 @@ def softmax_tile(q, qk, v, m_i, l_i, acc, KEYS_M: tl.constexpr = False):
     alpha = tl.exp2(m_i - m_new)
     l_i = l_i * alpha + tl.sum(p, AXIS)
     if KEYS_M:
-        acc = acc * alpha[None, :] + tl.dot(v.to(q.dtype), p.to(q.dtype))
+        acc = acc * alpha[None, :] + exact_dot(v.to(q.dtype), p.to(q.dtype))
     else:
-        acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype))
+        acc = acc * alpha[:, None] + exact_dot(p.to(q.dtype), v.to(q.dtype))
     return m_new, l_i, acc
 
 
