@@ -5,11 +5,13 @@ choices: launch.py turns both into its flags."""
 from __future__ import annotations
 
 import dataclasses
+import glob
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from settings.defaults import ATTENTION_BACKENDS, DTYPES
+from settings.defaults import ATTENTION_BACKENDS, DTYPES, SERVER_PREFILL_BESIDE_DECODES
 from settings.loopback import is_loopback_endpoint
 
 if TYPE_CHECKING:
@@ -25,7 +27,15 @@ def _arg(default, help: str, choices: tuple = ()):
     return field(default=default, metadata={"help": help, "choices": choices})
 
 
+# a GPU driver's device files (NVIDIA, ROCm, WSL's): where none exists, CUDA cannot be available
+_GPU_DRIVER_FILES = ("/dev/nvidia*", "/proc/driver/nvidia", "/dev/kfd", "/dev/dxg")
+
+
 def _default_device() -> str:
+    """ "cuda" where torch sees a GPU. A Linux host without a GPU driver is "cpu" without loading torch (~1.2 s of
+    CPU): the coordinator then starts without it."""
+    if sys.platform == "linux" and not any(glob.glob(pattern) for pattern in _GPU_DRIVER_FILES):
+        return "cpu"
     import torch
 
     return "cuda" if torch.cuda.is_available() else "cpu"
@@ -63,6 +73,12 @@ class EngineConfig:
     max_model_len: int = _arg(0, "longest prompt + output in tokens; 0 = the model's limit")
     max_num_seqs: int = _arg(256, "sequences in one step at most")
     max_num_batched_tokens: int = _arg(8192, "tokens in one step at most (prefills are chunked to fit)")
+    max_prefill_beside_decodes: int = _arg(
+        0,
+        "prompt tokens a step takes beside running decodes (at least; a quarter of the waiting prompt tokens if more,"
+        " all of max_num_batched_tokens for a larger backlog), so a prompt does not stall every stream's next token;"
+        f" 0 = no cap; launch.py and nanoserve serve default to {SERVER_PREFILL_BESIDE_DECODES}",
+    )
     block_size: int = _arg(16, "tokens per KV-cache block (a power of 2)")
     num_kv_blocks: int = _arg(0, "KV blocks per rank; 0 = size from memory")
     gpu_memory_utilization: float = _arg(0.9, "share of device memory for weights, activations and the KV cache")
@@ -151,6 +167,7 @@ class EngineConfig:
             (self.max_model_len >= 0, "max_model_len", "must be >= 0"),
             (self.max_num_seqs >= 1, "max_num_seqs", "must be >= 1"),
             (self.max_num_batched_tokens >= 1, "max_num_batched_tokens", "must be >= 1"),
+            (self.max_prefill_beside_decodes >= 0, "max_prefill_beside_decodes", "must be >= 0"),
             (
                 self.block_size >= 1 and self.block_size & (self.block_size - 1) == 0,
                 "block_size",

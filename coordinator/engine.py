@@ -101,6 +101,7 @@ class Engine(ResultApplier):
             cfg.max_num_seqs,
             cfg.max_num_batched_tokens,
             async_scheduling=cfg.async_scheduling,
+            max_prefill_beside_decodes=cfg.max_prefill_beside_decodes,
             speculator=Speculator(self.speculative, self.max_model_len) if self.speculative else None,
         )
         self.output_processor = OutputProcessor(self.tokenizer)

@@ -49,6 +49,9 @@ class Scheduler:
     freed_slots: list[int] = field(default_factory=list)  # to tell the workers in the next step
     step_id: int = 0
     speculator: Speculator | None = None  # n-gram drafts (coordinator/spec_schedule.py); None: off
+    # Prompt tokens a step may carry beside running decodes (0: no cap). A decode step reads every weight once, so
+    # up to a few hundred rows ride along at little cost; a whole prompt in one step stalls every stream's next token.
+    max_prefill_beside_decodes: int = 0
 
     def __post_init__(self) -> None:
         self.free_slots = list(range(self.max_num_seqs - 1, -1, -1))
@@ -97,6 +100,7 @@ class Scheduler:
         bm = self.block_manager
         drafts, held = self.speculator.plan(self.running, self.step_id) if self.speculator else ({}, ())
         verify: dict[Sequence, list[int]] = {}
+        prefill_left = self._prefill_cap()
 
         i = 0
         while i < len(self.running) and budget > 0:
@@ -106,6 +110,12 @@ class Scheduler:
                 i += 1
                 continue
             n = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            if n > 1:  # a prompt chunk (or a recompute after preemption)
+                n = min(n, prefill_left)
+                if n < 1:
+                    i += 1
+                    continue
+                prefill_left -= n
             if drafts and (draft := drafts.get(seq)) is not None and budget > 1:
                 verify[seq] = draft[: budget - 1].tolist()  # a decode (n = 1) that also scores its drafts
                 n = 1 + len(verify[seq])
@@ -141,7 +151,9 @@ class Scheduler:
                 # may only cover positions an earlier admission computed before a preemption
                 hits = hits[: seq.prompt_logprobs_upto // bm.block_size]
             cached = len(hits) * bm.block_size
-            n = min(seq.num_tokens - cached, budget)
+            n = min(seq.num_tokens - cached, budget, prefill_left)
+            if n < 1:
+                break
             table: list[int] = []
             if not bm.allocate(table, hits, cached + n):
                 break
@@ -156,10 +168,31 @@ class Scheduler:
             self._key_full_blocks(seq, cached + n)
             chosen.append((seq, n))
             budget -= n
+            prefill_left -= n
 
         if not chosen:
             return None
         return self._build(chosen, verify)
+
+    def _prefill_cap(self) -> int:
+        """Prompt tokens this step may take. While a sequence decodes: a quarter of the prompt tokens not yet
+        computed, at least ``max_prefill_beside_decodes``, so a prompt is spread over a few steps that each cost
+        about a decode step; a backlog over one step's budget (offline, a burst) takes it all: throughput first."""
+        cap, budget = self.max_prefill_beside_decodes, self.max_num_batched_tokens
+        if not cap:
+            return budget
+        backlog, decoding = 0, False
+        for seq in self.running:
+            rest = seq.num_tokens - seq.num_computed_tokens
+            decoding |= rest <= 1 or seq.num_computed_tokens >= seq.num_prompt_tokens
+            backlog += rest if rest > 1 else 0
+        if not decoding:
+            return budget
+        for seq in self.waiting:  # stops past one step's worth
+            if backlog > budget:
+                break
+            backlog += seq.num_tokens - seq.num_computed_tokens
+        return budget if backlog > budget else max(cap, backlog // 4)
 
     def _build(self, chosen: list[tuple[Sequence, int]], verify: dict[Sequence, list[int]]) -> ScheduledBatch:
         chosen.sort(key=lambda c: c[1] == 1)  # prefill chunks first (stable), then single tokens

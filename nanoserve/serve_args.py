@@ -199,6 +199,9 @@ def parse_args(argv: list[str] | None = None, command: str = "launch") -> argpar
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict:
-    """The engine arguments given on the command line (the rest keep EngineConfig's defaults)."""
+    """The engine arguments given on the command line; the rest keep EngineConfig's defaults, but for a server's
+    prefill cap beside decodes (the offline LLM's default is throughput first)."""
     names = {f.name for f in dataclasses.fields(EngineConfig)}
-    return {k: v for k, v in vars(args).items() if k in names}
+    return {"max_prefill_beside_decodes": defaults.SERVER_PREFILL_BESIDE_DECODES} | {
+        k: v for k, v in vars(args).items() if k in names
+    }
