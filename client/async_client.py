@@ -299,6 +299,24 @@ class AsyncStream(StreamState):
             raise
         return self._take(msg)
 
+    async def next_within(self, wait_s: float) -> Delta | None:
+        """The next delta, or None when none came within ``wait_s`` (nothing is lost: the stream goes on). It
+        waits in the caller's task, with no task of its own between the reply and the caller."""
+        if self._done:
+            raise StopAsyncIteration
+        try:
+            async with asyncio.timeout(wait_s):
+                msg = await self._queue.get()  # a get cancelled by the timeout leaves the queue as it was
+        except TimeoutError:
+            return None
+        except BaseException:
+            self._close()
+            raise
+        if isinstance(msg, BaseException):
+            self._close()
+            raise msg
+        return self._take(msg)
+
     async def aclose(self) -> None:
         self._close()
 

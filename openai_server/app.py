@@ -4,7 +4,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from importlib import metadata
@@ -20,9 +19,11 @@ from openai_server.completions import create_completion
 from openai_server.engine_client import label_requests
 from openai_server.error_handlers import ServerErrors, install_error_handlers
 from openai_server.errors import APIError, from_engine
+from openai_server.json_routes import parse_json_fast
 from openai_server.params import GUIDED_FIELDS, check_model, conversation_off_loop
 from openai_server.schemas import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
 from openai_server.state import ServerState
+from openai_server.streaming import CancelOnDisconnect
 from openai_server.text_check import check_request_text
 
 log = logging.getLogger("nanoserve.http")
@@ -43,27 +44,11 @@ def _warn_unknown_fields(req) -> None:
         log.warning("ignoring request field(s) this server does not know: %s", ", ".join(new))
 
 
-async def _disconnected(request: Request) -> None:
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
-
-
 async def until_disconnect(request: Request, work) -> Response:
-    """Run ``work`` unless the client goes away first; then it is cancelled (its requests are aborted)."""
-    task, watch = asyncio.ensure_future(work), asyncio.ensure_future(_disconnected(request))
-    try:
-        await asyncio.wait((task, watch), return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        watch.cancel()
-        if not task.done():
-            task.cancel()
-            try:
-                await task
-            except (asyncio.CancelledError, Exception):
-                pass
-    if task.cancelled():
-        return Response(status_code=499)  # nobody is listening
-    return task.result()
+    """Await ``work`` unless the client goes away first: then it is cancelled (its requests are aborted)."""
+    async with CancelOnDisconnect(request.receive):
+        return await work
+    return Response(status_code=499)  # nobody is listening
 
 
 def build_app(state: ServerState, max_body_bytes: int) -> FastAPI:
@@ -92,6 +77,9 @@ def build_app(state: ServerState, max_body_bytes: int) -> FastAPI:
         _warn_unknown_fields(req)
         label_requests(request)
         return await until_disconnect(request, create_chat_completion(state, req))
+
+    parse_json_fast(app, "/v1/completions", CompletionRequest, completions)
+    parse_json_fast(app, "/v1/chat/completions", ChatCompletionRequest, chat_completions)
 
     def model_card(name: str) -> dict:
         return {

@@ -9,7 +9,6 @@ import asyncio
 import json
 from collections.abc import AsyncIterator
 
-import anyio
 from starlette.responses import StreamingResponse
 
 from client.async_client import AsyncStream
@@ -40,10 +39,16 @@ def sse(payload: dict) -> bytes:
 
 async def _all_or_none(coros) -> list:
     """Run the awaitables together; the first failure cancels the others (a cancelled generate is aborted on
-    the coordinator) and is raised."""
+    the coordinator) and is raised. Awaited through ``asyncio.wait``, not ``gather``: the loop turn that wakes the
+    caller then holds a bare waiter, not a future holding the failure, whose traceback would keep the request's
+    frames (a body's prompt of megabytes) alive past the body limit's reclaim."""
     tasks = [asyncio.ensure_future(c) for c in coros]
     try:
-        return await asyncio.gather(*tasks)
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+        failed = next((t for t in tasks if t.done() and not t.cancelled() and t.exception() is not None), None)
+        if failed is not None:
+            raise failed.exception()
+        return [t.result() for t in tasks]
     except BaseException:
         for t in tasks:
             t.cancel()
@@ -52,6 +57,8 @@ async def _all_or_none(coros) -> list:
 
 async def generate_all(engine: EngineClient, jobs: list[tuple]) -> list[Completion]:
     """Every (prompt, params) job at once, results in order."""
+    if len(jobs) == 1:  # the common case: in this task, no task or gather of its own
+        return [await _unaborted(engine.generate(*jobs[0]))]
     return await _all_or_none(_unaborted(engine.generate(p, sp)) for p, sp in jobs)
 
 
@@ -89,6 +96,14 @@ class ChoiceStreams:
         """Wait up to ``wait_s`` for every choice's first delta, so that a request the coordinator rejects fails
         with its status before the response starts; a request still queued after that starts its response (the
         deltas follow), so a client's header timeout never fires while it waits in line."""
+        if len(self.streams) == 1:  # the common case, awaited in this task: no task, no gather per request
+            try:
+                first = await self.streams[0].next_within(wait_s)
+                self.firsts = [] if first is None else [_checked(first)]
+            except BaseException:
+                self.close()
+                raise
+            return
         self._first = asyncio.ensure_future(_all_or_none(anext(s) for s in self.streams))
         try:
             await asyncio.wait((self._first,), timeout=wait_s)
@@ -106,7 +121,7 @@ class ChoiceStreams:
     async def deltas(self) -> AsyncIterator[tuple[int, Delta]]:
         try:
             if not self.firsts:
-                self.firsts = await self._first
+                self.firsts = await self._first if self._first is not None else [await anext(self.streams[0])]
             for i, d in enumerate(self.firsts):
                 yield i, _checked(d)
             live = [i for i, d in enumerate(self.firsts) if d.finish_reason is None]
@@ -155,6 +170,35 @@ class ChoiceStreams:
             s._close()
 
 
+class CancelOnDisconnect:
+    """``async with``: the block runs in the current task, which is cancelled if the HTTP client disconnects (the
+    ASGI ``http.disconnect`` message) meanwhile; that cancel is then taken back and the block's exception
+    swallowed (``left`` says so). A watcher task waits for the message: the work itself needs no task of its own,
+    nor a loop turn to start."""
+
+    def __init__(self, receive) -> None:
+        self.receive, self.left, self._running = receive, False, True
+
+    async def _watch(self) -> None:
+        while (await self.receive())["type"] != "http.disconnect":
+            pass
+        if self._running:
+            self.left = True
+            self._task.cancel()
+
+    async def __aenter__(self) -> CancelOnDisconnect:
+        self._task = asyncio.current_task()
+        self._watcher = asyncio.ensure_future(self._watch())
+        return self
+
+    async def __aexit__(self, *exc) -> bool:
+        self._running = False
+        self._watcher.cancel()
+        if self.left:
+            self._task.uncancel()  # our own cancel: the request ends here, quietly
+        return self.left
+
+
 class EventStreamResponse(StreamingResponse):
     """Server-sent events that stop as soon as the client disconnects: the body iterator is cancelled, which
     aborts the request on the coordinator (its KV blocks are freed)."""
@@ -162,15 +206,8 @@ class EventStreamResponse(StreamingResponse):
     media_type = "text/event-stream"
 
     async def __call__(self, scope, receive, send) -> None:
-        async with anyio.create_task_group() as tg:
-
-            async def stream() -> None:
-                try:
-                    await self.stream_response(send)
-                except OSError:  # the connection broke while writing
-                    pass
-                tg.cancel_scope.cancel()
-
-            tg.start_soon(stream)
-            await self.listen_for_disconnect(receive)
-            tg.cancel_scope.cancel()
+        async with CancelOnDisconnect(receive):
+            try:
+                await self.stream_response(send)
+            except OSError:  # the connection broke while writing
+                pass
