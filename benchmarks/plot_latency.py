@@ -33,7 +33,10 @@ def plot(sweep: dict, out: str, title: str | None = None) -> None:
         ax.legend()
     slo = sweep["slo"]
     ttft.axhline(slo["ttft_ms"], color="grey", lw=0.8, ls=":", label="SLO")
-    tput.plot(x, [s["output_tok_s"] for s in loads], "o-", label="output tok/s")
+    steady = [s.get("steady_output_tok_s") for s in loads]
+    if all(v is not None for v in steady):  # while requests arrive: no ramp up, no drain
+        tput.plot(x, steady, "^-", label="output tok/s while arriving")
+    tput.plot(x, [s["output_tok_s"] for s in loads], "o-", label="output tok/s, ramp and drain included")
     goodput = f"goodput (TTFT <= {slo['ttft_ms']:g} ms, TPOT <= {slo['tpot_ms']:g} ms)"
     tput.plot(x, [s["goodput_tok_s"] for s in loads], "s--", label=goodput)
     offered = [s["rate_req_s"] * sweep["mean_output_tokens"] for s in loads]

@@ -26,11 +26,12 @@ class Result:
     output_tokens: int = 0
     prompt_tokens: int = 0
     itl: list[float] = field(default_factory=list)
+    sent: float = 0.0  # perf_counter when sent: with ttft and itl, when each chunk arrived
 
 
 async def one_request(client: HttpClient, path: str, body: dict) -> Result:
     res = Result(prompt_tokens=len(body["prompt"]))
-    t0 = time.perf_counter()
+    t0 = res.sent = time.perf_counter()
     last = None
     try:
         async with client.stream("POST", path, body) as resp:

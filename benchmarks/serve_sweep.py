@@ -74,8 +74,17 @@ def load_requests(args, load_index: int, n: int) -> list[tuple[list[int], int]]:
     return out
 
 
-def load_summary(results, seconds: float, load: float, rate: float, args) -> dict:
-    """One load's figures (times in ms); ``results`` are benchmarks/serve_requests.py's ``Result``s."""
+def steady_tok_s(results, start: float, end: float) -> float:
+    """Streamed chunks (a token each) that arrived between ``start`` and ``end`` (perf_counter), per second: the
+    output rate while requests keep arriving, without the ramp up or the drain after the last arrival."""
+    times = [np.cumsum([r.sent + r.ttft, *r.itl]) for r in results if r.ok]
+    stamps = np.concatenate(times) if times else np.zeros(0)
+    return float(((stamps >= start) & (stamps < end)).sum() / max(end - start, 1e-9))
+
+
+def load_summary(results, seconds: float, load: float, rate: float, args, window=None) -> dict:
+    """One load's figures (times in ms); ``results`` are benchmarks/serve_requests.py's ``Result``s; ``window``: the
+    (start, end) of the steady part of the arrivals, for ``steady_output_tok_s``."""
     ok = [r for r in results if r.ok]
     tpots = {id(r): (r.latency - r.ttft) / (r.output_tokens - 1) for r in ok if r.output_tokens > 1}
     good = [
@@ -89,6 +98,7 @@ def load_summary(results, seconds: float, load: float, rate: float, args) -> dic
         "rate_req_s": rate,
         **outcome(results, seconds),
         "output_tok_s": out_tokens / seconds,
+        "steady_output_tok_s": steady_tok_s(results, *window) if window else None,
         "ttft_ms": ms_stats([r.ttft for r in ok]),
         "itl_ms": ms_stats(itl),
         "tpot_ms": ms_stats(list(tpots.values())),
@@ -110,6 +120,7 @@ async def _send_load(client, path: str, bodies: list[dict], rate: float, args, s
         tasks.append(asyncio.create_task(one_request(client, path, body)))
         if math.isfinite(rate):
             await asyncio.sleep(rng.exponential(1.0 / rate))
+    arrivals_end = time.perf_counter()
     done, pending = await asyncio.wait(tasks, timeout=args.drain_seconds)
     for t in pending:
         t.cancel()
@@ -117,7 +128,9 @@ async def _send_load(client, path: str, bodies: list[dict], rate: float, args, s
         await asyncio.wait(pending)
     seconds = time.perf_counter() - t0
     cut = f"still running {args.drain_seconds:g} s after the last arrival: cancelled"
-    return [t.result() if t in done else Result(error=cut) for t in tasks], seconds
+    # the steady part: after the first third of the arrivals (the ramp up while the first requests start)
+    window = (t0 + (arrivals_end - t0) / 3, arrivals_end)
+    return [t.result() if t in done else Result(error=cut) for t in tasks], seconds, window
 
 
 async def run_sweep(args) -> dict:
@@ -131,7 +144,7 @@ async def run_sweep(args) -> dict:
             capacity = {"tok_s": args.offline_tok_s, "source": "--offline-tok-s (offline W1)"}
         else:  # the server's own ceiling, over the same kind of requests
             bodies = bodies_for(load_requests(args, len(args.loads), W1_SIZE), model, args)
-            results, seconds = await _send_load(client, path, bodies, math.inf, args, args.seed)
+            results, seconds, _ = await _send_load(client, path, bodies, math.inf, args, args.seed)
             args.request_rate = math.inf
             full = summarize(results, seconds, args)
             capacity = {"tok_s": full["output_tok_s"], "source": "measured: W1 over HTTP at rate=inf"}
@@ -141,8 +154,8 @@ async def run_sweep(args) -> dict:
             rate = load * capacity["req_s"]
             n = int(min(args.sweep_max_requests, max(args.sweep_min_requests, math.ceil(rate * args.sweep_seconds))))
             bodies = bodies_for(load_requests(args, k, n), model, args)
-            results, seconds = await _send_load(client, path, bodies, rate, args, args.seed + k)
-            loads.append(load_summary(results, seconds, load, rate, args))
+            results, seconds, window = await _send_load(client, path, bodies, rate, args, args.seed + k)
+            loads.append(load_summary(results, seconds, load, rate, args, window))
             print_load(loads[-1])
     return {
         "kind": "latency_sweep",
@@ -161,7 +174,8 @@ def print_load(s: dict) -> None:
     print(
         f"load {100 * s['load']:5.1f}%  {s['rate_req_s']:7.2f} req/s  ok {s['completed']:4d}/{s['num_requests']:<4d} "
         f"TTFT p50 {t['p50']:9.2f} p99 {t['p99']:9.2f}  ITL p50 {i['p50']:8.2f} p99 {i['p99']:8.2f}  "
-        f"TPOT p50 {p['p50']:8.2f}  out {s['output_tok_s']:9.1f} tok/s  goodput {s['goodput_tok_s']:9.1f} tok/s",
+        f"TPOT p50 {p['p50']:8.2f}  out {s['output_tok_s']:9.1f} tok/s (while arriving "
+        f"{s.get('steady_output_tok_s') or 0:9.1f})  goodput {s['goodput_tok_s']:9.1f} tok/s",
         flush=True,
     )
 

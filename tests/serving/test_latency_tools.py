@@ -39,12 +39,23 @@ def test_sweep_reports_each_load_and_plots(http_server, tmp_path):
         assert s["rate_req_s"] == pytest.approx(s["load"] * sweep["capacity"]["req_s"])
         assert 0 < s["ttft_ms"]["p50"] <= s["ttft_ms"]["p99"] and 0 < s["itl_ms"]["p50"] <= s["itl_ms"]["p99"]
         assert 0 <= s["goodput_tok_s"] <= s["output_tok_s"] and s["good_requests"] <= s["completed"]
+        assert s["steady_output_tok_s"] >= 0
     pytest.importorskip("matplotlib")
     png = tmp_path / "sweep.png"
     plot = [sys.executable, "-m", "benchmarks.plot_latency", str(out), "-o", str(png)]
     drawn = subprocess.run(plot, cwd=ROOT, capture_output=True, text=True, timeout=START_S)
     assert drawn.returncode == 0, drawn.stderr[-2000:]
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_steady_rate_counts_the_chunks_inside_the_window():
+    from benchmarks.serve_requests import Result
+    from benchmarks.serve_sweep import steady_tok_s
+
+    a = Result(ok=True, sent=10.0, ttft=1.0, itl=[1.0, 1.0, 1.0])  # chunks at 11, 12, 13, 14
+    b = Result(ok=True, sent=12.5, ttft=0.25, itl=[2.0])  # 12.75, 14.75
+    failed = Result(ok=False, sent=10.0, ttft=1.0, itl=[0.5])
+    assert steady_tok_s([a, b, failed], 11.5, 13.5) == pytest.approx(3 / 2.0)  # 12, 12.75, 13
 
 
 def test_ttft_trail_finds_every_hop(tiny_tied):
