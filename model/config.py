@@ -6,14 +6,17 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
-
-from model.fp8 import Fp8Config, parse_quantization_config
 from model.registry import ARCHITECTURES
 from settings.defaults import DTYPE_ALIASES
 
-_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+if TYPE_CHECKING:  # torch loads on first use of a dtype: the coordinator reads configs without it (~1.2 s of CPU)
+    import torch
+
+    from model.fp8 import Fp8Config
+
+_DTYPES = ("float32", "float16", "bfloat16")  # torch's names
 
 # rope_type -> the parameters it needs (HF's names); these rotate every position the same way at any length
 _ROPE_REQUIRED = {
@@ -116,7 +119,7 @@ class ModelConfig:
     max_position_embeddings: int
     tie_word_embeddings: bool
     attention_bias: bool
-    dtype: torch.dtype
+    dtype_name: str  # one of _DTYPES; ``dtype`` is the torch dtype
     eos_token_id: tuple[int, ...]
     rope_scaling: RopeScaling = RopeScaling()
     mlp_bias: bool = False
@@ -164,14 +167,20 @@ class ModelConfig:
             max_position_embeddings=raw.get("max_position_embeddings", 32768),
             tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
             attention_bias=bool(raw.get("attention_bias", False)),
-            dtype=_DTYPES[dtype_name],
+            dtype_name=dtype_name,
             eos_token_id=eos_ids,
             rope_scaling=RopeScaling.from_dict(rope, raw, source),
             mlp_bias=bool(raw.get("mlp_bias", False)),
             sliding_window=_sliding_window(raw),
             **_moe_fields(raw, source),
-            quantization=parse_quantization_config(raw.get("quantization_config"), source),
+            quantization=_quantization(raw.get("quantization_config"), source),
         )
+
+    @property
+    def dtype(self) -> torch.dtype:
+        import torch
+
+        return getattr(torch, self.dtype_name)
 
     def is_moe_layer(self, layer: int) -> bool:
         """Whether decoder layer ``layer`` has experts (HF's rule) rather than a dense MLP."""
@@ -223,8 +232,18 @@ def _moe_fields(raw: dict, source: str) -> dict:
     )
 
 
+def _quantization(raw: dict | None, source: str) -> Fp8Config | None:
+    if not raw:  # model/fp8.py (and torch with it) only for a checkpoint that has a quantization_config
+        return None
+    from model.fp8 import parse_quantization_config
+
+    return parse_quantization_config(raw, source)
+
+
 def parse_dtype(name: str | torch.dtype, default: torch.dtype) -> torch.dtype:
     """Engine-arg dtype ("auto" = the checkpoint's) to a torch dtype."""
+    import torch
+
     if isinstance(name, torch.dtype):
         return name
     if name == "auto":
@@ -232,4 +251,4 @@ def parse_dtype(name: str | torch.dtype, default: torch.dtype) -> torch.dtype:
     name = DTYPE_ALIASES.get(name, name)
     if name not in _DTYPES:
         raise ValueError(f"dtype: unsupported value {name!r}; choose auto, float32, float16 or bfloat16")
-    return _DTYPES[name]
+    return getattr(torch, name)

@@ -4,8 +4,10 @@ model/ plus one line here. Modules are imported on first use, so reading a confi
 from __future__ import annotations
 
 import importlib
+from typing import TYPE_CHECKING
 
-from torch import nn
+if TYPE_CHECKING:  # reading a config (the coordinator) must not load torch
+    from torch import nn
 
 # architecture name -> "module:class"
 ARCHITECTURES: dict[str, str] = {

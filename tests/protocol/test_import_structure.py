@@ -31,8 +31,8 @@ import openai_server.__main__
 import openai_server.app
 front_end = sorted(n for n in ("torch", "transformers", "coordinator.engine") if n in sys.modules)
 print("front-end heavy:", front_end, "fastapi:", "fastapi" in sys.modules)
-from nanoserve import LLM  # noqa: the lazy import still works, and it is the one that loads torch
-print("after LLM:", "torch" in sys.modules)
+from nanoserve import LLM  # noqa: the lazy import still works, and it is the one that loads the engine
+print("after LLM:", "coordinator.engine" in sys.modules)
 """
 
 
