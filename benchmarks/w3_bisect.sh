@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # W3 with prefix caching on two trees in one device call, every step traced (NANOSERVE_STEP_TRACE): which steps, and
-# device busy time, device idle gaps or host launch time, hold the difference? About 100 s on an H100 (two engine
-# starts of the 0.6B shape, three W3 rounds each).
+# device busy time, device idle gaps or host launch time, hold the difference? About 100 s on an H100: two engine
+# starts of the 0.6B shape (NANOSERVE_LT_TUNE=0) and three 1.7 s W3 rounds on each tree, each side capped at 100 s.
 #   [BASE=.whl/base14.tar.gz] [NEW=.] [ROUNDS=3] bash benchmarks/w3_bisect.sh
 # BASE / NEW: a tree's directory or a tarball of one (git archive REV | gzip > .whl/at_REV.tar.gz); base14 is c6ee00b.
 # Logs, runs and traces in $OUT; the last lines: the compare table (benchmarks/w3_trace.py --compare).
@@ -24,7 +24,7 @@ nvidia-smi --query-gpu=name --format=csv,noheader
 for side in base new; do
   dir=$([ $side = base ] && echo "$B" || echo "$N")
   rm -f "$OUT/trace_$side.json"
-  (cd "$dir" && PYTHONPATH="$dir${REST:+:$REST}" NANOSERVE_STEP_TRACE="$OUT/trace_$side.json" timeout 75 \
+  (cd "$dir" && PYTHONPATH="$dir${REST:+:$REST}" NANOSERVE_STEP_TRACE="$OUT/trace_$side.json" timeout 100 \
     python3 -m benchmarks.w3_trace --out "$OUT/run_$side.json" --rounds "$ROUNDS" > "$OUT/$side.log" 2>&1)
   echo "$side ($dir): rc $?"; grep -E '^round|Error|error' "$OUT/$side.log" | tail -5
   stamp "$side"
