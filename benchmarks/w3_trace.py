@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import time
 
@@ -99,7 +100,8 @@ def _parts(run_res: dict, trace: list[dict]) -> dict[str, list[dict]]:
 def compare(base_run: str, base_trace: str, new_run: str, new_trace: str) -> None:
     sides = []
     for run_file, trace_file in ((base_run, base_trace), (new_run, new_trace)):
-        res, trace = json.load(open(run_file)), json.load(open(trace_file))
+        res = json.load(open(run_file))
+        trace = json.load(open(trace_file)) if os.path.exists(trace_file) else []  # none written: a CPU run
         sides.append((res, trace, _parts(res, trace)))
     print(f"{'':34s}{'base':>12s}{'new':>12s}{'new-base':>10s}")
 
