@@ -23,7 +23,15 @@ from openai_server.params import (
 from openai_server.responses import engine_errors, finished_response, usage
 from openai_server.schemas import ChatCompletionRequest
 from openai_server.state import ServerState
-from openai_server.streaming import DONE, ChoiceStreams, EventStreamResponse, generate_all, sse, usage_events
+from openai_server.streaming import (
+    DONE,
+    ChoiceStreams,
+    EventStreamResponse,
+    TextEvents,
+    generate_all,
+    sse,
+    usage_events,
+)
 
 FIELDS = frozenset(ChatCompletionRequest.model_fields) | {"structured_outputs"}  # a compile error names it
 
@@ -145,6 +153,7 @@ async def _events(
     num_prompt = 0
     top_n = req.top_logprobs or 0
     final_usage, every_usage = usage_events(req.stream_options)
+    texts = TextEvents(head, chat=True)
     try:
         async for i, d in streams.deltas():
             timers[i].tokens(len(d.token_ids))
@@ -156,6 +165,9 @@ async def _events(
             if not started[i]:  # the first event of a choice names the role
                 delta, started[i] = {"role": "assistant", "content": "", **delta}, True
             elif not delta and lp is None and not final:
+                continue
+            elif lp is None and not final and not every_usage and delta.keys() == {"content"}:
+                yield texts.event(i, delta["content"])  # the common event: a choice's new text
                 continue
             if final:
                 reasons[i] = d.finish_reason

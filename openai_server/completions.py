@@ -23,7 +23,15 @@ from openai_server.params import (
 from openai_server.responses import engine_errors, finished_response, usage
 from openai_server.schemas import CompletionRequest
 from openai_server.state import ServerState
-from openai_server.streaming import DONE, ChoiceStreams, EventStreamResponse, generate_all, sse, usage_events
+from openai_server.streaming import (
+    DONE,
+    ChoiceStreams,
+    EventStreamResponse,
+    TextEvents,
+    generate_all,
+    sse,
+    usage_events,
+)
 
 FIELDS = frozenset(CompletionRequest.model_fields) | {"structured_outputs"}  # a compile error names it
 
@@ -97,6 +105,7 @@ async def _events(
     prompt_tokens: dict[int, int] = {}
     want_logprobs = req.logprobs is not None
     final_usage, every_usage = usage_events(req.stream_options)
+    texts = TextEvents(head, chat=False)
     try:
         async for i, d in streams.deltas():
             d = _unsampled(d) if score else d
@@ -114,6 +123,9 @@ async def _events(
                 reasons[i] = d.finish_reason
             elif not text and lp is None and not d.token_ids:
                 continue  # no new token; a token whose text is held back still gets its event, as vLLM's
+            elif lp is None and not every_usage:  # the common event: a choice's new text
+                yield texts.event(i, text)
+                continue
             choice = {"index": i, "text": text, "logprobs": lp, "finish_reason": d.finish_reason}
             if d.finish_reason is not None:
                 choice["stop_reason"] = d.stop_reason

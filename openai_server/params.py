@@ -255,7 +255,7 @@ def choice_params(params: SamplingParams, n: int) -> list[SamplingParams]:
     """The n choices' params, each sent as its own request (SamplingParams.choices). Prompt logprobs are the
     prompt's, the same for every choice: only the first computes them (the others may then share its prompt's
     KV blocks through the prefix cache) and the response hands them to all."""
-    choices = replace(params, n=n).choices()
+    choices = (params if params.n == n else replace(params, n=n)).choices()  # n=1: no second validation
     if params.prompt_logprobs is None or n == 1:
         return choices
     return [choices[0], *(replace(c, prompt_logprobs=None) for c in choices[1:])]

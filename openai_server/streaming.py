@@ -29,12 +29,33 @@ def usage_events(stream_options) -> tuple[bool, bool]:
     return True, stream_options.continuous_usage_stats
 
 
-def sse(payload: dict) -> bytes:
+def _json(payload) -> str:
     text = json.dumps(payload, separators=(",", ":"), ensure_ascii=False)
     if not text.isascii():  # JSON may carry these line breaks raw, but a client that splits the stream with
         # str.splitlines (httpx's iter_lines) would cut the event at them
         text = text.replace("\x85", "\\u0085").replace("\u2028", "\\u2028").replace("\u2029", "\\u2029")
-    return b"data: " + text.encode() + b"\n\n"
+    return text
+
+
+def sse(payload: dict) -> bytes:
+    return b"data: " + _json(payload).encode() + b"\n\n"
+
+
+class TextEvents:
+    """A stream's common event, one choice's new text and nothing else (no logprobs, not its last, no usage), as
+    the very bytes ``sse`` makes of its dict, from the parts of it built once per request: per token, no dict is
+    built and only the text is encoded (measured: 1.3 against 4.7 us an event). ``chat``: the text goes in the
+    choice's ``delta`` as its content, else in its ``text``."""
+
+    __slots__ = ("_start", "_field", "_end")
+
+    def __init__(self, head: dict, chat: bool) -> None:
+        self._start = "data: " + _json(head)[:-1] + ',"choices":[{"index":'  # {**head, "choices": ...}
+        self._field = ',"delta":{"content":' if chat else ',"text":'
+        self._end = ("}" if chat else "") + ',"logprobs":null,"finish_reason":null}]}\n\n'
+
+    def event(self, index: int, text: str) -> bytes:
+        return (self._start + str(index) + self._field + _json(text) + self._end).encode()
 
 
 async def _all_or_none(coros) -> list:
