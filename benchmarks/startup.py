@@ -2,7 +2,8 @@
 first token of one request, and the phases each process reports (settings/startup_phases.py: the coordinator's
 line and each worker rank's), for a cold start and then warm ones.
 
-    python -m benchmarks.startup [--model DIR | --shape qwen3-8b] [--runs 2] [--keep-caches] [-- ENGINE FLAGS...]
+    python -m benchmarks.startup [--model DIR | --shape qwen3-8b] [--runs 2] [--keep-caches] [--http]
+        [-- ENGINE FLAGS...]
 
 No --model or --shape: the embedded default model (on the CPU where there is no GPU). ``--shape`` runs a real
 model's shape with random weights (``--load-format dummy``). The first run is cold for what nanoserve caches
@@ -11,7 +12,8 @@ choices, kernels/tune_cache.py) and TRITON_CACHE_DIR, shared by the runs (and re
 fills them and the later runs read them. The OS file cache is not dropped (that needs root): run 1 also pays for
 files read the first time. The table lists each phase's seconds per run; the warm column is the median of the
 runs after the first; "cpu at ready" is each process's CPU time from /proc (on a busy host the wall times grow,
-it does not). The LAST line is one JSON object.
+it does not). ``--http`` starts the HTTP front-end too (``--http-port 0``, as the README's first command does) and
+adds the wall time to its line (``nanoserve OpenAI API on``) and its CPU time then. The LAST line is one JSON object.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from settings.startup_phases import parse_line
 
 ROOT = Path(__file__).resolve().parent.parent
 LISTENING = "nanoserve listening on "
+OPENAI_API = "nanoserve OpenAI API on "  # the HTTP front-end's line, once it answers
 
 
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -44,6 +47,7 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--runs", type=int, default=2, help="starts: the first cold, the rest warm (default 2)")
     p.add_argument("--keep-caches", action="store_true", help="use the environment's caches (no cold run)")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds one start may take (default 600)")
+    p.add_argument("--http", action="store_true", help="start the HTTP front-end too (--http-port 0) and time its line")
     p.add_argument("--log-dir", help="keep each run's output here (default: a temp dir, printed on failure)")
     p.add_argument("engine_flags", nargs="*", help="after --: launch.py's engine flags")
     return p.parse_args(argv)
@@ -111,6 +115,13 @@ def _cpu_s(pid: int) -> float:
         return 0.0
 
 
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
 def _children(pid: int) -> list[int]:
     out = []
     for stat in Path("/proc").glob("[0-9]*/stat"):
@@ -133,12 +144,18 @@ def _first_token(address: str) -> float:
     raise RuntimeError("the request streamed nothing")
 
 
-def one_start(cmd: list[str], env: dict, log: Path, timeout: float) -> dict:
+def one_start(cmd: list[str], env: dict, log: Path, timeout: float, http: bool = False) -> dict:
     run = _Run(cmd, env, log)
     try:
         ready, line = run.wait_for(LISTENING, timeout)
         pid = run.proc.pid  # CPU seconds at ready, from /proc: comparable with a build that reports no phases
-        cpu = {"coordinator": _cpu_s(pid), "workers": sum(_cpu_s(c) for c in _children(pid))}
+        front_end = [c for c in _children(pid) if b"openai_server" in _cmdline(c)]
+        workers = [c for c in _children(pid) if c not in front_end]
+        cpu = {"coordinator": _cpu_s(pid), "workers": sum(_cpu_s(c) for c in workers)}
+        http_ready = None
+        if http:
+            http_ready, _ = run.wait_for(OPENAI_API, timeout)
+            cpu["front-end"] = sum(_cpu_s(c) for c in front_end)
         ttft = _first_token(line.split(LISTENING, 1)[1].strip())
         first = time.perf_counter() - run.start
     finally:
@@ -154,6 +171,7 @@ def one_start(cmd: list[str], env: dict, log: Path, timeout: float) -> dict:
             tuning = text.split("(", 1)[1].split(")", 1)[0]  # "(12.3 s, 0 of 120 read from ...)"
     return {
         "ready_s": ready,
+        **({"http_ready_s": http_ready} if http else {}),
         "first_token_s": first,
         "request_ttft_s": ttft,
         "cpu_at_ready_s": cpu,
@@ -167,10 +185,16 @@ def _table(results: list[dict]) -> list[str]:
     cols = ["run 1 (cold)"] + ([f"warm (median of {len(warm)})"] if warm else [])
     rows: list[tuple[str, list[float]]] = [
         ("wall: launch -> listening", [r["ready_s"] for r in results]),
+        *([("wall: launch -> HTTP answers", [r["http_ready_s"] for r in results])] if "http_ready_s" in cold else []),
         ("wall: launch -> first token", [r["first_token_s"] for r in results]),
         ("one request's first token", [r["request_ttft_s"] for r in results]),
         ("cpu at ready: coordinator", [r["cpu_at_ready_s"]["coordinator"] for r in results]),
         ("cpu at ready: workers", [r["cpu_at_ready_s"]["workers"] for r in results]),
+        *(
+            [("cpu at HTTP: front-end", [r["cpu_at_ready_s"]["front-end"] for r in results])]
+            if "http_ready_s" in cold
+            else []
+        ),
     ]
     whos = [w for w in cold["phases"] if w == "coordinator"] + sorted(w for w in cold["phases"] if w != "coordinator")
     for who in whos:
@@ -197,7 +221,16 @@ def main(argv: list[str] | None = None) -> int:
 
         model = str(write_shape(args.shape))
         flags = ["--load-format", "dummy", *flags]
-    cmd = [sys.executable, str(ROOT / "launch.py"), "--port", "0", *(["--model", model] if model else []), *flags]
+    http = ["--http-port", "0"] if args.http else []
+    cmd = [
+        sys.executable,
+        str(ROOT / "launch.py"),
+        "--port",
+        "0",
+        *http,
+        *(["--model", model] if model else []),
+        *flags,
+    ]
     work = Path(args.log_dir or tempfile.mkdtemp(prefix="nanoserve-startup-"))
     work.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, PYTHONUNBUFFERED="1")
@@ -212,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for i in range(args.runs):
             try:
-                results.append(one_start(cmd, env, work / f"run{i + 1}.log", args.timeout))
+                results.append(one_start(cmd, env, work / f"run{i + 1}.log", args.timeout, args.http))
             except (RuntimeError, TimeoutError, OSError) as e:
                 print(f"run {i + 1} failed: {e}; its output: {work / f'run{i + 1}.log'}", file=sys.stderr)
                 return 1

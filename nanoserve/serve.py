@@ -152,10 +152,11 @@ def main(argv: list[str] | None = None, command: str = "launch") -> int:
         cfg, early = _config_and_workers(kwargs)
         _warn_oversubscribed(cfg)
         # the HTTP front-end's imports run beside ours; it prints its line (http://HOST:PORT/v1) once we answer
+        PHASES.mark("device default")
         if http_sock is not None:
             http_proc = _front_end(args, kwargs, cfg, http_sock, server)
             http_sock.close()  # the front-end holds it now
-        PHASES.mark("device default")
+            PHASES.mark("spawn front-end")
         from coordinator.engine import Engine
         from coordinator.tokenizer_loader import tokenizer_class
 
