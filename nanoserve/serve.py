@@ -151,8 +151,8 @@ def main(argv: list[str] | None = None, command: str = "launch") -> int:
         gc.disable()  # start-up allocates much and frees little: collections cost ~10% of the imports' CPU
         cfg, early = _config_and_workers(kwargs)
         _warn_oversubscribed(cfg)
-        # the HTTP front-end's imports run beside ours; it prints its line (http://HOST:PORT/v1) once we answer
         PHASES.mark("device default")
+        # the HTTP front-end's imports run beside ours; it prints its line (http://HOST:PORT/v1) once we answer
         if http_sock is not None:
             http_proc = _front_end(args, kwargs, cfg, http_sock, server)
             http_sock.close()  # the front-end holds it now
