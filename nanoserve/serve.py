@@ -3,10 +3,11 @@ and its workers, run the HTTP front-end as a child process, serve until a signal
 (1 when a worker or the front-end dies). ``--prompt`` prints completions and exits without serving. The command
 line is nanoserve/serve_args.py's; see docs/SERVING.md.
 
-Start-up order, for a fast start: the arguments are checked (torch-free), then the workers are spawned, and only then
-does this process load torch and transformers (the device default, the engine, the tokenizer), so both sides' imports
-(1-2 s each) run at once. Once it listens it logs one line of its start-up phases (settings/startup_phases.py), after
-each worker's own."""
+Start-up order, for a fast start: the arguments are checked (torch-free), then the workers are spawned and then the
+HTTP front-end, and only then does this process load its engine's modules (torch where a GPU driver is present,
+transformers' tokenizer), so every process's imports (1-2 s each) run at once. On a host without a GPU driver, serving
+the embedded default model, this process never loads torch (tests/serving/test_torch_free_coordinator.py). Once it
+listens it logs one line of its start-up phases (settings/startup_phases.py), after each worker's own."""
 
 from __future__ import annotations
 
