@@ -12,11 +12,12 @@ or "-". Events, in a streamed HTTP request's order:
 
   f_bytes     the front-end's transport got bytes (uvicorn's data_received; key "-")
   f_app       the ASGI app is called (headers parsed)            f_route    the completions handler starts
-  f_sent      the Generate is sent on the ZMQ socket             map        x-trail-id -> request id
+  f_cpu       (at f_app) the front-end's CPU time so far, from which ttft_trail takes its CPU time per request
+  f_sent      the Generate goes to the ZMQ socket               map        x-trail-id -> request id
   k_recv      the coordinator reads the frame                    k_decoded  ... decoded and checked
   k_tokenized the prompt is ready (add_admitted called)          k_admitted ... queued in the engine
   k_step      the engine's step begins (key "-")                 k_sent     a step goes to the workers (key: step id)
-  k_result    a step's result is read back (key: step id)        k_reply    the first Delta is encoded and sent
+  k_result    a step's result is read back (key: step id)        k_reply    the first Delta goes to be sent
   f_delta     the front-end reads the first Delta                f_sse      the first event's bytes go to uvicorn
 """
 
@@ -94,7 +95,8 @@ def hook_coordinator(trail: str) -> None:
     _wrap(Engine, "step", before=lambda self: note("k_step", "-"))
     _wrap(WorkerGroup, "send_step", after=lambda r, self, step: note("k_sent", str(step.step_id)))
     _wrap(WorkerGroup, "recv_result", after=lambda r, self, step_id: note("k_result", str(step_id)))
-    _wrap(Server, "_reply", after=lambda r, self, req, out: note_first("k_reply", req.request_id))
+    # stamped before the send, which may wake the front-end on the other core and leave this process waiting
+    _wrap(Server, "_reply", before=lambda self, req, out: note_first("k_reply", req.request_id))
 
     popen = child.subprocess.Popen
 
@@ -133,6 +135,7 @@ def hook_frontend() -> None:
                 return await app(scope, receive, send)
             tid = dict(scope["headers"]).get(b"x-trail-id", b"-").decode()
             note("f_app", tid)
+            note("f_cpu", tid, time.process_time())  # the front-end's CPU seconds so far (not a time stamp)
             TRAIL_ID.set(tid)
 
             async def traced_send(message):
@@ -153,11 +156,15 @@ def hook_frontend() -> None:
 
     app_module.create_completion = traced_completion
 
+    sent = [0.0]  # when the last frame went to the socket: stamped before the send, which may wake the coordinator
+    # on the other core and leave this process waiting for the CPU before a stamp after it
+
     def after_open(result, self, msg):
         if type(msg).__name__ == "Generate":
-            note("f_sent", TRAIL_ID.get())
+            note("f_sent", TRAIL_ID.get(), sent[0])
             note("map", TRAIL_ID.get() + ":" + msg.request_id)
 
+    _wrap(ac.AsyncClient, "_send_now", before=lambda self, data: sent.__setitem__(0, time.perf_counter()))
     _wrap(ac.AsyncClient, "_open", after=after_open)
     decode_reply = ac.decode_reply
 

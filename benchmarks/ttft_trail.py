@@ -8,8 +8,10 @@ ids, greedy), one at a time ``--gap`` seconds apart, by every path:
 
 against one coordinator and front-end run with time stamps (benchmarks/trail_hooks.py), so that each streamed
 request also gets its trail: client send, front-end receive, coordinator receive, tokenized, step sent, result
-read, first Delta sent, front-end's Delta, the SSE bytes, client receive. Prints each path's TTFT p50/mean and each
-hop's p50; the last line is JSON.
+read, first Delta sent, front-end's Delta, the SSE bytes, client receive. Prints each path's TTFT p50/mean, each
+hop's p50 and two sums per request (their p50): the front-end's own time (client send to Generate sent, first Delta
+read to client receive) and the ZMQ hop's (both ways); and for HTTP the front-end's CPU time per request (p50),
+which a loaded box does not inflate as it does the stamps' differences. The last line is JSON.
 
     python -m benchmarks.ttft_trail [--model DIR] [--requests 100] [--gap 0.1] [--paths offline zmq http ...]
                                     [-- engine flags for both the offline LLM and launch.py]
@@ -220,6 +222,28 @@ def hops(trails: list[dict[str, float]]) -> dict[str, float]:
     return out
 
 
+def _span_p50(trails: list[dict[str, float]], spans: tuple[tuple[str, str], ...]) -> float | None:
+    """p50 in ms over requests of the sum of the spans (a, b): b - a, for trails that have every stamp."""
+    xs = [sum(t[b] - t[a] for a, b in spans) for t in trails if all(a in t and b in t for a, b in spans)]
+    return round(statistics.median(xs) * 1e3, 3) if xs else None
+
+
+# the front-end's own time (before the Generate is sent, after the first Delta is read) and the ZMQ hop both ways
+OWN_SPANS = {
+    "http": {"front_end_own": (("c_send", "f_sent"), ("f_delta", "c_first")), "zmq_hop": (("f_sent", "k_recv"),
+             ("k_reply", "f_delta"))},
+    "zmq": {"zmq_hop": (("c_send", "k_recv"), ("k_reply", "c_first"))},
+}  # fmt: skip
+
+
+def cpu_per_request(keyed: dict, keys: list[str]) -> float | None:
+    """p50 in ms of the front-end's CPU time from one request's arrival to the next's (``keys``: the requests in
+    the order sent, one at a time): its own cost per request, which a loaded box's waits do not inflate."""
+    cpu = [keyed.get(k, {}).get("f_cpu") for k in keys]
+    xs = [b - a for a, b in zip(cpu, cpu[1:]) if a is not None and b is not None and b >= a]
+    return round(statistics.median(xs) * 1e3, 3) if xs else None
+
+
 def _stats(xs: list[float]) -> dict:
     return {"p50_ms": round(statistics.median(xs) * 1e3, 3), "mean_ms": round(statistics.mean(xs) * 1e3, 3)}
 
@@ -273,13 +297,22 @@ def main(argv: list[str] | None = None) -> dict:
         if got.get(path):
             trails = [trail_of(keyed, loose, key, t0, first) for key, t0, first in got[path]]
             res[path]["hops_p50_ms"] = hops(trails)
+            for name, spans in OWN_SPANS.get(path.removesuffix("16"), {}).items():
+                res[path][f"{name}_p50_ms"] = _span_p50(trails, spans)
+    for path in ("http", "http16", "http_full"):
+        if got.get(path):
+            res[path]["front_end_cpu_p50_ms"] = cpu_per_request(keyed, [key for key, _, _ in got[path]])
     for path in got:
-        print(f"{path:10s} TTFT p50 {res[path]['p50_ms']:8.3f} ms, mean {res[path]['mean_ms']:8.3f} ms")
+        cpu = res[path].get("front_end_cpu_p50_ms")
+        cpu = f", front-end CPU {cpu} ms a request (p50)" if cpu is not None else ""
+        print(f"{path:10s} TTFT p50 {res[path]['p50_ms']:8.3f} ms, mean {res[path]['mean_ms']:8.3f} ms{cpu}")
     for path in ("zmq", "http"):
         if "hops_p50_ms" in res.get(path, {}):
             print(f"{path} hops (p50, ms):")
             for hop, ms in res[path]["hops_p50_ms"].items():
                 print(f"  {hop:24s} {ms:8.3f}")
+            for name in OWN_SPANS[path]:
+                print(f"  {name + ' (sum, p50)':24s} {res[path][f'{name}_p50_ms']}")
     for name in (trail, trail + ".front"):
         if os.path.exists(name):
             os.unlink(name)
