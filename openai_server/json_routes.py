@@ -2,9 +2,9 @@
 pass (``model_validate_json``) and the endpoint is called with the request, where FastAPI's generic handling reads
 the body, decodes it with ``json.loads``, solves the endpoint's dependencies and validates the Python objects
 (benchmarks/frontend_cpu.py on the CPU box: 353 against 483 us a streamed request, issue 58). Only the common
-case takes it: an
-``application/json`` body that validates. Anything else (not JSON, a field of the wrong type, another content type,
-no body) goes FastAPI's way, unchanged, so every refusal (a 400 naming the field...) stays exactly as it was."""
+case takes it: an ``application/json`` body that validates. Anything else (not JSON, a field of the wrong type,
+another content type, no body) goes FastAPI's way, unchanged, so every refusal (a 400 naming the field...) stays
+exactly as it was."""
 
 from __future__ import annotations
 
