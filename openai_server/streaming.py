@@ -29,8 +29,11 @@ def usage_events(stream_options) -> tuple[bool, bool]:
     return True, stream_options.continuous_usage_stats
 
 
+_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)  # json.dumps' own, made once: not per event
+
+
 def _json(payload) -> str:
-    text = json.dumps(payload, separators=(",", ":"), ensure_ascii=False)
+    text = _ENCODER.encode(payload)
     if not text.isascii():  # JSON may carry these line breaks raw, but a client that splits the stream with
         # str.splitlines (httpx's iter_lines) would cut the event at them
         text = text.replace("\x85", "\\u0085").replace("\u2028", "\\u2028").replace("\u2029", "\\u2029")
