@@ -114,8 +114,10 @@ class Engine(ResultApplier):
         self.num_output_tokens = 0
         self.closed = False
         # Keep start-up objects (the tokenizer, transformers, one Block per KV block) out of every later full
-        # collection: one took ~100 ms when 256 requests arrived at once.
-        gc.collect()
+        # collection: one took ~100 ms when 256 requests arrived at once. Launch (nanoserve/serve.py) froze its
+        # imports and turned collection off: it has ~400 unreachable objects to gain for 70-90 ms of its start-up.
+        if gc.isenabled():
+            gc.collect()
         gc.freeze()
 
     # ---- requests ----------------------------------------------------------------------------------------
