@@ -11,7 +11,8 @@ request also gets its trail: client send, front-end receive, coordinator receive
 read, first Delta sent, front-end's Delta, the SSE bytes, client receive. Prints each path's TTFT p50/mean, each
 hop's p50 and two sums per request (their p50): the front-end's own time (client send to Generate sent, first Delta
 read to client receive) and the ZMQ hop's (both ways); and for HTTP the front-end's CPU time per request (p50),
-which a loaded box does not inflate as it does the stamps' differences. The last line is JSON.
+idle wake-ups included (compare runs of like TTFTs). The last line is JSON. benchmarks/frontend_cpu.py times
+the front-end's Python alone, in-process, for A/B on a loaded box.
 
     python -m benchmarks.ttft_trail [--model DIR] [--requests 100] [--gap 0.1] [--paths offline zmq http ...]
                                     [-- engine flags for both the offline LLM and launch.py]
@@ -238,7 +239,8 @@ OWN_SPANS = {
 
 def cpu_per_request(keyed: dict, keys: list[str]) -> float | None:
     """p50 in ms of the front-end's CPU time from one request's arrival to the next's (``keys``: the requests in
-    the order sent, one at a time): its own cost per request, which a loaded box's waits do not inflate."""
+    the order sent, one at a time): its cost per request, which a loaded box's waits for the CPU do not inflate,
+    but its idle wake-ups meanwhile (about 1% of a core on the CPU box) are in it: compare runs of like TTFTs."""
     cpu = [keyed.get(k, {}).get("f_cpu") for k in keys]
     xs = [b - a for a, b in zip(cpu, cpu[1:]) if a is not None and b is not None and b >= a]
     return round(statistics.median(xs) * 1e3, 3) if xs else None
