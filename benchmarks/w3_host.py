@@ -52,7 +52,7 @@ def _timed(owner, name: str, label: str) -> None:
     """Wrap ``owner.name`` (an instance's method; its class's for a slotted instance, once) so that its calls add
     to TIMES[label]."""
     fn = getattr(owner, name)
-    if getattr(fn, "_w3_timed", False):
+    if getattr(fn, "w3_timed", False):
         return
 
     def wrapper(*a, **k):
@@ -63,7 +63,7 @@ def _timed(owner, name: str, label: str) -> None:
             TIMES[label] += CLOCK() - t0
             COUNTS[label] += 1
 
-    wrapper._w3_timed = True
+    wrapper.w3_timed = True
     try:
         setattr(owner, name, wrapper)
     except AttributeError:  # a slots dataclass: the class's function, wrapped once for every instance
@@ -77,7 +77,7 @@ def _timed(owner, name: str, label: str) -> None:
                 TIMES[label] += CLOCK() - t0
                 COUNTS[label] += 1
 
-        method._w3_timed = True
+        method.w3_timed = True
         setattr(type(owner), name, method)
 
 
@@ -282,7 +282,7 @@ def run_once(model_dir: Path, num_prompts: int, with_worker: bool) -> dict:
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     p.add_argument("--repeat", type=int, default=5, help="runs, each in a fresh engine; medians reported")
-    p.add_argument("--num-prompts", type=int, default=256)
+    p.add_argument("--num-prompts", type=int, default=256, help="W3 requests (the first N of the 256)")
     p.add_argument("--no-worker", action="store_true", help="coordinator only (no ModelRunner host side)")
     p.add_argument("--clock", choices=("wall", "cpu"), default="wall", help="cpu: thread CPU time (loaded machines)")
     args = p.parse_args(argv)

@@ -141,11 +141,16 @@ def compare(base_run: str, base_trace: str, new_run: str, new_trace: str) -> Non
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     p.add_argument("--out", help="this run's JSON (rounds, step ranges, coordinator host times)")
-    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--rounds", type=int, default=3, help="W3 rounds in one engine (each with fresh ids)")
     p.add_argument("--device", default="cuda", help="cpu: a smoke run of this script (no step trace)")
     p.add_argument("--shape", default="qwen3-0.6b", help="benchmarks/shapes.py (tiny for a CPU smoke run)")
     p.add_argument("--scale", type=int, default=1, help="W3's lengths divided by this (smoke runs only)")
-    p.add_argument("--compare", nargs=4, metavar=("BASE_RUN", "BASE_TRACE", "NEW_RUN", "NEW_TRACE"))
+    p.add_argument(
+        "--compare",
+        nargs=4,
+        metavar=("BASE_RUN", "BASE_TRACE", "NEW_RUN", "NEW_TRACE"),
+        help="print the table of two runs (their --out JSON and step traces) instead of running",
+    )
     args = p.parse_args(argv)
     if args.compare:
         compare(*args.compare)
