@@ -16,7 +16,7 @@ import torch
 from safetensors.torch import save_file
 
 from benchmarks.shapes import SHAPES
-from model.eagle3_config import layer_shapes
+from model.eagle3_config import layer_shapes, layout_config
 from settings.env import settings
 
 DRAFT_VOCAB = 32000
@@ -48,22 +48,19 @@ def write_draft(name: str) -> Path:
     tensors["t2d"] = torch.zeros(vocab, dtype=torch.bool).index_fill_(0, chosen, True)
     save_file(tensors, str(out / "model.safetensors"))
     rope = {k: target[k] for k in ("rope_theta", "rope_scaling", "rope_parameters") if k in target}
-    config = {
-        "architectures": ["LlamaForCausalLMEagle3"],
-        "model_type": "llama",
-        "hidden_size": h,
-        "intermediate_size": inter,
-        "num_attention_heads": heads,
-        "num_key_value_heads": kv,
-        "head_dim": hd,
-        "num_hidden_layers": 1,
-        "rms_norm_eps": target.get("rms_norm_eps", 1e-6),
-        "max_position_embeddings": target.get("max_position_embeddings", 8192),
-        "vocab_size": vocab,
-        "draft_vocab_size": draft_vocab,
-        "torch_dtype": "bfloat16",
+    config = layout_config(
+        h,
+        inter,
+        heads,
+        kv,
+        hd,
+        vocab,
+        draft_vocab,
+        rms_norm_eps=target.get("rms_norm_eps", 1e-6),
+        max_position_embeddings=target.get("max_position_embeddings", 8192),
+        torch_dtype="bfloat16",
         **rope,
-    }
+    )
     layers = target["num_hidden_layers"]
     if layers < 4:  # vLLM's default layers (2, L // 2, L - 3) need 4
         config["eagle_aux_hidden_state_layer_ids"] = [0, layers // 2, layers - 1]

@@ -90,6 +90,26 @@ def layer_shapes(
     }
 
 
+def layout_config(
+    hidden: int, intermediate: int, heads: int, kv_heads: int, head_dim: int, vocab: int, draft_vocab: int, **extra
+) -> dict:
+    """A config.json of the public layout (one Llama-style layer), ``extra`` fields added (a checkpoint writer's:
+    eps, RoPE, positions, dtype)."""
+    return {
+        "architectures": ["LlamaForCausalLMEagle3"],
+        "model_type": "llama",
+        "hidden_size": hidden,
+        "intermediate_size": intermediate,
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv_heads,
+        "head_dim": head_dim,
+        "num_hidden_layers": 1,
+        "vocab_size": vocab,
+        "draft_vocab_size": draft_vocab,
+        **extra,
+    }
+
+
 def our_name(ckpt_name: str) -> str:
     """A checkpoint tensor's name in the published form (``model.`` prefix dropped, ``layers.0.`` as ``midlayer.``)."""
     name = ckpt_name.removeprefix("model.")

@@ -36,6 +36,22 @@ def _static_inputs(rows: int, device: torch.device) -> tuple[torch.Tensor, torch
     return ids, torch.zeros_like(ids), torch.full_like(ids, -1)
 
 
+def graph_decode_meta(
+    bs: int, slot_mapping: torch.Tensor, seq_lens: torch.Tensor, block_tables: torch.Tensor, max_seq_len: int
+) -> AttentionMetadata:
+    """A graph's decode rows: the first ``bs`` of its static buffers, the split-K count fixed for ``max_seq_len``
+    (the longest context a replay may see)."""
+    return AttentionMetadata(
+        slot_mapping=slot_mapping[:bs],
+        num_prefill_tokens=0,
+        num_prefills=0,
+        num_decodes=bs,
+        decode_seq_lens=seq_lens[:bs],
+        decode_block_tables=block_tables[:bs],
+        max_decode_seq_len=max_seq_len,
+    )
+
+
 def batch_buckets(max_batch: int) -> list[int]:
     sizes = [b for b in (1, 2, 4, 8) if b < max_batch] + list(range(16, max_batch, 16)) + [max_batch]
     return sorted(set(sizes))
@@ -62,15 +78,7 @@ class DecodeGraphs:
         self.outputs: dict[int, torch.Tensor] = {}
         pool = None
         for bs in reversed(self.buckets):
-            meta = AttentionMetadata(
-                slot_mapping=self.slot_mapping[:bs],
-                num_prefill_tokens=0,
-                num_prefills=0,
-                num_decodes=bs,
-                decode_seq_lens=self.seq_lens[:bs],
-                decode_block_tables=self.block_tables[:bs],
-                max_decode_seq_len=max_seq_len,  # fixes the split-K count for the longest context
-            )
+            meta = graph_decode_meta(bs, self.slot_mapping, self.seq_lens, self.block_tables, max_seq_len)
             with forward_context(meta, backend):
                 model(self.input_ids[:bs], self.positions[:bs])  # compile kernels outside the capture
                 torch.cuda.synchronize(device)

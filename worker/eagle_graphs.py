@@ -28,7 +28,7 @@ import torch
 
 from kernels.attention import AttentionMetadata
 from model.context import forward_context
-from worker.cuda_graphs import batch_buckets
+from worker.cuda_graphs import batch_buckets, graph_decode_meta
 from worker.step_layout import HostBatch
 
 
@@ -85,15 +85,7 @@ class DraftGraphs:
         return graph, graph.pool()
 
     def _meta(self, bs: int, slot_mapping: torch.Tensor) -> AttentionMetadata:
-        return AttentionMetadata(
-            slot_mapping=slot_mapping[:bs],
-            num_prefill_tokens=0,
-            num_prefills=0,
-            num_decodes=bs,
-            decode_seq_lens=self.seq_lens[:bs],
-            decode_block_tables=self.tables[:bs],
-            max_decode_seq_len=self.max_seq_len,
-        )
+        return graph_decode_meta(bs, slot_mapping, self.seq_lens, self.tables, self.max_seq_len)
 
     def bucket(self, rows: int) -> int | None:
         """The bucket that holds ``rows`` rows, or None (the caller runs eagerly)."""

@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from model.eagle3_config import layer_shapes
+from model.eagle3_config import layer_shapes, layout_config
 from model.loader import checkpoint_files
 
 
@@ -73,23 +73,20 @@ def write_tiny_eagle3(out_dir: str | Path, target_dir: str | Path, spec: DraftSp
     for name, shape in spec.reshape.items():
         tensors[name] = torch.zeros(shape, dtype=tensors[name].dtype)
     save_file({k: v.contiguous() for k, v in tensors.items()}, str(out / "model.safetensors"))
-    config = {
-        "architectures": ["LlamaForCausalLMEagle3"],
-        "model_type": "llama",
-        "hidden_size": h,
-        "intermediate_size": inter,
-        "num_attention_heads": heads,
-        "num_key_value_heads": kv_heads,
-        "head_dim": head_dim,
-        "num_hidden_layers": 1,
-        "rms_norm_eps": 1e-6,
-        "rope_theta": 10000.0,
-        "max_position_embeddings": 2048,
-        "vocab_size": vocab,
-        "draft_vocab_size": draft_vocab,
-        "tie_word_embeddings": False,
-        "torch_dtype": "float32",
-    }
+    config = layout_config(
+        h,
+        inter,
+        heads,
+        kv_heads,
+        head_dim,
+        vocab,
+        draft_vocab,
+        rms_norm_eps=1e-6,
+        rope_theta=10000.0,
+        max_position_embeddings=2048,
+        tie_word_embeddings=False,
+        torch_dtype="float32",
+    )
     if spec.aux_layer_ids is not None:
         config["eagle_aux_hidden_state_layer_ids"] = spec.aux_layer_ids
     for key, value in spec.config.items():
