@@ -1,20 +1,16 @@
 """What does W3 with prefix caching cost the host? (CPU; no GPU, no worker process) For bisecting host-side time.
 
-The real ``LLM.generate`` runs W3's exact requests (benchmarks/workloads.w3_requests: 256 x (2,048 shared + 64
-unique ids), 128 outputs, temperature 0.6, ignore_eos) through the real coordinator (admission, scheduler, block
-manager with prefix caching, result application, output processor) against an in-process stand-in for the worker
-group: every StepCommand is encoded and decoded with the real codec, and the real ``ModelRunner`` on the CPU
-(a 2-layer, 64-wide model with Qwen3's 151,936-id vocabulary) applies the slot updates, lays the step out and builds
-its attention metadata and sampling state; only the forward, the LM head and the sampling kernel are stubbed
-(random tokens), so what is timed is host work only. Prints the time of each phase (ms over the whole generate,
-medians of --repeat runs, each in a fresh engine), the last line JSON. The ``cp.*`` rows are the host time a GPU
-run's device waits for: until the first step is sent, the coordinator between the three prefill steps' sends
-(128 admissions a step), after the last step's result; ``--clock cpu`` times this thread's CPU time, so that other
-work on a shared machine does not count.
+The real ``LLM.generate`` runs W3's exact requests (256 x (2,048 shared + 64 unique ids), 128 outputs, temperature
+0.6, ignore_eos) through the real coordinator against an in-process stand-in for the worker group: each
+StepCommand goes through the real codec, and the real CPU ``ModelRunner`` (2 layers, 64 wide, Qwen3's vocabulary)
+applies slot updates, lays the step out and builds attention and sampling state; only the forward, LM head and
+sampler are stubbed (random tokens). Prints each phase's time (ms over the whole generate, medians of --repeat
+fresh-engine runs), the last line JSON. ``cp.*`` rows are host time a GPU run's device waits for (before the first
+send, between the three prefill sends, after the last result); ``--clock cpu`` counts this thread's CPU time only.
 
     python -m benchmarks.w3_host [--repeat 5] [--clock wall|cpu] [--num-prompts 256] [--no-worker]
 
-It runs unchanged on older trees (version switches below): copy it into a tree of another commit and run it there,
+It runs unchanged on older trees (version switches below): copy it into another commit's tree and run it there,
 e.g. ``git archive c6ee00b | tar -x -C /tmp/base && cp benchmarks/w3_host.py /tmp/base/benchmarks/``.
 """
 
