@@ -5,12 +5,11 @@ choices: launch.py turns both into its flags."""
 from __future__ import annotations
 
 import dataclasses
-import glob
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from coordinator.gpu_probe import cuda_gpu_count
 from settings.defaults import ATTENTION_BACKENDS, DTYPES, SERVER_PREFILL_BESIDE_DECODES
 from settings.loopback import is_loopback_endpoint
 
@@ -27,18 +26,10 @@ def _arg(default, help: str, choices: tuple = ()):
     return field(default=default, metadata={"help": help, "choices": choices})
 
 
-# a GPU driver's device files (NVIDIA, ROCm, WSL's): where none exists, CUDA cannot be available
-_GPU_DRIVER_FILES = ("/dev/nvidia*", "/proc/driver/nvidia", "/dev/kfd", "/dev/dxg")
-
-
 def _default_device() -> str:
-    """ "cuda" where torch sees a GPU. A Linux host without a GPU driver is "cpu" without loading torch (~1.2 s of
-    CPU): the coordinator then starts without it."""
-    if sys.platform == "linux" and not any(glob.glob(pattern) for pattern in _GPU_DRIVER_FILES):
-        return "cpu"
-    import torch
-
-    return "cuda" if torch.cuda.is_available() else "cpu"
+    """ "cuda" where a spawned worker would see a GPU, counted without torch where the driver can tell
+    (coordinator/gpu_probe.py): the coordinator then starts without it."""
+    return "cuda" if cuda_gpu_count() > 0 else "cpu"
 
 
 class EngineArgError(ValueError):
@@ -222,9 +213,7 @@ class EngineConfig:
         a worker's CUDA error after start-up."""
         if self.device != "cuda" or self.external_workers:
             return
-        import torch
-
-        found, tp = torch.cuda.device_count(), self.tensor_parallel_size
+        found, tp = cuda_gpu_count(), self.tensor_parallel_size
         if found < tp:
             raise EngineArgError(
                 "device" if found == 0 else "tensor_parallel_size",

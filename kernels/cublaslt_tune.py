@@ -6,6 +6,7 @@ are kept across starts (kernels/tune_cache.py): a second start on the same GPU, 
 from __future__ import annotations
 
 import sys
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from functools import partial
@@ -61,6 +62,7 @@ def tune(
     min_gain: float = 0.02,
     skip: Callable[[torch.Tensor, torch.Tensor], bool] | None = None,
     cache: TuneCache | None = None,
+    budget_s: float | None = None,
 ) -> list[TunedProduct]:
     """For each weight shape (n, k) and row count, time torch's matmul and cuBLASLt's candidates (the first two also
     with other split-K counts) over that shape's weights (one per layer: more than the L2 holds, as a decode step
@@ -68,15 +70,21 @@ def tune(
     later run it.
     ``skip(x, w)``: products another kernel takes. ``cache``: choices stored by an earlier start (kernels/tune_cache.py,
     keyed by ``cache_key``), each checked by the library and against torch's result before it is used; the products
-    it lacks are timed and stored."""
+    it lacks are timed and stored. ``budget_s`` (with a cache): once tuning has taken that long, products the cache
+    lacks keep torch's matmul and are left for a later start (counted in ``cache.deferred``), so a cold start pays
+    a few seconds and each start fills in more; the largest row counts go first."""
     records = []
-    for (n, k), ws in weights.items():
-        dtype = ws[0].dtype
-        for m in rows:
+    deadline = None if budget_s is None or cache is None else time.perf_counter() + budget_s
+    for m in sorted(rows, reverse=True):
+        for (n, k), ws in weights.items():
+            dtype = ws[0].dtype
             x = torch.randn(m, k, device=ws[0].device, dtype=dtype)
             if skip is not None and skip(x, ws[0]):
                 continue
             name = f"{m}x{n}x{k} {str(dtype).removeprefix('torch.')} layers={len(ws)} min_gain={min_gain}"
+            if deadline is not None and cache.get(name) is None and time.perf_counter() > deadline:
+                cache.deferred += 1
+                continue
             timed = partial(_time_product, x, ws, min_gain)
             entry = timed() if cache is None else cache.lookup(name, timed, partial(_usable, x=x, w=ws[0]))
             algo = _algo_of(entry)

@@ -72,6 +72,7 @@ class TuneCache:
         self.path = (root if root is not None else settings().cache_dir) / kind / f"{digest}.json"
         self.entries = self._read()
         self.hits = self.misses = 0
+        self.deferred = 0  # lookups its user left for a later start (a time budget ran out)
         self.dirty = False
 
     def _read(self) -> dict:

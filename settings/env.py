@@ -48,12 +48,14 @@ class Settings:
     # times that do not overlap (profile_step's ledger) and a bisection of ordering races (logs 30c, 32b)
     pdl: bool
     # NANOSERVE_LT_TUNE=0: skip the start-up choice of cuBLASLt algorithms. Kept as a start-up knob: the choice costs
-    # 6-17 s a rank for +0.3-0.7% of W1 (log 16d), worth skipping for a quick start
+    # up to 5 s a start (worker/startup.TUNE_BUDGET_S) for +0.3-0.7% of W1 (log 16d), worth skipping for a quick start
     lt_tune: bool
     # NANOSERVE_BENCH_ACCEPT_DRAFTS=1 (off unless "1": benchmark only, outputs are wrong): every sequence gets a
     # draft each try and workers accept every draft, so speculative decoding runs at its ceiling
     bench_accept_drafts: bool
     triton_interpret: bool  # TRITON_INTERPRET=1: Triton kernels run on CPU tensors (tests)
+    # CUDA_VISIBLE_DEVICES, as CUDA reads it (None: unset, every GPU): the coordinator counts GPUs without torch
+    cuda_visible_devices: str | None
 
 
 def settings() -> Settings:
@@ -69,6 +71,7 @@ def settings() -> Settings:
         lt_tune=_switch("LT_TUNE"),
         bench_accept_drafts=_flag("BENCH_ACCEPT_DRAFTS"),
         triton_interpret=os.environ.get("TRITON_INTERPRET", "0") == "1",
+        cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
     )
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 
@@ -163,3 +164,34 @@ def test_the_real_tuner_reads_its_choices_back(tmp_path):
     assert configs1 == configs2
     assert {k: bytes(v) for k, v in chosen1.items()} == {k: bytes(v) for k, v in chosen2.items()}
     cublaslt_tune._chosen.clear()
+
+
+def test_a_time_budget_leaves_the_rest_for_a_later_start(tmp_path, monkeypatch):
+    """The real ``tune`` loop on CPU tensors, its timing replaced by a clock that each timing moves 1 s: a 2.5 s
+    budget times three products (the largest row counts first) and stores only them; the next start reads those
+    back and times exactly the ones left."""
+    import torch
+
+    from kernels import cublaslt_tune
+
+    clock = [0.0]
+    timed: list[int] = []
+
+    def fake_time_product(x, ws, min_gain):
+        clock[0] += 1.0
+        timed.append(x.shape[0])
+        return {"torch_us": 10.0, "best_us": 10.0, "algo": None}
+
+    monkeypatch.setattr(cublaslt_tune, "_time_product", fake_time_product)
+    monkeypatch.setattr(cublaslt_tune, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
+    weights = {(8, 4): [torch.zeros(8, 4)], (4, 8): [torch.zeros(4, 8)]}
+    rows = [1, 2, 4, 8]
+    first = TuneCache("cublaslt", KEY, root=tmp_path)
+    records = cublaslt_tune.tune(weights, rows, cache=first, budget_s=2.5)
+    assert timed == [8, 8, 4] and len(records) == 3
+    assert (first.hits, first.misses, first.deferred) == (0, 3, 5)
+    timed.clear()
+    second = TuneCache("cublaslt", KEY, root=tmp_path)
+    records = cublaslt_tune.tune(weights, rows, cache=second)
+    assert timed == [4, 2, 2, 1, 1] and len(records) == 8
+    assert (second.hits, second.misses, second.deferred) == (3, 5, 0)
