@@ -177,7 +177,7 @@ def main(argv: list[str] | None = None, command: str = "launch") -> int:
         gc.enable()  # the engine froze what start-up built (gc.freeze): later collections skip it
         PHASES.mark("engine: tokenizer + workers")
         server.install_signal_handlers()  # from here on a signal drains the requests in flight (a second: aborts)
-        print(PHASES.line("coordinator"), file=sys.stderr, flush=True)  # benchmarks/startup.py reads it
+        PHASES.report("coordinator")  # benchmarks/startup.py reads it
         print(f"nanoserve listening on {server.address}", flush=True)
         log.info(
             "model %s, max_model_len %d, %d KV blocks", cfg.model, engine.max_model_len, engine.block_manager.num_blocks

@@ -6,6 +6,7 @@ the lowest layer, because every process keeps one; no torch: the clock starts be
 from __future__ import annotations
 
 import os
+import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -61,6 +62,12 @@ class StartupPhases:
         C is the process's own CPU time so far: on a host busy with other work, the wall times grow, it does not."""
         parts = ", ".join(f"{name} {s:.2f}" for name, s in self.seconds.items())
         return f"{PREFIX} {who} ready in {self.total_s():.2f} s (cpu {time.process_time():.2f} s): {parts}"
+
+    def report(self, who: str) -> None:
+        """Write ``line(who)`` to stderr in one write: ranks share the pipe, and print's two writes (text, then
+        newline, each its own under PYTHONUNBUFFERED) let another process's line land between them."""
+        sys.stderr.write(self.line(who) + "\n")
+        sys.stderr.flush()
 
 
 def parse_line(line: str) -> tuple[str, float, dict[str, float]] | None:

@@ -163,7 +163,7 @@ class Worker:
         gc.collect()
         gc.freeze()
         threading.Thread(target=exit_when_orphaned, args=(self,), name="orphan-watchdog", daemon=True).start()
-        print(PHASES.line(f"rank {self.rank}"), file=sys.stderr, flush=True)  # benchmarks/startup.py reads it
+        PHASES.report(f"rank {self.rank}")  # benchmarks/startup.py reads it
         self.send(WorkerAck(self.rank, "kv_allocated"))
         return self.step_loop()
 
