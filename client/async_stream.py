@@ -3,20 +3,17 @@
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING
 
+from client.base import _Base
 from client.replies import StreamState
 from protocol.client_messages import Delta
-
-if TYPE_CHECKING:
-    from client.async_client import AsyncClient
 
 
 class AsyncStream(StreamState):
     """Async iterator over one streaming request's deltas; leaving early (``aclose()``, ``async with``,
     cancellation, garbage collection) aborts the request."""
 
-    def __init__(self, client: AsyncClient, request_id: str, queue: asyncio.Queue) -> None:
+    def __init__(self, client: _Base, request_id: str, queue: asyncio.Queue) -> None:  # an AsyncClient
         super().__init__(client, request_id, client._queues)
         self._queue = queue
 

@@ -37,8 +37,9 @@ def nvml_device_count(library: str = "libnvidia-ml.so.1") -> int | None:
 
 def visible_count(spec: str | None, found: int) -> int:
     """The devices CUDA shows of ``found`` under CUDA_VISIBLE_DEVICES=``spec``: its list is read up to the first
-    entry that names no device (an index out of range or repeated, "-1", ...). UUIDs ("GPU-...", "MIG-...") are
-    taken as valid: checking them would need NVML's UUID table, and a wrong one fails in the worker by name."""
+    entry that names no device (an index out of range, "-1", ...), and an index named twice hides every device
+    (CUDA shows none for "0,0": log 53c). UUIDs ("GPU-...", "MIG-...") are taken as valid: checking them would need
+    NVML's UUID table, and a wrong one fails in the worker by name."""
     if spec is None:
         return found
     seen: set[int] = set()
@@ -46,7 +47,9 @@ def visible_count(spec: str | None, found: int) -> int:
     for item in (part.strip() for part in spec.split(",")):
         if item.isdigit():
             index = int(item)
-            if index >= found or index in seen:
+            if index in seen:
+                return 0
+            if index >= found:
                 break
             seen.add(index)
         elif not item.startswith(("GPU-", "MIG-")):

@@ -46,7 +46,8 @@ def fake_nvml(tmp_path_factory):
         ("3,1", 2),
         ("0,1,2,3", 4),
         ("1,7,2", 1),  # read up to the first index out of range
-        ("1,1", 1),  # or repeated
+        ("1,1", 0),  # an index named twice hides them all
+        ("2,0,2", 0),
         ("GPU-8e1a, 2", 2),
         ("MIG-aa,nonsense,0", 1),
     ],
@@ -90,7 +91,7 @@ COUNT_BOTH = (
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("spec", [None, "0", "", "-1", "0,0"])
+@pytest.mark.parametrize("spec", [None, "0", "", "-1", "0,0", "0,5"])
 def test_the_count_equals_torchs_on_a_gpu_host(spec):
     env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
     if spec is not None:
