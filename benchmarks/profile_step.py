@@ -162,7 +162,6 @@ def make_runner(shape: str, max_bs: int, num_blocks: int, quantization, kv_cache
         seed=0,
         attention_backend="auto",
         dist_init_method="",
-        eos_token_ids=[],
         quantization=quantization or "",
         kv_cache_dtype=kv_cache_dtype,
     )

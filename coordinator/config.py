@@ -247,15 +247,14 @@ class EngineConfig:
                 "ranks split the kv heads evenly, or (fewer kv heads than ranks) share each one",
             )
 
-    def worker_config(self, max_model_len: int, eos_token_ids: list[int]) -> WorkerConfig:
+    def worker_config(self, max_model_len: int) -> WorkerConfig:
         """What every worker is told at start-up: each WorkerConfig field of the same name as one of ours is ours,
         by name (a field added to both travels without another line here); the rest are what the engine derives
-        (the model's limit, its EOS ids) or what only a worker has."""
+        (the model's limit) or what only a worker has."""
         from protocol.messages import WorkerConfig
 
         derived = {
             "max_model_len": max_model_len,
-            "eos_token_ids": eos_token_ids,
             "num_kv_blocks": self.num_kv_blocks or -1,  # the worker's "size from memory"
             "dist_init_method": "",  # the rendezvous from the environment (torchrun) unless a spawner sets one
             "draft_model": "",  # the engine's: an EAGLE-3 draft once resolved and checked (coordinator/speculative.py)

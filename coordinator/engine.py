@@ -62,19 +62,14 @@ class Engine(ResultApplier):
         self.config = cfg
         self.model_config = ModelConfig.from_pretrained(cfg.model)  # fails fast, before any process starts
         cfg.fit_model(self.model_config)  # max_model_len resolved in the config itself: one value, reported and kept
-        self.tokenizer = load_tokenizer(cfg.tokenizer or cfg.model)
-        if cfg.chat_template:  # every chat renders through it: LLM.chat, the client's chat and the HTTP API
-            self.tokenizer.chat_template = cfg.chat_template
-        # for requests that leave them unset (admission applies them)
-        self.generation_defaults = configured_generation_defaults(cfg.generation_config, cfg.model)
         mc = self.model_config
         self.max_model_len = cfg.max_model_len
         mc.check_max_model_len(self.max_model_len)
         self.speculative = _speculative(cfg, mc)  # before any process starts: a draft that does not fit is refused
         self.vocab_size = mc.vocab_size
-        self.eos_token_ids = eos_token_ids(mc.eos_token_id, self.tokenizer)
-        eos_ids = sorted(t for t in self.eos_token_ids if 0 <= t < self.vocab_size)
-        worker_cfg = cfg.worker_config(self.max_model_len, eos_ids)
+        # The workers get their config first and load weights while this process imports transformers and loads
+        # the tokenizer: on a GPU host that import alone took 8-15 s, all of it ahead of the config before (log 53c).
+        worker_cfg = cfg.worker_config(self.max_model_len)
         self.workers = (WorkerGroup if workers is None else workers.adopt)(
             dataclasses.replace(worker_cfg, draft_model=_draft_dir(self.speculative)),
             cfg.tensor_parallel_size,
@@ -83,6 +78,18 @@ class Engine(ResultApplier):
             start_timeout_s=cfg.worker_timeout_s,
             secret=cfg.worker_secret,
         )
+        try:
+            self.tokenizer = load_tokenizer(cfg.tokenizer or cfg.model)
+            if cfg.chat_template:  # every chat renders through it: LLM.chat, the client's chat and the HTTP API
+                self.tokenizer.chat_template = cfg.chat_template
+            # for requests that leave them unset (admission applies them)
+            self.generation_defaults = configured_generation_defaults(cfg.generation_config, cfg.model)
+            self.eos_token_ids = eos_token_ids(mc.eos_token_id, self.tokenizer)
+        except BaseException:
+            self.workers.shutdown()
+            raise
+        eos_ids = sorted(t for t in self.eos_token_ids if 0 <= t < self.vocab_size)
+        self.workers.allocate(eos_ids)
         w = self.workers
         log.info(
             "KV cache on %s: %d blocks x %d tokens = %.2f GiB per rank, %d tokens at once",

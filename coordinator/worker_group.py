@@ -42,7 +42,7 @@ PROBE_AFTER_DROP_S = 5.0  # how long a dropped connection is checked against eac
 class WorkerGroup(WorkerAdmission):
     def __init__(
         self,
-        worker_config: WorkerConfig | None,  # None: spawn only; ``adopt`` does the handshake later
+        worker_config: WorkerConfig | None,  # None: spawn only; ``adopt`` sends the config later
         world_size: int,
         external: bool = False,
         address: str = "",
@@ -68,6 +68,7 @@ class WorkerGroup(WorkerAdmission):
         self._ignored: set[bytes] = set()  # identities refused or unknown: their messages are ignored
         self._noted: set[bytes] = set()  # ... and logged, once per identity
         self.dead = False
+        self.config_sent = False
         self._results: dict[int, dict[int, StepResult]] = {}  # step id -> rank -> result
         try:
             if external:
@@ -79,8 +80,9 @@ class WorkerGroup(WorkerAdmission):
                 self.address = f"ipc://{self.tmpdir}/workers"
                 self._bind(self.address)
                 self._spawn()
+            self.start_timeout_s = start_timeout_s
             if worker_config is not None:
-                self._handshake(worker_config, start_timeout_s)
+                self._send_config(worker_config)
         except BaseException:
             self.shutdown()
             raise
@@ -89,13 +91,13 @@ class WorkerGroup(WorkerAdmission):
         self, worker_config: WorkerConfig, world_size: int, external: bool = False, address: str = "",
         start_timeout_s: float = 120.0, step_timeout_s: float = 600.0, secret: str = "",
     ) -> WorkerGroup:  # fmt: skip
-        """The handshake of a group spawned without a config (its workers imported torch meanwhile), for an engine
-        whose arguments (the constructor's) must be those it was spawned with."""
+        """The config for a group spawned without one (its workers imported torch meanwhile), for an engine whose
+        arguments (the constructor's) must be those it was spawned with."""
         try:
             if (world_size, external, secret) != (self.world_size, False, self.secret) or not self.procs:
                 raise ValueError("the workers spawned early do not match the engine's arguments")
-            self.step_timeout_s = step_timeout_s
-            self._handshake(worker_config, start_timeout_s)
+            self.step_timeout_s, self.start_timeout_s = step_timeout_s, start_timeout_s
+            self._send_config(worker_config)
         except BaseException:
             self.shutdown()
             raise
@@ -197,18 +199,32 @@ class WorkerGroup(WorkerAdmission):
 
     # ---- start-up ----------------------------------------------------------------------------------------
 
-    def _handshake(self, worker_config: WorkerConfig, timeout_s: float) -> None:
+    def _send_config(self, worker_config: WorkerConfig) -> None:
+        """Admit every rank and send it the config: it loads weights and sizes its pool while the engine loads
+        the tokenizer; ``allocate`` finishes the start."""
         if self.procs:  # ours: they meet in our private dir (torchrun's use its environment)
             worker_config.dist_init_method = f"file://{self.tmpdir}/dist-store"
-        self._admit_workers(time.monotonic() + timeout_s)
+        self._admit_workers(time.monotonic() + self.start_timeout_s)
         self._broadcast(encode(worker_config))
+        self.config_sent = True
+
+    def allocate(self, eos_token_ids: list[int]) -> None:
+        """The rest of the start: each rank's pool size, the smallest allocated everywhere with the model's EOS ids,
+        every rank ready for steps (or the group shut down and the error raised)."""
+        try:
+            self._allocate(eos_token_ids, self.start_timeout_s)
+        except BaseException:
+            self.shutdown()
+            raise
+
+    def _allocate(self, eos_token_ids: list[int], timeout_s: float) -> None:
         ready = self._gather(WorkerReady, timeout_s, "weights loaded (WorkerReady)")
         self.num_kv_blocks = min(r.num_kv_blocks for r in ready.values())
         self.kv_block_bytes = ready[0].kv_block_bytes
         self.device_name = ready[0].device_name
         if self.num_kv_blocks <= 0:
             raise RuntimeError("no memory left for the KV cache: lower the model size or raise gpu_memory_utilization")
-        self._broadcast(encode(AllocateKV(self.num_kv_blocks)))
+        self._broadcast(encode(AllocateKV(self.num_kv_blocks, eos_token_ids)))
         self._gather(WorkerAck, timeout_s, "KV allocation")
         log.info(
             "%d worker(s) ready: %d KV blocks of %d bytes", self.world_size, self.num_kv_blocks, self.kv_block_bytes

@@ -158,10 +158,7 @@ def main(argv: list[str] | None = None, command: str = "launch") -> int:
             http_proc = _front_end(args, kwargs, cfg, http_sock, server)
             http_sock.close()  # the front-end holds it now
             PHASES.mark("spawn front-end")
-        from coordinator.engine import Engine
-        from coordinator.tokenizer_loader import tokenizer_class
-
-        tokenizer_class(cfg.tokenizer or cfg.model)  # the engine's, here: its time is the imports'
+        from coordinator.engine import Engine  # not transformers: the engine imports it once the config is sent
 
         gc.freeze()  # the imports' objects, uncollected (~8k unreachable of ~300k): the engine's collection skips them
         PHASES.mark("engine imports")

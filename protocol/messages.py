@@ -11,7 +11,7 @@ from protocol.sampling_params import SamplingParams
 # 4: SamplingParams.logit_bias / prompt_logprobs, StepResult's prompt logprobs; 5: SamplingParams.truncate_prompt_tokens
 # 6: SamplingParams.structured_outputs, StepCommand's token masks; 7: StepMasks; 8: worker authentication
 # (WorkerHello.nonce, AuthChallenge, AuthResponse); 9: SamplingParams travels sparse (its non-default fields by name)
-PROTOCOL_VERSION = 11  # 11: WorkerConfig.draft_model, DRAFT_PLACEHOLDER
+PROTOCOL_VERSION = 12  # 12: the EOS ids travel in AllocateKV (the config leaves before the tokenizer loads)
 # StepCommand.token_ids: -1 is the token this worker sampled last for the slot (async scheduling); DRAFT_PLACEHOLDER
 # marks a verify row's draft position that the worker fills from its own draft model (EAGLE-3)
 DRAFT_PLACEHOLDER = -2
@@ -76,7 +76,6 @@ class WorkerConfig:
     seed: int
     attention_backend: str
     dist_init_method: str  # "" = take the rendezvous from the environment (torchrun)
-    eos_token_ids: list[int]  # masked (unless ignore_eos) while a sequence's min_tokens are pending
     quantization: str = ""  # "fp8": quantize a 16-bit checkpoint's linear layers at load (model/fp8_linear.py)
     kv_cache_dtype: str = "auto"  # "auto" = dtype; "fp8": the KV pool stores e4m3
     draft_model: str = ""  # speculative decoding with EAGLE-3: the draft checkpoint's directory, "" = none
@@ -96,9 +95,12 @@ class WorkerReady:
 @record(4)
 @dataclass(slots=True)
 class AllocateKV:
-    """Coordinator -> worker: allocate this many blocks (the minimum over ranks), then capture graphs."""
+    """Coordinator -> worker: allocate this many blocks (the minimum over ranks), then capture graphs. The EOS ids
+    come here, not in the config: the coordinator sends the config before it loads the tokenizer (seconds of
+    imports on a GPU host), which it does while the workers load weights and size their pools."""
 
     num_blocks: int
+    eos_token_ids: list[int]  # masked (unless ignore_eos) while a sequence's min_tokens are pending
 
 
 @record(5)

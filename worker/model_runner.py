@@ -54,7 +54,8 @@ class ModelRunner(StepSampling, SpeculativeSteps):
         self.block_tables = np.zeros((n, width), dtype=np.int32)
         self.num_seq_blocks = np.zeros(n, dtype=np.int64)
         self.num_computed = np.zeros(n, dtype=np.int64)
-        self.sampling = SamplingState(n, self.model_config.vocab_size, cfg.eos_token_ids, device, self.to_dev)
+        # the EOS ids come with AllocateKV (worker/startup.prepare_for_steps)
+        self.sampling = SamplingState(n, self.model_config.vocab_size, (), device, self.to_dev)
         self.prompt_logprobs = PromptLogprobs()
         self.unsettled: tuple | None = None  # the last verify step's accepted counts, until the next step
         self.accept_all_drafts = settings().bench_accept_drafts  # benchmark only: speculation's ceiling

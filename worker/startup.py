@@ -41,8 +41,10 @@ def available_kv_blocks(runner: ModelRunner) -> int:
     return _profile_cuda_blocks(runner)
 
 
-def prepare_for_steps(runner: ModelRunner, num_blocks: int) -> None:
-    """The coordinator fixed the pool (the minimum over ranks): allocate it and get every kernel and graph ready."""
+def prepare_for_steps(runner: ModelRunner, num_blocks: int, eos_token_ids: list[int]) -> None:
+    """The coordinator fixed the pool (the minimum over ranks) and sent the model's EOS ids (known once its
+    tokenizer loaded): allocate the pool and get every kernel and graph ready."""
+    runner.sampling.eos_token_ids = frozenset(eos_token_ids)
     with PHASES.phase("kv alloc"):
         runner.allocate_kv(num_blocks)
         _sync(runner)

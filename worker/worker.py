@@ -152,7 +152,7 @@ class Worker:
         if not isinstance(alloc, AllocateKV):
             raise ProtocolError(f"expected AllocateKV, got {type(alloc).__name__}")
         PHASES.mark("wait alloc")
-        startup.prepare_for_steps(self.runner, alloc.num_blocks)
+        startup.prepare_for_steps(self.runner, alloc.num_blocks, alloc.eos_token_ids)
         trace_path = settings().step_trace
         if trace_path and self.rank == 0 and device.type == "cuda":
             from worker.step_trace import StepTrace

@@ -39,7 +39,7 @@ SHARED_NAMES = {
 }
 # flags whose default is SamplingParams' own (the CLIs share them by reading the record, not by repeating it)
 SAMPLING_FLAGS = {"max_tokens", "temperature", "top_p", "top_k", "min_p"}
-WORKER_ONLY = {"max_model_len", "eos_token_ids", "dist_init_method", "draft_model"}  # derived by the engine
+WORKER_ONLY = {"max_model_len", "dist_init_method", "draft_model"}  # derived by the engine
 
 
 def _constant(node: ast.AST) -> object:
@@ -170,9 +170,9 @@ def test_worker_config_is_derived_from_engine_config_by_field_name(tmp_path):
         seed=5,
         attention_backend="torch",
     )
-    wc = cfg.worker_config(123, [2, 3])
+    wc = cfg.worker_config(123)
     for f in dataclasses.fields(WorkerConfig):
         if f.name not in WORKER_ONLY and f.name != "num_kv_blocks":
             assert getattr(wc, f.name) == getattr(cfg, f.name), f.name
-    assert (wc.max_model_len, wc.eos_token_ids, wc.num_kv_blocks, wc.dist_init_method) == (123, [2, 3], -1, "")
-    assert EngineConfig(device="cpu", num_kv_blocks=9).worker_config(1, []).num_kv_blocks == 9
+    assert (wc.max_model_len, wc.num_kv_blocks, wc.dist_init_method) == (123, -1, "")
+    assert EngineConfig(device="cpu", num_kv_blocks=9).worker_config(1).num_kv_blocks == 9

@@ -90,7 +90,6 @@ def worker_config(model_dir, **kw):
         seed=0,
         attention_backend="torch",
         dist_init_method="",
-        eos_token_ids=[],
     )
     base.update(kw)
     return WorkerConfig(**base)
