@@ -1,6 +1,6 @@
 """``python -m worker --coordinator ADDR``: one worker process; under torchrun, rank and world size come from its
-environment. Parses the flags, ties the process's life to its parent's, loads torch and the worker's modules (while
-a coordinator that spawned us early still loads its own), and turns every ending into an exit code."""
+environment. Parses the flags, ties the process's life to its parent's, says hello to the coordinator, loads torch
+and the worker's modules (while the coordinator loads its own), and turns every ending into an exit code."""
 
 from __future__ import annotations
 
@@ -29,8 +29,8 @@ def _die_with_parent() -> None:
 
 
 def _load_modules() -> None:
-    """What every worker imports before its first step (torch, Triton, the model code): ~1-2 s, done before the
-    handshake, so it overlaps the coordinator's own imports when it spawns us first (nanoserve/serve.py)."""
+    """What every worker imports before its first step (torch, Triton, the model code): 1-5 s, done once the
+    coordinator has admitted us (worker/worker.py), so it overlaps the coordinator's own imports."""
     gc.disable()  # imports allocate much and free little: collections cost ~10% of their CPU
     try:
         import torch  # noqa: F401
@@ -83,12 +83,11 @@ def main(argv: list[str] | None = None) -> int:
         _die_with_parent()
         if os.getppid() != args.parent_pid:
             return 1
-    _load_modules()
     secret = settings().worker_secret  # from the environment only: argv is readable by any local user
     worker = Worker(args.coordinator, rank, world, local, args.parent_pid, args.connect_timeout, secret)
     code = 1
     try:
-        code = worker.run()
+        code = worker.run(load_modules=_load_modules)
     except CoordinatorGone:
         code = 1
     except (CoordinatorUnreachable, Refused) as e:

@@ -48,9 +48,10 @@ def exit_when_orphaned(worker: Worker) -> None:
     os._exit(1)
 
 
-def authenticate(worker: Worker, msg: object, nonce: bytes) -> object:
-    """The coordinator's first answer, once both sides have proved they hold the secret (where this worker has
-    one); the message after that. Nothing from a coordinator that cannot prove it is ever acted on."""
+def authenticate(worker: Worker, msg: object, nonce: bytes) -> object | None:
+    """The coordinator's first answer ``msg``, checked: a challenge is answered once both sides have proved they
+    hold the secret (None: the config comes next); anything else is returned. Nothing from a coordinator that
+    cannot prove it is ever acted on."""
     if isinstance(msg, AuthChallenge):
         if not worker.secret:
             worker.send(AuthResponse(worker.rank, b"", "it holds no worker secret"))  # for the coordinator's log
@@ -65,7 +66,7 @@ def authenticate(worker: Worker, msg: object, nonce: bytes) -> object:
         worker.send(
             AuthResponse(worker.rank, worker_proof(worker.secret, nonce, msg.nonce, worker.rank, worker.world_size))
         )
-        return worker.recv()
+        return None
     if worker.secret and not isinstance(msg, Shutdown):
         raise Refused(
             f"the coordinator at {worker.address} did not prove it holds the worker secret (it has none, or an "

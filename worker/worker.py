@@ -11,6 +11,7 @@ import sys
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 
 import zmq
 
@@ -109,14 +110,23 @@ class Worker:
                 print(f"worker rank {self.rank}: waiting for the coordinator at {self.address}", file=sys.stderr)
                 said = True
 
-    def run(self) -> int:
-        import torch
-
+    def run(self, load_modules: Callable[[], None] = lambda: None) -> int:
+        """Join the coordinator, load torch and the model code (``load_modules``), then serve steps. The hello
+        (and, with a secret, the challenge's answer) goes out before the imports: the coordinator admits every rank
+        at once and sends the config, then loads its tokenizer while we import (log 53c)."""
         nonce = new_nonce()
         host = socket.gethostname()
         self.send(WorkerHello(PROTOCOL_VERSION, self.rank, self.world_size, "", os.getpid(), host, nonce))
         self.wait_for_coordinator()
-        cfg = authenticate(self, self.recv(), nonce)
+        # with a secret a challenge comes first, answered now; without one the first message is the config
+        cfg = authenticate(self, self.recv(), nonce) if self.secret else None
+        PHASES.mark("hello")
+        load_modules()
+        import torch
+
+        if cfg is None:
+            msg = self.recv()
+            cfg = msg if self.secret else authenticate(self, msg, nonce)
         if isinstance(cfg, Shutdown):
             if cfg.reason.startswith("refused"):
                 raise Refused(cfg.reason)
