@@ -68,7 +68,6 @@ class WorkerGroup(WorkerAdmission):
         self._ignored: set[bytes] = set()  # identities refused or unknown: their messages are ignored
         self._noted: set[bytes] = set()  # ... and logged, once per identity
         self.dead = False
-        self.config_sent = False
         self._results: dict[int, dict[int, StepResult]] = {}  # step id -> rank -> result
         try:
             if external:
@@ -206,7 +205,6 @@ class WorkerGroup(WorkerAdmission):
             worker_config.dist_init_method = f"file://{self.tmpdir}/dist-store"
         self._admit_workers(time.monotonic() + self.start_timeout_s)
         self._broadcast(encode(worker_config))
-        self.config_sent = True
 
     def allocate(self, eos_token_ids: list[int]) -> None:
         """The rest of the start: each rank's pool size, the smallest allocated everywhere with the model's EOS ids,

@@ -121,9 +121,8 @@ class Worker:
         # with a secret a challenge comes first, answered now; without one the first message is the config
         cfg = authenticate(self, self.recv(), nonce) if self.secret else None
         PHASES.mark("hello")
-        load_modules()
-        import torch
-
+        if not isinstance(cfg, Shutdown):  # a refusal needs no torch
+            load_modules()
         if cfg is None:
             msg = self.recv()
             cfg = msg if self.secret else authenticate(self, msg, nonce)
@@ -134,6 +133,8 @@ class Worker:
         if not isinstance(cfg, WorkerConfig):
             raise ProtocolError(f"expected WorkerConfig, got {type(cfg).__name__}")
         PHASES.mark("wait config")
+        import torch
+
         device = self._init_device_and_group(cfg)
         PHASES.mark("device + dist init")
         from comm.parallel import set_tp
