@@ -13,7 +13,7 @@ from tests.support.processes import ROOT, children_of
 from tests.support.server import ENGINE_ARGS, ServerProcess
 from tests.support.timeouts import HANG_S, START_S
 
-WORKER_PHASES = ["python", "imports", "wait config", "weights", "kv sizing", "kv alloc"]
+WORKER_PHASES = ["python", "hello", "imports", "wait config", "weights", "kv sizing", "kv alloc"]
 COORDINATOR_PHASES = ["python", "spawn workers", "engine imports", "engine: tokenizer + workers"]
 
 
