@@ -1,12 +1,12 @@
 """What does W3 with prefix caching cost the host? (CPU; no GPU, no worker process) For bisecting host-side time.
 
 The real ``LLM.generate`` runs W3's exact requests (256 x (2,048 shared + 64 unique ids), 128 outputs, temperature
-0.6, ignore_eos) through the real coordinator against an in-process stand-in for the worker group: each
-StepCommand goes through the real codec, and the real CPU ``ModelRunner`` (2 layers, 64 wide, Qwen3's vocabulary)
-applies slot updates, lays the step out and builds attention and sampling state; only the forward, LM head and
-sampler are stubbed (random tokens). Prints each phase's time (ms over the whole generate, medians of --repeat
-fresh-engine runs), the last line JSON. ``cp.*`` rows are host time a GPU run's device waits for (before the first
-send, between the three prefill sends, after the last result); ``--clock cpu`` counts this thread's CPU time only.
+0.6, ignore_eos) through the real coordinator against an in-process stand-in for the worker group: each StepCommand
+goes through the real codec, and the real CPU ``ModelRunner`` (2 layers, 64 wide, Qwen3's vocabulary) applies
+slot updates, lays the step out and builds attention and sampling state; only the forward, LM head and sampler are
+stubbed (random tokens). Prints each phase's time (ms over the whole generate, medians of --repeat fresh-engine
+runs), the last line JSON. ``cp.*`` rows: host time a GPU run's device waits for (before the first send, between
+the three prefill sends, after the last result); ``--clock cpu`` counts this thread's CPU time only.
 
     python -m benchmarks.w3_host [--repeat 5] [--clock wall|cpu] [--num-prompts 256] [--no-worker]
 
@@ -127,6 +127,9 @@ class FakeWorkers:
     def adopt(self, *a, **k):  # today's Engine(cfg, workers=...) form
         return self
 
+    def allocate(self, eos_token_ids) -> None:  # the engine's second start-up call, since protocol 12
+        return None
+
     def _runner(self, worker_cfg):
         import dataclasses
 
@@ -230,8 +233,6 @@ def run_once(model_dir: Path, num_prompts: int, with_worker: bool) -> dict:
         enforce_eager=True,
     )
     eng = llm.engine
-    TIMES.clear()
-    COUNTS.clear()
     # warm-up as the benchmark does (a small generate), then the timed one
     llm.generate([1, 2, 3, 4, 5, 6, 7, 8], SamplingParams(max_tokens=16), use_tqdm=False)
     _timed(eng, "add_request", "c.add_request")
@@ -247,8 +248,7 @@ def run_once(model_dir: Path, num_prompts: int, with_worker: bool) -> dict:
     params = [SamplingParams(temperature=0.6, ignore_eos=True, max_tokens=r.max_tokens) for r in reqs]
     t0 = CLOCK()
     outs = llm.generate(prompts, params, use_tqdm=False)
-    t_end = CLOCK()
-    total = t_end - t0
+    total = (t_end := CLOCK()) - t0
     assert all(len(o.outputs[0].token_ids) == r.max_tokens for o, r in zip(outs, reqs))
     res = {k: v * 1e3 for k, v in TIMES.items() if k != "step_bytes"}
     res["total"] = total * 1e3
