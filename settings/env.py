@@ -33,8 +33,9 @@ def _text(name: str) -> str | None:
 
 @dataclass(frozen=True, slots=True)
 class Settings:
-    # NANOSERVE_CACHE: where the benchmark checkpoints (model shapes) are written and the start-up tuning choices
-    # kept across starts (kernels/tune_cache.py); safe to delete
+    # NANOSERVE_CACHE: where the benchmark checkpoints (model shapes) are written and what start-up keeps across
+    # starts (kernels/tune_cache.py's tuning choices, coordinator/tokenizer_loader.py's tokenizer classes); safe
+    # to delete
     cache_dir: Path
     api_key: str | None  # NANOSERVE_API_KEY: the server's shared secret (clients send it, servers require it)
     # NANOSERVE_WORKER_SECRET: what every worker proves it holds before it gets any work; unset: the API key

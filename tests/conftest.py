@@ -1,5 +1,8 @@
+import atexit
 import os
+import shutil
 import signal
+import tempfile
 import warnings
 from pathlib import Path
 
@@ -19,6 +22,13 @@ from model.tiny import TinySpec, write_tiny_checkpoint
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+# What nanoserve keeps across starts (tokenizer classes, cuBLASLt choices, benchmark shapes) goes to one directory
+# for the test session, never the user's ~/.cache/nanoserve; it is removed by the process that made it (xdist's
+# workers inherit the variable and share it).
+if "NANOSERVE_CACHE" not in os.environ:
+    os.environ["NANOSERVE_CACHE"] = tempfile.mkdtemp(prefix="nanoserve-test-cache-")
+    atexit.register(shutil.rmtree, os.environ["NANOSERVE_CACHE"], ignore_errors=True)
 
 
 def pytest_configure(config):
