@@ -49,9 +49,8 @@ def tokenizer_class(source: str | Path) -> type:
 
 def load_tokenizer(source: str | Path):
     """The tokenizer at ``source`` (a local directory), as ``AutoTokenizer.from_pretrained(source)`` returns it."""
-    loader = tokenizer_class(source) if not source or is_embedded_model(source) else None
-    if loader is not None:
-        return loader.from_pretrained(source)
+    if not source or is_embedded_model(source):
+        return tokenizer_class(source).from_pretrained(source)
     entry = _entry_path(Path(source))
     known = _known_class(entry)
     if known is not None:

@@ -52,7 +52,7 @@ class WorkerGroup(WorkerAdmission):
     ) -> None:
         self.world_size = world_size
         self.secret = secret
-        self.step_timeout_s = step_timeout_s
+        self.step_timeout_s, self.start_timeout_s = step_timeout_s, start_timeout_s
         self.procs: list[subprocess.Popen] = []
         self.tmpdir = private_dirs.create()  # the next start removes it if this process is killed
         self.ctx = zmq.Context()
@@ -79,7 +79,6 @@ class WorkerGroup(WorkerAdmission):
                 self.address = f"ipc://{self.tmpdir}/workers"
                 self._bind(self.address)
                 self._spawn()
-            self.start_timeout_s = start_timeout_s
             if worker_config is not None:
                 self._send_config(worker_config)
         except BaseException:
@@ -210,20 +209,20 @@ class WorkerGroup(WorkerAdmission):
         """The rest of the start: each rank's pool size, the smallest allocated everywhere with the model's EOS ids,
         every rank ready for steps (or the group shut down and the error raised)."""
         try:
-            self._allocate(eos_token_ids, self.start_timeout_s)
+            self._allocate(eos_token_ids)
         except BaseException:
             self.shutdown()
             raise
 
-    def _allocate(self, eos_token_ids: list[int], timeout_s: float) -> None:
-        ready = self._gather(WorkerReady, timeout_s, "weights loaded (WorkerReady)")
+    def _allocate(self, eos_token_ids: list[int]) -> None:
+        ready = self._gather(WorkerReady, self.start_timeout_s, "weights loaded (WorkerReady)")
         self.num_kv_blocks = min(r.num_kv_blocks for r in ready.values())
         self.kv_block_bytes = ready[0].kv_block_bytes
         self.device_name = ready[0].device_name
         if self.num_kv_blocks <= 0:
             raise RuntimeError("no memory left for the KV cache: lower the model size or raise gpu_memory_utilization")
         self._broadcast(encode(AllocateKV(self.num_kv_blocks, eos_token_ids)))
-        self._gather(WorkerAck, timeout_s, "KV allocation")
+        self._gather(WorkerAck, self.start_timeout_s, "KV allocation")
         log.info(
             "%d worker(s) ready: %d KV blocks of %d bytes", self.world_size, self.num_kv_blocks, self.kv_block_bytes
         )
