@@ -16,6 +16,7 @@ from transformers import AutoTokenizer
 from coordinator.tokenizer_loader import is_embedded_model, load_tokenizer, tokenizer_class
 from model.tiny import DEFAULT_MODEL_DIR
 from tests.support.timeouts import START_S
+from tests.support.transformers_torch import tokenizer_import_loads_torch
 
 TEXT = 'def fib(n):\n    """The n-th number."""\n    return n if n < 2 else fib(n - 1) + 7\n\t<|im_end|>é'
 CHAT = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi there"}]
@@ -61,7 +62,8 @@ def test_the_embedded_models_tokenizer_loads_without_transformers_auto_classes()
         "print(sorted(m for m in ('transformers.models.auto.tokenization_auto', 'torch') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=START_S, check=True)
-    assert out.stdout.strip() == "[]", out.stdout + out.stderr
+    expected = "['torch']" if tokenizer_import_loads_torch() else "[]"  # 5.17's own tokenizer import loads torch
+    assert out.stdout.strip() == expected, out.stdout + out.stderr
 
 
 def _dirs(tmp_path):

@@ -6,7 +6,6 @@ and generation work as usual."""
 
 from __future__ import annotations
 
-import subprocess
 import sys
 from pathlib import Path
 
@@ -16,6 +15,7 @@ from client import Client, SamplingParams
 from coordinator.gpu_probe import gpu_driver_present, nvml_device_count
 from tests.support.announced import LISTENING, AnnouncedProcess
 from tests.support.processes import children_of
+from tests.support.transformers_torch import tokenizer_import_loads_torch
 
 pytestmark = pytest.mark.skipif(
     sys.platform != "linux" or (gpu_driver_present() and nvml_device_count() is None),
@@ -27,16 +27,8 @@ def _has_torch(pid: int) -> bool:
     return "libtorch" in Path(f"/proc/{pid}/maps").read_text()
 
 
-def _tokenizer_import_loads_torch() -> bool:
-    """Whether this transformers loads torch with its fast tokenizer class (5.17 does: tokenization_utils_tokenizers
-    imports its GGUF helpers, which import torch; 5.24 does not): then no coordinator of ours can be torch-free."""
-    probe = "import sys; from transformers import PreTrainedTokenizerFast; print('torch' in sys.modules)"
-    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
-    return out.stdout.strip().endswith("True")
-
-
 def test_the_coordinator_serves_the_embedded_model_without_torch(tmp_path):
-    if _tokenizer_import_loads_torch():
+    if tokenizer_import_loads_torch():
         pytest.skip("this transformers imports torch with PreTrainedTokenizerFast (5.17 does)")
     cmd = [sys.executable, "launch.py", "--port", "0"]
     with AnnouncedProcess(cmd, tmp_path / "launch.log", (LISTENING,)) as launch:
