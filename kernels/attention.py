@@ -61,11 +61,6 @@ class AttentionBackend:
     ) -> None:
         raise NotImplementedError
 
-    def query_buffer(self, tokens: int) -> torch.Tensor | None:
-        """Where the q/k norm + RoPE kernel should write the queries [tokens, num_heads, head_dim] for ``prefill``,
-        or None: in place, in the qkv projection's output (the piecewise prefill graphs give a static buffer)."""
-        return None
-
     def prefill(
         self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata, scale: float
     ) -> torch.Tensor:

@@ -56,7 +56,6 @@ def _prefill_kernel(
         prefix = kv_len - q_len  # position of query 0 (cached prefix length)
 
         offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-        offs_n = tl.arange(0, BLOCK_N)
         offs_d = tl.arange(0, BLOCK_D)
         mask_m = offs_m < q_len
         mask_d = offs_d < HEAD_DIM
@@ -67,55 +66,88 @@ def _prefill_kernel(
         q = dot_operand(tl.load(q_ptrs, mask=mask_m[:, None] & mask_d[None, :], other=0.0), DOT_F16)
 
         bt_row = block_tables_ptr + seq.to(tl.int64) * stride_bt
-        k_base = k_cache_ptr + kv_head * k_strides[2] + offs_d[None, :]
-        if V_KEYS:
-            v_base = v_cache_ptr + kv_head * v_strides[2] + offs_d[:, None] * PAGE
-        else:
-            v_base = v_cache_ptr + kv_head * v_strides[2] + offs_d[None, :]
-
-        m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
-        l_i = tl.zeros([BLOCK_M], tl.float32)
-        acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-
-        # Keys below `full_end` are visible to every query of this block (no mask needed); keys in
-        # [full_end, kv_end) straddle the causal diagonal. Key 0 is in the first tile either way, so every
-        # row has a finite running max after one iteration and fully-masked tiles never yield NaN.
         first_pos = prefix + pid_m * BLOCK_M
-        full_end = ((first_pos + 1) // BLOCK_N) * BLOCK_N
-        kv_end = tl.minimum(kv_len, first_pos + BLOCK_M)
-
-        for start_n in range(0, full_end, BLOCK_N):
-            pos_n = start_n + offs_n
-            page = tl.load(bt_row + pos_n // PAGE).to(tl.int64)
-            in_page = (pos_n % PAGE).to(tl.int64)
-            k = tl.load(k_base + slot_offset(k_strides, page, in_page)[:, None], mask=mask_d[None, :], other=0.0)
-            v_off = slot_offset(v_strides, page, in_page)  # V's slot stride is 1 when V_KEYS
-            if V_KEYS:
-                v = tl.trans(load_keys_contiguous(v_base, v_off, mask_d))
-            else:
-                v = tl.load(v_base + v_off[:, None], mask=mask_d[None, :], other=0.0)
-            qk = exact_dot(q, tl.trans(k.to(q.dtype))) * qk_scale
-            m_i, l_i, acc = softmax_tile(q, qk, v, m_i, l_i, acc)
-
-        for start_n in range(full_end, kv_end, BLOCK_N):
-            pos_n = start_n + offs_n
-            # Never touch block-table entries past kv_len's page, or (but V_KEYS's) slots at or past kv_len: they
-            # may be garbage.
-            mask_n = pos_n < kv_len
-            page = tl.load(bt_row + pos_n // PAGE, mask=pos_n // PAGE < tl.cdiv(kv_len, PAGE), other=0).to(tl.int64)
-            in_page = (pos_n % PAGE).to(tl.int64)
-            kv_mask = mask_n[:, None] & mask_d[None, :]
-            k = tl.load(k_base + slot_offset(k_strides, page, in_page)[:, None], mask=kv_mask, other=0.0)
-            v_off = slot_offset(v_strides, page, in_page)  # V's slot stride is 1 when V_KEYS
-            if V_KEYS:
-                v = tl.trans(load_keys_contiguous(v_base, v_off, mask_d))
-            else:
-                v = tl.load(v_base + v_off[:, None], mask=kv_mask, other=0.0)
-            qk = exact_dot(q, tl.trans(k.to(q.dtype))) * qk_scale
-            causal = (pos_n[None, :] <= q_pos[:, None]) & mask_n[None, :]
-            qk = tl.where(causal, qk, float("-inf"))
-            m_i, l_i, acc = softmax_tile(q, qk, v, m_i, l_i, acc)
-
+        acc, l_i = attend_keys(
+            q, q_pos, k_cache_ptr, v_cache_ptr, bt_row, kv_head, kv_len, first_pos, first_pos + BLOCK_M, qk_scale,
+            k_strides, v_strides, PAGE, HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, V_KEYS,
+        )  # fmt: skip
         acc = acc / l_i[:, None] * v_scale
         o_ptrs = out_ptr + q_rows[:, None] * stride_ot + head * stride_oh + offs_d[None, :]
         tl.store(o_ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_d[None, :])
+
+
+@triton.jit
+def attend_keys(
+    q,
+    q_pos,
+    k_cache_ptr,
+    v_cache_ptr,
+    bt_row,
+    kv_head,
+    kv_len,
+    first_pos,
+    last_pos_end,
+    qk_scale,
+    k_strides,
+    v_strides,
+    PAGE: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    V_KEYS: tl.constexpr,
+):
+    """Causal attention of a [BLOCK_M, D] query tile ``q`` (rows at positions ``q_pos``, the earliest
+    ``first_pos``, all below ``last_pos_end``) over its sequence's cached keys (block-table row ``bt_row``, kv head
+    ``kv_head``, ``kv_len`` keys); returns the unnormalized accumulator and the softmax sums."""
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    mask_d = offs_d < HEAD_DIM
+    k_base = k_cache_ptr + kv_head * k_strides[2] + offs_d[None, :]
+    if V_KEYS:
+        v_base = v_cache_ptr + kv_head * v_strides[2] + offs_d[:, None] * PAGE
+    else:
+        v_base = v_cache_ptr + kv_head * v_strides[2] + offs_d[None, :]
+
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+
+    # Keys below `full_end` are visible to every query of this tile (no mask needed); keys in [full_end, kv_end)
+    # straddle the causal diagonal. Key 0 is in the first tile either way, so every row has a finite running max
+    # after one iteration and fully-masked tiles never yield NaN.
+    full_end = ((first_pos + 1) // BLOCK_N) * BLOCK_N
+    kv_end = tl.minimum(kv_len, last_pos_end)
+
+    for start_n in range(0, full_end, BLOCK_N):
+        pos_n = start_n + offs_n
+        page = tl.load(bt_row + pos_n // PAGE).to(tl.int64)
+        in_page = (pos_n % PAGE).to(tl.int64)
+        k = tl.load(k_base + slot_offset(k_strides, page, in_page)[:, None], mask=mask_d[None, :], other=0.0)
+        v_off = slot_offset(v_strides, page, in_page)  # V's slot stride is 1 when V_KEYS
+        if V_KEYS:
+            v = tl.trans(load_keys_contiguous(v_base, v_off, mask_d))
+        else:
+            v = tl.load(v_base + v_off[:, None], mask=mask_d[None, :], other=0.0)
+        qk = exact_dot(q, tl.trans(k.to(q.dtype))) * qk_scale
+        m_i, l_i, acc = softmax_tile(q, qk, v, m_i, l_i, acc)
+
+    for start_n in range(full_end, kv_end, BLOCK_N):
+        pos_n = start_n + offs_n
+        # Never touch block-table entries past kv_len's page, or (but V_KEYS's) slots at or past kv_len: they
+        # may be garbage.
+        mask_n = pos_n < kv_len
+        page = tl.load(bt_row + pos_n // PAGE, mask=pos_n // PAGE < tl.cdiv(kv_len, PAGE), other=0).to(tl.int64)
+        in_page = (pos_n % PAGE).to(tl.int64)
+        kv_mask = mask_n[:, None] & mask_d[None, :]
+        k = tl.load(k_base + slot_offset(k_strides, page, in_page)[:, None], mask=kv_mask, other=0.0)
+        v_off = slot_offset(v_strides, page, in_page)  # V's slot stride is 1 when V_KEYS
+        if V_KEYS:
+            v = tl.trans(load_keys_contiguous(v_base, v_off, mask_d))
+        else:
+            v = tl.load(v_base + v_off[:, None], mask=kv_mask, other=0.0)
+        qk = exact_dot(q, tl.trans(k.to(q.dtype))) * qk_scale
+        causal = (pos_n[None, :] <= q_pos[:, None]) & mask_n[None, :]
+        qk = tl.where(causal, qk, float("-inf"))
+        m_i, l_i, acc = softmax_tile(q, qk, v, m_i, l_i, acc)
+    return acc, l_i

@@ -132,9 +132,8 @@ class PagedAttention(nn.Module):
         ctx = get_context()
         store = KVStore(v, self.k_cache, self.v_cache, ctx.meta.slot_mapping)
         wq, wk, eps = (None, None, 0.0) if q_norm is None else (q_norm.weight, k_norm.weight, q_norm.eps)
-        q_out = ctx.backend.query_buffer(qk.shape[0])
-        qk_norm_rope_(qk, wq, wk, eps, rope.cos_sin, positions, self.num_heads, store, scales, q_out)
-        return self._attend(qk[:, : self.num_heads] if q_out is None else q_out, ctx.meta, ctx.backend)
+        qk_norm_rope_(qk, wq, wk, eps, rope.cos_sin, positions, self.num_heads, store, scales)
+        return self._attend(qk[:, : self.num_heads], ctx.meta, ctx.backend)
 
     def _attend(self, q: torch.Tensor, meta: AttentionMetadata, backend: AttentionBackend) -> torch.Tensor:
         n_pre = meta.num_prefill_tokens

@@ -19,8 +19,9 @@ from model.loader import load_model
 from protocol.messages import StepCommand, WorkerConfig
 from settings.env import settings
 from worker import lazy_zeros
-from worker.cuda_graphs import DecodeGraphs, PrefillGraphs
+from worker.cuda_graphs import DecodeGraphs
 from worker.logprobs import PromptLogprobs
+from worker.prefill_graphs import PrefillGraphs
 from worker.results import AwaitingMasks, PendingTokens, ResultRing, no_tokens
 from worker.sampling_state import SamplingState
 from worker.speculative import SpeculativeSteps, add_verify_rows
@@ -207,12 +208,14 @@ class ModelRunner(StepSampling, SpeculativeSteps):
             decode_slots, decode_lens = hb.decode_rows()
             tables = self.block_tables[decode_slots, : hb.width]
             return self.graphs.run(self.stager, input_ids, hb.positions, hb.slot_mapping, decode_lens, tables)
+        graphs = self.prefill_graphs
+        if graphs is not None and graphs.holds(len(input_ids), hb.num_prefills + len(hb.decode_rows()[0])):
+            rows = hb.attention_rows(self.block_tables)
+            return graphs.run(self.stager, input_ids, hb.positions, hb.slot_mapping, *rows)
         return self.run_model(input_ids, hb.positions, self.device_meta(hb))
 
     def run_model(self, input_ids: torch.Tensor, positions: np.ndarray, meta: AttentionMetadata) -> torch.Tensor:
-        """A forward with prefill tokens: through the prefill graphs where they hold the step, else eagerly."""
-        if self.prefill_graphs is not None and len(input_ids) <= self.prefill_graphs.max_tokens:
-            return self.prefill_graphs.run(self.stager, input_ids, positions, meta, self.backend)
+        """An eager forward with prefill tokens (a step the prefill graphs do not hold)."""
         with forward_context(meta, self.backend):
             return self.model(input_ids, self.to_dev(positions))
 

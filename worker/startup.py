@@ -22,8 +22,9 @@ from kernels.tune_cache import TuneCache
 from model.linear import LinearBase
 from settings.env import settings
 from settings.startup_phases import PHASES
-from worker.cuda_graphs import DecodeGraphs, PrefillGraphs, batch_buckets
+from worker.cuda_graphs import DecodeGraphs, batch_buckets
 from worker.model_runner import ModelRunner
+from worker.prefill_graphs import PrefillGraphs
 
 # seconds of cuBLASLt timing a start may spend (a cold start's 73 products took 18 s of a Qwen3-8B start, log 53, for
 # +0.3-0.7% of W1): products not reached keep torch's matmul and are timed by the next starts (kernels/tune_cache.py)
@@ -97,10 +98,14 @@ def _warmup_prefill(runner: ModelRunner, num_seqs: int, seq_len: int, blocks_per
     positions = np.tile(np.arange(seq_len), num_seqs)
     rows = np.repeat(np.arange(num_seqs), seq_len)
     slots = tables[rows, positions // bs] * bs + positions % bs
-    meta = AttentionMetadata(runner.to_dev(slots), len(tokens), num_seqs, 0)
-    runner.set_prefill_meta(meta, np.full(num_seqs, seq_len), np.full(num_seqs, seq_len), tables)
+    lens, graphs = np.full(num_seqs, seq_len), runner.prefill_graphs
     with torch.inference_mode():
-        hidden = runner.run_model(runner.to_dev(tokens), positions, meta)
+        if graphs is not None and graphs.holds(len(tokens), num_seqs):
+            hidden = graphs.run(runner.stager, runner.to_dev(tokens), positions, slots, lens, lens, tables)
+        else:
+            meta = AttentionMetadata(runner.to_dev(slots), len(tokens), num_seqs, 0)
+            runner.set_prefill_meta(meta, lens, lens, tables)
+            hidden = runner.run_model(runner.to_dev(tokens), positions, meta)
         runner.model.compute_logits(hidden[-num_seqs:])
 
 
@@ -158,7 +163,7 @@ def tune_decode_gemms(runner: ModelRunner) -> None:
 
 
 def capture_graphs(runner: ModelRunner) -> None:
-    """CUDA graphs for decode-only steps and, at TP 1 with the Triton backend, piecewise ones for steps with
+    """CUDA graphs for decode-only steps and, at TP 1 with the Triton backend, whole-forward ones for steps with
     prefill tokens (after the KV pool exists); no-op on CPU or with enforce_eager."""
     cfg = runner.cfg
     if runner.device.type != "cuda" or cfg.enforce_eager:
@@ -179,13 +184,22 @@ def capture_graphs(runner: ModelRunner) -> None:
     if runner.drafter is not None:  # the EAGLE-3 draft's forwards, in the decode graphs' memory pool
         runner.drafter.capture_graphs(runner.graphs.pool)
         PHASES.mark("draft graphs")
-    # Prefill pieces replay attention with the Triton backend's ``out`` argument. Under tensor parallelism
-    # their prefill-sized all-reduces would be NCCL collectives inside graphs, not yet checked on the device;
-    # TP prefill steps are device-bound anyway, so graphs would save little there.
+    # The whole-step attention is the Triton backend's kernel. Under tensor parallelism the prefill-sized
+    # all-reduces would be NCCL collectives inside graphs, not yet checked on the device; TP prefill steps are
+    # device-bound anyway, so graphs would save little there.
     if isinstance(runner.backend, TritonAttentionBackend) and tp_size() == 1:
         attn = runner.attn_layers[0]
         runner.prefill_graphs = PrefillGraphs(
-            runner.model, cfg.max_num_batched_tokens, attn.num_heads, attn.head_dim, runner.dtype, runner.device
+            runner.model,
+            runner.backend.store_kvcache,
+            cfg.max_num_batched_tokens,
+            cfg.max_num_seqs,
+            runner.block_tables.shape[1],
+            attn.num_heads,
+            attn.num_kv_heads,
+            attn.head_dim,
+            runner.dtype,
+            runner.device,
         )
         PHASES.mark("prefill graphs")
 

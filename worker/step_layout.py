@@ -47,6 +47,16 @@ class HostBatch:
     # a step of verify and decode rows only, attended as one decode row per token: (slot, context length) of each
     token_rows: tuple[np.ndarray, np.ndarray] | None = None
 
+    def attention_rows(self, block_tables: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The step's attention sequences, prefill chunks then decode rows (one query each): (queries, context
+        length, block-table row) of each, for the whole-step attention of worker/prefill_graphs.py."""
+        n_pre = self.num_prefills
+        decode_slots, decode_lens = self.decode_rows()
+        q_lens = np.concatenate([self.q_lens[:n_pre], np.ones(len(decode_slots), dtype=np.int64)])
+        seq_lens = np.concatenate([self.seq_lens[:n_pre], decode_lens])
+        slots = np.concatenate([self.slots[:n_pre], decode_slots])
+        return q_lens, seq_lens, block_tables[slots, : self.width]
+
     def decode_rows(self) -> tuple[np.ndarray, np.ndarray]:
         """The (slot, context length) of each decode row the attention reads for."""
         if self.token_rows is not None:

@@ -148,7 +148,7 @@ def test_bf16_teacher_forced_logits_close_to_hf(moe_bf16):
 
 @pytest.mark.parametrize("enforce_eager", [True, False])
 def test_float32_greedy_tokens_match_hf(moe_f32, enforce_eager):
-    """Decode steps from CUDA graphs (and prefill steps from the piecewise graphs) when not eager."""
+    """Decode steps from CUDA graphs (and prefill steps from the whole-forward prefill graphs) when not eager."""
     prompts = prompts_with_shared_prefixes()
     expected = hf_greedy(moe_f32, prompts, 24)
     params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)

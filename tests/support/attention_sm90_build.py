@@ -26,7 +26,7 @@ import sys
 import torch
 
 from benchmarks.sm90_build import MAX_SUBWORD_LOADS, check_vector_loads, launch_builds, sass_profile
-from kernels import attention_decode, attention_prefill, attention_store, qk_norm_rope
+from kernels import attention_decode, attention_flat, attention_prefill, attention_store, qk_norm_rope
 from kernels.attention import AttentionMetadata
 from kernels.triton_attention import TritonAttentionBackend
 
@@ -89,6 +89,17 @@ def _prefill(sequences: int):
     return lambda: backend.prefill(q, k_cache, v_cache, meta, 0.088)
 
 
+def _whole_step(sequences: int):
+    """A graph-held mixed step: ``sequences`` chunks of W3's 64 tokens over the cached prefix, in one launch."""
+    k_cache, v_cache = _caches()
+    tokens, seqs = sequences * UNIQUE, _tensor(sequences + 1, dtype=torch.int32)
+    q, table = _tensor(tokens, Q_HEADS, HEAD_DIM), _tensor(sequences, (PREFIX + UNIQUE) // PAGE + 8, dtype=torch.int32)
+    work = _tensor(2, dtype=torch.int32)
+    return lambda: attention_flat.whole_step_attention(
+        q, k_cache, v_cache, seqs, seqs, table, work, 0.088, _tensor(tokens, Q_HEADS, HEAD_DIM), 256, 2 * H100_SMS
+    )
+
+
 def _stores(tokens: int):
     """The token's K/V into the cache: the q/k norm + RoPE kernel's store (Qwen3's path) and the plain one."""
     k_cache, v_cache = _caches()
@@ -113,6 +124,7 @@ def cases():
         label, launch = _decode(batch)
         yield label, {"split decode": split, "merge": merge}, launch, True
     yield "prefill, 64 tokens over a cached prefix", {"prefill": attention_prefill._prefill_kernel}, _prefill(16), True
+    yield "whole step, 16 x 64 tokens", {"whole step": attention_flat._whole_step_kernel}, _whole_step(16), True
     kernels = {
         "qk norm + RoPE + store": qk_norm_rope._qk_norm_rope_kernel,
         "store": attention_store._store_kvcache_kernel,
