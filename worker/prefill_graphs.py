@@ -35,28 +35,12 @@ def token_buckets(max_tokens: int) -> list[int]:
     return sorted(set(sizes))
 
 
-class _WholeStepAttention:
-    """The attention backend a captured forward sees: each layer's attention is one whole-step launch over the
-    graphs' static layout, into a static output buffer."""
-
-    def __init__(self, owner: PrefillGraphs, store_kvcache, num_programs: int) -> None:
-        self.owner, self.store_kvcache, self.num_programs = owner, store_kvcache, num_programs
-
-    def prefill(self, q, k_cache, v_cache, meta, scale) -> torch.Tensor:
-        o = self.owner
-        out = o.out_buf[: q.shape[0]]
-        return whole_step_attention(
-            q, k_cache, v_cache, o.cu, o.seq_lens, o.tables, o.work, scale, out, o.max_seqs, self.num_programs
-        )
-
-
-class PrefillGraphs:
-    """Whole-forward CUDA graphs for steps with prefill tokens (see the module docstring)."""
+class WholeStepInputs:
+    """The static buffers a whole-step forward reads (token ids, positions, slot mapping; the attention layout and
+    block tables) and the attention backend that reads them; ``load`` fills them for one step."""
 
     def __init__(
         self,
-        model: nn.Module,
-        store_kvcache,
         max_tokens: int,
         max_seqs: int,
         max_blocks: int,
@@ -66,9 +50,7 @@ class PrefillGraphs:
         dtype: torch.dtype,
         device: torch.device,
     ) -> None:
-        """``store_kvcache``: the backend's KV store; ``max_seqs``: the most attention sequences (prefill chunks and
-        decode rows) a step brings."""
-        self.buckets = token_buckets(max_tokens)
+        """``max_seqs``: the most attention sequences (prefill chunks and decode rows) a step brings."""
         self.max_tokens, self.max_seqs = max_tokens, min(max_seqs, max_tokens)
         self.num_heads, self.num_kv_heads = num_heads, num_kv_heads
         self.input_ids, self.positions, self.slot_mapping = static_inputs(max_tokens, device)
@@ -79,30 +61,22 @@ class PrefillGraphs:
         self.tables = torch.zeros(self.max_seqs, max_blocks, dtype=torch.int32, device=device)
         # zeros, so padding rows start finite; afterwards they hold earlier steps' values
         self.out_buf = torch.zeros(max_tokens, num_heads, head_dim, dtype=dtype, device=device)
-        attention = _WholeStepAttention(self, store_kvcache, PROGRAMS_PER_SM * num_sms(device, cpu=4))
-        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        self.outputs: dict[int, torch.Tensor] = {}
-        pool = None
-        for tokens in reversed(self.buckets):  # largest first: the smaller ones reuse its pool memory
-            meta = AttentionMetadata(
-                slot_mapping=self.slot_mapping[:tokens], num_prefill_tokens=tokens, num_prefills=1, num_decodes=0
-            )
-            ids, pos = self.input_ids[:tokens], self.positions[:tokens]
-            with forward_context(meta, attention):
-                model(ids, pos)  # compiles every kernel for this token count outside the capture (no work: no rows)
-                torch.cuda.synchronize(device)
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=pool):
-                    self.outputs[tokens] = model(ids, pos)
-            pool = graph.pool()
-            self.graphs[tokens] = graph
-        torch.cuda.synchronize(device)
-        torch.cuda.empty_cache()  # the eager passes' blocks: steps up to max_tokens run here, not eagerly
+        self.num_programs = PROGRAMS_PER_SM * num_sms(device, cpu=4)
 
     def holds(self, num_tokens: int, num_seqs: int) -> bool:
         return num_tokens <= self.max_tokens and num_seqs <= self.max_seqs
 
-    def run(
+    def meta(self, tokens: int) -> AttentionMetadata:
+        """The metadata a forward of ``tokens`` rows runs under: its slot mapping; every row a "prefill" row, so each
+        layer calls the backend's ``prefill`` once."""
+        return AttentionMetadata(
+            slot_mapping=self.slot_mapping[:tokens], num_prefill_tokens=tokens, num_prefills=1, num_decodes=0
+        )
+
+    def attention(self, store_kvcache) -> _WholeStepAttention:
+        return _WholeStepAttention(self, store_kvcache)
+
+    def load(
         self,
         stager: HostStager,
         input_ids: torch.Tensor,
@@ -111,11 +85,12 @@ class PrefillGraphs:
         q_lens: np.ndarray,
         seq_lens: np.ndarray,
         tables: np.ndarray,
-    ) -> torch.Tensor:
-        """The step's hidden states. Its attention sequences (prefill chunks, then decode rows of one query each)
-        take ``q_lens`` queries each, have ``seq_lens`` tokens of context after the step, and ``tables`` rows."""
+        tokens: int,
+    ) -> None:
+        """A step of ``len(input_ids)`` tokens, padded to ``tokens``. Its attention sequences (prefill chunks, then
+        decode rows of one query each) take ``q_lens`` queries each, have ``seq_lens`` tokens of context after the
+        step, and ``tables`` rows."""
         n, num_seqs = len(input_ids), len(q_lens)
-        tokens = self.buckets[bisect.bisect_left(self.buckets, n)]
         cu, items = work_layout(q_lens, self.num_heads, self.num_kv_heads)
         layout = np.zeros(len(self.layout), dtype=np.int32)
         layout[:2] = items, num_seqs
@@ -127,5 +102,61 @@ class PrefillGraphs:
         self.positions[:n].copy_(stager.to_device(positions))
         self.slot_mapping[:n].copy_(stager.to_device(slot_mapping))
         self.slot_mapping[n:tokens].fill_(-1)
+
+
+class _WholeStepAttention:
+    """The attention backend a whole-step forward sees: each layer's attention is one whole-step launch over the
+    static layout, into the static output buffer."""
+
+    def __init__(self, inputs: WholeStepInputs, store_kvcache) -> None:
+        self.inputs, self.store_kvcache = inputs, store_kvcache
+
+    def prefill(self, q, k_cache, v_cache, meta, scale) -> torch.Tensor:
+        i = self.inputs
+        out = i.out_buf[: q.shape[0]]
+        return whole_step_attention(
+            q, k_cache, v_cache, i.cu, i.seq_lens, i.tables, i.work, scale, out, i.max_seqs, i.num_programs
+        )
+
+
+class PrefillGraphs:
+    """Whole-forward CUDA graphs for steps with prefill tokens (see the module docstring), reading ``inputs``."""
+
+    def __init__(self, model: nn.Module, inputs: WholeStepInputs, store_kvcache) -> None:
+        """``store_kvcache``: the attention backend's KV store."""
+        self.inputs = inputs
+        self.buckets = token_buckets(inputs.max_tokens)
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.outputs: dict[int, torch.Tensor] = {}
+        attention, device, pool = inputs.attention(store_kvcache), inputs.input_ids.device, None
+        for tokens in reversed(self.buckets):  # largest first: the smaller ones reuse its pool memory
+            ids, pos = inputs.input_ids[:tokens], inputs.positions[:tokens]
+            with forward_context(inputs.meta(tokens), attention):
+                model(ids, pos)  # compiles every kernel for this token count outside the capture (no work: no rows)
+                torch.cuda.synchronize(device)
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=pool):
+                    self.outputs[tokens] = model(ids, pos)
+            pool = graph.pool()
+            self.graphs[tokens] = graph
+        torch.cuda.synchronize(device)
+        torch.cuda.empty_cache()  # the eager passes' blocks: steps up to max_tokens run here, not eagerly
+
+    def holds(self, num_tokens: int, num_seqs: int) -> bool:
+        return self.inputs.holds(num_tokens, num_seqs)
+
+    def run(
+        self,
+        stager: HostStager,
+        input_ids: torch.Tensor,
+        positions: np.ndarray,
+        slot_mapping: np.ndarray,
+        *rows: np.ndarray,
+    ) -> torch.Tensor:
+        """The step's hidden states; ``rows``: its attention sequences' (q_lens, seq_lens, tables), as
+        ``WholeStepInputs.load`` takes them."""
+        n = len(input_ids)
+        tokens = self.buckets[bisect.bisect_left(self.buckets, n)]
+        self.inputs.load(stager, input_ids, positions, slot_mapping, *rows, tokens)
         self.graphs[tokens].replay()
         return self.outputs[tokens][:n]

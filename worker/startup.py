@@ -24,7 +24,7 @@ from settings.env import settings
 from settings.startup_phases import PHASES
 from worker.cuda_graphs import DecodeGraphs, batch_buckets
 from worker.model_runner import ModelRunner
-from worker.prefill_graphs import PrefillGraphs
+from worker.prefill_graphs import PrefillGraphs, WholeStepInputs
 
 # seconds of cuBLASLt timing a start may spend (a cold start's 73 products took 18 s of a Qwen3-8B start, log 53, for
 # +0.3-0.7% of W1): products not reached keep torch's matmul and are timed by the next starts (kernels/tune_cache.py)
@@ -189,9 +189,7 @@ def capture_graphs(runner: ModelRunner) -> None:
     # device-bound anyway, so graphs would save little there.
     if isinstance(runner.backend, TritonAttentionBackend) and tp_size() == 1:
         attn = runner.attn_layers[0]
-        runner.prefill_graphs = PrefillGraphs(
-            runner.model,
-            runner.backend.store_kvcache,
+        inputs = WholeStepInputs(
             cfg.max_num_batched_tokens,
             cfg.max_num_seqs,
             runner.block_tables.shape[1],
@@ -201,6 +199,7 @@ def capture_graphs(runner: ModelRunner) -> None:
             runner.dtype,
             runner.device,
         )
+        runner.prefill_graphs = PrefillGraphs(runner.model, inputs, runner.backend.store_kvcache)
         PHASES.mark("prefill graphs")
 
 
