@@ -35,6 +35,18 @@ def chosen_algo(x: torch.Tensor, w: torch.Tensor) -> Algo | None:
     return algo
 
 
+# Products are timed over enough of a shape's weights to exceed any GPU's L2 several times over, as a decode step
+# reads them, not over every layer's: an 8B model's 36 layers made a product take ~0.25 s to time (18 s a cold
+# start), and most of that was replaying the same shape 36 times.
+TIMING_BYTES = 256 << 20
+
+
+def timing_weights(ws: list[torch.Tensor]) -> list[torch.Tensor]:
+    """The first of ``ws`` that together hold TIMING_BYTES (at least two, at most all)."""
+    size = ws[0].numel() * ws[0].element_size()
+    return ws[: max(2, -(-TIMING_BYTES // size))]
+
+
 def _graph_us(product: Callable, x: torch.Tensor, weights: list[torch.Tensor]) -> float:
     """Microseconds per ``product(x, w)`` over ``weights``, replayed in a CUDA graph."""
 
@@ -65,8 +77,8 @@ def tune(
     budget_s: float | None = None,
 ) -> list[TunedProduct]:
     """For each weight shape (n, k) and row count, time torch's matmul and cuBLASLt's candidates (the first two also
-    with other split-K counts) over that shape's weights (one per layer: more than the L2 holds, as a decode step
-    reads them) in a CUDA graph; where a candidate is ``min_gain`` faster and matches torch's result, graphs captured
+    with other split-K counts) over that shape's weights (``timing_weights``: more than the L2 holds, as a decode
+    step reads them) in a CUDA graph; where a candidate is ``min_gain`` faster and matches torch's result, graphs captured
     later run it.
     ``skip(x, w)``: products another kernel takes. ``cache``: choices stored by an earlier start (kernels/tune_cache.py,
     keyed by ``cache_key``), each checked by the library and against torch's result before it is used; the products
@@ -85,7 +97,7 @@ def tune(
             if deadline is not None and cache.get(name) is None and time.perf_counter() > deadline:
                 cache.deferred += 1
                 continue
-            timed = partial(_time_product, x, ws, min_gain)
+            timed = partial(_time_product, x, timing_weights(ws), min_gain)
             entry = timed() if cache is None else cache.lookup(name, timed, partial(_usable, x=x, w=ws[0]))
             algo = _algo_of(entry)
             if algo is not None:

@@ -96,3 +96,15 @@ def test_summary_totals_each_row_count_over_every_layer():
     text = cublaslt_tune.summary(records)
     assert text.startswith("2 of 3 products")
     assert "16:0.720->0.648" in text and "64:0.720->0.360" in text
+
+
+@pytest.mark.parametrize(
+    "n,k,layers,timed",
+    [(6144, 4096, 36, 6), (24576, 4096, 36, 2), (4096, 12288, 36, 3), (4096, 1024, 28, 28), (64, 64, 1, 1)],
+)
+def test_products_are_timed_over_more_bytes_than_an_l2_not_every_layer(n, k, layers, timed):
+    # Qwen3-8B's qkv, gate/up and down products, Qwen3-0.6B's qkv (all 28 layers: 8 MB each), a one-layer model
+    ws = [torch.empty(n, k, dtype=torch.bfloat16, device="meta") for _ in range(layers)]
+    chosen = cublaslt_tune.timing_weights(ws)
+    assert chosen == ws[:timed]
+    assert sum(w.numel() * 2 for w in chosen) >= min(cublaslt_tune.TIMING_BYTES, layers * n * k * 2)
