@@ -78,8 +78,8 @@ def tune(
 ) -> list[TunedProduct]:
     """For each weight shape (n, k) and row count, time torch's matmul and cuBLASLt's candidates (the first two also
     with other split-K counts) over that shape's weights (``timing_weights``: more than the L2 holds, as a decode
-    step reads them) in a CUDA graph; where a candidate is ``min_gain`` faster and matches torch's result, graphs captured
-    later run it.
+    step reads them) in a CUDA graph; where a candidate is ``min_gain`` faster and matches torch's result, graphs
+    captured later run it.
     ``skip(x, w)``: products another kernel takes. ``cache``: choices stored by an earlier start (kernels/tune_cache.py,
     keyed by ``cache_key``), each checked by the library and against torch's result before it is used; the products
     it lacks are timed and stored. ``budget_s`` (with a cache): once tuning has taken that long, products the cache
