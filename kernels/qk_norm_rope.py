@@ -36,11 +36,8 @@ def _qk_norm_rope_kernel(
     slot_ptr,
     xs_ptr,  # SCALED: x and v are an FP8 qkv product before its scales, per token and per channel; else unused
     ws_ptr,
-    q_out_ptr,  # Q_OUT: the finished q heads go here [tokens, q heads, head_dim]; else unused
     stride_xt,
     stride_xh,
-    stride_qo_t,
-    stride_qo_h,
     stride_cs,
     stride_vt,
     stride_vh,
@@ -60,7 +57,6 @@ def _qk_norm_rope_kernel(
     STORE_KV: tl.constexpr,
     KV_FP8: tl.constexpr,
     SCALED: tl.constexpr,
-    Q_OUT: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
     # A program per token and block of BLOCK_H heads: its q and k heads as rows of one tile (q rows take q_norm's
@@ -109,12 +105,6 @@ def _qk_norm_rope_kernel(
             n1, n2 = x1, x2
         o1 = (n1 * cos[None, :] - n2 * sin[None, :]).to(dt)
         o2 = (n2 * cos[None, :] + n1 * sin[None, :]).to(dt)
-        if Q_OUT:  # q rows to their buffer, k rows in place
-            q_dst = q_out_ptr + t * stride_qo_t + h[:, None] * stride_qo_h + d[None, :]
-            qmask = hmask & (h[:, None] < NUM_Q_HEADS)
-            tl.store(q_dst, o1, mask=qmask)
-            tl.store(q_dst + HALF, o2, mask=qmask)
-            hmask = hmask & (h[:, None] >= NUM_Q_HEADS)
         tl.store(base, o1, mask=hmask)
         tl.store(base + HALF, o2, mask=hmask)
         if STORE_KV:
@@ -183,19 +173,15 @@ def qk_norm_rope_(
     num_q_heads: int,
     kv_store: KVStore | None = None,
     scales: tuple[torch.Tensor, torch.Tensor] | None = None,
-    q_out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """In place: per-head RMSNorm then neox RoPE of ``qk`` [tokens, q heads + k heads, head_dim] (a strided view
     of the qkv projection is fine): q heads with ``q_weight``, the rest with ``k_weight`` (both None: RoPE only,
     for families without q/k norms). One launch for both, which with ``kv_store`` also writes the finished K and
     the V rows into the paged KV cache. ``scales`` (per token [tokens], per qkv channel): ``qk`` and the V rows
-    are an FP8 product before its scales (kernels/fp8_rescale.py ``Unscaled``), applied here as the rescale would.
-    ``q_out`` [tokens, q heads, head_dim]: the finished q heads go there instead (a buffer attention reads, which
-    spares a copy); the k heads stay in place."""
+    are an FP8 product before its scales (kernels/fp8_rescale.py ``Unscaled``), applied here as the rescale would."""
     tokens, heads, head_dim = qk.shape
     assert qk.stride(-1) == 1
     assert scales is None or (kv_store is not None and scales[1].numel() == (heads + kv_store.v.shape[1]) * head_dim)
-    assert q_out is None or (q_out.shape == (tokens, num_q_heads, head_dim) and q_out.stride(-1) == 1), q_out
     if tokens == 0:
         return qk
     pdl = use_pdl(qk)
@@ -225,10 +211,8 @@ def qk_norm_rope_(
         positions,
         *store_args[:4],
         *(scales if scales is not None else (cos_sin, cos_sin)),
-        q_out if q_out is not None else qk,
         qk.stride(0),
         qk.stride(1),
-        *(q_out.stride()[:2] if q_out is not None else (0, 0)),
         cos_sin.stride(0),
         *store_args[4:],
         eps,
@@ -244,7 +228,6 @@ def qk_norm_rope_(
         STORE_KV=kv_store is not None,
         KV_FP8=kv_fp8,
         SCALED=scales is not None,
-        Q_OUT=q_out is not None,
         USE_PDL=pdl,
         num_warps=2 if small_blocks else (4 if heads <= 32 else 8),
         launch_pdl=pdl,

@@ -93,34 +93,11 @@ def test_qk_norm_rope_writes_k_and_v_into_the_paged_cache(dtype, q_heads, k_head
     assert (kc[untouched] == 7).all() and (vc[untouched] == 7).all()
 
 
-def test_qk_norm_rope_writes_the_queries_into_a_given_buffer():
-    """The piecewise prefill graphs' static query buffer (worker/cuda_graphs.py): the same q bits there, the q heads
-    of qkv left as they were, K and V as in place."""
-    g = torch.Generator(device=DEVICE).manual_seed(3)
-    q_heads, k_heads, head_dim, tokens = 4, 2, 16, 5
-    qkv = torch.randn(tokens, (q_heads + 2 * k_heads) * head_dim, device=DEVICE, generator=g).bfloat16()
-    w = (torch.rand(head_dim, device=DEVICE, generator=g) + 0.5).bfloat16()
-    rope = RotaryEmbedding(head_dim, 64, 1e6).to(DEVICE)
-    positions, slots = torch.arange(tokens, device=DEVICE) + 2, torch.arange(tokens, device=DEVICE)
-    results = []
-    for q_out in (None, torch.zeros(8, q_heads, head_dim, device=DEVICE).bfloat16()[:tokens]):
-        x = qkv.clone()
-        qk = x[:, : (q_heads + k_heads) * head_dim].view(tokens, q_heads + k_heads, head_dim)
-        v = x[:, (q_heads + k_heads) * head_dim :].view(tokens, k_heads, head_dim)
-        caches = [torch.zeros(2, 4, k_heads, head_dim, device=DEVICE).bfloat16() for _ in range(2)]
-        qk_norm_rope_(qk, w, w, 1e-6, rope.cos_sin, positions, q_heads, KVStore(v, *caches, slots), q_out=q_out)
-        results.append((qk[:, :q_heads] if q_out is None else q_out, qk[:, q_heads:], caches, x))
-    (q_ref, k_ref, caches_ref, _), (q, k, caches, x) = results
-    assert torch.equal(q, q_ref) and torch.equal(k, k_ref)
-    assert all(torch.equal(a, b) for a, b in zip(caches, caches_ref))
-    assert torch.equal(x[:, : q_heads * head_dim], qkv[:, : q_heads * head_dim])  # the q heads were not written
-
-
 @pytest.mark.parametrize("scaled", [False, True], ids=["finished", "fp8-scaled"])
 @pytest.mark.parametrize("kv_fp8", [False, True], ids=["bf16-cache", "e4m3-cache"])
 def test_qk_norm_rope_head_blocks_give_the_one_program_bits(scaled, kv_fp8, monkeypatch):
     """Many tokens (prefill) run programs of 8 q/k heads and of 8 v heads; few run one program a token. The same
-    bits either way: q in place and into a buffer, K and V in either cache, with the FP8 product's scales."""
+    bits either way: q in place, K and V in either cache, with the FP8 product's scales."""
     from kernels import qk_norm_rope
     from kernels.attention import value_cache
 
@@ -135,20 +112,15 @@ def test_qk_norm_rope_head_blocks_give_the_one_program_bits(scaled, kv_fp8, monk
     results = []
     for blocks_from in (tokens + 1, 1):  # one program a token, then head blocks
         monkeypatch.setattr(qk_norm_rope, "_SMALL_BLOCKS_FROM", blocks_from)
-        for q_out in (None, torch.zeros(tokens, q_heads, head_dim, device=DEVICE).bfloat16()):
-            x = qkv.clone()
-            qk = x[:, : (q_heads + k_heads) * head_dim].view(tokens, q_heads + k_heads, head_dim)
-            v = x[:, (q_heads + k_heads) * head_dim :].view(tokens, k_heads, head_dim)
-            k_cache = torch.zeros(4, 4, k_heads, head_dim, device=DEVICE).to(
-                torch.float8_e4m3fn if kv_fp8 else qkv.dtype
-            )
-            v_cache = value_cache(torch.zeros_like(k_cache))
-            store = KVStore(v, k_cache, v_cache, slots, 0.5 if kv_fp8 else 1.0, 2.0 if kv_fp8 else 1.0)
-            qk_norm_rope_(qk, w, w, 1e-6, rope.cos_sin, positions, q_heads, store, scales, q_out)
-            results.append(
-                [x, k_cache.view(torch.uint8), v_cache.view(torch.uint8)] + ([] if q_out is None else [q_out])
-            )
-    assert all(torch.equal(a, b) for one, many in zip(results[:2], results[2:]) for a, b in zip(one, many))
+        x = qkv.clone()
+        qk = x[:, : (q_heads + k_heads) * head_dim].view(tokens, q_heads + k_heads, head_dim)
+        v = x[:, (q_heads + k_heads) * head_dim :].view(tokens, k_heads, head_dim)
+        k_cache = torch.zeros(4, 4, k_heads, head_dim, device=DEVICE).to(torch.float8_e4m3fn if kv_fp8 else qkv.dtype)
+        v_cache = value_cache(torch.zeros_like(k_cache))
+        store = KVStore(v, k_cache, v_cache, slots, 0.5 if kv_fp8 else 1.0, 2.0 if kv_fp8 else 1.0)
+        qk_norm_rope_(qk, w, w, 1e-6, rope.cos_sin, positions, q_heads, store, scales)
+        results.append([x, k_cache.view(torch.uint8), v_cache.view(torch.uint8)])
+    assert all(torch.equal(a, b) for a, b in zip(*results))
     assert results[0][2].any() and not torch.equal(results[0][0], qkv)  # V stored, q/k written
 
 

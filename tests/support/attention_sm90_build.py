@@ -110,8 +110,7 @@ def _stores(tokens: int):
     store = qk_norm_rope.KVStore(v, k_cache, v_cache, slots)
 
     def launch() -> None:
-        q_out = _tensor(tokens, Q_HEADS, HEAD_DIM)
-        qk_norm_rope.qk_norm_rope_(qk, weight, weight, 1e-6, cos_sin, positions, Q_HEADS, store, None, q_out)
+        qk_norm_rope.qk_norm_rope_(qk, weight, weight, 1e-6, cos_sin, positions, Q_HEADS, store)
         attention_store.store_kvcache(qkv[:, Q_HEADS : Q_HEADS + KV_HEADS], v, k_cache, v_cache, slots)
 
     return launch

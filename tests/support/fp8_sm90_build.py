@@ -174,19 +174,14 @@ def cases():
             | V_KEYS_STRIDES,
             {"num_warps": 1 if keys_m else 4, "num_stages": 2},
         )
-    # q_out: the queries into the prefill graphs' static buffer (worker/cuda_graphs.py); blocks: programs of 8 heads
-    for scaled, q_out, blocks in (
-        (False, False, False),
-        (True, False, False),
-        (False, True, True),
-        (True, False, True),
-    ):
+    # blocks: programs of 8 heads
+    for scaled, blocks in ((False, False), (True, False), (False, True), (True, True)):
         yield (
-            f"qk norm + RoPE + KV store into e4m3, scaled={scaled} q_out={q_out} head_blocks={blocks}",
+            f"qk norm + RoPE + KV store into e4m3, scaled={scaled} head_blocks={blocks}",
             qk_norm_rope._qk_norm_rope_kernel,
             {"x_ptr": BF16, "wq_ptr": BF16, "wk_ptr": BF16, "cos_sin_ptr": F32, "pos_ptr": "*i64", "v_ptr": BF16}
             | {"k_cache_ptr": FP8, "v_cache_ptr": FP8, "slot_ptr": "*i64", "xs_ptr": F32, "ws_ptr": F32}
-            | {"q_out_ptr": BF16, "eps": "fp32", "inv_k_scale": "fp32", "inv_v_scale": "fp32"},
+            | {"eps": "fp32", "inv_k_scale": "fp32", "inv_v_scale": "fp32"},
             {
                 "PAGE": 16,
                 "NUM_Q_HEADS": 32,
@@ -199,7 +194,6 @@ def cases():
                 "STORE_KV": True,
                 "KV_FP8": True,
                 "SCALED": scaled,
-                "Q_OUT": q_out,
                 "USE_PDL": True,
             }
             | V_KEYS_STRIDES,
