@@ -24,7 +24,7 @@ from settings.env import settings
 from settings.startup_phases import PHASES
 from worker.cuda_graphs import DecodeGraphs, batch_buckets
 from worker.model_runner import ModelRunner
-from worker.prefill_graphs import PrefillGraphs, WholeStepInputs
+from worker.prefill_graphs import PrefillGraphs, runner_inputs
 
 # seconds of cuBLASLt timing a start may spend (a cold start's 73 products took 18 s of a Qwen3-8B start, log 53, for
 # +0.3-0.7% of W1): products not reached keep torch's matmul and are timed by the next starts (kernels/tune_cache.py)
@@ -188,18 +188,7 @@ def capture_graphs(runner: ModelRunner) -> None:
     # all-reduces would be NCCL collectives inside graphs, not yet checked on the device; TP prefill steps are
     # device-bound anyway, so graphs would save little there.
     if isinstance(runner.backend, TritonAttentionBackend) and tp_size() == 1:
-        attn = runner.attn_layers[0]
-        inputs = WholeStepInputs(
-            cfg.max_num_batched_tokens,
-            cfg.max_num_seqs,
-            runner.block_tables.shape[1],
-            attn.num_heads,
-            attn.num_kv_heads,
-            attn.head_dim,
-            runner.dtype,
-            runner.device,
-        )
-        runner.prefill_graphs = PrefillGraphs(runner.model, inputs, runner.backend.store_kvcache)
+        runner.prefill_graphs = PrefillGraphs(runner.model, runner_inputs(runner), runner.backend.store_kvcache)
         PHASES.mark("prefill graphs")
 
 

@@ -16,25 +16,15 @@ from model.context import forward_context
 from tests.support.builders import make_step, worker_config
 from tests.support.oracle import rel_err
 from worker.model_runner import ModelRunner
-from worker.prefill_graphs import WholeStepInputs, token_buckets
+from worker.prefill_graphs import runner_inputs, token_buckets
 
 
 class EagerWholeStep:
     """PrefillGraphs' ``holds``/``run`` without the capture: the same inputs, the forward run eagerly."""
 
     def __init__(self, runner: ModelRunner) -> None:
-        attn, cfg = runner.attn_layers[0], runner.cfg
-        self.runner, self.buckets = runner, token_buckets(cfg.max_num_batched_tokens)
-        self.inputs = WholeStepInputs(
-            cfg.max_num_batched_tokens,
-            cfg.max_num_seqs,
-            runner.block_tables.shape[1],
-            attn.num_heads,
-            attn.num_kv_heads,
-            attn.head_dim,
-            runner.dtype,
-            runner.device,
-        )
+        self.runner, self.buckets = runner, token_buckets(runner.cfg.max_num_batched_tokens)
+        self.inputs = runner_inputs(runner)
         self.padded: list[int] = []
 
     def holds(self, num_tokens: int, num_seqs: int) -> bool:
