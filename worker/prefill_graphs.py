@@ -31,10 +31,12 @@ PROGRAMS_PER_SM = 2  # the whole-step kernel's 64 x 64 tiles fit two programs an
 
 
 def token_buckets(max_tokens: int) -> list[int]:
-    """Token counts the graphs are captured for: steps of 64 to 384, then 512 and 768, then every 1024 up to
-    ``max_tokens``. A step runs padded to the next one, and at 8B a 300-token mixed step padded to 512 cost ~70%
-    more tensor-core work than it needed; 16-128 keep a short prompt's first token cheap."""
-    sizes = [t for t in (16, 32, 64, 128, 192, 256, 320, 384, 512, 768) if t < max_tokens]
+    """Token counts the graphs are captured for. A step runs padded to the next one, and a mixed step's GEMMs are
+    compute-bound at 8B: a 278-token step (a 256-token chunk beside 22 decode rows) padded to 512 cost ~70% more
+    tensor-core work than it needed. So: by 64 to 256, by 32 to 384 (where mixed steps under load fall: the prefill
+    cap plus the decode rows), then 512 and 768, then every 1024 up to ``max_tokens``; 16-128 keep a short prompt's
+    first token cheap."""
+    sizes = [t for t in (16, 32, 64, 128, 192, 256, 288, 320, 352, 384, 512, 768) if t < max_tokens]
     sizes += list(range(1024, max_tokens, 1024)) + [max_tokens]
     return sorted(set(sizes))
 

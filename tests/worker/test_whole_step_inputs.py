@@ -71,3 +71,10 @@ def test_whole_step_forwards_match_the_eager_forward(tiny_untied):
         assert got.shape == want.shape
         assert rel_err(got, want) < 1e-4
         assert torch.equal(got.argmax(-1), want.argmax(-1))
+
+
+def test_token_buckets_are_fine_where_mixed_steps_fall_and_end_at_the_budget():
+    assert token_buckets(8192) == [16, 32, 64, 128, 192, 256, 288, 320, 352, 384, 512, 768] + list(
+        range(1024, 8193, 1024)
+    )
+    assert token_buckets(300) == [16, 32, 64, 128, 192, 256, 288, 300]  # the budget itself is the last
