@@ -208,10 +208,10 @@ class ModelRunner(StepSampling, SpeculativeSteps):
             decode_slots, decode_lens = hb.decode_rows()
             tables = self.block_tables[decode_slots, : hb.width]
             return self.graphs.run(self.stager, input_ids, hb.positions, hb.slot_mapping, decode_lens, tables)
-        graphs = self.prefill_graphs
-        if graphs is not None and graphs.holds(len(input_ids), hb.num_prefills + len(hb.decode_rows()[0])):
+        if self.prefill_graphs is not None:
             rows = hb.attention_rows(self.block_tables)
-            return graphs.run(self.stager, input_ids, hb.positions, hb.slot_mapping, *rows)
+            if self.prefill_graphs.holds(len(input_ids), len(rows[0])):
+                return self.prefill_graphs.run(self.stager, input_ids, hb.positions, hb.slot_mapping, *rows)
         return self.run_model(input_ids, hb.positions, self.device_meta(hb))
 
     def run_model(self, input_ids: torch.Tensor, positions: np.ndarray, meta: AttentionMetadata) -> torch.Tensor:
