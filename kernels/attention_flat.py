@@ -2,11 +2,11 @@
 a sequence of 1 or more queries), whose grid does not depend on the step's layout, so a CUDA graph can hold it.
 
 The eager path launches a prefill kernel sized by the longest chunk and a split-K decode kernel sized by the batch
-for every layer: ~3 host launches a layer, which made an 8B model's mixed step host-bound (12.3 ms to launch, log
-55). Here a fixed number of persistent programs walk the step's work items, read from the device: an item is a
+for every layer: ~3 host launches a layer, which made an 8B model's mixed step host-bound (12.3 ms to launch on an
+H100). Here a fixed number of persistent programs walk the step's work items, read from the device: an item is a
 tile of ``BLOCK_Q`` tokens of one sequence times the ``GROUP`` query heads of one kv head (packed as the tile's
 rows, so each K/V tile is loaded once per kv head, and a decode row fills GROUP rows of the tile, not one). A
-sequence's tiles start at item row ``cu[s] // BLOCK_Q + s``: increasing in ``s``, so a program finds its sequence
+sequence's tiles start at tile ``cu[s] // BLOCK_Q + s``: increasing in ``s``, so a program finds its sequence
 by binary search. ``work`` holds (items, sequences), written by the host with the layout.
 """
 
