@@ -11,7 +11,6 @@ so attention neither reads nor writes them (their output rows hold earlier steps
 from __future__ import annotations
 
 import bisect
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -23,9 +22,6 @@ from kernels.device import num_sms
 from model.context import forward_context
 from worker.cuda_graphs import static_inputs
 from worker.transfer import HostStager
-
-if TYPE_CHECKING:
-    from worker.model_runner import ModelRunner
 
 PROGRAMS_PER_SM = 2  # the whole-step kernel's 64 x 64 tiles fit two programs an SM (tests/support/attention_sm90_build)
 
@@ -108,21 +104,6 @@ class WholeStepInputs:
         self.positions[:n].copy_(stager.to_device(positions))
         self.slot_mapping[:n].copy_(stager.to_device(slot_mapping))
         self.slot_mapping[n:tokens].fill_(-1)
-
-
-def runner_inputs(runner: ModelRunner) -> WholeStepInputs:
-    """The static inputs for ``runner``'s steps: its token budget, sequences, block-table width and attention shape."""
-    attn, cfg = runner.attn_layers[0], runner.cfg
-    return WholeStepInputs(
-        cfg.max_num_batched_tokens,
-        cfg.max_num_seqs,
-        runner.block_tables.shape[1],
-        attn.num_heads,
-        attn.num_kv_heads,
-        attn.head_dim,
-        runner.dtype,
-        runner.device,
-    )
 
 
 class _WholeStepAttention:

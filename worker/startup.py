@@ -24,7 +24,7 @@ from settings.env import settings
 from settings.startup_phases import PHASES
 from worker.cuda_graphs import DecodeGraphs, batch_buckets
 from worker.model_runner import ModelRunner
-from worker.prefill_graphs import PrefillGraphs, runner_inputs
+from worker.prefill_graphs import PrefillGraphs, WholeStepInputs
 
 # seconds of cuBLASLt timing a start may spend (a cold start's 73 products took 18 s of a Qwen3-8B start, log 53, for
 # +0.3-0.7% of W1): products not reached keep torch's matmul and are timed by the next starts (kernels/tune_cache.py)
@@ -190,6 +190,21 @@ def capture_graphs(runner: ModelRunner) -> None:
     if isinstance(runner.backend, TritonAttentionBackend) and tp_size() == 1:
         runner.prefill_graphs = PrefillGraphs(runner.model, runner_inputs(runner), runner.backend.store_kvcache)
         PHASES.mark("prefill graphs")
+
+
+def runner_inputs(runner: ModelRunner) -> WholeStepInputs:
+    """The static inputs for ``runner``'s steps: its token budget, sequences, block-table width and attention shape."""
+    attn, cfg = runner.attn_layers[0], runner.cfg
+    return WholeStepInputs(
+        cfg.max_num_batched_tokens,
+        cfg.max_num_seqs,
+        runner.block_tables.shape[1],
+        attn.num_heads,
+        attn.num_kv_heads,
+        attn.head_dim,
+        runner.dtype,
+        runner.device,
+    )
 
 
 def warm_prefill_pool(runner: ModelRunner) -> None:

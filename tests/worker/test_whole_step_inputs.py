@@ -16,7 +16,8 @@ from model.context import forward_context
 from tests.support.builders import make_step, worker_config
 from tests.support.oracle import rel_err
 from worker.model_runner import ModelRunner
-from worker.prefill_graphs import runner_inputs, token_buckets
+from worker.prefill_graphs import token_buckets
+from worker.startup import runner_inputs
 
 
 class EagerWholeStep:
