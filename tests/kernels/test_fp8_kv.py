@@ -127,6 +127,29 @@ def test_prefill_reads_fp8_cache(q_dtype, k_scale, v_scale):
 
 
 @pytest.mark.parametrize("q_dtype", Q_DTYPES)
+def test_whole_step_attention_reads_fp8_cache(q_dtype):
+    """The prefill graphs' one launch over a mixed step (decode rows, a fresh prompt, a chunk over a prefix) on the
+    e4m3 pool, at the model's unit scales."""
+    from kernels.attention_flat import whole_step_attention, work_layout
+
+    chunks, (heads, kv_heads), head_dim = [(40, 1), (0, 21), (19, 30), (7, 1)], (4, 2), 16
+    gen = torch.Generator().manual_seed(4)
+    kv_lens, q_lens = [p + n for p, n in chunks], [n for _, n in chunks]
+    cache = PagedCache(kv_lens, kv_heads, head_dim, 16, torch.float32, gen)
+    kc, vc = fp8_cache(cache, 1.0, 1.0)
+    cu, items = work_layout(np.array(q_lens), heads, kv_heads)
+    q = torch.randn(int(cu[-1]), heads, head_dim, generator=gen).to(q_dtype).to(DEVICE)
+    out = torch.full_like(q, float("nan"))
+    work = torch.tensor([items, len(chunks)], dtype=torch.int32, device=DEVICE)
+    lens = torch.tensor(kv_lens, dtype=torch.int32, device=DEVICE)
+    cu = torch.from_numpy(cu).to(DEVICE)
+    whole_step_attention(q, kc, vc, cu, lens, cache.table, work, head_dim**-0.5, out, len(chunks), 3)
+    ref = REF.prefill(q, kc, vc, prefill_meta(cache, cu, kv_lens, q_lens), head_dim**-0.5)
+    assert out.isfinite().all()
+    assert rel_err(out, ref) < TOL[q_dtype], rel_err(out, ref)
+
+
+@pytest.mark.parametrize("q_dtype", Q_DTYPES)
 @pytest.mark.parametrize("k_scale,v_scale", SCALES)
 @pytest.mark.parametrize("num_splits", [1, 3])
 @pytest.mark.parametrize("keys_m", [True, False], ids=["keys-m", "heads-m"])
