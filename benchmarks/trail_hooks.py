@@ -18,7 +18,9 @@ or "-". Events, in a streamed HTTP request's order:
   k_tokenized the prompt is ready (add_admitted called)          k_admitted ... queued in the engine
   k_step      the engine's step begins (key "-")                 k_sent     a step goes to the workers (key: step id)
   k_result    a step's result is read back (key: step id)        k_reply    the first Delta goes to be sent
-  f_delta     the front-end reads the first Delta                f_sse      the first event's bytes go to uvicorn
+  f_delta     the front-end reads the first Delta                f_started  the route's wait for it returns
+  f_resp      the event stream response is called               f_hdr      its headers go to uvicorn
+  f_sse       the first event's bytes go to uvicorn
 """
 
 from __future__ import annotations
@@ -112,6 +114,7 @@ def hook_frontend() -> None:
     import client.async_client as ac
     import openai_server.__main__ as front
     import openai_server.app as app_module
+    import openai_server.streaming as streaming
 
     try:
         from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
@@ -139,6 +142,8 @@ def hook_frontend() -> None:
             TRAIL_ID.set(tid)
 
             async def traced_send(message):
+                if message.get("type") == "http.response.start":
+                    note_first("f_hdr", tid)
                 if message.get("body", b"").startswith(b"data: {"):
                     note_first("f_sse", tid)
                 await send(message)
@@ -155,6 +160,18 @@ def hook_frontend() -> None:
         return create_completion(*args, **kwargs)
 
     app_module.create_completion = traced_completion
+    start, call = streaming.ChoiceStreams.start, streaming.EventStreamResponse.__call__
+
+    async def traced_start(self, *args, **kwargs):
+        result = await start(self, *args, **kwargs)
+        note("f_started", TRAIL_ID.get())
+        return result
+
+    async def traced_call(self, scope, receive, send):
+        note("f_resp", TRAIL_ID.get())
+        return await call(self, scope, receive, send)
+
+    streaming.ChoiceStreams.start, streaming.EventStreamResponse.__call__ = traced_start, traced_call
 
     sent = [0.0]  # when the last frame went to the socket: stamped before the send, which may wake the coordinator
     # on the other core and leave this process waiting for the CPU before a stamp after it

@@ -71,6 +71,7 @@ def trail_of(keyed: dict, loose: dict, key: str, t_send: float, t_first: float) 
         stamps["k_reply"] = k["k_reply"]
     if "f_delta" in keyed.get(rid, {}):
         stamps["f_delta"] = keyed[rid]["f_delta"]
+    stamps.update({e: own[e] for e in ("f_started", "f_resp", "f_hdr") if e in own})
     if "f_sse" in own:
         stamps["f_sse"] = own["f_sse"]
     stamps["c_first"] = t_first
