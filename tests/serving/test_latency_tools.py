@@ -67,7 +67,8 @@ def test_ttft_trail_finds_every_hop(tiny_tied):
     res = json.loads(done.stdout.strip().splitlines()[-1])
     zmq_hops = ["c_send", "k_recv", "k_decoded", "k_tokenized", "k_admitted", "k_step", "k_sent", "k_result",
                 "k_reply", "c_first"]  # fmt: skip
-    http_hops = ["c_send", "f_bytes", "f_app", "f_route", "f_sent", *zmq_hops[1:-1], "f_delta", "f_sse", "c_first"]
+    http_hops = ["c_send", "f_bytes", "f_app", "f_route", "f_sent", *zmq_hops[1:-1], "f_delta", "f_started", "f_resp",
+                 "f_hdr", "f_sse", "c_first"]  # fmt: skip
     for path, stamps in (("zmq", zmq_hops), ("http", http_hops)):
         assert list(res[path]["hops_p50_ms"]) == [f"{a}->{b}" for a, b in zip(stamps, stamps[1:])], path
         assert res[path]["p50_ms"] > 0
