@@ -18,10 +18,23 @@ from model.context import forward_context
 from worker.transfer import HostStager
 
 
-def static_inputs(rows: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+class StaticTokens:
     """The token ids, positions and slot mapping a graph reads, for up to ``rows`` rows (slot -1: no KV write)."""
-    ids = torch.zeros(rows, dtype=torch.int64, device=device)
-    return ids, torch.zeros_like(ids), torch.full_like(ids, -1)
+
+    def __init__(self, rows: int, device: torch.device) -> None:
+        self.input_ids = torch.zeros(rows, dtype=torch.int64, device=device)
+        self.positions = torch.zeros_like(self.input_ids)
+        self.slot_mapping = torch.full_like(self.input_ids, -1)
+
+    def load_tokens(
+        self, stager: HostStager, input_ids: torch.Tensor, positions: np.ndarray, slot_mapping: np.ndarray, rows: int
+    ) -> None:
+        """A step's ``len(input_ids)`` tokens, padded to ``rows`` with rows that write no KV."""
+        n = len(input_ids)
+        self.input_ids[:n].copy_(input_ids)
+        self.positions[:n].copy_(stager.to_device(positions))
+        self.slot_mapping[:n].copy_(stager.to_device(slot_mapping))
+        self.slot_mapping[n:rows].fill_(-1)
 
 
 def graph_decode_meta(
@@ -45,7 +58,7 @@ def batch_buckets(max_batch: int) -> list[int]:
     return sorted(set(sizes))
 
 
-class DecodeGraphs:
+class DecodeGraphs(StaticTokens):
     def __init__(
         self,
         model: nn.Module,
@@ -59,7 +72,7 @@ class DecodeGraphs:
     ) -> None:
         self.buckets = batch_buckets(max_batch)
         self.max_batch = max_batch
-        self.input_ids, self.positions, self.slot_mapping = static_inputs(max_batch, device)
+        super().__init__(max_batch, device)
         self.seq_lens = torch.zeros(max_batch, dtype=torch.int32, device=device)
         self.block_tables = torch.zeros(max_batch, max_blocks, dtype=torch.int32, device=device)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
@@ -89,10 +102,7 @@ class DecodeGraphs:
     ) -> torch.Tensor:
         n = len(input_ids)
         bs = self.buckets[bisect.bisect_left(self.buckets, n)]
-        self.input_ids[:n].copy_(input_ids)
-        self.positions[:n].copy_(stager.to_device(positions))
-        self.slot_mapping[:n].copy_(stager.to_device(slot_mapping))
-        self.slot_mapping[n:bs].fill_(-1)
+        self.load_tokens(stager, input_ids, positions, slot_mapping, bs)
         self.seq_lens[:n].copy_(stager.to_device(seq_lens, torch.int32))
         self.seq_lens[n:bs].fill_(0)
         self.block_tables[:n, : block_tables.shape[1]].copy_(stager.to_device(block_tables, torch.int32))

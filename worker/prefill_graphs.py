@@ -20,7 +20,7 @@ from kernels.attention import AttentionMetadata
 from kernels.attention_flat import whole_step_attention, work_layout
 from kernels.device import num_sms
 from model.context import forward_context
-from worker.cuda_graphs import static_inputs
+from worker.cuda_graphs import StaticTokens
 from worker.transfer import HostStager
 
 PROGRAMS_PER_SM = 2  # the whole-step kernel's 64 x 64 tiles fit two programs an SM (tests/support/attention_sm90_build)
@@ -37,7 +37,7 @@ def token_buckets(max_tokens: int) -> list[int]:
     return sorted(set(sizes))
 
 
-class WholeStepInputs:
+class WholeStepInputs(StaticTokens):
     """The static buffers a whole-step forward reads (token ids, positions, slot mapping; the attention layout and
     block tables) and the attention backend that reads them; ``load`` fills them for one step."""
 
@@ -55,7 +55,7 @@ class WholeStepInputs:
         """``max_seqs``: the most attention sequences (prefill chunks and decode rows) a step brings."""
         self.max_tokens, self.max_seqs = max_tokens, min(max_seqs, max_tokens)
         self.num_heads, self.num_kv_heads = num_heads, num_kv_heads
-        self.input_ids, self.positions, self.slot_mapping = static_inputs(max_tokens, device)
+        super().__init__(max_tokens, device)
         # one int32 buffer, one copy a step: (work items, sequences), cu [max_seqs + 1], seq_lens [max_seqs]
         self.layout = torch.zeros(3 + 2 * self.max_seqs, dtype=torch.int32, device=device)
         self.work, self.cu = self.layout[:2], self.layout[2 : 3 + self.max_seqs]
@@ -92,7 +92,7 @@ class WholeStepInputs:
         """A step of ``len(input_ids)`` tokens, padded to ``tokens``. Its attention sequences (prefill chunks, then
         decode rows of one query each) take ``q_lens`` queries each, have ``seq_lens`` tokens of context after the
         step, and ``tables`` rows."""
-        n, num_seqs = len(input_ids), len(q_lens)
+        num_seqs = len(q_lens)
         cu, items = work_layout(q_lens, self.num_heads, self.num_kv_heads)
         layout = np.zeros(len(self.layout), dtype=np.int32)
         layout[:2] = items, num_seqs
@@ -100,10 +100,7 @@ class WholeStepInputs:
         layout[3 + self.max_seqs : 3 + self.max_seqs + num_seqs] = seq_lens
         self.layout.copy_(stager.to_device(layout, torch.int32))
         self.tables[:num_seqs, : tables.shape[1]].copy_(stager.to_device(tables, torch.int32))
-        self.input_ids[:n].copy_(input_ids)
-        self.positions[:n].copy_(stager.to_device(positions))
-        self.slot_mapping[:n].copy_(stager.to_device(slot_mapping))
-        self.slot_mapping[n:tokens].fill_(-1)
+        self.load_tokens(stager, input_ids, positions, slot_mapping, tokens)
 
 
 class _WholeStepAttention:
