@@ -17,7 +17,8 @@ import zmq
 
 from client.async_stream import AsyncStream
 from client.base import DEFAULT_ADDRESS, _as_dict, _Base, chat_prompt
-from client.liveness import DEFAULT_CONNECT_TIMEOUT_S, KEEPALIVE_S
+from client.liveness import DEFAULT_CONNECT_TIMEOUT_S, KEEPALIVE_S, ConnectionWatch
+from client.local_link import LocalLink
 from client.replies import Accumulator, decode_reply, raise_error
 from protocol.client_messages import Abort, Error, Health, Info, Stats
 from protocol.outputs import Completion
@@ -46,6 +47,13 @@ class AsyncClient(_Base):
         self._unsent: deque[bytes] = deque()  # frames ZMQ did not take at once (no connection pipe yet)
         self._watcher: asyncio.Task | None = None
         self._keepalive: asyncio.Task | None = None
+
+    @staticmethod
+    def _socket(ctx, address: str, connect_timeout: float | None):
+        if address.startswith("unix:"):  # the coordinator's local socket (client/local_link.py)
+            link = LocalLink(address)
+            return link, ConnectionWatch(link, address, None)  # no monitor: the link sees the server's end itself
+        return _Base._socket(ctx, address, connect_timeout)
 
     # ---- plumbing --------------------------------------------------------------------------------------------
 

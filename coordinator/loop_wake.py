@@ -19,6 +19,14 @@ class LoopWake:
         self.poller.register(sock, zmq.POLLIN)
         self.poller.register(self._read, zmq.POLLIN)
 
+    def watch(self, fd: int, events: int) -> None:
+        """Watch a descriptor in the idle poll for ``events`` (zmq.POLLIN, zmq.POLLOUT; 0: no longer), as the local
+        socket's listener and connections need."""
+        if events:
+            self.poller.register(fd, events)
+        else:
+            self.poller.unregister(fd)
+
     def __call__(self, *_args) -> None:
         """Wake the loop (any thread, a signal handler, a future's done callback)."""
         try:

@@ -102,6 +102,11 @@ class RequestTable:
         if conn is not None:
             conn.last_seen = now
 
+    def of_connection(self, identity: bytes) -> list[ClientRequest]:
+        """The requests pending on one connection."""
+        conn = self._connections.get(identity)
+        return [] if conn is None else list(conn.requests.values())
+
     def silent_since(self, before: float) -> list[tuple[bytes, float, list[ClientRequest]]]:
         """The connections not heard from since ``before``: (identity, last seen, its requests pending)."""
         return [

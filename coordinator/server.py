@@ -62,6 +62,7 @@ from settings.loopback import key_refusal
 
 if TYPE_CHECKING:  # the engine pulls in torch; binding the socket must not wait for it
     from coordinator.engine import Engine
+    from coordinator.local_socket import LocalSocket
 
 log = logging.getLogger("nanoserve.server")
 
@@ -107,6 +108,7 @@ class Server(ClientFrames):
         self.lifecycle = Lifecycle(shutdown_timeout_s)
         self.failure: str | None = None  # why the loop ended, when it was not asked to: the launcher exits 1
         self.wake = LoopWake(self.socket.sock)
+        self.local: LocalSocket | None = None  # the HTTP front-end's way in (listen_locally)
         self.prompts = TokenizerPool(on_done=self.wake)  # templates and tokenizers, off the loop; a result wakes it
         self._job_ids = itertools.count()
         self._warn = RateLimitedLog()
@@ -143,6 +145,8 @@ class Server(ClientFrames):
             self._drain()
             self._check_clients()
             self._pick_up()
+            if self.local is not None:
+                self.local.flush()  # answers and errors now, not after the step
             if self.lifecycle.fail_reason is not None or not self.healthy:
                 break
             if engine.has_unfinished:
@@ -150,6 +154,8 @@ class Server(ClientFrames):
             elif time.monotonic() - last_check > HEALTH_CHECK_S:
                 last_check = time.monotonic()
                 self._check_health()
+            if self.local is not None:
+                self.local.flush()  # the step's replies, in one write a connection
         if self.lifecycle.fail_reason is not None and self.healthy:
             self._failed(self.lifecycle.fail_reason)
         self._abort_all(self.lifecycle.abort_message())
@@ -158,18 +164,29 @@ class Server(ClientFrames):
     def close(self, linger_ms: int = 1000) -> None:
         """Close the socket, giving queued replies (e.g. the final Aborted errors) ``linger_ms`` to go out."""
         self.socket.close(linger_ms)
+        if self.local is not None:
+            self.local.close(linger_ms)
         self.wake.close()
 
+    def listen_locally(self) -> str:
+        """Open the local socket for this host's HTTP front-end (coordinator/local_socket.py); its address
+        ("unix:PATH"), or the client socket's where a Unix socket can't be had."""
+        from coordinator.local_socket import LocalSocket
+
+        self.local = LocalSocket.in_private_dir(self.max_message_bytes, self.wake.watch)
+        return self.address if self.local is None else self.local.address
+
     def _drain(self) -> None:
-        for _ in range(self.max_drain):
-            frames = self.socket.recv()
-            if frames is None:
-                return
-            try:
-                self._handle(frames)
-            except Exception:  # a bug must not take the server down
-                log.exception("error handling a client frame")
-                self.stats.frames_dropped += 1
+        for sock in (self.socket, self.local) if self.local is not None else (self.socket,):
+            for _ in range(self.max_drain):
+                frames = sock.recv()
+                if frames is None:
+                    break
+                try:
+                    self._handle(frames)
+                except Exception:  # a bug must not take the server down
+                    log.exception("error handling a client frame")
+                    self.stats.frames_dropped += 1
 
     def _step(self) -> None:
         try:
@@ -187,7 +204,11 @@ class Server(ClientFrames):
     # ---- replies -------------------------------------------------------------------------------------------
 
     def _send(self, identity: bytes, msg) -> None:
-        if not self.socket.send(identity, encode(msg)):
+        self._send_bytes(identity, encode(msg))
+
+    def _send_bytes(self, identity: bytes, data: bytes) -> None:
+        sock = self.local if self.local is not None and self.local.owns(identity) else self.socket
+        if not sock.send(identity, data):
             self.stats.replies_dropped += 1
 
     def _error(self, identity: bytes, request_id: str, kind: str, message: str) -> None:
@@ -256,8 +277,16 @@ class Server(ClientFrames):
             self._send(identity, Error(msg.request_id, ENGINE_DEAD, message))
 
     def _check_clients(self) -> None:
-        """Abort the requests of connections silent for the heartbeat timeout (their client died or lost its host)."""
-        for identity, silent_s, reqs in self.limits.silent(self.requests, self.socket.emptied_at):
+        """Abort the requests of connections silent for the heartbeat timeout (their client died or lost its host),
+        and at once those of a local connection that closed."""
+        if self.local is not None:
+            for identity in self.local.take_gone():
+                for req in self.requests.of_connection(identity):
+                    self._end(req)
+        emptied_at = (
+            self.socket.emptied_at if self.local is None else min(self.socket.emptied_at, self.local.emptied_at)
+        )
+        for identity, silent_s, reqs in self.limits.silent(self.requests, emptied_at):
             log.warning(
                 "client %s sent nothing for %.0f s: aborting its %d request(s)",
                 identity.hex()[:16],

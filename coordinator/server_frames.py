@@ -33,7 +33,7 @@ log = logging.getLogger("nanoserve.server")
 
 class ClientFrames:
     """``Server``'s frame handling; it uses the server's socket, request table, limits, lifecycle, tokenizer pool,
-    stats and reply helpers (``_send``, ``_error``, ``_end``, ``_check_health``)."""
+    stats and reply helpers (``_send``, ``_send_bytes``, ``_error``, ``_end``, ``_check_health``)."""
 
     def _handle(self, frames: list[bytes]) -> None:
         frame = read_frame(frames, self.token)
@@ -98,8 +98,8 @@ class ClientFrames:
             value = result()
             if generate:
                 self.engine.add_admitted(*value, key, msg.stream)
-            elif not self.socket.send(identity, value):
-                self.stats.replies_dropped += 1
+            else:
+                self._send_bytes(identity, value)
             return
         except RequestError as e:
             message = str(e)

@@ -94,7 +94,8 @@ def _front_end(args, kwargs: dict, cfg: EngineConfig, http_sock, server) -> Http
     waits), and the parent stops it on every way out (the kernel, if the parent dies)."""
     served_names = args.served_model_name or [served_model_name(kwargs.get("model", ""))]
     wait_s = 60.0 + 3 * cfg.worker_timeout_s
-    return HttpFrontEnd(args, http_sock, server.address, served_names, server.fail, connect_timeout_s=wait_s)
+    address = server.listen_locally()  # a Unix socket: no ZMQ I/O threads on the first token's way (server.py)
+    return HttpFrontEnd(args, http_sock, address, served_names, server.fail, connect_timeout_s=wait_s)
 
 
 def _offline(args, kwargs) -> int:

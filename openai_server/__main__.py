@@ -39,7 +39,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--address",
         default=settings().address or ZMQ_ADDRESS,
-        help=f"the coordinator's ZMQ address (default: $NANOSERVE_ADDRESS or {ZMQ_ADDRESS})",
+        help=f"the coordinator's ZMQ address, or unix:PATH for its local socket (default: $NANOSERVE_ADDRESS or "
+        f"{ZMQ_ADDRESS})",
     )
     p.add_argument("--host", default=HOST, help=f"interface to listen on (default {HOST})")
     p.add_argument("--port", type=int, default=HTTP_PORT, help=f"HTTP port (default {HTTP_PORT}; 0 = a free one)")
@@ -158,12 +159,14 @@ async def serve(args) -> int:
 
     from openai_server.uvicorn_server import Server
 
-    engine = EngineClient(args.address, args.api_key, args.served_model_name)
+    engine = None
     try:
+        engine = EngineClient(args.address, args.api_key, args.served_model_name)  # unix:PATH connects here
         await engine.connect(args.connect_timeout)
     except Exception as e:
         log.error("no answer from the coordinator at %s: %s: %s", args.address, type(e).__name__, e)
-        await engine.close()
+        if engine is not None:
+            await engine.close()
         return 1
     state = ServerState(engine, Metrics(engine.served_model_name), args.api_key, *parser_classes(args))
     sock = _listen_socket(args)

@@ -48,10 +48,12 @@ class HttpFrontEnd:
     ) -> None:
         """``connect_timeout_s``: how long it waits for the coordinator's first answer (spawned before the engine
         starts, as long as that start-up may take)."""
-        host, port = zmq_address.removeprefix("tcp://").rsplit(":", 1)
-        local = {"0.0.0.0": "127.0.0.1", "[::]": "[::1]"}.get(host, host)  # a wildcard bind is reached on loopback
+        if not zmq_address.startswith("unix:"):  # the coordinator's local socket is taken as it is
+            host, port = zmq_address.removeprefix("tcp://").rsplit(":", 1)
+            local = {"0.0.0.0": "127.0.0.1", "[::]": "[::1]"}.get(host, host)  # a wildcard bind: reached on loopback
+            zmq_address = f"tcp://{local}:{port}"
         cmd = [
-            sys.executable, "-m", "openai_server", "--address", f"tcp://{local}:{port}",
+            sys.executable, "-m", "openai_server", "--address", zmq_address,
             "--fd", str(sock.fileno()), "--parent-pid", str(os.getpid()), "--served-model-name", *served_names,
             "--log-stats-interval", str(args.log_stats_interval), "--log-level", args.log_level,
             "--connect-timeout", str(connect_timeout_s),
