@@ -129,14 +129,19 @@ class LocalSocket:
         gone, self._gone = self._gone, []
         return gone
 
-    def close(self, linger_ms: int) -> None:
-        """Give unsent replies up to ``linger_ms`` to go out, then close everything and remove the socket file."""
+    def drain(self, linger_ms: int) -> None:
+        """Write the unsent replies, waiting up to ``linger_ms`` for room (the loop's last ones: the front-end is
+        stopped next)."""
         deadline = time.monotonic() + linger_ms / 1000
+        self.flush()
         while any(c.unsent for c in self._conns.values()) and time.monotonic() < deadline:
-            self.flush()
             waiting = [c.sock for c in self._conns.values() if c.unsent]
-            if waiting:
-                select.select([], waiting, [], max(0.0, deadline - time.monotonic()))
+            select.select([], waiting, [], max(0.0, deadline - time.monotonic()))
+            self.flush()
+
+    def close(self, linger_ms: int) -> None:
+        """``drain``, then close everything and remove the socket file."""
+        self.drain(linger_ms)
         for conn in list(self._conns.values()):
             self._drop(conn, "")
         self._watch(self.listener.fileno(), 0)

@@ -68,6 +68,7 @@ log = logging.getLogger("nanoserve.server")
 
 IDLE_POLL_MS = 50  # the longest idle wait: a frame, a finished tokenizer job, stop() or fail() end it sooner
 HEALTH_CHECK_S = 1.0
+LOCAL_LINGER_MS = 1000
 
 
 class Server(ClientFrames):
@@ -159,6 +160,8 @@ class Server(ClientFrames):
         if self.lifecycle.fail_reason is not None and self.healthy:
             self._failed(self.lifecycle.fail_reason)
         self._abort_all(self.lifecycle.abort_message())
+        if self.local is not None:
+            self.local.drain(LOCAL_LINGER_MS)  # the front-end is stopped next: its replies must be out first
         self.prompts.close()
 
     def close(self, linger_ms: int = 1000) -> None:

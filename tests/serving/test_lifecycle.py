@@ -132,7 +132,7 @@ def test_front_end_killed_fails_requests_and_the_launcher_exits_1(tiny_tied, tmp
     srv = Launch(tiny_tied, tmp, tmp_path / "server.log", "--http-port", "0")
     try:
         front_end = srv.child(b"openai_server")
-        assert len(_private_dirs(tmp)) == 1
+        assert len(_private_dirs(tmp)) == 2  # the workers' and the front-end's socket's
         with Client(srv.zmq, timeout=HANG_S) as c:
             stream = c.stream(list(range(10, 40)), LONG)
             assert next(stream).finish_reason is None  # mid-stream
@@ -193,7 +193,8 @@ def test_kill_9_of_the_launcher_leaves_a_dir_the_next_start_removes(tiny_tied, t
         (live_dir,) = _private_dirs(tmp)
         killed = Launch(tiny_tied, tmp, tmp_path / "killed.log", "--http-port", "0")
         servers.append(killed)
-        (killed_dir,) = set(_private_dirs(tmp)) - {live_dir}
+        killed_dirs = set(_private_dirs(tmp)) - {live_dir}
+        assert len(killed_dirs) == 2  # the workers' and the front-end's socket's
         front_end = killed.child(b"openai_server")
         events: list = []
         reader = threading.Thread(target=_stream_http, args=(killed.base_url, events))
@@ -208,11 +209,11 @@ def test_kill_9_of_the_launcher_leaves_a_dir_the_next_start_removes(tiny_tied, t
         assert killed.exit_code() == -signal.SIGKILL
         codes = killed.reaped()  # its front-end and worker, orphaned
         assert set(codes) == set(killed.children) and codes[front_end] == 1, (codes, killed.lines)
-        assert killed_dir.exists() and live_dir.exists()  # kill -9: nothing could clean up
+        assert all(d.exists() for d in killed_dirs) and live_dir.exists()  # kill -9: nothing could clean up
 
         nxt = Launch(tiny_tied, tmp, tmp_path / "next.log")
         servers.append(nxt)
-        assert not killed_dir.exists()  # the next start removed it...
+        assert not any(d.exists() for d in killed_dirs)  # the next start removed them...
         assert live_dir.exists()  # ...and not the live server's
         with Client(live.zmq, timeout=HANG_S) as c:
             assert c.generate("hello", SamplingParams(temperature=0, max_tokens=4)).token_ids
