@@ -135,9 +135,11 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=3, help="rounds of both clients, alternating")
     a = p.parse_args()
     server = Server("127.0.0.1", 0)
-    threading.Thread(target=server.serve, args=(InstantEngine(),), daemon=True).start()
+    local = server.listen_locally()  # the front-end's way in, as launch.py gives it
+    loop = threading.Thread(target=server.serve, args=(InstantEngine(),), daemon=True)
+    loop.start()
     address, port = f"tcp://127.0.0.1:{server.port}", _free_port()
-    cmd = [sys.executable, "-m", "openai_server", "--address", address, "--port", str(port)]
+    cmd = [sys.executable, "-m", "openai_server", "--address", local, "--port", str(port)]
     front = subprocess.Popen([*cmd, "--log-level", "warning"], stdout=subprocess.DEVNULL)
     try:
         _wait_listening(port, front)
@@ -149,6 +151,8 @@ def main() -> None:
         front.terminate()
         front.wait()
         server.stop()
+        loop.join(10)
+        server.close(0)  # the local socket's private dir too
     res = {f"{k}_p50_ms": round(statistics.median(v) * 1e3, 3) for k, v in times.items()}
     res |= {f"{k}_mean_ms": round(statistics.mean(v) * 1e3, 3) for k, v in times.items()}
     for k in times:

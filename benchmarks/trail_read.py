@@ -95,7 +95,8 @@ def span_p50(trails: list[dict[str, float]], spans: tuple[tuple[str, str], ...])
     return round(statistics.median(xs) * 1e3, 3) if xs else None
 
 
-# the front-end's own time (before the Generate is sent, after the first Delta is read) and the ZMQ hop both ways
+# the front-end's own time (before the Generate is sent, after the first Delta is read) and the coordinator hop both
+# ways (zmq_hop: ZMQ, or the HTTP front-end's Unix socket)
 OWN_SPANS = {
     "http": {"front_end_own": (("c_send", "f_sent"), ("f_delta", "c_first")), "zmq_hop": (("f_sent", "k_recv"),
              ("k_reply", "f_delta"))},

@@ -10,9 +10,9 @@ against one coordinator and front-end run with time stamps (benchmarks/trail_hoo
 request also gets its trail: client send, front-end receive, coordinator receive, tokenized, step sent, result
 read, first Delta sent, front-end's Delta, the SSE bytes, client receive. Prints each path's TTFT p50/mean, each
 hop's p50 and two sums per request (their p50): the front-end's own time (client send to Generate sent, first Delta
-read to client receive) and the ZMQ hop's (both ways); and for HTTP the front-end's CPU time per request (p50),
-idle wake-ups included (compare runs of like TTFTs). The last line is JSON. benchmarks/frontend_cpu.py times
-the front-end's Python alone, in-process, for A/B on a loaded box.
+read to client receive) and the coordinator hop's both ways (ZMQ; from the HTTP front-end, its Unix socket); and for
+HTTP the front-end's CPU time per request (p50), idle wake-ups included (compare runs of like TTFTs). The last line
+is JSON. benchmarks/frontend_cpu.py times the front-end's Python alone, in-process, for A/B on a loaded box.
 
     python -m benchmarks.ttft_trail [--model DIR] [--requests 100] [--gap 0.1] [--paths offline zmq http ...]
                                     [-- engine flags for both the offline LLM and launch.py]

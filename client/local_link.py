@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+from collections import deque
 
 import zmq
 
@@ -31,7 +32,7 @@ class LocalLink:
             raise ConnectionError(f"no server answers at {address}: {e}") from None
         self.sock.setblocking(False)
         self._frames = FrameBuffer(MAX_REPLY_BYTES)
-        self._ready: list[bytes] = []
+        self._ready: deque[bytes] = deque()
         self._unsent = bytearray()
         self._writing: asyncio.AbstractEventLoop | None = None  # the loop whose writer drains _unsent
         self.closed = False
@@ -51,7 +52,7 @@ class LocalLink:
     def recv(self, flags: int = 0) -> bytes:
         """The next reply; zmq.Again when none is waiting; ConnectionError once the server's end has closed."""
         if self._ready:
-            return self._ready.pop(0)
+            return self._ready.popleft()
         if self._error is not None:
             raise ConnectionError(self._error)
         raise zmq.Again()

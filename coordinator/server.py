@@ -1,4 +1,5 @@
-"""The coordinator's client endpoint: a ZMQ ROUTER socket that serves Generate/Abort/Health/Info/Stats and
+"""The coordinator's client endpoint: a ZMQ ROUTER socket (and, for this host's HTTP front-end, a Unix socket carrying
+the same messages: coordinator/local_socket.py) that serves Generate/Abort/Health/Info/Stats and
 Tokenize/Detokenize requests (protocol/client_messages.py) over the engine's interface (admit, add_admitted, abort,
 step, has_unfinished, stats, info, health, tokenize, detokenize, shutdown). It is transport, authentication and the
 request table (its counters and Stats answer: coordinator/server_stats.py); the engine's output processor owns every
@@ -17,8 +18,8 @@ One thread runs one loop:
 4. when idle, block in ``poll`` for a short while (and check the engine's health now and then); a finished
    tokenizer job, ``stop()`` and ``fail()`` wake it at once (coordinator/loop_wake.py).
 
-Sends never block: ROUTER_MANDATORY is off and every send is non-blocking, so a reply to a vanished client is
-dropped and a slow client only loses replies past its high-water mark; neither stalls the loop.
+Sends never block (ROUTER_MANDATORY off, non-blocking sends; the local socket writes a turn's replies at its end): a
+reply to a vanished client is dropped, a slow one loses replies past its high-water mark; neither stalls the loop.
 
 Faults and the end (coordinator/lifecycle.py): when the engine fails (a worker died or hung:
 ``EngineDeadError``), or ``fail(reason)`` is called, every in-flight request gets an ``EngineDeadError`` reply at
@@ -68,7 +69,6 @@ log = logging.getLogger("nanoserve.server")
 
 IDLE_POLL_MS = 50  # the longest idle wait: a frame, a finished tokenizer job, stop() or fail() end it sooner
 HEALTH_CHECK_S = 1.0
-LOCAL_LINGER_MS = 1000
 
 
 class Server(ClientFrames):
@@ -88,20 +88,17 @@ class Server(ClientFrames):
         client_heartbeat_timeout_s: float = DEFAULT_CLIENT_HEARTBEAT_TIMEOUT_S,
         shutdown_timeout_s: float = DEFAULT_SHUTDOWN_TIMEOUT_S,
     ) -> None:
-        refusal = key_refusal(host, token, "a shared-secret token (--token)")
-        if refusal:
+        if refusal := key_refusal(host, token, "a shared-secret token (--token)"):
             raise ValueError(refusal)
         if max_pending_requests < 1:
             raise ValueError("max_pending_requests must be >= 1")
         self.token = token.encode() if token else None
         self.max_pending_requests = max_pending_requests
-        # per-client pending limit and heartbeat timeout (coordinator/client_limits.py)
         self.limits = ClientLimits(max_pending_requests, max_pending_per_client, client_heartbeat_timeout_s)
         self.max_drain = max_drain
         self.max_message_bytes = max_message_bytes  # told to clients (Info), which refuse larger requests
         self.socket = ClientSocket(host, port, max_message_bytes, send_hwm)
         self.address, self.port = self.socket.address, self.socket.port
-
         self.engine: Engine | None = None
         self.requests = RequestTable()
         self.healthy = True
@@ -118,8 +115,7 @@ class Server(ClientFrames):
     # ---- the loop ------------------------------------------------------------------------------------------
 
     def stop(self, *_args) -> None:
-        """Drain, then end the loop (safe from a signal handler); a second call aborts at once
-        (coordinator/lifecycle.py)."""
+        """Drain, then end the loop (signal-safe); a second call aborts at once (coordinator/lifecycle.py)."""
         self.lifecycle.stop()
         self.wake()
 
@@ -156,12 +152,12 @@ class Server(ClientFrames):
                 last_check = time.monotonic()
                 self._check_health()
             if self.local is not None:
-                self.local.flush()  # the step's replies, in one write a connection
+                self.local.flush()  # the step's replies, one write a connection
         if self.lifecycle.fail_reason is not None and self.healthy:
             self._failed(self.lifecycle.fail_reason)
         self._abort_all(self.lifecycle.abort_message())
         if self.local is not None:
-            self.local.drain(LOCAL_LINGER_MS)  # the front-end is stopped next: its replies must be out first
+            self.local.drain(1000)  # the front-end is stopped next: its replies must be out first
         self.prompts.close()
 
     def close(self, linger_ms: int = 1000) -> None:
@@ -172,15 +168,14 @@ class Server(ClientFrames):
         self.wake.close()
 
     def listen_locally(self) -> str:
-        """Open the local socket for this host's HTTP front-end (coordinator/local_socket.py); its address
-        ("unix:PATH"), or the client socket's where a Unix socket can't be had."""
+        """The HTTP front-end's address: a local socket's (coordinator/local_socket.py), else the client socket's."""
         from coordinator.local_socket import LocalSocket
 
         self.local = LocalSocket.in_private_dir(self.max_message_bytes, self.wake.watch)
         return self.address if self.local is None else self.local.address
 
     def _drain(self) -> None:
-        for sock in (self.socket, self.local) if self.local is not None else (self.socket,):
+        for sock in filter(None, (self.socket, self.local)):
             for _ in range(self.max_drain):
                 frames = sock.recv()
                 if frames is None:
@@ -286,9 +281,7 @@ class Server(ClientFrames):
             for identity in self.local.take_gone():
                 for req in self.requests.of_connection(identity):
                     self._end(req)
-        emptied_at = (
-            self.socket.emptied_at if self.local is None else min(self.socket.emptied_at, self.local.emptied_at)
-        )
+        emptied_at = min(s.emptied_at for s in (self.socket, self.local) if s is not None)
         for identity, silent_s, reqs in self.limits.silent(self.requests, emptied_at):
             log.warning(
                 "client %s sent nothing for %.0f s: aborting its %d request(s)",

@@ -41,19 +41,19 @@ class HttpFrontEnd:
         self,
         args,
         sock: socket.socket,
-        zmq_address: str,
+        address: str,
         served_names: list[str],
         on_exit: Callable[[str], None],
         connect_timeout_s: float = 60.0,
     ) -> None:
         """``connect_timeout_s``: how long it waits for the coordinator's first answer (spawned before the engine
         starts, as long as that start-up may take)."""
-        if not zmq_address.startswith("unix:"):  # the coordinator's local socket is taken as it is
-            host, port = zmq_address.removeprefix("tcp://").rsplit(":", 1)
+        if not address.startswith("unix:"):  # the coordinator's local socket is taken as it is
+            host, port = address.removeprefix("tcp://").rsplit(":", 1)
             local = {"0.0.0.0": "127.0.0.1", "[::]": "[::1]"}.get(host, host)  # a wildcard bind: reached on loopback
-            zmq_address = f"tcp://{local}:{port}"
+            address = f"tcp://{local}:{port}"
         cmd = [
-            sys.executable, "-m", "openai_server", "--address", zmq_address,
+            sys.executable, "-m", "openai_server", "--address", address,
             "--fd", str(sock.fileno()), "--parent-pid", str(os.getpid()), "--served-model-name", *served_names,
             "--log-stats-interval", str(args.log_stats_interval), "--log-level", args.log_level,
             "--connect-timeout", str(connect_timeout_s),
