@@ -22,6 +22,9 @@ MAX_REPLY_BYTES = 1 << 31  # replies are the server's own; this only bounds a co
 
 
 class LocalLink:
+    """Connected at once (the coordinator binds its socket before it starts its front-end); ConnectionError if
+    nothing listens at the path."""
+
     def __init__(self, address: str) -> None:
         self.address, self.path = address, address.removeprefix("unix:")
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
