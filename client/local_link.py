@@ -40,6 +40,7 @@ class LocalLink:
         self._writing: asyncio.AbstractEventLoop | None = None  # the loop whose writer drains _unsent
         self.closed = False
         self._error: str | None = None  # why the link broke
+        self._drained = False
 
     def getsockopt(self, option: int) -> int:
         """``zmq.FD``: the descriptor to watch; ``zmq.EVENTS``: POLLIN while a whole reply is waiting (read here,
@@ -47,8 +48,13 @@ class LocalLink:
         if option == zmq.FD:
             return self.sock.fileno()
         if option == zmq.EVENTS:
+            # after a short read the socket is empty: no second receive (a raised EAGAIN) before the replies go
+            # out; the loop's reader is level-triggered, so the next call comes once there is more, and reads
             if not self._ready and not self.closed:
-                self._read()
+                if self._drained:
+                    self._drained = False
+                else:
+                    self._read()
             return zmq.POLLIN if self._ready or self._error is not None else 0
         raise ValueError(f"LocalLink has no option {option}")
 
@@ -82,6 +88,7 @@ class LocalLink:
                 self._frames.feed(data)
                 self._ready.extend(self._frames.take())
                 if len(data) < READ_BYTES:
+                    self._drained = True
                     return
         except (BlockingIOError, InterruptedError):
             return
