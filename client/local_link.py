@@ -15,7 +15,7 @@ from collections import deque
 
 import zmq
 
-from protocol.stream_frames import FrameBuffer, FrameTooLargeError, framed
+from protocol.stream_frames import FrameBuffer, FrameTooLargeError, append_framed
 
 READ_BYTES = 1 << 20
 MAX_REPLY_BYTES = 1 << 31  # replies are the server's own; this only bounds a corrupted length
@@ -69,7 +69,7 @@ class LocalLink:
     def send(self, data: bytes, flags: int = 0) -> None:
         if self.closed:
             raise zmq.ZMQError(zmq.ENOTSOCK, "the link is closed")
-        self._unsent += framed(data)
+        append_framed(self._unsent, data)
         self._write()
 
     def close(self, linger: int | None = None) -> None:

@@ -27,7 +27,7 @@ from collections.abc import Callable
 import zmq
 
 from coordinator import private_dirs
-from protocol.stream_frames import FrameBuffer, FrameTooLargeError, framed
+from protocol.stream_frames import FrameBuffer, FrameTooLargeError, append_framed
 
 log = logging.getLogger("nanoserve.server")
 
@@ -105,7 +105,7 @@ class LocalSocket:
         conn = self._conns.get(identity)
         if conn is None or len(conn.unsent) > self.max_unsent_bytes:
             return False
-        conn.unsent += framed(data)
+        append_framed(conn.unsent, data)
         return True
 
     def flush(self) -> None:

@@ -14,11 +14,19 @@ class FrameTooLargeError(ValueError):
     pass
 
 
-def framed(data: bytes) -> bytes:
-    """``data`` with its length in front."""
+def append_framed(buf: bytearray, data: bytes) -> None:
+    """Append ``data`` to an outgoing buffer with its length in front (the data copied once, not twice)."""
     if len(data) > MAX_FRAME_BYTES:
         raise FrameTooLargeError(f"a message of {len(data)} bytes is over the stream's {MAX_FRAME_BYTES}")
-    return _LENGTH.pack(len(data)) + data
+    buf += _LENGTH.pack(len(data))
+    buf += data
+
+
+def framed(data: bytes) -> bytes:
+    """``data`` with its length in front: one message of the stream."""
+    buf = bytearray()
+    append_framed(buf, data)
+    return bytes(buf)
 
 
 class FrameBuffer:
@@ -39,15 +47,17 @@ class FrameBuffer:
         """Every whole message buffered, in order."""
         buf, start, out = self._buf, self._start, []
         end = len(buf)
-        while end - start >= HEADER_BYTES:
-            (size,) = _LENGTH.unpack_from(buf, start)
-            if size > self.max_bytes:
-                raise FrameTooLargeError(f"a message of {size} bytes is over the limit of {self.max_bytes}")
-            if end - start - HEADER_BYTES < size:
-                break
-            start += HEADER_BYTES
-            out.append(bytes(buf[start : start + size]))
-            start += size
+        # each message copied once (a bytearray slice would copy it twice); the view is released before any resize
+        with memoryview(buf) as view:
+            while end - start >= HEADER_BYTES:
+                (size,) = _LENGTH.unpack_from(buf, start)
+                if size > self.max_bytes:
+                    raise FrameTooLargeError(f"a message of {size} bytes is over the limit of {self.max_bytes}")
+                if end - start - HEADER_BYTES < size:
+                    break
+                start += HEADER_BYTES
+                out.append(bytes(view[start : start + size]))
+                start += size
         if start == end:
             buf.clear()
             start = 0
