@@ -66,8 +66,9 @@ class EngineConfig:
     max_num_batched_tokens: int = _arg(8192, "tokens in one step at most (prefills are chunked to fit)")
     max_prefill_beside_decodes: int = _arg(
         0,
-        "prompt tokens a step takes beside running decodes (at least; a quarter of the waiting prompt tokens if more,"
-        " all of max_num_batched_tokens for a larger backlog), so a prompt does not stall every stream's next token;"
+        "tokens a step carries in all while sequences decode: prompt tokens up to this less the decode rows, at least"
+        " half of it (a quarter of the waiting prompt tokens if more, all of max_num_batched_tokens for a larger"
+        " backlog), so a prompt does not stall every stream's next token;"
         f" 0 = no cap; launch.py and nanoserve serve default to {SERVER_PREFILL_BESIDE_DECODES}",
     )
     block_size: int = _arg(16, "tokens per KV-cache block (a power of 2)")

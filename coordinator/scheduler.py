@@ -49,8 +49,8 @@ class Scheduler:
     freed_slots: list[int] = field(default_factory=list)  # to tell the workers in the next step
     step_id: int = 0
     speculator: Speculator | None = None  # n-gram drafts (coordinator/spec_schedule.py); None: off
-    # Prompt tokens a step may carry beside running decodes (0: no cap). A decode step reads every weight once, so
-    # up to a few hundred rows ride along at little cost; a whole prompt in one step stalls every stream's next token.
+    # Tokens a step may carry in all while sequences decode (0: no cap; _prefill_cap). A decode step reads every weight
+    # once, so up to a few hundred rows ride along at little cost; a whole prompt in one step stalls every stream.
     max_prefill_beside_decodes: int = 0
 
     def __post_init__(self) -> None:
@@ -175,24 +175,25 @@ class Scheduler:
         return self._build(chosen, verify)
 
     def _prefill_cap(self) -> int:
-        """Prompt tokens this step may take. While a sequence decodes: a quarter of the prompt tokens not yet
-        computed, at least ``max_prefill_beside_decodes``, so a prompt is spread over a few steps that each cost
-        about a decode step; a backlog over one step's budget (offline, a burst) takes it all: throughput first."""
+        """Prompt tokens this step may take. While a sequence decodes: the cap less the step's decode rows, so the
+        whole step fits ``max_prefill_beside_decodes`` tokens (a prefill graph's size: no padded rows) and costs
+        about a decode step, but at least half the cap; a quarter of the prompt tokens not yet computed if more; a
+        backlog over one step's budget (offline, a burst) takes it all: throughput first."""
         cap, budget = self.max_prefill_beside_decodes, self.max_num_batched_tokens
         if not cap:
             return budget
-        backlog, decoding = 0, False
+        backlog, decode_rows = 0, 0
         for seq in self.running:
             rest = seq.num_tokens - seq.num_computed_tokens
-            decoding |= rest <= 1 or seq.num_computed_tokens >= seq.num_prompt_tokens
+            decode_rows += rest <= 1 or seq.num_computed_tokens >= seq.num_prompt_tokens
             backlog += rest if rest > 1 else 0
-        if not decoding:
+        if not decode_rows:
             return budget
         for seq in self.waiting:  # stops past one step's worth
             if backlog > budget:
                 break
             backlog += seq.num_tokens - seq.num_computed_tokens
-        return budget if backlog > budget else max(cap, backlog // 4)
+        return budget if backlog > budget else max(cap - decode_rows, cap // 2, backlog // 4)
 
     def _build(self, chosen: list[tuple[Sequence, int]], verify: dict[Sequence, list[int]]) -> ScheduledBatch:
         chosen.sort(key=lambda c: c[1] == 1)  # prefill chunks first (stable), then single tokens

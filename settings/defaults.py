@@ -12,8 +12,8 @@ HTTP_PORT = 8000  # python -m openai_server --port (launch.py serves HTTP only w
 
 MAX_PENDING_REQUESTS = 4096  # the server refuses (Overloaded) past this many requests queued or running
 MAX_MESSAGE_BYTES = 8 << 20  # a client frame larger than this is refused; clients assume it until Info says
-# A server's prompt tokens a step takes beside running decodes (EngineConfig.max_prefill_beside_decodes; the
-# offline LLM keeps 0, throughput first): a few hundred rows cost a decode step little (its weights are read anyway)
+# A server's tokens in a step while sequences decode (EngineConfig.max_prefill_beside_decodes; the offline LLM
+# keeps 0, throughput first): a few hundred rows cost a decode step little (its weights are read anyway)
 SERVER_PREFILL_BESIDE_DECODES = 256
 LOG_STATS_INTERVAL_S = 10.0  # seconds between the HTTP front-end's throughput log lines
 

@@ -21,12 +21,14 @@ def _capped(cap: int, budget: int = 512, max_seqs: int = 8, async_scheduling: bo
     return sched, Driver(sched, FakeWorkers(sched))
 
 
-def _chunks_of(drv: Driver, seq) -> list[int]:
+def _chunks_of(drv: Driver, seq, step_sizes: list[int] | None = None) -> list[int]:
     chunks = []
     while seq.num_output_tokens == 0:
         batch = drv.step()
         by_seq = dict(zip(map(id, batch.seqs), batch.num_tokens))
         chunks.append(by_seq.get(id(seq), 0))
+        if step_sizes is not None:
+            step_sizes.append(sum(batch.num_tokens))
     return chunks
 
 
@@ -38,8 +40,23 @@ def test_a_prompt_beside_decodes_is_spread_over_capped_steps():
     drv.step()  # their prefill: no decode runs yet, so the whole budget
     prompt = make_seq(list(range(1000, 1300)), max_tokens=2)
     sched.add(prompt)
-    # 300 tokens waiting: a quarter (75), then a quarter of what is left, never under 32
-    assert _chunks_of(drv, prompt) == [75, 56, 42, 32, 32, 32, 31]
+    # 300 tokens waiting: a quarter (75), then a quarter of what is left while that is more than the cap less the
+    # 3 decode rows (29): from there each step carries 32 tokens in all, the size the cap names
+    sizes: list[int] = []
+    assert _chunks_of(drv, prompt, sizes) == [75, 56, 42, 31, 29, 29, 29, 9]
+    assert sizes == [78, 59, 45, 34, 32, 32, 32, 12]
+    drv.run_to_end()
+    assert_all_released(sched)
+
+
+def test_many_decode_rows_leave_a_prompt_half_the_cap():
+    sched, drv = _capped(cap=32, budget=512, max_seqs=32)
+    for i in range(24):
+        sched.add(make_seq([i, i + 1], max_tokens=100))
+    drv.step()
+    prompt = make_seq(list(range(1000, 1100)), max_tokens=2)
+    sched.add(prompt)
+    assert _chunks_of(drv, prompt)[:3] == [25, 18, 16]  # a quarter of 100, of 75, then half of 32: not 32 - 24
     drv.run_to_end()
     assert_all_released(sched)
 
