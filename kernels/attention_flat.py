@@ -103,16 +103,19 @@ def group_padded(num_heads: int, num_kv_heads: int) -> int:
     return triton.next_power_of_2(num_heads // num_kv_heads)
 
 
-def tile_tokens(num_heads: int, num_kv_heads: int) -> int:
+def tile_tokens(num_heads: int, num_kv_heads: int, block_rows: int = BLOCK_ROWS) -> int:
     """Tokens of a tile (``BLOCK_Q``); the host's work count and the kernel's search must agree on it."""
-    return max(1, BLOCK_ROWS // group_padded(num_heads, num_kv_heads))
+    return max(1, block_rows // group_padded(num_heads, num_kv_heads))
 
 
-def work_layout(q_lens: np.ndarray, num_heads: int, num_kv_heads: int) -> tuple[np.ndarray, int]:
-    """``cu`` (int32 query offsets) and the number of work items of a step whose sequences take ``q_lens`` queries."""
+def work_layout(
+    q_lens: np.ndarray, num_heads: int, num_kv_heads: int, block_rows: int = BLOCK_ROWS
+) -> tuple[np.ndarray, int]:
+    """``cu`` (int32 query offsets) and the number of work items of a step whose sequences take ``q_lens`` queries
+    (in tiles of ``block_rows`` rows: the kernel's must be the same)."""
     cu = np.zeros(len(q_lens) + 1, dtype=np.int32)
     np.cumsum(q_lens, out=cu[1:])
-    tiles = int(cu[-1]) // tile_tokens(num_heads, num_kv_heads) + len(q_lens)  # the end of the last tile slot
+    tiles = int(cu[-1]) // tile_tokens(num_heads, num_kv_heads, block_rows) + len(q_lens)  # the last tile slot's end
     return cu, tiles * num_kv_heads
 
 
@@ -128,16 +131,18 @@ def whole_step_attention(
     out: torch.Tensor,
     max_seqs: int,
     num_programs: int,
+    tiles: tuple[int, int, int, int] | None = None,
 ) -> torch.Tensor:
     """Attention of every row of ``q`` (rows past ``cu[num_seqs]`` are left as they are) into ``out``; ``work``:
-    int32 (items, sequences) from ``work_layout``; ``max_seqs``: the most sequences a replay may bring."""
+    int32 (items, sequences) from ``work_layout``; ``max_seqs``: the most sequences a replay may bring; ``tiles``:
+    (rows, keys, warps, stages) a tile, the rows as ``work_layout`` was given them (benchmarks/whole_step_sweep.py)."""
     num_heads, head_dim = q.shape[1], q.shape[2]
     num_kv_heads, page = k_cache.shape[2], k_cache.shape[1]
     v_keys = check_cache(k_cache, v_cache)
     assert q.stride(-1) == 1 and out.stride(-1) == 1 and block_tables.stride(-1) == 1
     group_p2 = group_padded(num_heads, num_kv_heads)
     pdl = use_pdl(q)
-    block_n = 64 if head_dim <= 128 else 32
+    block_rows, block_n, num_warps, num_stages = tiles or (BLOCK_ROWS, 64 if head_dim <= 128 else 32, 4, 2)
     _whole_step_kernel[(num_programs,)](
         q,
         k_cache,
@@ -161,13 +166,13 @@ def whole_step_attention(
         PAGE=page,
         HEAD_DIM=head_dim,
         BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
-        BLOCK_M=max(BLOCK_ROWS, group_p2),
+        BLOCK_M=max(block_rows, group_p2),
         BLOCK_N=block_n,
         DOT_F16=dot_dtype_f16(q, k_cache),
         V_KEYS=v_keys,
         USE_PDL=pdl,
-        num_warps=4,
-        num_stages=2,
+        num_warps=num_warps,
+        num_stages=num_stages,
         launch_pdl=pdl,
     )
     return out
