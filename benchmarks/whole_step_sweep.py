@@ -2,6 +2,7 @@
 its CUDA graph) on the steps the workloads make: W3's prefill of ~2k-token prompts, W1's shorter ones, and a mixed
 step under load (a prompt chunk beside decode rows). Each tiling (rows, keys, warps, stages) x programs per SM is
 checked against the torch reference, then timed as a CUDA-graph replay (the device's time); the default first.
+The last line is JSON: each case's fastest tiling and programs per SM, its time and the default's (2 a SM).
 
     python -m benchmarks.whole_step_sweep [--cases w3 w3mixed w1_8b mixed_8b] [--pps 1 2 3]
 """
@@ -9,6 +10,7 @@ checked against the torch reference, then timed as a CUDA-graph replay (the devi
 from __future__ import annotations
 
 import argparse
+import json
 
 import numpy as np
 import torch
@@ -43,7 +45,7 @@ def causal_flop(chunks: list[tuple[int, int]], heads: int) -> float:
     return 4 * HEAD_DIM * heads * pairs
 
 
-def run_case(name: str, pps_list: list[int], dtype: torch.dtype) -> None:
+def run_case(name: str, pps_list: list[int], dtype: torch.dtype) -> dict:
     heads, kv_heads, chunks = CASES[name]
     gen = torch.Generator(device="cuda").manual_seed(0)
     kv_lens, q_lens = [p + n for p, n in chunks], [n for _, n in chunks]
@@ -57,6 +59,7 @@ def run_case(name: str, pps_list: list[int], dtype: torch.dtype) -> None:
     flop = causal_flop(chunks, heads)
     print(f"\n{name}: {heads} q / {kv_heads} kv heads, {n} sequences, {tokens} tokens, {flop / 1e9:.1f} GFLOP")
     print(f"  {'rows,keys,warps,stages':>24s} " + " ".join(f"{f'{p}/SM ms':>9s} {'TFLOP/s':>7s}" for p in pps_list))
+    timed: dict[tuple, float] = {}
     for tiles in TILINGS:
         cu_host, items = work_layout(np.array(q_lens), heads, kv_heads, tiles[0])
         cu = torch.from_numpy(cu_host).cuda()
@@ -78,10 +81,13 @@ def run_case(name: str, pps_list: list[int], dtype: torch.dtype) -> None:
             if err > TOL[dtype]:
                 cells.append(f"{'MISMATCH':>9s} {err:7.1e}")
                 continue
-            ms = graph_ms(call)
+            ms = timed[(*tiles, pps)] = graph_ms(call)
             cells.append(f"{ms:9.4f} {flop / ms / 1e9:7.0f}")
         print(f"  {str(tiles):>24s} " + " ".join(cells))
     torch.cuda.empty_cache()
+    best = min(timed, key=timed.get)
+    default = timed.get((*TILINGS[0], 2))
+    return {"case": name, "best": list(best), "best_ms": timed[best], "default_ms": default}
 
 
 def main() -> None:
@@ -90,8 +96,8 @@ def main() -> None:
     p.add_argument("--pps", type=int, nargs="+", default=[1, 2, 3], help="programs per SM")
     a = p.parse_args()
     print(torch.cuda.get_device_name())
-    for name in a.cases:
-        run_case(name, a.pps, torch.bfloat16)
+    bests = [run_case(name, a.pps, torch.bfloat16) for name in a.cases]
+    print(json.dumps(bests))  # the last line: each case's fastest (rows, keys, warps, stages, programs per SM)
 
 
 if __name__ == "__main__":
