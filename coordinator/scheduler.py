@@ -100,7 +100,7 @@ class Scheduler:
         bm = self.block_manager
         drafts, held = self.speculator.plan(self.running, self.step_id) if self.speculator else ({}, ())
         verify: dict[Sequence, list[int]] = {}
-        prefill_left = self._prefill_cap()
+        prefill_left = self._prefill_cap(sum(map(len, drafts.values())))
 
         i = 0
         while i < len(self.running) and budget > 0:
@@ -174,11 +174,11 @@ class Scheduler:
             return None
         return self._build(chosen, verify)
 
-    def _prefill_cap(self) -> int:
-        """Prompt tokens this step may take. While a sequence decodes: the cap less the step's decode rows, so the
-        whole step fits ``max_prefill_beside_decodes`` tokens (a prefill graph's size: no padded rows) and costs
-        about a decode step, but at least half the cap; a quarter of the prompt tokens not yet computed if more; a
-        backlog over one step's budget (offline, a burst) takes it all: throughput first."""
+    def _prefill_cap(self, draft_tokens: int) -> int:
+        """Prompt tokens this step may take. While a sequence decodes: the cap less the step's decode rows (and the
+        ``draft_tokens`` they verify), so the whole step fits ``max_prefill_beside_decodes`` tokens (a prefill
+        graph's size: no padded rows) and costs about a decode step, but at least half the cap; a quarter of the
+        prompt tokens not yet computed if more; a backlog over one step's budget (offline, a burst) takes it all."""
         cap, budget = self.max_prefill_beside_decodes, self.max_num_batched_tokens
         if not cap:
             return budget
@@ -193,7 +193,7 @@ class Scheduler:
             if backlog > budget:
                 break
             backlog += seq.num_tokens - seq.num_computed_tokens
-        return budget if backlog > budget else max(cap - decode_rows, cap // 2, backlog // 4)
+        return budget if backlog > budget else max(cap - decode_rows - draft_tokens, cap // 2, backlog // 4)
 
     def _build(self, chosen: list[tuple[Sequence, int]], verify: dict[Sequence, list[int]]) -> ScheduledBatch:
         chosen.sort(key=lambda c: c[1] == 1)  # prefill chunks first (stable), then single tokens

@@ -61,6 +61,17 @@ def test_many_decode_rows_leave_a_prompt_half_the_cap():
     assert_all_released(sched)
 
 
+def test_the_drafts_decode_rows_verify_count_in_the_step():
+    sched, drv = _capped(cap=32)
+    for i in range(3):
+        sched.add(make_seq([i, i + 1], max_tokens=100))
+    drv.step()
+    sched.add(make_seq(list(range(1000, 1040)), max_tokens=2))  # a quarter of 40 is under the cap
+    assert sched._prefill_cap(0) == 29  # 32 less 3 decode rows
+    assert sched._prefill_cap(8) == 21  # ... less 8 draft tokens they verify
+    assert sched._prefill_cap(30) == 16  # never under half the cap
+
+
 @pytest.mark.parametrize("decoding", [False, True])
 def test_the_whole_budget_without_decodes_or_for_a_backlog_over_one_step(decoding):
     sched, drv = _capped(cap=32, budget=128)
