@@ -14,13 +14,14 @@ TOL = {torch.float32: 3e-3 if ON_GPU else 1e-4, torch.float16: 1e-2, torch.bfloa
 SPARE_SEQS, SPARE_TOKENS = 5, 7  # the static buffers' room past the step
 
 
-def check_whole_step(chunks, num_heads, num_kv_heads, head_dim, block_size, dtype, num_programs) -> None:
-    """chunks: (cached prefix length, new tokens) per sequence; 1 new token is a decode row."""
+def check_whole_step(chunks, num_heads, num_kv_heads, head_dim, block_size, dtype, num_programs, tiles=None) -> None:
+    """chunks: (cached prefix length, new tokens) per sequence; 1 new token is a decode row; ``tiles``: (rows, keys,
+    warps, stages), None for the default."""
     gen = torch.Generator().manual_seed(len(chunks) * 1000 + num_heads * 10 + head_dim + block_size)
     kv_lens = [p + n for p, n in chunks]
     q_lens = [n for _, n in chunks]
     cache = PagedCache(kv_lens, num_kv_heads, head_dim, block_size, dtype, gen)
-    cu_host, items = work_layout(np.array(q_lens), num_heads, num_kv_heads)
+    cu_host, items = work_layout(np.array(q_lens), num_heads, num_kv_heads, *(tiles or ())[:1])
     n, tokens = len(chunks), int(cu_host[-1])
     qkv = torch.randn(tokens + SPARE_TOKENS, num_heads + 2 * num_kv_heads, head_dim, generator=gen)
     q = qkv.to(dtype).to(DEVICE)[:, :num_heads]  # a strided view of a fused projection, as the model's
@@ -35,7 +36,7 @@ def check_whole_step(chunks, num_heads, num_kv_heads, head_dim, block_size, dtyp
     out = torch.full((tokens + SPARE_TOKENS, num_heads, head_dim), float("nan"), dtype=dtype, device=DEVICE)
     whole_step_attention(
         q, cache.k, cache.v, cu.to(DEVICE), seq_lens.to(DEVICE), tables, work, head_dim**-0.5, out, n + SPARE_SEQS,
-        num_programs,
+        num_programs, tiles,
     )  # fmt: skip
     ref = REF.prefill(q[:tokens], cache.k, cache.v, prefill_meta(cache, cu[: n + 1], kv_lens, q_lens), head_dim**-0.5)
     assert torch.isfinite(out[:tokens]).all(), "unwritten or NaN-contaminated outputs"
@@ -53,6 +54,11 @@ MIXED = [(40, 1), (0, 21), (5, 3), (16, 1), (19, 30), (0, 1), (33, 4), (7, 1)]
 @pytest.mark.parametrize("block_size", [16, 256])
 def test_a_mixed_step_matches_the_reference(dtype, heads, block_size):
     check_whole_step(MIXED, *heads, 16, block_size, dtype, num_programs=3)
+
+
+@pytest.mark.parametrize("tiles", [(16, 16, 4, 1), (128, 32, 8, 2)])  # tiles of 8 and 64 tokens (group 2)
+def test_other_tilings_match_when_the_host_counts_the_same_rows(tiles):
+    check_whole_step(MIXED, 4, 2, 16, 16, torch.float32, num_programs=3, tiles=tiles)
 
 
 def test_decode_rows_only_and_one_program():
