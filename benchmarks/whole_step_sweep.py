@@ -17,6 +17,7 @@ import torch
 
 from benchmarks.attention_inputs import REF, TOL, make_pool, prefill_meta, rel_err
 from benchmarks.attention_sweeps import graph_ms
+from benchmarks.gpu import require_cuda
 from kernels.attention_flat import whole_step_attention, work_layout
 
 HEAD_DIM = 128
@@ -92,9 +93,10 @@ def run_case(name: str, pps_list: list[int], dtype: torch.dtype) -> dict:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
-    p.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES))
+    p.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES), help="the steps to time (all)")
     p.add_argument("--pps", type=int, nargs="+", default=[1, 2, 3], help="programs per SM")
     a = p.parse_args()
+    require_cuda()
     print(torch.cuda.get_device_name())
     bests = [run_case(name, a.pps, torch.bfloat16) for name in a.cases]
     print(json.dumps(bests))  # the last line: each case's fastest (rows, keys, warps, stages, programs per SM)

@@ -28,6 +28,7 @@ NEEDS_GPU = {
     "benchmarks.profile_step": [],
     "benchmarks.pc_sampling": [],
     "benchmarks.throughput": ["--workload", "W2", "--shape", "tiny", "--device", "cuda"],
+    "benchmarks.whole_step_sweep": [],
 }
 NO_CUDA = not torch.cuda.is_available()
 
