@@ -5,13 +5,15 @@ run in a private network namespace, where the ports they name are free whatever 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
+import time
 
 import pytest
 
-from tests.support.doc_commands import MARKER, marked_blocks, run_page, shell_commands
+from tests.support.doc_commands import MARKER, Page, marked_blocks, run_page, shell_commands
 from tests.support.processes import ROOT
 from tests.support.timeouts import START_S
 
@@ -82,3 +84,24 @@ def test_a_command_that_drifted_from_the_code_fails_its_page(tmp_path):
     assert results[0]["output"] == "42\n"
     assert "exited 2" in results[1]["output"] and "unrecognized arguments: --no-such-flag" in results[1]["output"]
     assert "ImportError" in results[2]["output"]
+
+
+def test_a_ready_line_that_comes_with_the_line_before_it_is_seen(tmp_path):
+    # one write of two lines, then silence: the ready line must not wait unseen in a read-ahead buffer until the
+    # start-up deadline (it did, on a loaded box, where uvicorn's line and ours came in one read)
+    server = tmp_path / "server.py"
+    server.write_text(
+        "import sys, time\n"
+        "sys.stdout.write('uvicorn started\\nnanoserve listening on tcp://127.0.0.1:1\\n')\n"
+        "sys.stdout.flush()\n"
+        "time.sleep(600)\n"
+    )
+    page = Page(dict(os.environ))
+    started = time.monotonic()
+    page.start_server(f"{sys.executable} {server}")
+    try:
+        assert time.monotonic() - started < START_S / 2
+    finally:
+        page.server.kill()
+        page.server.wait()
+        page.server.stdout.close()

@@ -108,13 +108,15 @@ class Page:
         )
         sel = selectors.DefaultSelector()
         sel.register(self.server.stdout, selectors.EVENT_READ)
-        deadline, lines = time.monotonic() + START_S, []
+        # the pipe's bytes as they come (os.read), not readline: a line the file object read ahead into its
+        # buffer with the one before would wait there, unseen, while select finds the pipe empty
+        deadline, seen, fd = time.monotonic() + START_S, b"", self.server.stdout.fileno()
         try:
-            while not any(ready in line for line in lines):
+            while ready.encode() not in seen:
                 if self.server.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"{command!r} did not get ready:\n" + "".join(lines)[-3000:])
+                    raise RuntimeError(f"{command!r} did not get ready:\n" + seen.decode(errors="replace")[-3000:])
                 if sel.select(0.2):
-                    lines.append(self.server.stdout.readline())
+                    seen += os.read(fd, 1 << 16)
         finally:
             sel.close()
 
