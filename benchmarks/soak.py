@@ -97,18 +97,19 @@ class Launched:
         deadline = time.monotonic() + timeout
         sel = selectors.DefaultSelector()
         sel.register(self.proc.stdout, selectors.EVENT_READ)
+        out = b""  # the pipe's bytes (os.read): readline's read-ahead would hide a line that came with another
         while self.address is None or self.base_url is None:
-            line = self.proc.stdout.readline() if sel.select(1.0) else None
-            if line == "" or time.monotonic() > deadline:
-                why = "exited" if line == "" else f"did not start in {timeout:g} s"
+            chunk = os.read(self.proc.stdout.fileno(), 1 << 16) if sel.select(1.0) else None
+            if chunk == b"" or time.monotonic() > deadline:
+                why = "exited" if chunk == b"" else f"did not start in {timeout:g} s"
                 self.stop()
                 raise RuntimeError(f"the server {why}; its log: {log_path}")
-            if line is None:
-                continue
-            if line.startswith("nanoserve listening on "):
-                self.address = line.split()[-1]
-            elif line.startswith("nanoserve OpenAI API on "):
-                self.base_url = line.split()[4]
+            out += chunk or b""
+            for line in out.decode(errors="replace").split("\n")[:-1]:  # whole lines only
+                if line.startswith("nanoserve listening on "):
+                    self.address = line.split()[-1]
+                elif line.startswith("nanoserve OpenAI API on "):
+                    self.base_url = line.split()[4]
 
     def stop(self) -> int:
         if self.proc.poll() is None:

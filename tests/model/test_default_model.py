@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import selectors
 import subprocess
 import sys
 import time
@@ -17,7 +16,7 @@ from safetensors.torch import load_file
 from client import Client, SamplingParams
 from model.tiny import default_model_dir
 from tests.support.hf_oracle import Oracle
-from tests.support.processes import ROOT
+from tests.support.processes import ROOT, PipeLines
 from tests.support.timeouts import HANG_S, START_S
 
 PROMPTS = ["def fibonacci(n):", "import os\n\n\ndef list_files(path):", "class Stack:\n    def push(self, item):"]
@@ -57,15 +56,14 @@ def launched(tmp_path_factory):
     proc = subprocess.Popen(cmd, cwd=ROOT, env=dict(os.environ, PYTHONUNBUFFERED="1"), stdin=subprocess.DEVNULL,
                             stdout=subprocess.PIPE, stderr=log, text=True)  # fmt: skip
     try:
-        sel = selectors.DefaultSelector()
-        sel.register(proc.stdout, selectors.EVENT_READ)
+        reader = PipeLines(proc.stdout)
         deadline, address = time.monotonic() + START_S, None
         while address is None:
             assert proc.poll() is None and time.monotonic() < deadline, open(log.name).read()[-3000:]
-            if sel.select(0.2):
-                line = proc.stdout.readline()
+            for line in reader.poll(0.2):
                 if line.startswith("nanoserve listening on "):
                     address = line.split()[-1]
+        reader.close()
         yield address
     finally:
         proc.terminate()

@@ -5,7 +5,6 @@ for the engine however long that takes, and prints its line only after launch.py
 from __future__ import annotations
 
 import os
-import selectors
 import signal
 import subprocess
 import sys
@@ -15,7 +14,7 @@ from pathlib import Path
 from openai import OpenAI
 
 from tests.support.announced import LISTENING, OPENAI_API
-from tests.support.processes import ROOT, children_of, free_port
+from tests.support.processes import ROOT, PipeLines, children_of, free_port
 from tests.support.timeouts import HANG_S, START_S
 
 
@@ -39,13 +38,14 @@ def _external_worker(address: str) -> subprocess.Popen:
 def _lines_until(proc: subprocess.Popen, prefix: str, timeout: float) -> list[str]:
     lines: list[str] = []
     deadline = time.monotonic() + timeout
-    with selectors.DefaultSelector() as sel:
-        sel.register(proc.stdout, selectors.EVENT_READ)
-        while not (lines and lines[-1].startswith(prefix)):
+    reader = PipeLines(proc.stdout)
+    try:
+        while not any(line.startswith(prefix) for line in lines):
             assert proc.poll() is None and time.monotonic() < deadline, (proc.returncode, lines)
-            if sel.select(0.2):
-                lines.append(proc.stdout.readline())
-    return lines
+            lines += reader.poll(0.2)
+    finally:
+        reader.close()
+    return lines[: next(i for i, line in enumerate(lines) if line.startswith(prefix)) + 1]
 
 
 def test_the_front_end_is_up_before_any_worker_joins_and_serves_once_the_engine_is(tmp_path):

@@ -4,12 +4,11 @@
 from __future__ import annotations
 
 import os
-import selectors
 import subprocess
 import time
 from pathlib import Path
 
-from tests.support.processes import ROOT
+from tests.support.processes import ROOT, PipeLines
 from tests.support.timeouts import HANG_S, START_S
 
 LISTENING = "nanoserve listening on "  # launch.py's ZMQ address line
@@ -29,22 +28,20 @@ class AnnouncedProcess:
         )  # fmt: skip
         self.lines: list[str] = []
         self.words: dict[str, list[str]] = {}
-        sel = selectors.DefaultSelector()
-        sel.register(self.proc.stdout, selectors.EVENT_READ)
+        reader = PipeLines(self.proc.stdout)
         deadline = time.monotonic() + timeout
         try:
             while len(self.words) < len(wanted):
                 if self.proc.poll() is not None or time.monotonic() > deadline:
                     raise RuntimeError(f"{' '.join(cmd[1:3])} did not start:\n{self.stderr()}")
-                if sel.select(0.2):
-                    line = self.proc.stdout.readline()
+                for line in reader.poll(0.2):
                     self.lines.append(line)
                     self.words.update((p, line.split()) for p in wanted if line.startswith(p))
         except BaseException:
             self.stop()
             raise
         finally:
-            sel.close()
+            reader.close()
 
     def stderr(self) -> str:
         self.log.flush()

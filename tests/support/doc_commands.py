@@ -20,7 +20,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import selectors
 import signal
 import subprocess
 import sys
@@ -29,7 +28,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.support.processes import ROOT
+from tests.support.processes import ROOT, PipeLines
 from tests.support.timeouts import HANG_S, START_S
 
 MARKER = "<!-- cpu-test -->"
@@ -106,19 +105,15 @@ class Page:
             text=True,
             start_new_session=True,
         )
-        sel = selectors.DefaultSelector()
-        sel.register(self.server.stdout, selectors.EVENT_READ)
-        # the pipe's bytes as they come (os.read), not readline: a line the file object read ahead into its
-        # buffer with the one before would wait there, unseen, while select finds the pipe empty
-        deadline, seen, fd = time.monotonic() + START_S, b"", self.server.stdout.fileno()
+        reader = PipeLines(self.server.stdout)
+        deadline, lines = time.monotonic() + START_S, []
         try:
-            while ready.encode() not in seen:
+            while not any(ready in line for line in lines):
                 if self.server.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"{command!r} did not get ready:\n" + seen.decode(errors="replace")[-3000:])
-                if sel.select(0.2):
-                    seen += os.read(fd, 1 << 16)
+                    raise RuntimeError(f"{command!r} did not get ready:\n" + "".join(lines)[-3000:])
+                lines += reader.poll(0.2)
         finally:
-            sel.close()
+            reader.close()
 
     def stop_server(self) -> None:
         if self.server is None:
