@@ -14,8 +14,8 @@ import time
 import pytest
 
 from tests.support.doc_commands import MARKER, Page, marked_blocks, run_page, shell_commands
-from tests.support.processes import ROOT
-from tests.support.timeouts import START_S
+from tests.support.processes import ROOT, PipeLines
+from tests.support.timeouts import HANG_S, START_S
 
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 MARKED = [p for p in PAGES if marked_blocks(p)]
@@ -105,3 +105,20 @@ def test_a_ready_line_that_comes_with_the_line_before_it_is_seen(tmp_path):
         page.server.kill()
         page.server.wait()
         page.server.stdout.close()
+
+
+def test_pipe_lines_gives_whole_lines_and_the_unended_rest_at_the_end():
+    code = (
+        "import sys, time\nsys.stdout.write('a\\nb')\nsys.stdout.flush()\ntime.sleep(0.3)\nsys.stdout.write('c\\nd')\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE)
+    reader, lines = PipeLines(proc.stdout), []
+    try:
+        deadline = time.monotonic() + HANG_S
+        while not reader.ended and time.monotonic() < deadline:
+            lines += reader.poll(0.2)
+    finally:
+        reader.close()
+        proc.wait()
+        proc.stdout.close()
+    assert lines == ["a\n", "bc\n", "d"]  # "b" waits for its newline; "d" comes at the end of the output
