@@ -27,7 +27,6 @@ import collections
 import json
 import os
 import re
-import selectors
 import signal
 import subprocess
 import sys
@@ -36,6 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks.pipe_lines import PipeLines
 from benchmarks.soak_trace import add_trim_flag
 from benchmarks.soak_traffic import Traffic, killed_client
 from client import AsyncClient
@@ -94,22 +94,19 @@ class Launched:
         self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                      stderr=self.log, text=True)  # fmt: skip
         self.address = self.base_url = None
-        deadline = time.monotonic() + timeout
-        sel = selectors.DefaultSelector()
-        sel.register(self.proc.stdout, selectors.EVENT_READ)
-        out = b""  # the pipe's bytes (os.read): readline's read-ahead would hide a line that came with another
+        deadline, reader = time.monotonic() + timeout, PipeLines(self.proc.stdout)
         while self.address is None or self.base_url is None:
-            chunk = os.read(self.proc.stdout.fileno(), 1 << 16) if sel.select(1.0) else None
-            if chunk == b"" or time.monotonic() > deadline:
-                why = "exited" if chunk == b"" else f"did not start in {timeout:g} s"
-                self.stop()
-                raise RuntimeError(f"the server {why}; its log: {log_path}")
-            out += chunk or b""
-            for line in out.decode(errors="replace").split("\n")[:-1]:  # whole lines only
+            for line in reader.poll(1.0):
                 if line.startswith("nanoserve listening on "):
                     self.address = line.split()[-1]
                 elif line.startswith("nanoserve OpenAI API on "):
                     self.base_url = line.split()[4]
+            if (reader.ended or time.monotonic() > deadline) and (self.address is None or self.base_url is None):
+                why = "exited" if reader.ended else f"did not start in {timeout:g} s"
+                reader.close()
+                self.stop()
+                raise RuntimeError(f"the server {why}; its log: {log_path}")
+        reader.close()
 
     def stop(self) -> int:
         if self.proc.poll() is None:

@@ -22,13 +22,6 @@ def append_framed(buf: bytearray, data: bytes) -> None:
     buf += data
 
 
-def framed(data: bytes) -> bytes:
-    """``data`` with its length in front: one message of the stream."""
-    buf = bytearray()
-    append_framed(buf, data)
-    return bytes(buf)
-
-
 class FrameBuffer:
     """Bytes as they arrive in, whole messages out. A length over ``max_bytes`` raises FrameTooLargeError before
     its body is buffered (the peer is then dropped, as ZMQ drops one that sends over its MAXMSGSIZE)."""

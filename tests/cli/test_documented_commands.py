@@ -13,8 +13,9 @@ import time
 
 import pytest
 
+from benchmarks.pipe_lines import PipeLines
 from tests.support.doc_commands import MARKER, Page, marked_blocks, run_page, shell_commands
-from tests.support.processes import ROOT, PipeLines
+from tests.support.processes import ROOT
 from tests.support.timeouts import HANG_S, START_S
 
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]

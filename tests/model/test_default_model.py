@@ -13,10 +13,11 @@ import time
 import pytest
 from safetensors.torch import load_file
 
+from benchmarks.pipe_lines import PipeLines
 from client import Client, SamplingParams
 from model.tiny import default_model_dir
 from tests.support.hf_oracle import Oracle
-from tests.support.processes import ROOT, PipeLines
+from tests.support.processes import ROOT
 from tests.support.timeouts import HANG_S, START_S
 
 PROMPTS = ["def fibonacci(n):", "import os\n\n\ndef list_files(path):", "class Stack:\n    def push(self, item):"]

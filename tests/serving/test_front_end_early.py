@@ -13,8 +13,9 @@ from pathlib import Path
 
 from openai import OpenAI
 
+from benchmarks.pipe_lines import PipeLines
 from tests.support.announced import LISTENING, OPENAI_API
-from tests.support.processes import ROOT, PipeLines, children_of, free_port
+from tests.support.processes import ROOT, children_of, free_port
 from tests.support.timeouts import HANG_S, START_S
 
 

@@ -20,9 +20,17 @@ from protocol.client_messages import CLIENT_PROTOCOL_VERSION, Delta, Generate, T
 from protocol.codec import decode, encode
 from protocol.outputs import StepOutput
 from protocol.sampling_params import SamplingParams
-from protocol.stream_frames import FrameBuffer, FrameTooLargeError, framed
+from protocol.stream_frames import FrameBuffer, FrameTooLargeError, append_framed
 from tests.serving.test_server_wakeup import QuickEngine
 from tests.support.timeouts import HANG_S
+
+
+def framed(data: bytes) -> bytes:
+    """``data`` as one message of the stream, as a bare client writes it."""
+    buf = bytearray()
+    append_framed(buf, data)
+    return bytes(buf)
+
 
 BIG_IDS = 3_000_000  # a Tokenize reply of ~9 MB: far over a Unix socket's buffer, so it goes out in many writes
 

@@ -8,7 +8,8 @@ import subprocess
 import time
 from pathlib import Path
 
-from tests.support.processes import ROOT, PipeLines
+from benchmarks.pipe_lines import PipeLines
+from tests.support.processes import ROOT
 from tests.support.timeouts import HANG_S, START_S
 
 LISTENING = "nanoserve listening on "  # launch.py's ZMQ address line

@@ -28,7 +28,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.support.processes import ROOT, PipeLines
+from benchmarks.pipe_lines import PipeLines
+from tests.support.processes import ROOT
 from tests.support.timeouts import HANG_S, START_S
 
 MARKER = "<!-- cpu-test -->"
