@@ -15,9 +15,8 @@ from collections import deque
 
 import zmq
 
-from protocol.stream_frames import FrameBuffer, FrameTooLargeError, append_framed
+from protocol.stream_frames import READ_BYTES, FrameBuffer, FrameTooLargeError, append_framed
 
-READ_BYTES = 1 << 20
 MAX_REPLY_BYTES = 1 << 31  # replies are the server's own; this only bounds a corrupted length
 
 

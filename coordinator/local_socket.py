@@ -27,12 +27,11 @@ from collections.abc import Callable
 import zmq
 
 from coordinator import private_dirs
-from protocol.stream_frames import FrameBuffer, FrameTooLargeError, append_framed
+from protocol.stream_frames import READ_BYTES, FrameBuffer, FrameTooLargeError, append_framed
 
 log = logging.getLogger("nanoserve.server")
 
 MAX_PATH_BYTES = 100  # sun_path holds 108 on Linux
-READ_BYTES = 1 << 20
 IDENTITY_PREFIX = b"\x00local"
 
 

@@ -8,6 +8,7 @@ import struct
 _LENGTH = struct.Struct("<I")
 HEADER_BYTES = _LENGTH.size
 MAX_FRAME_BYTES = 0xFFFF_FFFF
+READ_BYTES = 1 << 20  # what either end takes from the stream a receive; a shorter read means it is empty
 
 
 class FrameTooLargeError(ValueError):
